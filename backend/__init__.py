@@ -1,0 +1,19 @@
+"""AnyDevice compute backends, usable without ComfyUI.
+
+    from anydevice import backend            # or `import backend` from the repository root
+    backend.list_backends()                   # every backend, available or with its reason
+    be = backend.get_backend()                # the auto choice (ANYDEVICE_BACKEND overrides)
+    y = be.conv2d(x, w, stride=2, padding=1)  # PyTorch semantics, float32, x: NumPy or torch
+
+Every backend implements the op contract in ``contract.Backend``; see README.md for the list.
+"""
+from .contract import (ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, UNARY_OPS,
+                       Backend, conv2d_plan, conv_transpose2d_plan)
+from .errors import AnyDeviceError
+from .registry import BackendInfo, auto_name, describe, get_backend, list_backends
+
+__all__ = [
+    "AnyDeviceError", "Backend", "BackendInfo", "list_backends", "get_backend", "auto_name", "describe",
+    "conv2d_plan", "conv_transpose2d_plan",
+    "ACTIVATIONS", "BINARY_OPS", "LOSSES", "PADDING_MODES", "REDUCE_OPS", "UNARY_OPS",
+]

@@ -1,0 +1,804 @@
+"""The op contract every backend implements.
+
+``Backend`` holds everything that is the same for every device: converting inputs (NumPy arrays,
+torch tensors, the backend's own device arrays) to float32, validating arguments with PyTorch's
+rules *before* any kernel runs, computing output shapes, and the composite ops (linear, softmax,
+losses, PSNR, SSIM) built from the backend's primitives. A backend module subclasses it and
+implements the primitives (the ``_`` methods listed under "primitives" below) for its device.
+
+Semantics follow PyTorch exactly (argument names, defaults, broadcasting, output shapes).
+Compute is float32: float16, bfloat16, float64, integer and bool inputs are converted to float32
+and the result is float32.
+
+The result comes back in the kind the first array input had: a NumPy array, a torch tensor (on
+that tensor's device), or the backend's own device array (so chains of ops stay on the device).
+No op ever writes into an input.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import AnyDeviceError
+
+UNARY_OPS = (
+    "abs", "neg", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "gelu", "silu", "elu",
+    "leaky_relu", "softplus", "clamp",
+)
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "minimum", "maximum")
+REDUCE_OPS = ("sum", "mean", "max", "min")
+ACTIVATIONS = ("relu", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "tanh", "softplus", "softmax")
+LOSSES = ("mse", "l1", "smooth_l1", "huber", "bce", "psnr", "ssim")
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+REDUCTIONS = ("mean", "sum", "none")
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def workspace_budget_bytes() -> int:
+    """Largest scratch buffer (im2col columns and the like) one op may allocate at once."""
+    return int(float(os.environ.get("ANYDEVICE_WORKSPACE_MB", "256")) * 2**20)
+
+
+def max_tensor_bytes() -> int:
+    """Largest single result an op may produce; beyond it the op is refused, not OOM-killed."""
+    return int(float(os.environ.get("ANYDEVICE_MAX_TENSOR_MB", "8192")) * 2**20)
+
+
+# ----------------------------------------------------------------------------------------------
+# argument checking helpers (shared by every backend; also used by the nodes)
+# ----------------------------------------------------------------------------------------------
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def pair(op: str, arg: str, value, *, minimum: int | None = None) -> tuple[int, int]:
+    """An int or a 2-sequence of ints, as torch's _pair, checked against ``minimum``."""
+    if _is_int(value):
+        out = (int(value), int(value))
+    elif isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(_is_int(v) for v in value):
+        out = (int(value[0]), int(value[-1]))
+    else:
+        raise AnyDeviceError(op, arg, value, "must be an int or a pair of ints")
+    if minimum is not None and min(out) < minimum:
+        what = "positive" if minimum == 1 else f">= {minimum}"
+        raise AnyDeviceError(op, arg, value, f"must be {what}")
+    return out
+
+
+def broadcast_shapes(op: str, a: Sequence[int], b: Sequence[int], names=("input", "other")) -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
+        raise AnyDeviceError(op, names[1], tuple(b),
+                             f"shape does not broadcast with {names[0]} shape {tuple(a)}") from None
+
+
+def normalize_dims(op: str, dim, ndim: int, arg: str = "dim") -> tuple[int, ...]:
+    """torch's dim argument (None, int or sequence) as a sorted tuple of non-negative axes."""
+    if dim is None:
+        return tuple(range(ndim))
+    dims = [dim] if _is_int(dim) else list(dim) if isinstance(dim, (tuple, list)) else None
+    if dims is None or not all(_is_int(d) for d in dims):
+        raise AnyDeviceError(op, arg, dim, "must be None, an int or a sequence of ints")
+    rank = max(ndim, 1)
+    out = []
+    for d in dims:
+        if not -rank <= d < rank:
+            raise AnyDeviceError(op, arg, dim, f"out of range for a tensor with {ndim} dims")
+        out.append(int(d) % rank)
+    if len(set(out)) != len(out):
+        raise AnyDeviceError(op, arg, dim, "names a dim twice")
+    return tuple(sorted(out)) if ndim else ()
+
+
+def _number(op: str, arg: str, value, *, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise AnyDeviceError(op, arg, value, "must be a number")
+    return float(value)
+
+
+def conv_output_size(size: int, k: int, stride: int, pad_total: int, dilation: int) -> int:
+    return (size + pad_total - dilation * (k - 1) - 1) // stride + 1
+
+
+def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
+    x = np.arange(window_size, dtype=np.float64) - (window_size - 1) / 2.0
+    g = np.exp(-(x * x) / (2.0 * sigma * sigma))
+    return g / g.sum()
+
+
+# ----------------------------------------------------------------------------------------------
+class Backend:
+    """Base class: validation, conversion and composite ops. Subclasses implement primitives."""
+
+    name = "base"
+    #: "own" for the pack's own kernels, "vendor" for PyTorch
+    kind = "own"
+
+    def __init__(self, index: int = 0):
+        self.index = index
+
+    # ---- description ---------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """Human-readable device description."""
+        return "unknown device"
+
+    def __repr__(self) -> str:
+        return f"<AnyDevice backend {self.name}:{self.index} on {self.device}>"
+
+    # ---- primitives to implement -----------------------------------------------------------
+    native_types: tuple[type, ...] = ()
+
+    def _from_numpy(self, a: np.ndarray):
+        """float32 NumPy array -> native array (may share memory; never written to)."""
+        raise NotImplementedError
+
+    def _to_numpy(self, x) -> np.ndarray:
+        raise NotImplementedError
+
+    def _from_torch(self, t):
+        return self._from_numpy(t.detach().to("cpu", dtype=_torch().float32).numpy())
+
+    def _to_torch(self, x, like):
+        torch = _torch()
+        out = torch.from_numpy(np.ascontiguousarray(self._to_numpy(x)))
+        return out if like.device.type == "cpu" else out.to(like.device)
+
+    def _shape(self, x) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def _reshape(self, x, shape):
+        raise NotImplementedError
+
+    def _permute(self, x, axes):
+        """Permuted array (a copy or a read-only view)."""
+        raise NotImplementedError
+
+    def _expand(self, x, shape):
+        """x broadcast to ``shape`` (materialised if the backend needs it)."""
+        raise NotImplementedError
+
+    def _bmm(self, a, b):
+        """a (Ba, M, K) @ b (Bb, K, N) with Ba, Bb in {1, B} -> (B, M, N)."""
+        raise NotImplementedError
+
+    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        """Zero-padded conv; pads = (top, bottom, left, right)."""
+        raise NotImplementedError
+
+    def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
+        raise NotImplementedError
+
+    def _pad(self, x, pads, mode):
+        """pads = (top, bottom, left, right) on the last two dims; mode reflect/replicate/circular/zeros."""
+        raise NotImplementedError
+
+    def _unary(self, op: str, x, **params):
+        raise NotImplementedError
+
+    def _binary(self, op: str, a, b):
+        """a, b: native arrays or Python floats (not both floats); broadcasting as torch."""
+        raise NotImplementedError
+
+    def _reduce(self, op: str, x, dims: tuple[int, ...], keepdim: bool):
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (used by benchmarks)."""
+
+    # ---- conversion ---------------------------------------------------------------------
+    def to_device(self, x, op: str = "to_device", arg: str = "input"):
+        """Any accepted input -> this backend's native float32 array."""
+        if isinstance(x, self.native_types):
+            return x
+        if isinstance(x, np.ndarray):
+            return self._from_numpy(_as_float32(x, op, arg))
+        if _is_torch_tensor(x):
+            if x.is_complex():
+                raise AnyDeviceError(op, arg, x, f"complex dtype {x.dtype} is not supported")
+            return self._from_torch(x)
+        if isinstance(x, (list, tuple, int, float, np.number)):
+            return self._from_numpy(_as_float32(np.asarray(x), op, arg))
+        raise AnyDeviceError(op, arg, type(x).__name__,
+                             "must be a NumPy array, a torch tensor or a device array")
+
+    def to_numpy(self, x) -> np.ndarray:
+        if isinstance(x, np.ndarray):
+            return x
+        if _is_torch_tensor(x):
+            return x.detach().to("cpu").numpy()
+        return self._to_numpy(x)
+
+    def _inputs(self, op: str, **arrays):
+        """Convert the named inputs; return (kind_of_first, like_first, natives...)."""
+        natives = []
+        kind = like = None
+        for arg, value in arrays.items():
+            if value is None:
+                natives.append(None)
+                continue
+            if kind is None:
+                kind, like = _kind(value, self), value
+            natives.append(self.to_device(value, op, arg))
+        return (kind, like, *natives)
+
+    def _out(self, y, kind, like):
+        if kind == "torch":
+            return self._to_torch(y, like)
+        if kind == "numpy" and not isinstance(y, np.ndarray):
+            return self._to_numpy(y)
+        return y
+
+    def _check_size(self, op: str, shape) -> None:
+        nbytes = 4 * math.prod(shape)
+        if nbytes > max_tensor_bytes():
+            raise AnyDeviceError(op, "output", tuple(shape),
+                                 f"result would need {nbytes / 2**30:.1f} GiB, over the limit "
+                                 f"ANYDEVICE_MAX_TENSOR_MB={max_tensor_bytes() // 2**20}")
+
+    # ---- matmul / linear ------------------------------------------------------------------
+    def matmul(self, input, other):
+        """torch.matmul: 1-D, 2-D and batched operands with broadcast batch dims."""
+        kind, like, a, b = self._inputs("matmul", input=input, other=other)
+        y = self._matmul(a, b)
+        return self._out(y, kind, like)
+
+    def _matmul(self, a, b, op="matmul"):
+        sa, sb = self._shape(a), self._shape(b)
+        if len(sa) == 0 or len(sb) == 0:
+            raise AnyDeviceError(op, "input" if len(sa) == 0 else "other", sa if len(sa) == 0 else sb,
+                                 "both arguments need at least 1 dimension")
+        a_vec, b_vec = len(sa) == 1, len(sb) == 1
+        sa2 = (1,) + sa if a_vec else sa
+        sb2 = sb + (1,) if b_vec else sb
+        if sa2[-1] != sb2[-2]:
+            raise AnyDeviceError(op, "other", sb,
+                                 f"inner dimensions do not match: input {sa} has {sa2[-1]} columns, "
+                                 f"other has {sb2[-2]} rows")
+        batch = broadcast_shapes(op, sa2[:-2], sb2[:-2])
+        M, K, N = sa2[-2], sa2[-1], sb2[-1]
+        self._check_size(op, batch + (M, N))
+        B = math.prod(batch)
+        a3 = self._batch3(a, sa2, batch, B)
+        b3 = self._batch3(b, sb2, batch, B)
+        y = self._bmm(a3, b3)
+        out_shape = batch + ((M,) if not a_vec else ()) + ((N,) if not b_vec else ())
+        return self._reshape(y, out_shape)
+
+    def _batch3(self, x, shape2, batch, B):
+        own = shape2[:-2]
+        if math.prod(own) == 1:
+            return self._reshape(x, (1,) + shape2[-2:])
+        if tuple((1,) * (len(batch) - len(own)) + own) != batch:
+            x = self._expand(self._reshape(x, shape2), batch + shape2[-2:])
+        return self._reshape(x, (B,) + shape2[-2:])
+
+    def linear(self, input, weight, bias=None):
+        """torch.nn.functional.linear: y = input @ weight.T + bias."""
+        op = "linear"
+        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        sx, sw = self._shape(x), self._shape(w)
+        if len(sw) not in (1, 2):
+            raise AnyDeviceError(op, "weight", sw, "must be 1-D or 2-D (out_features, in_features)")
+        if len(sx) == 0 or sx[-1] != sw[-1]:
+            raise AnyDeviceError(op, "input", sx,
+                                 f"last dim must equal in_features={sw[-1]} of weight {sw}")
+        if b is not None:
+            sb = self._shape(b)
+            out_f = sw[0] if len(sw) == 2 else ()
+            if len(sw) == 2 and sb not in ((out_f,), ()):
+                raise AnyDeviceError(op, "bias", sb, f"must have shape ({out_f},)")
+        y = self._linear(x, w, b)
+        return self._out(y, kind, like)
+
+    def _linear(self, x, w, b):
+        sx, sw = self._shape(x), self._shape(w)
+        if len(sw) == 1:
+            y = self._matmul(x, w, "linear")
+        else:
+            rows = math.prod(sx[:-1])
+            self._check_size("linear", (rows, sw[0]))
+            y = self._bmm(self._reshape(x, (1, rows, sx[-1])), self._reshape(self._permute(w, (1, 0)), (1, sw[1], sw[0])))
+            y = self._reshape(y, sx[:-1] + (sw[0],))
+        return y if b is None else self._binary("add", y, b)
+
+    # ---- convolution ----------------------------------------------------------------------
+    def conv2d(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
+               padding_mode="zeros"):
+        """torch.nn.functional.conv2d (plus nn.Conv2d's padding_mode)."""
+        op = "conv2d"
+        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        plan = conv2d_plan(op, self._shape(x), self._shape(w), None if b is None else self._shape(b),
+                           stride, padding, dilation, groups, padding_mode)
+        self._check_size(op, plan["out_shape"])
+        unbatched = plan["unbatched"]
+        if unbatched:
+            x = self._reshape(x, (1,) + self._shape(x))
+        pads = plan["pads"]
+        if padding_mode != "zeros" and any(pads):
+            x = self._pad(x, pads, padding_mode)
+            pads = (0, 0, 0, 0)
+        y = self._conv2d(x, w, b, plan["stride"], pads, plan["dilation"], groups)
+        if unbatched:
+            y = self._reshape(y, self._shape(y)[1:])
+        return self._out(y, kind, like)
+
+    def conv_transpose2d(self, input, weight, bias=None, stride=1, padding=0, output_padding=0,
+                         groups=1, dilation=1):
+        """torch.nn.functional.conv_transpose2d (argument order as torch's)."""
+        op = "conv_transpose2d"
+        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        plan = conv_transpose2d_plan(op, self._shape(x), self._shape(w),
+                                     None if b is None else self._shape(b),
+                                     stride, padding, output_padding, groups, dilation)
+        self._check_size(op, plan["out_shape"])
+        if plan["unbatched"]:
+            x = self._reshape(x, (1,) + self._shape(x))
+        y = self._conv_transpose2d(x, w, b, plan["stride"], plan["padding"], plan["output_padding"],
+                                   plan["dilation"], groups)
+        if plan["unbatched"]:
+            y = self._reshape(y, self._shape(y)[1:])
+        return self._out(y, kind, like)
+
+    def pad(self, input, pad, mode="constant"):
+        """torch.nn.functional.pad for the last two dims, pad = (left, right, top, bottom).
+
+        Modes: constant (zeros), reflect, replicate, circular."""
+        op = "pad"
+        kind, like, x = self._inputs(op, input=input)
+        if not (isinstance(pad, (tuple, list)) and len(pad) in (2, 4) and all(_is_int(p) for p in pad)):
+            raise AnyDeviceError(op, "pad", pad, "must be (left, right) or (left, right, top, bottom) ints")
+        if min(pad) < 0:
+            raise AnyDeviceError(op, "pad", pad, "negative padding (cropping) is not supported")
+        l, r, t, bo = (tuple(pad) + (0, 0))[:4]
+        mode = {"constant": "zeros"}.get(mode, mode)
+        if mode not in PADDING_MODES:
+            raise AnyDeviceError(op, "mode", mode, "must be constant, reflect, replicate or circular")
+        shape = self._shape(x)
+        if len(shape) < 2:
+            raise AnyDeviceError(op, "input", shape, "needs at least 2 dims")
+        _check_pad_mode(op, shape[-2:], (t, bo, l, r), mode)
+        lead = shape[:-2]
+        x4 = self._reshape(x, (math.prod(lead), 1) + shape[-2:])
+        y = self._pad(x4, (t, bo, l, r), mode)
+        y = self._reshape(y, lead + self._shape(y)[-2:])
+        return self._out(y, kind, like)
+
+    # ---- elementwise ------------------------------------------------------------------------
+    def unary(self, op: str, input, **params):
+        if op not in UNARY_OPS:
+            raise AnyDeviceError("unary", "op", op, f"unknown op; choose one of {', '.join(UNARY_OPS)}")
+        params = _check_unary_params(op, params)
+        kind, like, x = self._inputs(op, input=input)
+        return self._out(self._unary(op, x, **params), kind, like)
+
+    def abs(self, input): return self.unary("abs", input)
+    def neg(self, input): return self.unary("neg", input)
+    def exp(self, input): return self.unary("exp", input)
+    def log(self, input): return self.unary("log", input)
+    def sqrt(self, input): return self.unary("sqrt", input)
+    def relu(self, input): return self.unary("relu", input)
+    def sigmoid(self, input): return self.unary("sigmoid", input)
+    def tanh(self, input): return self.unary("tanh", input)
+    def silu(self, input): return self.unary("silu", input)
+
+    def gelu(self, input, approximate="none"):
+        return self.unary("gelu", input, approximate=approximate)
+
+    def elu(self, input, alpha=1.0):
+        return self.unary("elu", input, alpha=alpha)
+
+    def leaky_relu(self, input, negative_slope=0.01):
+        return self.unary("leaky_relu", input, negative_slope=negative_slope)
+
+    def softplus(self, input, beta=1.0, threshold=20.0):
+        return self.unary("softplus", input, beta=beta, threshold=threshold)
+
+    def clamp(self, input, min=None, max=None):
+        return self.unary("clamp", input, min=min, max=max)
+
+    def softmax(self, input, dim=-1):
+        op = "softmax"
+        kind, like, x = self._inputs(op, input=input)
+        if dim is None or not _is_int(dim):
+            raise AnyDeviceError(op, "dim", dim, "must be an int")
+        (d,) = normalize_dims(op, dim, len(self._shape(x)))
+        return self._out(self._softmax(x, d), kind, like)
+
+    def _softmax(self, x, d):
+        if len(self._shape(x)) == 0:
+            return self._binary("add", self._binary("mul", x, 0.0), 1.0)
+        m = self._reduce("max", x, (d,), True)
+        e = self._unary("exp", self._binary("sub", x, m))
+        return self._binary("div", e, self._reduce("sum", e, (d,), True))
+
+    def activation(self, name: str, input, **params):
+        """Dispatch by name: relu, leaky_relu, elu, gelu, silu, sigmoid, tanh, softplus, softmax."""
+        if name not in ACTIVATIONS:
+            raise AnyDeviceError("activation", "name", name,
+                                 f"unknown activation; choose one of {', '.join(ACTIVATIONS)}")
+        if name == "softmax":
+            return self.softmax(input, **params)
+        return self.unary(name, input, **params)
+
+    def binary(self, op: str, input, other):
+        if op not in BINARY_OPS:
+            raise AnyDeviceError("binary", "op", op, f"unknown op; choose one of {', '.join(BINARY_OPS)}")
+        a_scalar, b_scalar = _is_scalar(input), _is_scalar(other)
+        if a_scalar and b_scalar:
+            raise AnyDeviceError(op, "input", input, "at least one argument must be a tensor")
+        if a_scalar:
+            kind, like, b = self._inputs(op, other=other)
+            a = float(input)
+        elif b_scalar:
+            kind, like, a = self._inputs(op, input=input)
+            b = float(other)
+        else:
+            kind, like, a, b = self._inputs(op, input=input, other=other)
+            shape = broadcast_shapes(op, self._shape(a), self._shape(b))
+            self._check_size(op, shape)
+        return self._out(self._binary(op, a, b), kind, like)
+
+    def add(self, input, other): return self.binary("add", input, other)
+    def sub(self, input, other): return self.binary("sub", input, other)
+    def mul(self, input, other): return self.binary("mul", input, other)
+    def div(self, input, other): return self.binary("div", input, other)
+    def pow(self, input, exponent): return self.binary("pow", input, exponent)
+    def minimum(self, input, other): return self.binary("minimum", input, other)
+    def maximum(self, input, other): return self.binary("maximum", input, other)
+
+    # ---- reductions -------------------------------------------------------------------------
+    def reduce(self, op: str, input, dim=None, keepdim=False):
+        if op not in REDUCE_OPS:
+            raise AnyDeviceError("reduce", "op", op, f"unknown reduction; choose one of {', '.join(REDUCE_OPS)}")
+        kind, like, x = self._inputs(op, input=input)
+        shape = self._shape(x)
+        dims = normalize_dims(op, dim, len(shape))
+        if op in ("max", "min") and any(shape[d] == 0 for d in dims):
+            raise AnyDeviceError(op, "input", shape, "cannot take max/min over an empty dim")
+        return self._out(self._reduce(op, x, dims, bool(keepdim)), kind, like)
+
+    def sum(self, input, dim=None, keepdim=False): return self.reduce("sum", input, dim, keepdim)
+    def mean(self, input, dim=None, keepdim=False): return self.reduce("mean", input, dim, keepdim)
+
+    def max(self, input, dim=None, keepdim=False):
+        """torch.amax semantics: values only; dim None reduces everything."""
+        return self.reduce("max", input, dim, keepdim)
+
+    def min(self, input, dim=None, keepdim=False):
+        """torch.amin semantics."""
+        return self.reduce("min", input, dim, keepdim)
+
+    # ---- losses and image metrics -------------------------------------------------------
+    def _pair_inputs(self, op, input, target, same_shape=False):
+        kind, like, a, b = self._inputs(op, input=input, target=target)
+        sa, sb = self._shape(a), self._shape(b)
+        if same_shape and sa != sb:
+            raise AnyDeviceError(op, "target", sb, f"must have the same shape as input {sa}")
+        broadcast_shapes(op, sa, sb, ("input", "target"))
+        return kind, like, a, b
+
+    def _reduction(self, op, x, reduction):
+        if reduction == "mean":
+            return self._reduce("mean", x, tuple(range(len(self._shape(x)))), False)
+        if reduction == "sum":
+            return self._reduce("sum", x, tuple(range(len(self._shape(x)))), False)
+        return x
+
+    def mse_loss(self, input, target, reduction="mean"):
+        _check_choice("mse_loss", "reduction", reduction, REDUCTIONS)
+        kind, like, a, b = self._pair_inputs("mse_loss", input, target)
+        d = self._binary("sub", a, b)
+        return self._out(self._reduction("mse_loss", self._binary("mul", d, d), reduction), kind, like)
+
+    def l1_loss(self, input, target, reduction="mean"):
+        _check_choice("l1_loss", "reduction", reduction, REDUCTIONS)
+        kind, like, a, b = self._pair_inputs("l1_loss", input, target)
+        d = self._unary("abs", self._binary("sub", a, b))
+        return self._out(self._reduction("l1_loss", d, reduction), kind, like)
+
+    def smooth_l1_loss(self, input, target, reduction="mean", beta=1.0):
+        op = "smooth_l1_loss"
+        _check_choice(op, "reduction", reduction, REDUCTIONS)
+        beta = _number(op, "beta", beta)
+        if beta < 0:
+            raise AnyDeviceError(op, "beta", beta, "must be >= 0")
+        kind, like, a, b = self._pair_inputs(op, input, target)
+        ad = self._unary("abs", self._binary("sub", a, b))
+        if beta == 0:
+            loss = ad
+        else:  # 0.5 m^2 / beta + (|d| - m), m = min(|d|, beta)
+            m = self._binary("minimum", ad, beta)
+            loss = self._binary("add", self._binary("mul", self._binary("mul", m, m), 0.5 / beta),
+                                self._binary("sub", ad, m))
+        return self._out(self._reduction(op, loss, reduction), kind, like)
+
+    def huber_loss(self, input, target, reduction="mean", delta=1.0):
+        op = "huber_loss"
+        _check_choice(op, "reduction", reduction, REDUCTIONS)
+        delta = _number(op, "delta", delta)
+        if delta <= 0:
+            raise AnyDeviceError(op, "delta", delta, "must be positive")
+        kind, like, a, b = self._pair_inputs(op, input, target)
+        ad = self._unary("abs", self._binary("sub", a, b))
+        m = self._binary("minimum", ad, delta)  # 0.5 m^2 + delta (|d| - m)
+        loss = self._binary("add", self._binary("mul", self._binary("mul", m, m), 0.5),
+                            self._binary("mul", self._binary("sub", ad, m), delta))
+        return self._out(self._reduction(op, loss, reduction), kind, like)
+
+    def binary_cross_entropy(self, input, target, weight=None, reduction="mean"):
+        op = "binary_cross_entropy"
+        _check_choice(op, "reduction", reduction, REDUCTIONS)
+        kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
+        lo = float(self._to_numpy(self._reduce("min", a, tuple(range(len(self._shape(a)))), False)))
+        hi = float(self._to_numpy(self._reduce("max", a, tuple(range(len(self._shape(a)))), False)))
+        if lo < 0 or hi > 1:  # NaN passes, as in torch
+            raise AnyDeviceError(op, "input", (lo, hi), "all elements must be between 0 and 1 (min, max shown)")
+        log_a = self._unary("clamp", self._unary("log", a), min=-100.0, max=None)
+        log_1a = self._unary("clamp", self._unary("log", self._binary("sub", 1.0, a)), min=-100.0, max=None)
+        # -(t * log(x) + (1 - t) * log(1 - x))
+        loss = self._unary("neg", self._binary("add", self._binary("mul", b, log_a),
+                                                self._binary("mul", self._binary("sub", 1.0, b), log_1a)))
+        if weight is not None:
+            wt = self.to_device(weight, op, "weight")
+            broadcast_shapes(op, self._shape(loss), self._shape(wt), ("input", "weight"))
+            loss = self._binary("mul", loss, wt)
+        return self._out(self._reduction(op, loss, reduction), kind, like)
+
+    def psnr(self, input, target, data_range=1.0):
+        """Peak signal-to-noise ratio in dB over the whole tensor: 10 log10(range^2 / mse)."""
+        op = "psnr"
+        data_range = _number(op, "data_range", data_range)
+        if data_range <= 0:
+            raise AnyDeviceError(op, "data_range", data_range, "must be positive")
+        kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
+        d = self._binary("sub", a, b)
+        mse = self._reduction(op, self._binary("mul", d, d), "mean")
+        # 10 log10(r^2/mse) = 10/ln10 * (2 ln r - ln mse)
+        y = self._binary("mul", self._binary("sub", 2.0 * math.log(data_range), self._unary("log", mse)),
+                         10.0 / math.log(10.0))
+        return self._out(y, kind, like)
+
+    def ssim(self, input, target, data_range=1.0, window_size=11, sigma=1.5, k1=0.01, k2=0.03):
+        """Structural similarity (Wang et al. 2004): Gaussian window, no padding, per channel, mean.
+
+        input/target are (N, C, H, W), (C, H, W) or (H, W)."""
+        op = "ssim"
+        data_range = _number(op, "data_range", data_range)
+        sigma = _number(op, "sigma", sigma)
+        if data_range <= 0:
+            raise AnyDeviceError(op, "data_range", data_range, "must be positive")
+        if not _is_int(window_size) or window_size < 1 or window_size % 2 == 0:
+            raise AnyDeviceError(op, "window_size", window_size, "must be a positive odd int")
+        if sigma <= 0:
+            raise AnyDeviceError(op, "sigma", sigma, "must be positive")
+        kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
+        shape = self._shape(a)
+        if len(shape) not in (2, 3, 4):
+            raise AnyDeviceError(op, "input", shape, "must be (N, C, H, W), (C, H, W) or (H, W)")
+        if min(shape[-2:]) < window_size:
+            raise AnyDeviceError(op, "input", shape,
+                                 f"height and width must be at least window_size={window_size}")
+        shape4 = (1,) * (4 - len(shape)) + shape
+        n, c, h, w = shape4
+        a, b = self._reshape(a, shape4), self._reshape(b, shape4)
+        # stack x, y, x*x, y*y, x*y on the channel dim and blur all 5C channels at once
+        stack = self._concat_channels([a, b, self._binary("mul", a, a), self._binary("mul", b, b),
+                                       self._binary("mul", a, b)], n, c, h, w)
+        g = gaussian_window(window_size, sigma).astype(np.float32)
+        wv = self._from_numpy(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, -1, 1), (5 * c, 1, window_size, 1))))
+        wh = self._from_numpy(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, 1, -1), (5 * c, 1, 1, window_size))))
+        blur = self._conv2d(self._conv2d(stack, wv, None, (1, 1), (0, 0, 0, 0), (1, 1), 5 * c),
+                            wh, None, (1, 1), (0, 0, 0, 0), (1, 1), 5 * c)
+        oh, ow = h - window_size + 1, w - window_size + 1
+        blur = self._reshape(blur, (n, 5, c, oh, ow))
+        parts = [self._reshape(self._slice1(blur, i), (n, c, oh, ow)) for i in range(5)]
+        mu_x, mu_y, exx, eyy, exy = parts
+        c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
+        mu_xy = self._binary("mul", mu_x, mu_y)
+        mu_xx = self._binary("mul", mu_x, mu_x)
+        mu_yy = self._binary("mul", mu_y, mu_y)
+        s_xy = self._binary("sub", exy, mu_xy)
+        s_xx = self._binary("sub", exx, mu_xx)
+        s_yy = self._binary("sub", eyy, mu_yy)
+        num = self._binary("mul", self._binary("add", self._binary("mul", mu_xy, 2.0), c1),
+                           self._binary("add", self._binary("mul", s_xy, 2.0), c2))
+        den = self._binary("mul", self._binary("add", self._binary("add", mu_xx, mu_yy), c1),
+                           self._binary("add", self._binary("add", s_xx, s_yy), c2))
+        y = self._reduction(op, self._binary("div", num, den), "mean")
+        return self._out(y, kind, like)
+
+    def _concat_channels(self, parts, n, c, h, w):
+        """Stack k arrays (n, c, h, w) into (n, k*c, h, w). Default: through NumPy-free primitives."""
+        k = len(parts)
+        # (k, n, c, h, w) -> (n, k, c, h, w) by expanding each into a one-hot slot is wasteful;
+        # backends override with a real concat. The default goes through the host.
+        host = np.stack([self._to_numpy(p) for p in parts], axis=1)
+        return self._from_numpy(np.ascontiguousarray(host.reshape(n, k * c, h, w)))
+
+    def _slice1(self, x, i):
+        """x[:, i] for a 5-D (n, k, ...) array. Default: through the host."""
+        return self._from_numpy(np.ascontiguousarray(self._to_numpy(x)[:, i]))
+
+    def loss(self, name: str, input, target, **params):
+        """Dispatch by name: mse, l1, smooth_l1, huber, bce, psnr, ssim."""
+        table = {"mse": self.mse_loss, "l1": self.l1_loss, "smooth_l1": self.smooth_l1_loss,
+                 "huber": self.huber_loss, "bce": self.binary_cross_entropy, "psnr": self.psnr,
+                 "ssim": self.ssim}
+        if name not in table:
+            raise AnyDeviceError("loss", "name", name, f"unknown loss; choose one of {', '.join(LOSSES)}")
+        return table[name](input, target, **params)
+
+
+# ----------------------------------------------------------------------------------------------
+# plans: validated parameters and output shapes, shared by all backends (and the nodes)
+# ----------------------------------------------------------------------------------------------
+def _check_choice(op, arg, value, choices):
+    if value not in choices:
+        raise AnyDeviceError(op, arg, value, f"must be one of {', '.join(map(str, choices))}")
+
+
+def _check_pad_mode(op, hw, pads, mode):
+    t, b, l, r = pads
+    h, w = hw
+    if mode == "reflect" and (max(t, b) >= h or max(l, r) >= w):
+        raise AnyDeviceError(op, "padding", pads,
+                             f"reflect padding must be smaller than the input size {tuple(hw)}")
+    if mode == "circular" and (max(t, b) > h or max(l, r) > w):
+        raise AnyDeviceError(op, "padding", pads,
+                             f"circular padding must not exceed the input size {tuple(hw)}")
+    if mode == "replicate" and (h == 0 or w == 0):
+        raise AnyDeviceError(op, "input", hw, "replicate padding needs a non-empty input")
+
+
+def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode="zeros") -> dict:
+    """Validate conv2d arguments (torch's rules) and compute padding and output shape."""
+    if len(sx) not in (3, 4):
+        raise AnyDeviceError(op, "input", sx, "must be 4-D (N, C, H, W) or 3-D (C, H, W)")
+    if len(sw) != 4:
+        raise AnyDeviceError(op, "weight", sw, "must be 4-D (out_channels, in_channels/groups, kH, kW)")
+    stride = pair(op, "stride", stride, minimum=1)
+    dilation = pair(op, "dilation", dilation, minimum=1)
+    if not _is_int(groups) or groups < 1:
+        raise AnyDeviceError(op, "groups", groups, "must be a positive int")
+    _check_choice(op, "padding_mode", padding_mode, PADDING_MODES)
+    unbatched = len(sx) == 3
+    n, c, h, w = (1,) + tuple(sx) if unbatched else tuple(sx)
+    cout, cin_g, kh, kw = sw
+    if cout % groups:
+        raise AnyDeviceError(op, "groups", groups, f"must divide out_channels={cout}")
+    if c % groups:
+        raise AnyDeviceError(op, "groups", groups, f"must divide in_channels={c}")
+    if cin_g * groups != c:
+        raise AnyDeviceError(op, "weight", tuple(sw),
+                             f"expects {cin_g * groups} input channels (in_channels/groups={cin_g}, "
+                             f"groups={groups}) but input has {c} channels")
+    if kh < 1 or kw < 1 or cout < 1:
+        raise AnyDeviceError(op, "weight", tuple(sw), "has an empty dimension")
+    if sb is not None and tuple(sb) != (cout,):
+        raise AnyDeviceError(op, "bias", tuple(sb), f"must have shape ({cout},)")
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = (0, 0, 0, 0)
+        elif padding == "same":
+            if stride != (1, 1):
+                raise AnyDeviceError(op, "padding", padding, "'same' is not supported for strided convolutions")
+            th, tw = dilation[0] * (kh - 1), dilation[1] * (kw - 1)
+            pads = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+        else:
+            raise AnyDeviceError(op, "padding", padding, "must be an int, a pair, 'same' or 'valid'")
+    else:
+        ph, pw = pair(op, "padding", padding, minimum=0)
+        pads = (ph, ph, pw, pw)
+    if padding_mode != "zeros":
+        _check_pad_mode(op, (h, w), pads, padding_mode)
+    eh, ew = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
+    hp, wp = h + pads[0] + pads[1], w + pads[2] + pads[3]
+    if eh > hp or ew > wp:
+        raise AnyDeviceError(op, "weight", tuple(sw),
+                             f"kernel {kh}x{kw} (dilated {eh}x{ew}) is larger than the padded input "
+                             f"{hp}x{wp}")
+    oh = (hp - eh) // stride[0] + 1
+    ow = (wp - ew) // stride[1] + 1
+    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
+    return dict(stride=stride, dilation=dilation, pads=pads, out_shape=out_shape, unbatched=unbatched)
+
+
+def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, groups, dilation) -> dict:
+    if len(sx) not in (3, 4):
+        raise AnyDeviceError(op, "input", sx, "must be 4-D (N, C, H, W) or 3-D (C, H, W)")
+    if len(sw) != 4:
+        raise AnyDeviceError(op, "weight", sw, "must be 4-D (in_channels, out_channels/groups, kH, kW)")
+    stride = pair(op, "stride", stride, minimum=1)
+    dilation = pair(op, "dilation", dilation, minimum=1)
+    padding = pair(op, "padding", padding, minimum=0)
+    output_padding = pair(op, "output_padding", output_padding, minimum=0)
+    if not _is_int(groups) or groups < 1:
+        raise AnyDeviceError(op, "groups", groups, "must be a positive int")
+    for i in range(2):
+        if output_padding[i] >= stride[i] and output_padding[i] >= dilation[i]:
+            raise AnyDeviceError(op, "output_padding", output_padding,
+                                 f"must be smaller than either stride {stride} or dilation {dilation}")
+    unbatched = len(sx) == 3
+    n, c, h, w = (1,) + tuple(sx) if unbatched else tuple(sx)
+    cin, cout_g, kh, kw = sw
+    if c % groups:
+        raise AnyDeviceError(op, "groups", groups, f"must divide in_channels={c}")
+    if cin != c:
+        raise AnyDeviceError(op, "weight", tuple(sw),
+                             f"expects {cin} input channels (weight.shape[0]) but input has {c}")
+    if kh < 1 or kw < 1 or cout_g < 1:
+        raise AnyDeviceError(op, "weight", tuple(sw), "has an empty dimension")
+    cout = cout_g * groups
+    if sb is not None and tuple(sb) != (cout,):
+        raise AnyDeviceError(op, "bias", tuple(sb), f"must have shape ({cout},)")
+    oh = (h - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kh - 1) + output_padding[0] + 1
+    ow = (w - 1) * stride[1] - 2 * padding[1] + dilation[1] * (kw - 1) + output_padding[1] + 1
+    if oh < 1 or ow < 1:
+        raise AnyDeviceError(op, "padding", padding, f"leaves an empty output ({oh}x{ow})")
+    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
+    return dict(stride=stride, dilation=dilation, padding=padding, output_padding=output_padding,
+                out_shape=out_shape, unbatched=unbatched)
+
+
+def _check_unary_params(op, params):
+    allowed = {
+        "gelu": {"approximate": "none"}, "elu": {"alpha": 1.0}, "leaky_relu": {"negative_slope": 0.01},
+        "softplus": {"beta": 1.0, "threshold": 20.0}, "clamp": {"min": None, "max": None},
+    }.get(op, {})
+    for k in params:
+        if k not in allowed:
+            raise AnyDeviceError(op, k, params[k], f"unknown parameter; {op} takes {', '.join(allowed) or 'none'}")
+    out = dict(allowed)
+    out.update(params)
+    if op == "gelu":
+        _check_choice(op, "approximate", out["approximate"], ("none", "tanh"))
+    elif op == "clamp":
+        out["min"] = _number(op, "min", out["min"], allow_none=True)
+        out["max"] = _number(op, "max", out["max"], allow_none=True)
+        if out["min"] is None and out["max"] is None:
+            raise AnyDeviceError(op, "min", None, "at least one of min and max must be given")
+    else:
+        for k in out:
+            out[k] = _number(op, k, out[k])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# input kinds
+# ----------------------------------------------------------------------------------------------
+def _torch():
+    import torch
+    return torch
+
+
+def _is_torch_tensor(x) -> bool:
+    t = type(x)
+    return t.__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype")
+
+
+def _is_scalar(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _kind(x, backend) -> str:
+    if isinstance(x, backend.native_types) and not isinstance(x, np.ndarray) and not _is_torch_tensor(x):
+        return "native"
+    if _is_torch_tensor(x):
+        return "torch"
+    return "numpy"
+
+
+def _as_float32(a: np.ndarray, op: str, arg: str) -> np.ndarray:
+    if a.dtype == _FLOAT32:
+        return a
+    if a.dtype.kind in "fiub":
+        return a.astype(np.float32)
+    raise AnyDeviceError(op, arg, a, f"dtype {a.dtype} is not supported (use a real number type)")

@@ -1,0 +1,332 @@
+"""NumPy backend: plain NumPy on the CPU, always available.
+
+Convolutions are cache-blocked im2col + GEMM: the output positions are cut into chunks whose
+column matrix fits in L2, each chunk is gathered with one strided copy and multiplied with
+single-threaded BLAS, and the chunks are spread over the pack's own thread pool (see threads.py).
+Depthwise convolutions accumulate kernel taps directly. Transposed convolutions are GEMM + col2im.
+Reductions accumulate in float64 so long sums keep FP32 precision.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import threads
+from .contract import Backend, workspace_budget_bytes
+
+F32 = np.float32
+#: bytes of im2col columns one task gathers at a time (about half of L2)
+CHUNK_BYTES = 512 * 1024
+#: below this many flops a GEMM runs as one NumPy call
+PARALLEL_FLOPS = 4e6
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf in float64 (Numerical Recipes' erfc Chebyshev fit, relative error < 1.2e-7)."""
+    z = np.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277))))))))
+    erfc = t * np.exp(poly)
+    return np.where(x >= 0, 1.0 - erfc, erfc - 1.0)
+
+
+def erfc_neg(x: np.ndarray) -> np.ndarray:
+    """erfc(-x) = 1 + erf(x), accurate where erf(x) is close to -1."""
+    z = np.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277))))))))
+    erfc = t * np.exp(poly)
+    return np.where(x >= 0, 2.0 - erfc, erfc)
+
+
+def probe(name: str = "numpy") -> dict:
+    return {"available": True, "reason": "", "devices": [f"CPU via NumPy {np.__version__}"]}
+
+
+def create(name: str = "numpy", index: int = 0) -> "NumpyBackend":
+    return NumpyBackend(index)
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    kind = "own"
+    native_types = (np.ndarray,)
+
+    @property
+    def device(self) -> str:
+        return f"CPU via NumPy {np.__version__} ({threads.num_threads()} threads)"
+
+    # ---- conversion / layout ----------------------------------------------------------------
+    def _from_numpy(self, a):
+        return a
+
+    def _to_numpy(self, x):
+        return x
+
+    def _reshape(self, x, shape):
+        return np.reshape(x, shape)
+
+    def _permute(self, x, axes):
+        return np.transpose(x, axes)
+
+    def _expand(self, x, shape):
+        return np.broadcast_to(x, shape)
+
+    def _concat_channels(self, parts, n, c, h, w):
+        return np.concatenate(parts, axis=1)
+
+    def _slice1(self, x, i):
+        return x[:, i]
+
+    # ---- matmul -----------------------------------------------------------------------------
+    def _bmm(self, a, b):
+        Ba, M, K = a.shape
+        Bb, _, N = b.shape
+        B = max(Ba, Bb)
+        if Bb == 1 and Ba > 1:  # one big GEMM instead of B small ones
+            y = self._gemm(a.reshape(Ba * M, K), b[0])
+            return y.reshape(B, M, N)
+        if B == 1:
+            return self._gemm(a[0], b[0]).reshape(1, M, N)
+        if 2.0 * B * M * N * K < PARALLEL_FLOPS:
+            return np.matmul(a, b)
+        out = np.empty((B, M, N), F32)
+
+        def task(r):
+            i0, i1 = r
+            np.matmul(a[i0:i1] if Ba > 1 else a, b[i0:i1] if Bb > 1 else b, out=out[i0:i1])
+
+        with threads.single_threaded_blas():
+            threads.run_parallel(task, _split(B, threads.num_threads()))
+        return out
+
+    def _gemm(self, a, b):
+        M, K = a.shape
+        N = b.shape[1]
+        if 2.0 * M * N * K < PARALLEL_FLOPS or threads.num_threads() == 1:
+            return np.matmul(a, b)
+        out = np.empty((M, N), F32)
+        nt = threads.num_threads()
+        if M >= N:
+            def task(r):
+                np.matmul(a[r[0]:r[1]], b, out=out[r[0]:r[1]])
+            parts = _split(M, nt)
+        else:  # each thread writes a block of columns
+            def task(r):
+                np.matmul(a, b[:, r[0]:r[1]], out=out[:, r[0]:r[1]])
+            parts = _split(N, nt)
+        with threads.single_threaded_blas():
+            threads.run_parallel(task, parts)
+        return out
+
+    # ---- convolution ------------------------------------------------------------------------
+    def _pad(self, x, pads, mode):
+        t, b, l, r = pads
+        np_mode = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
+        width = [(0, 0)] * (x.ndim - 2) + [(t, b), (l, r)]
+        return np.pad(x, width, mode=np_mode)
+
+    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        if any(pads):
+            x = self._pad(x, pads, "zeros")
+        x = np.ascontiguousarray(x)
+        N, C, H, W = x.shape
+        Cout, Cg, KH, KW = w.shape
+        sh, sw = stride
+        dh, dw = dilation
+        OH = (H - dh * (KH - 1) - 1) // sh + 1
+        OW = (W - dw * (KW - 1) - 1) // sw + 1
+        G = groups
+        Coutg = Cout // G
+        out = np.empty((N, Cout, OH, OW), F32)
+        sN, sC, sH, sW = x.strides
+        if Cg == 1 and Coutg == 1:
+            self._depthwise(x, w, bias, out, stride, dilation)
+            return out
+        K = Cg * KH * KW
+        wmat = np.ascontiguousarray(w).reshape(G, Coutg, K)
+        target = max(256, CHUNK_BYTES // (4 * K))
+        P = OH * OW
+        tasks = []
+        if P <= target:
+            nb = max(1, target // P)
+            for g in range(G):
+                for n0 in range(0, N, nb):
+                    tasks.append((g, n0, min(N, n0 + nb), 0, OH))
+        else:
+            rows = max(1, target // OW)
+            for g in range(G):
+                for n in range(N):
+                    for r0 in range(0, OH, rows):
+                        tasks.append((g, n, n + 1, r0, min(OH, r0 + rows)))
+
+        def task(t):
+            g, n0, n1, r0, r1 = t
+            nb, rows = n1 - n0, r1 - r0
+            src = x[n0:n1, g * Cg:(g + 1) * Cg, r0 * sh:, :]
+            view = as_strided(src, shape=(Cg, KH, KW, nb, rows, OW),
+                              strides=(sC, dh * sH, dw * sW, sN, sh * sH, sw * sW), writeable=False)
+            cols = np.empty((Cg, KH, KW, nb, rows, OW), F32)
+            np.copyto(cols, view)
+            res = wmat[g] @ cols.reshape(K, nb * rows * OW)
+            if bias is not None:
+                res += bias[g * Coutg:(g + 1) * Coutg, None]
+            out[n0:n1, g * Coutg:(g + 1) * Coutg, r0:r1, :] = \
+                res.reshape(Coutg, nb, rows, OW).transpose(1, 0, 2, 3)
+
+        with threads.single_threaded_blas():
+            threads.run_parallel(task, tasks)
+        return out
+
+    def _depthwise(self, x, w, bias, out, stride, dilation):
+        """groups == channels, one output per group: accumulate the kernel taps directly."""
+        N, C, H, W = x.shape
+        _, _, KH, KW = w.shape
+        _, _, OH, OW = out.shape
+        sh, sw = stride
+        dh, dw = dilation
+        wt = w.reshape(C, KH, KW)
+        planes = N * C
+        per = max(1, (CHUNK_BYTES // 4) // max(1, OH * OW))
+        xs = x.reshape(planes, H, W)
+        os_ = out.reshape(planes, OH, OW)
+        chan = np.arange(planes) % C
+
+        def task(r):
+            p0, p1 = r
+            acc = np.zeros((p1 - p0, OH, OW), F32)
+            ws = wt[chan[p0:p1]]
+            for i in range(KH):
+                for j in range(KW):
+                    tap = xs[p0:p1, i * dh: i * dh + (OH - 1) * sh + 1: sh, j * dw: j * dw + (OW - 1) * sw + 1: sw]
+                    acc += ws[:, i, j, None, None] * tap
+            if bias is not None:
+                acc += bias[chan[p0:p1], None, None]
+            os_[p0:p1] = acc
+
+        threads.run_parallel(task, [(p, min(planes, p + per)) for p in range(0, planes, per)])
+
+    def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
+        x = np.ascontiguousarray(x)
+        N, Cin, H, W = x.shape
+        _, Coutg, KH, KW = w.shape
+        G = groups
+        Cing = Cin // G
+        sh, sw = stride
+        ph, pw = padding
+        dh, dw = dilation
+        OH = (H - 1) * sh - 2 * ph + dh * (KH - 1) + output_padding[0] + 1
+        OW = (W - 1) * sw - 2 * pw + dw * (KW - 1) + output_padding[1] + 1
+        # full canvas, before cropping `padding` from each side
+        HC = max((H - 1) * sh + dh * (KH - 1) + 1, ph + OH)
+        WC = max((W - 1) * sw + dw * (KW - 1) + 1, pw + OW)
+        out = np.empty((N, Coutg * G, OH, OW), F32)
+        wg = np.ascontiguousarray(w).reshape(G, Cing, Coutg * KH * KW)
+        # channel blocks so each task's columns stay within the workspace budget
+        budget = workspace_budget_bytes()
+        per_co = 4 * KH * KW * H * W
+        cob = max(1, min(Coutg, budget // max(1, per_co * threads.num_threads())))
+        tasks = [(n, g, c0, min(Coutg, c0 + cob)) for n in range(N) for g in range(G)
+                 for c0 in range(0, Coutg, cob)]
+
+        def task(t):
+            n, g, c0, c1 = t
+            nco = c1 - c0
+            wblk = wg[g].reshape(Cing, Coutg, KH * KW)[:, c0:c1].reshape(Cing, nco * KH * KW)
+            cols = (wblk.T @ x[n, g * Cing:(g + 1) * Cing].reshape(Cing, H * W)).reshape(nco, KH, KW, H, W)
+            canvas = np.zeros((nco, HC, WC), F32)
+            for i in range(KH):
+                for j in range(KW):
+                    canvas[:, i * dh: i * dh + (H - 1) * sh + 1: sh, j * dw: j * dw + (W - 1) * sw + 1: sw] += cols[:, i, j]
+            blk = canvas[:, ph:ph + OH, pw:pw + OW]
+            if bias is not None:
+                blk = blk + bias[g * Coutg + c0:g * Coutg + c1, None, None]
+            out[n, g * Coutg + c0:g * Coutg + c1] = blk
+
+        with threads.single_threaded_blas():
+            threads.run_parallel(task, tasks)
+        return out
+
+    # ---- elementwise ------------------------------------------------------------------------
+    def _unary(self, op, x, **p):
+        with np.errstate(all="ignore"):
+            if op == "abs":
+                return np.abs(x)
+            if op == "neg":
+                return np.negative(x)
+            if op == "exp":
+                return np.exp(x)
+            if op == "log":
+                return np.log(x)
+            if op == "sqrt":
+                return np.sqrt(x)
+            if op == "relu":
+                return np.maximum(x, F32(0))
+            if op == "sigmoid":
+                return _sigmoid(x)
+            if op == "tanh":
+                return np.tanh(x)
+            if op == "silu":
+                return x * _sigmoid(x)
+            if op == "gelu":
+                if p["approximate"] == "tanh":
+                    x64 = x.astype(np.float64)
+                    inner = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64 ** 3)
+                    return (0.5 * x64 * (1.0 + np.tanh(inner))).astype(F32)
+                x64 = x.astype(np.float64)
+                return (0.5 * x64 * erfc_neg(x64 / math.sqrt(2.0))).astype(F32)
+            if op == "elu":
+                return np.where(x > 0, x, F32(p["alpha"]) * np.expm1(x)).astype(F32, copy=False)
+            if op == "leaky_relu":
+                return np.where(x > 0, x, x * F32(p["negative_slope"])).astype(F32, copy=False)
+            if op == "softplus":
+                beta, thr = p["beta"], p["threshold"]
+                bx = x * F32(beta)
+                soft = (np.log1p(np.exp(bx.astype(np.float64))) / beta).astype(F32)
+                return np.where(bx > thr, x, soft)
+            if op == "clamp":
+                y = x
+                if p["min"] is not None:
+                    y = np.maximum(y, F32(p["min"]))
+                if p["max"] is not None:
+                    y = np.minimum(y, F32(p["max"]))
+                return y if y is not x else x.copy()
+        raise NotImplementedError(op)
+
+    def _binary(self, op, a, b):
+        a = F32(a) if isinstance(a, float) else a
+        b = F32(b) if isinstance(b, float) else b
+        with np.errstate(all="ignore"):
+            return np.asarray(_BINARY[op](a, b), dtype=F32)
+
+    def _reduce(self, op, x, dims, keepdim):
+        if op == "sum":
+            y = np.sum(x, axis=dims, dtype=np.float64, keepdims=keepdim)
+        elif op == "mean":
+            y = np.mean(x, axis=dims, dtype=np.float64, keepdims=keepdim)
+        elif op == "max":
+            y = np.max(x, axis=dims, keepdims=keepdim)
+        else:
+            y = np.min(x, axis=dims, keepdims=keepdim)
+        return np.asarray(y, dtype=F32)
+
+
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+           "pow": np.power, "minimum": np.minimum, "maximum": np.maximum}
+
+
+def _sigmoid(x):
+    # 1 / (1 + exp(-x)); exp overflow to inf gives 0, as in torch
+    return (1.0 / (1.0 + np.exp(-x))).astype(F32, copy=False)
+
+
+def _split(n: int, parts: int):
+    parts = max(1, min(parts, n))
+    step = math.ceil(n / parts)
+    return [(i, min(n, i + step)) for i in range(0, n, step)]

@@ -1,0 +1,213 @@
+"""The one registry that knows every backend.
+
+Each backend lives in its own module exposing two functions:
+
+* ``probe(name) -> {"available": bool, "reason": str, "devices": [str, ...], "priority": int?}``
+  cheap (no kernel builds) and never raising;
+* ``create(name, index) -> Backend``.
+
+A registry entry may list several implementations (``impls``); the first whose probe says
+available serves the name, and the reasons of those skipped are kept (so ``cuda`` can be the
+pack's own CuPy kernels, or PyTorch's CUDA path with the reason CuPy was skipped).
+
+Auto choice: lowest priority number among the available entries, i.e.
+CUDA > ROCm > XPU > MPS > OpenCL GPU > OpenCL CPU > NumPy > PyTorch CPU.
+``ANYDEVICE_BACKEND=name[:index]`` overrides it.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+from .errors import AnyDeviceError
+
+log = logging.getLogger("anydevice")
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    priority: int
+    title: str
+    #: (module inside this package, name passed to its probe/create)
+    impls: tuple[tuple[str, str], ...]
+
+
+@dataclass
+class BackendInfo:
+    name: str
+    available: bool
+    reason: str
+    device: str
+    priority: int
+    title: str
+    kind: str = ""          # "own" kernels or "vendor" (PyTorch)
+    module: str = ""        # module that serves it
+    devices: list[str] = field(default_factory=list)
+    notes: str = ""         # e.g. why a preferred implementation was skipped
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+SPECS: list[BackendSpec] = [
+    BackendSpec("cuda", 10, "NVIDIA GPU", (("cuda_backend", "cuda"), ("torch_backend", "cuda"))),
+    BackendSpec("rocm", 20, "AMD GPU (ROCm)", (("cuda_backend", "rocm"), ("torch_backend", "rocm"))),
+    BackendSpec("xpu", 30, "Intel GPU (XPU)", (("torch_backend", "xpu"),)),
+    BackendSpec("mps", 40, "Apple GPU (MPS)", (("torch_backend", "mps"),)),
+    BackendSpec("opencl", 50, "OpenCL device (own kernels)", (("opencl_backend", "opencl"),)),
+    BackendSpec("numpy", 70, "CPU, NumPy (own code)", (("numpy_backend", "numpy"),)),
+    BackendSpec("cpu", 80, "CPU, PyTorch", (("torch_backend", "cpu"),)),
+    BackendSpec("torch-cuda", 90, "NVIDIA GPU, PyTorch/cuDNN", (("torch_backend", "torch-cuda"),)),
+    BackendSpec("torch-rocm", 91, "AMD GPU, PyTorch/MIOpen", (("torch_backend", "torch-rocm"),)),
+]
+#: the names every listing shows even when unavailable; the torch-* aliases show when available
+CORE_NAMES = ("cuda", "rocm", "xpu", "mps", "opencl", "numpy", "cpu")
+
+_lock = threading.RLock()
+_infos: dict[str, BackendInfo] | None = None
+_instances: dict[tuple[str, int], object] = {}
+_auto: str | None = None
+_failed: dict[str, str] = {}  # name -> reason creation failed (so auto moves on)
+
+
+def _import(module: str):
+    return importlib.import_module(f".{module}", __package__)
+
+
+def _probe_spec(spec: BackendSpec) -> BackendInfo:
+    skipped = []
+    for module, impl_name in spec.impls:
+        try:
+            mod = _import(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.endswith(module):
+                if len(spec.impls) == 1:
+                    skipped.append(f"{module}: not part of this build")
+            else:
+                skipped.append(f"{module}: needs {exc.name} ({exc})")
+            continue
+        except Exception as exc:  # a broken optional dependency must not break start-up
+            skipped.append(f"{module}: import failed ({type(exc).__name__}: {exc})")
+            continue
+        try:
+            res = mod.probe(impl_name)
+        except Exception as exc:
+            res = {"available": False, "reason": f"probe raised {type(exc).__name__}: {exc}"}
+        if res.get("available"):
+            devices = list(res.get("devices") or [])
+            return BackendInfo(
+                name=spec.name, available=True, reason="", device=devices[0] if devices else "",
+                priority=int(res.get("priority", spec.priority)), title=spec.title,
+                kind=res.get("kind", "vendor" if module == "torch_backend" else "own"),
+                module=module, devices=devices, notes="; ".join(skipped))
+        skipped.append(f"{module}: {res.get('reason') or 'unavailable'}")
+    reason = skipped[-1].split(": ", 1)[-1] if len(skipped) == 1 else "; ".join(skipped)
+    return BackendInfo(name=spec.name, available=False, reason=reason, device="",
+                       priority=spec.priority, title=spec.title)
+
+
+def _probe_all(refresh: bool = False) -> dict[str, BackendInfo]:
+    global _infos, _auto
+    with _lock:
+        if _infos is None or refresh:
+            _infos = {s.name: _probe_spec(s) for s in SPECS}
+            for name, why in _failed.items():
+                info = _infos.get(name)
+                if info is not None:
+                    info.available, info.reason = False, why
+            if refresh:
+                _auto = None
+        return _infos
+
+
+def list_backends(refresh: bool = False, include_aliases: bool = False) -> list[BackendInfo]:
+    """Every known backend, best first, each with availability and the reason when unavailable."""
+    infos = _probe_all(refresh)
+    out = [i for i in infos.values() if include_aliases or i.name in CORE_NAMES or i.available]
+    return sorted(out, key=lambda i: (not i.available, i.priority))
+
+
+def parse_name(name: str) -> tuple[str, int]:
+    base, _, idx = name.strip().partition(":")
+    if idx and not idx.isdigit():
+        raise AnyDeviceError("get_backend", "name", name, "device index after ':' must be a number")
+    return base.lower(), int(idx or 0)
+
+
+def auto_name() -> str:
+    """The backend auto picks: ANYDEVICE_BACKEND if set, else the best available."""
+    global _auto
+    with _lock:
+        if _auto is not None:
+            return _auto
+        env = os.environ.get("ANYDEVICE_BACKEND", "").strip()
+        if env and env.lower() != "auto":
+            parse_name(env)
+            _auto = env
+            return _auto
+        for info in list_backends():
+            if not info.available:
+                continue
+            try:
+                get_backend(info.name)
+            except Exception as exc:  # e.g. a device that lists but cannot build kernels
+                log.warning("backend %s unusable, trying the next: %s", info.name, exc)
+                continue
+            _auto = info.name
+            return _auto
+        _auto = "numpy"
+        return _auto
+
+
+def get_backend(name: str | None = None):
+    """The backend for ``name`` ("cuda", "opencl:1", ...); None or "auto" gives the auto choice."""
+    if name is None or name == "auto":
+        name = auto_name()
+    if not isinstance(name, str):
+        raise AnyDeviceError("get_backend", "name", name, "must be a string such as 'numpy' or 'opencl:0'")
+    base, index = parse_name(name)
+    with _lock:
+        key = (base, index)
+        if key in _instances:
+            return _instances[key]
+        infos = _probe_all()
+        info = infos.get(base)
+        if info is None:
+            raise AnyDeviceError("get_backend", "name", name,
+                                 f"unknown backend; known: {', '.join(s.name for s in SPECS)}")
+        if not info.available:
+            raise AnyDeviceError("get_backend", "name", name, f"backend unavailable: {info.reason}")
+        if info.devices and index >= len(info.devices):
+            raise AnyDeviceError("get_backend", "name", name,
+                                 f"device index {index} out of range ({len(info.devices)} device(s))")
+        impl_name = dict((m, n) for m, n in _spec(base).impls)[info.module]
+        try:
+            backend = _import(info.module).create(impl_name, index)
+        except AnyDeviceError:
+            raise
+        except Exception as exc:
+            why = f"could not start: {type(exc).__name__}: {exc}"
+            _failed[base] = why
+            info.available, info.reason = False, why
+            raise AnyDeviceError("get_backend", "name", name, why) from exc
+        _instances[key] = backend
+        return backend
+
+
+def _spec(name: str) -> BackendSpec:
+    return next(s for s in SPECS if s.name == name)
+
+
+def describe() -> str:
+    """One line: the auto choice and the others, for logs."""
+    chosen = auto_name()
+    parts = []
+    for info in list_backends():
+        mark = "*" if info.name == parse_name(chosen)[0] else ""
+        parts.append(f"{mark}{info.name}" + ("" if info.available else " (unavailable)"))
+    b = get_backend(chosen)
+    return f"using {b.name} on {b.device}; backends: {', '.join(parts)}"

@@ -1,0 +1,81 @@
+"""Thread handling for CPU backends.
+
+NumPy's OpenBLAS keeps spinning worker threads after each call, which halves the speed of the next
+PyTorch call on a 2-core machine, and inside ComfyUI NumPy is imported long before this pack, so
+its environment variables cannot be set. Instead the NumPy backend splits big work itself over a
+small pool of plain Python threads (NumPy releases the GIL in BLAS calls and copies) and runs BLAS
+single-threaded for the duration of the call (``single_threaded_blas``). Idle pool threads block on
+a queue; they never spin.
+
+``ANYDEVICE_NUM_THREADS`` sets the pool size (default: the CPUs this process may run on).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger("anydevice")
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_blas = None  # list of threadpoolctl library controllers, or [] when unavailable
+
+
+def num_threads() -> int:
+    env = os.environ.get("ANYDEVICE_NUM_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def pool() -> ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="anydevice")
+        return _pool
+
+
+def run_parallel(fn, tasks) -> None:
+    """Run fn(task) for every task on the pool (inline when there is one task or one thread)."""
+    tasks = list(tasks)
+    if len(tasks) <= 1 or num_threads() == 1:
+        for t in tasks:
+            fn(t)
+        return
+    for f in [pool().submit(fn, t) for t in tasks]:
+        f.result()
+
+
+def _blas_controllers():
+    global _blas
+    if _blas is None:
+        try:
+            import numpy  # noqa: F401  (threadpoolctl only sees libraries already loaded)
+            from threadpoolctl import ThreadpoolController
+            _blas = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+        except Exception as exc:  # threadpoolctl missing or a library it cannot drive
+            log.debug("threadpoolctl unavailable (%s); BLAS threads left as they are", exc)
+            _blas = []
+    return _blas
+
+
+@contextlib.contextmanager
+def single_threaded_blas():
+    """BLAS runs on one thread inside the block; the previous setting is restored after."""
+    libs = _blas_controllers()
+    before = [lib.get_num_threads() for lib in libs]
+    for lib in libs:
+        lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, n in zip(libs, before):
+            if n != 1:
+                lib.set_num_threads(n)

@@ -1,0 +1,188 @@
+"""PyTorch backend: the vendor path, serving cpu, cuda, rocm, xpu and mps through torch devices.
+
+Each op is one call into torch.nn.functional (cuDNN / MIOpen / oneDNN / MPS underneath), so it adds
+only the contract's validation to calling torch directly. Native arrays are torch tensors on the
+backend's device; CPU inputs are moved there and results moved back to the input's device.
+"""
+from __future__ import annotations
+
+from .contract import Backend
+
+#: registry name -> torch device type
+DEVICE_TYPES = {"cpu": "cpu", "cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps",
+                "torch-cuda": "cuda", "torch-rocm": "cuda"}
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def probe(name: str) -> dict:
+    """Registry probe: {available, reason, devices}. Never raises."""
+    ok, reason, devices = _probe(name)
+    return {"available": ok, "reason": reason, "devices": devices}
+
+
+def create(name: str, index: int) -> "TorchBackend":
+    return TorchBackend(name, index)
+
+
+def _probe(name: str) -> tuple[bool, str, list[str]]:
+    """(available, reason, device descriptions) for a torch device type.
+
+    Never raises: a missing torch, a CPU-only build or a missing driver is a reason."""
+    try:
+        torch = _torch()
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return False, f"PyTorch not importable ({type(exc).__name__}: {exc})", []
+    try:
+        dev = DEVICE_TYPES[name]
+        if dev == "cpu":
+            return True, "", [f"CPU via PyTorch {torch.__version__} ({torch.get_num_threads()} threads)"]
+        if dev == "cuda":
+            hip = getattr(torch.version, "hip", None)
+            want_hip = name.endswith("rocm")
+            if want_hip and not hip:
+                return False, f"PyTorch {torch.__version__} is not a ROCm build", []
+            if not want_hip and hip:
+                return False, f"PyTorch {torch.__version__} is a ROCm build (use rocm)", []
+            if not want_hip and not torch.version.cuda:
+                return False, f"PyTorch {torch.__version__} is a CPU-only build (no CUDA)", []
+            if not torch.cuda.is_available():
+                return False, "no GPU visible to PyTorch (driver missing or no device)", []
+            return True, "", [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if dev == "xpu":
+            xpu = getattr(torch, "xpu", None)
+            if xpu is None or not xpu.is_available():
+                return False, "no Intel XPU visible to PyTorch (torch.xpu unavailable)", []
+            return True, "", [xpu.get_device_name(i) for i in range(xpu.device_count())]
+        if dev == "mps":
+            mps = getattr(torch.backends, "mps", None)
+            if mps is None or not mps.is_available():
+                return False, "no Apple MPS device (not macOS on Apple silicon, or PyTorch without MPS)", []
+            return True, "", ["Apple GPU (MPS)"]
+    except Exception as exc:
+        return False, f"probing {name} failed: {type(exc).__name__}: {exc}", []
+    return False, f"unknown torch device {name}", []
+
+
+class TorchBackend(Backend):
+    kind = "vendor"
+
+    def __init__(self, name: str = "cpu", index: int = 0):
+        super().__init__(index)
+        torch = _torch()
+        self.name = name
+        self.torch = torch
+        dev_type = DEVICE_TYPES[name]
+        self.dev = torch.device(dev_type if dev_type in ("cpu", "mps") else f"{dev_type}:{index}")
+        self.native_types = ()  # every tensor goes through _from_torch (device + dtype check)
+        self.F = torch.nn.functional
+        ok, _, names = _probe(name)
+        self._desc = names[index] if ok and index < len(names) else str(self.dev)
+
+    @property
+    def device(self) -> str:
+        return f"{self._desc} via PyTorch {self.torch.__version__}"
+
+    def synchronize(self):
+        t = self.dev.type
+        if t == "cuda":
+            self.torch.cuda.synchronize(self.dev)
+        elif t == "xpu":
+            self.torch.xpu.synchronize()
+        elif t == "mps":
+            self.torch.mps.synchronize()
+
+    # ---- conversion -------------------------------------------------------------------------
+    def _from_numpy(self, a):
+        return self.torch.as_tensor(a, device=self.dev)
+
+    def _from_torch(self, t):
+        return t.detach().to(self.dev, dtype=self.torch.float32)
+
+    def _to_numpy(self, x):
+        return x.detach().cpu().numpy()
+
+    def _to_torch(self, x, like):
+        return x if x.device == like.device else x.to(like.device)
+
+    def _reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def _permute(self, x, axes):
+        return x.permute(*axes)
+
+    def _expand(self, x, shape):
+        return x.expand(*shape)
+
+    def _concat_channels(self, parts, n, c, h, w):
+        return self.torch.cat(parts, dim=1)
+
+    def _slice1(self, x, i):
+        return x[:, i]
+
+    # ---- compute ----------------------------------------------------------------------------
+    def _bmm(self, a, b):
+        return self.torch.matmul(a, b)
+
+    def _linear(self, x, w, b):
+        return self.F.linear(x, w, b)
+
+    def _pad(self, x, pads, mode):
+        t, b, l, r = pads
+        mode = {"zeros": "constant"}.get(mode, mode)
+        return self.F.pad(x, (l, r, t, b), mode=mode)
+
+    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        t, b, l, r = pads
+        if t == b and l == r:
+            return self.F.conv2d(x, w, bias, stride, (t, l), dilation, groups)
+        x = self.F.pad(x, (l, r, t, b))
+        return self.F.conv2d(x, w, bias, stride, 0, dilation, groups)
+
+    def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
+        return self.F.conv_transpose2d(x, w, bias, stride, padding, output_padding, groups, dilation)
+
+    def _unary(self, op, x, **p):
+        torch, F = self.torch, self.F
+        if op == "clamp":
+            return torch.clamp(x, p["min"], p["max"])
+        if op == "gelu":
+            return F.gelu(x, approximate=p["approximate"])
+        if op == "elu":
+            return F.elu(x, p["alpha"])
+        if op == "leaky_relu":
+            return F.leaky_relu(x, p["negative_slope"])
+        if op == "softplus":
+            return F.softplus(x, p["beta"], p["threshold"])
+        fn = {"abs": torch.abs, "neg": torch.neg, "exp": torch.exp, "log": torch.log,
+              "sqrt": torch.sqrt, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+              "silu": F.silu}[op]
+        return fn(x)
+
+    def _binary(self, op, a, b):
+        torch = self.torch
+        if op in ("minimum", "maximum"):  # torch.minimum takes tensors only
+            if not isinstance(a, torch.Tensor):
+                a = torch.tensor(a, dtype=torch.float32, device=self.dev)
+            if not isinstance(b, torch.Tensor):
+                b = torch.tensor(b, dtype=torch.float32, device=self.dev)
+        fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+              "pow": torch.pow, "minimum": torch.minimum, "maximum": torch.maximum}[op]
+        if not isinstance(a, torch.Tensor):  # scalar first: torch.sub(2.0, t) is not allowed
+            a = torch.tensor(a, dtype=torch.float32, device=self.dev)
+        return fn(a, b)
+
+    def _reduce(self, op, x, dims, keepdim):
+        torch = self.torch
+        if len(dims) == 0:  # torch reads dim=() as "all dims"; reducing nothing is a copy
+            return x.clone()
+        if op == "sum":
+            return torch.sum(x, dim=dims, keepdim=keepdim)
+        if op == "mean":
+            return torch.mean(x, dim=dims, keepdim=keepdim)
+        if op == "max":
+            return torch.amax(x, dim=dims, keepdim=keepdim)
+        return torch.amin(x, dim=dims, keepdim=keepdim)

@@ -1,0 +1,74 @@
+"""Shared test set-up.
+
+The repository root is loaded as the package ``anydevice`` (whatever the checkout folder is
+called), so tests import ``anydevice.backend`` and ``anydevice.nodes`` exactly as ComfyUI sees the
+pack: a package with relative imports.
+
+``backend_target`` is the fixture every precision test takes: one parameter per backend available
+on this machine, plus the extra variants a backend module offers through ``test_variants()`` (e.g.
+the OpenCL GPU kernel family forced on a CPU device). ``ANYDEVICE_TEST_BACKENDS=numpy,cpu`` limits
+the list.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_pack():
+    if "anydevice" in sys.modules and Path(sys.modules["anydevice"].__file__).resolve().parent == ROOT:
+        return sys.modules["anydevice"]
+    spec = importlib.util.spec_from_file_location("anydevice", ROOT / "__init__.py",
+                                                  submodule_search_locations=[str(ROOT)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["anydevice"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_load_pack()
+from anydevice import backend as _backend  # noqa: E402
+from anydevice.backend import registry as _registry  # noqa: E402
+
+
+def _targets():
+    """[(id, factory)] for every backend (and variant) that can run here."""
+    only = {s.strip() for s in os.environ.get("ANYDEVICE_TEST_BACKENDS", "").split(",") if s.strip()}
+    out = []
+    for info in _backend.list_backends(include_aliases=True):
+        if not info.available:
+            continue
+        out.append((info.name, lambda n=info.name: _backend.get_backend(n)))
+        mod = _registry._import(info.module)
+        for vid, factory in getattr(mod, "test_variants", lambda: [])():
+            out.append((vid, factory))
+    if only:
+        out = [t for t in out if t[0] in only or t[0].split("-")[0] in only]
+    return out
+
+
+TARGETS = _targets()
+_cache: dict[str, object] = {}
+
+
+def pytest_report_header(config):
+    lines = ["anydevice backends under test: " + ", ".join(t[0] for t in TARGETS)]
+    for info in _backend.list_backends():
+        if not info.available:
+            lines.append(f"  skipped backend {info.name}: {info.reason}")
+    return lines
+
+
+@pytest.fixture(params=[t[0] for t in TARGETS], scope="session")
+def backend_target(request):
+    """A backend instance; one parameter per backend/variant available on this machine."""
+    tid = request.param
+    if tid not in _cache:
+        _cache[tid] = dict(TARGETS)[tid]()
+    return _cache[tid]
