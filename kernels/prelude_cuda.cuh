@@ -1,0 +1,27 @@
+/* Portable-subset prelude for CUDA / HIP through NVRTC / hipRTC (see kernels/README.md). */
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+#define ANYDEVICE_HIP 1
+#else
+#define ANYDEVICE_CUDA 1
+#endif
+#define KERNEL extern "C" __global__
+#define DEVICE_FN __device__ __forceinline__
+#define GLOBAL
+#define LOCAL __shared__
+#define RESTRICT __restrict__
+#define BARRIER() __syncthreads()
+#define LID0 ((int)threadIdx.x)
+#define LID1 ((int)threadIdx.y)
+#define GRP0 ((int)blockIdx.x)
+#define GRP1 ((int)blockIdx.y)
+#define GRP2 ((int)blockIdx.z)
+#define LSZ0 ((int)blockDim.x)
+#define LSZ1 ((int)blockDim.y)
+#define NGRP0 ((int)gridDim.x)
+#define NGRP1 ((int)gridDim.y)
+#define NGRP2 ((int)gridDim.z)
+#define GID0 ((int)(blockIdx.x * blockDim.x + threadIdx.x))
+#define GID1 ((int)(blockIdx.y * blockDim.y + threadIdx.y))
+#define GID2 ((int)(blockIdx.z * blockDim.z + threadIdx.z))
+#define FMA(a, b, c) fmaf((a), (b), (c))
+#define OFF_T long long

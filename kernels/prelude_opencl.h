@@ -1,0 +1,23 @@
+/* Portable-subset prelude for OpenCL C (see kernels/README.md). */
+#define ANYDEVICE_OPENCL 1
+#define KERNEL __kernel
+#define DEVICE_FN inline
+#define GLOBAL __global
+#define LOCAL __local
+#define RESTRICT restrict
+#define BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+#define LID0 ((int)get_local_id(0))
+#define LID1 ((int)get_local_id(1))
+#define GRP0 ((int)get_group_id(0))
+#define GRP1 ((int)get_group_id(1))
+#define GRP2 ((int)get_group_id(2))
+#define LSZ0 ((int)get_local_size(0))
+#define LSZ1 ((int)get_local_size(1))
+#define NGRP0 ((int)get_num_groups(0))
+#define NGRP1 ((int)get_num_groups(1))
+#define NGRP2 ((int)get_num_groups(2))
+#define GID0 ((int)get_global_id(0))
+#define GID1 ((int)get_global_id(1))
+#define GID2 ((int)get_global_id(2))
+#define FMA(a, b, c) fma((a), (b), (c))
+#define OFF_T long
