@@ -1,0 +1,522 @@
+"""The precision suite: every op of the contract, on every backend available here.
+
+One test per op, parametrised over ``backend_target`` (see conftest.py), so a new backend is tested
+by this same code. Reference: PyTorch in float64 on the same float32 inputs. Bar: normwise relative
+error ||y - ref|| / ||ref|| <= 1e-6 (PyTorch's own FP32 CPU result is at 1.3e-7..3.9e-7 on the seed
+conv cases). NaN and Inf positions must match the reference exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from anydevice.backend import AnyDeviceError, conv2d_plan, conv_transpose2d_plan
+
+TOL = 1e-6
+HYP = settings(max_examples=int(__import__("os").environ.get("ANYDEVICE_HYPOTHESIS_EXAMPLES", "25")),
+               deadline=None, derandomize=True, print_blob=True,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                      HealthCheck.data_too_large])
+
+
+def relerr(y, ref) -> float:
+    y = np.asarray(y.detach().numpy() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
+    ref = np.asarray(ref.detach().numpy() if isinstance(ref, torch.Tensor) else ref, dtype=np.float64)
+    assert y.shape == ref.shape, f"shape {y.shape} != reference {ref.shape}"
+    nan_y, nan_r = np.isnan(y), np.isnan(ref)
+    assert (nan_y == nan_r).all(), f"NaN positions differ ({nan_y.sum()} vs reference {nan_r.sum()})"
+    inf_r = np.isinf(ref)
+    assert (np.isinf(y) == inf_r).all() and (y[inf_r] == ref[inf_r]).all(), "Inf positions differ"
+    fin = ~(nan_r | inf_r)
+    num = np.linalg.norm(y[fin] - ref[fin])
+    den = np.linalg.norm(ref[fin])
+    if den == 0:
+        return 0.0 if num <= 1e-30 else float("inf")
+    return float(num / den)
+
+
+def check(y, ref, what=""):
+    err = relerr(y, ref)
+    assert err <= TOL, f"{what}: normwise relative error {err:.3g} > {TOL}"
+    return err
+
+
+def t64(a):
+    return torch.from_numpy(np.asarray(a, dtype=np.float32)).double()
+
+
+def rand(rng, *shape, lo=-1.0, hi=1.0):
+    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# the six seed conv cases: input 32x512x7x7, weight 512x512xkxk
+# ---------------------------------------------------------------------------------------------
+SEED_CASES = [  # (k, stride, padding)
+    (3, 1, 0), (3, 1, 1), (3, 2, 1), (1, 1, 0), (1, 2, 0), (7, 2, 3),
+]
+_seed_data: dict = {}
+
+
+def seed_case(k, s, p):
+    key = (k, s, p)
+    if key not in _seed_data:
+        rng = np.random.default_rng(1234 + k * 100 + s * 10 + p)
+        x = rng.standard_normal((32, 512, 7, 7)).astype(np.float32)
+        w = (rng.standard_normal((512, 512, k, k)) / np.sqrt(512 * k * k)).astype(np.float32)
+        b = rng.standard_normal(512).astype(np.float32)
+        ref = F.conv2d(t64(x), t64(w), t64(b), s, p).numpy()
+        _seed_data[key] = (x, w, b, ref)
+    return _seed_data[key]
+
+
+@pytest.mark.parametrize("k,s,p", SEED_CASES, ids=[f"k{k}s{s}p{p}" for k, s, p in SEED_CASES])
+def test_conv2d_seed_cases(backend_target, k, s, p):
+    x, w, b, ref = seed_case(k, s, p)
+    y = backend_target.conv2d(x, w, b, stride=s, padding=p)
+    check(y, ref, f"conv2d k{k} s{s} p{p}")
+
+
+# ---------------------------------------------------------------------------------------------
+# random shapes (hypothesis, derandomised so CI is reproducible)
+# ---------------------------------------------------------------------------------------------
+@st.composite
+def conv_args(draw):
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    cin_g = draw(st.integers(1, 4))
+    cout_g = draw(st.integers(1, 4))
+    n = draw(st.sampled_from([1, 1, 2, 3]))
+    kh = draw(st.sampled_from([1, 2, 3, 5, 7]))
+    kw = draw(st.sampled_from([kh, kh, 1, 2, 3]))
+    h = draw(st.integers(1, 17))
+    w = draw(st.integers(1, 17))
+    stride = draw(st.sampled_from([1, 1, 2, 3, (1, 2), (2, 1)]))
+    dilation = draw(st.sampled_from([1, 1, 1, 2, (1, 2)]))
+    padding = draw(st.sampled_from([0, 1, 2, 3, (1, 0), (0, 2), "same", "valid"]))
+    mode = draw(st.sampled_from(["zeros", "zeros", "reflect", "replicate", "circular"]))
+    bias = draw(st.booleans())
+    batched = draw(st.sampled_from([True, True, True, False]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return dict(groups=groups, cin=cin_g * groups, cout=cout_g * groups, n=n, kh=kh, kw=kw, h=h, w=w,
+                stride=stride, dilation=dilation, padding=padding, mode=mode, bias=bias,
+                batched=batched, seed=seed)
+
+
+def _valid_conv(a):
+    xs = (a["n"], a["cin"], a["h"], a["w"]) if a["batched"] else (a["cin"], a["h"], a["w"])
+    ws = (a["cout"], a["cin"] // a["groups"], a["kh"], a["kw"])
+    try:
+        conv2d_plan("conv2d", xs, ws, None, a["stride"], a["padding"], a["dilation"], a["groups"], a["mode"])
+    except AnyDeviceError:
+        return None
+    return xs, ws
+
+
+@HYP
+@given(a=conv_args())
+def test_conv2d_random(backend_target, a):
+    shapes = _valid_conv(a)
+    assume(shapes is not None)
+    xs, ws = shapes
+    rng = np.random.default_rng(a["seed"])
+    x, w = rand(rng, *xs), rand(rng, *ws)
+    b = rand(rng, a["cout"]) if a["bias"] else None
+    conv = torch.nn.Conv2d(a["cin"], a["cout"], (a["kh"], a["kw"]), a["stride"], a["padding"], a["dilation"],
+                           a["groups"], a["bias"], a["mode"]).double()
+    with torch.no_grad():
+        conv.weight.copy_(t64(w))
+        if b is not None:
+            conv.bias.copy_(t64(b))
+        ref = conv(t64(x)).numpy()
+    y = backend_target.conv2d(x, w, b, a["stride"], a["padding"], a["dilation"], a["groups"], a["mode"])
+    check(y, ref, f"conv2d {a}")
+
+
+@st.composite
+def convt_args(draw):
+    groups = draw(st.sampled_from([1, 1, 2]))
+    cin = draw(st.integers(1, 4)) * groups
+    cout_g = draw(st.integers(1, 4))
+    n = draw(st.sampled_from([1, 2]))
+    kh = draw(st.sampled_from([1, 2, 3, 4, 5]))
+    kw = draw(st.sampled_from([kh, kh, 1, 3]))
+    h, w = draw(st.integers(1, 11)), draw(st.integers(1, 11))
+    stride = draw(st.sampled_from([1, 2, 3, (2, 1)]))
+    dilation = draw(st.sampled_from([1, 1, 2]))
+    padding = draw(st.sampled_from([0, 1, 2, (1, 0)]))
+    output_padding = draw(st.sampled_from([0, 0, 1, (1, 0)]))
+    return dict(groups=groups, cin=cin, cout_g=cout_g, n=n, kh=kh, kw=kw, h=h, w=w, stride=stride,
+                dilation=dilation, padding=padding, output_padding=output_padding,
+                bias=draw(st.booleans()), batched=draw(st.sampled_from([True, True, False])),
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@HYP
+@given(a=convt_args())
+def test_conv_transpose2d_random(backend_target, a):
+    xs = (a["n"], a["cin"], a["h"], a["w"]) if a["batched"] else (a["cin"], a["h"], a["w"])
+    ws = (a["cin"], a["cout_g"], a["kh"], a["kw"])
+    try:
+        conv_transpose2d_plan("conv_transpose2d", xs, ws, None, a["stride"], a["padding"],
+                              a["output_padding"], a["groups"], a["dilation"])
+    except AnyDeviceError:
+        assume(False)
+    rng = np.random.default_rng(a["seed"])
+    x, w = rand(rng, *xs), rand(rng, *ws)
+    b = rand(rng, a["cout_g"] * a["groups"]) if a["bias"] else None
+    ref = F.conv_transpose2d(t64(x), t64(w), None if b is None else t64(b), a["stride"], a["padding"],
+                             a["output_padding"], a["groups"], a["dilation"]).numpy()
+    y = backend_target.conv_transpose2d(x, w, b, a["stride"], a["padding"], a["output_padding"],
+                                        a["groups"], a["dilation"])
+    check(y, ref, f"conv_transpose2d {a}")
+
+
+@st.composite
+def matmul_shapes(draw):
+    m, k, n = draw(st.integers(1, 70)), draw(st.integers(1, 70)), draw(st.integers(1, 70))
+    kind = draw(st.sampled_from(["2d", "2d", "vec-mat", "mat-vec", "dot", "batch", "bcast", "bcast2"]))
+    if kind == "2d":
+        return (m, k), (k, n)
+    if kind == "vec-mat":
+        return (k,), (k, n)
+    if kind == "mat-vec":
+        return (m, k), (k,)
+    if kind == "dot":
+        return (k,), (k,)
+    b = draw(st.integers(1, 4))
+    if kind == "batch":
+        return (b, m, k), (b, k, n)
+    if kind == "bcast":
+        return (b, m, k), (k, n)
+    return (2, 1, m, k), (b, k, n)
+
+
+@HYP
+@given(shapes=matmul_shapes(), seed=st.integers(0, 2**31 - 1))
+def test_matmul_random(backend_target, shapes, seed):
+    rng = np.random.default_rng(seed)
+    a, b = rand(rng, *shapes[0]), rand(rng, *shapes[1])
+    check(backend_target.matmul(a, b), torch.matmul(t64(a), t64(b)).numpy(), f"matmul {shapes}")
+
+
+@pytest.mark.parametrize("n", [1, 4, 63, 100, 129, 257])
+def test_matmul_square(backend_target, n):
+    rng = np.random.default_rng(n)
+    a, b = rand(rng, n, n), rand(rng, n, n)
+    check(backend_target.matmul(a, b), (t64(a) @ t64(b)).numpy(), f"matmul {n}")
+
+
+@HYP
+@given(lead=st.lists(st.integers(1, 5), min_size=0, max_size=2), fin=st.integers(1, 40),
+       fout=st.integers(1, 40), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_linear_random(backend_target, lead, fin, fout, bias, seed):
+    rng = np.random.default_rng(seed)
+    x, w = rand(rng, *lead, fin), rand(rng, fout, fin)
+    b = rand(rng, fout) if bias else None
+    ref = F.linear(t64(x), t64(w), None if b is None else t64(b)).numpy()
+    check(backend_target.linear(x, w, b), ref, "linear")
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise, activations, reductions
+# ---------------------------------------------------------------------------------------------
+UNARY_CASES = [
+    ("abs", {}, None), ("neg", {}, None), ("exp", {}, (-20, 20)), ("log", {}, (1e-3, 50)),
+    ("sqrt", {}, (0, 50)), ("relu", {}, None), ("sigmoid", {}, (-30, 30)), ("tanh", {}, (-10, 10)),
+    ("gelu", {}, (-8, 8)), ("gelu", {"approximate": "tanh"}, (-8, 8)), ("silu", {}, (-20, 20)),
+    ("elu", {}, (-10, 10)), ("elu", {"alpha": 0.5}, (-10, 10)), ("leaky_relu", {}, None),
+    ("leaky_relu", {"negative_slope": 0.2}, None), ("softplus", {}, (-30, 30)),
+    ("softplus", {"beta": 2.0, "threshold": 5.0}, (-10, 10)), ("clamp", {"min": -0.5, "max": 0.3}, None),
+    ("clamp", {"min": 0.1}, None), ("clamp", {"max": -0.1}, None),
+]
+
+
+def torch_unary(op, x, p):
+    if op == "clamp":
+        return torch.clamp(x, p.get("min"), p.get("max"))
+    if op in ("gelu", "elu", "leaky_relu", "softplus", "silu"):
+        return getattr(F, op)(x, **p)
+    return getattr(torch, op)(x)
+
+
+@pytest.mark.parametrize("op,params,rng_", UNARY_CASES,
+                         ids=[f"{o}-{'-'.join(f'{k}{v}' for k, v in p.items())}" for o, p, _ in UNARY_CASES])
+def test_unary(backend_target, op, params, rng_):
+    lo, hi = rng_ or (-5, 5)
+    rng = np.random.default_rng(7)
+    for shape in [(), (1,), (7,), (3, 5, 17), (2, 3, 33, 31)]:
+        x = rand(rng, *shape, lo=lo, hi=hi)
+        check(backend_target.unary(op, x, **params), torch_unary(op, t64(x), params).numpy(), f"{op} {shape}")
+
+
+@pytest.mark.parametrize("op", ["relu", "sigmoid", "tanh", "gelu", "silu", "elu", "leaky_relu", "softplus", "softmax"])
+def test_activation_dispatch(backend_target, op):
+    rng = np.random.default_rng(3)
+    x = rand(rng, 2, 5, 6, lo=-4, hi=4)
+    ref = F.softmax(t64(x), dim=1) if op == "softmax" else torch_unary(op, t64(x), {})
+    y = backend_target.activation(op, x, dim=1) if op == "softmax" else backend_target.activation(op, x)
+    check(y, ref.numpy(), op)
+
+
+@HYP
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), data=st.data())
+def test_softmax_random(backend_target, shape, data):
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    x = rand(rng, *shape, lo=-30, hi=30)
+    check(backend_target.softmax(x, dim), F.softmax(t64(x), dim).numpy(), f"softmax {shape} dim {dim}")
+
+
+@st.composite
+def broadcast_pair(draw):
+    nd = draw(st.integers(0, 4))
+    full = [draw(st.integers(1, 9)) for _ in range(nd)]
+    a = [d if draw(st.booleans()) else 1 for d in full]
+    b = [d if draw(st.booleans()) else 1 for d in full]
+    cut = draw(st.integers(0, nd))
+    return tuple(a), tuple(b[cut:])
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "minimum", "maximum"])
+@HYP
+@given(shapes=broadcast_pair(), seed=st.integers(0, 2**31 - 1), scalar=st.sampled_from([None, None, "left", "right"]))
+def test_binary_random(backend_target, op, shapes, seed, scalar):
+    rng = np.random.default_rng(seed)
+    lo = 0.1 if op == "pow" else -3
+    a, b = rand(rng, *shapes[0], lo=lo, hi=3), rand(rng, *shapes[1], lo=-3, hi=3)
+    if op == "div":
+        b = np.where(np.abs(b) < 0.1, 0.5, b).astype(np.float32)
+    tfn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+           "minimum": torch.minimum, "maximum": torch.maximum}[op]
+    if scalar == "left" and op != "pow":
+        s = 1.75
+        ref = tfn(torch.full(b.shape, s, dtype=torch.float64), t64(b))
+        y = backend_target.binary(op, s, b)
+    elif scalar == "right":
+        s = 1.5
+        ref = tfn(t64(a), torch.tensor(s, dtype=torch.float64))
+        y = backend_target.binary(op, a, s)
+    else:
+        ref = tfn(t64(a), t64(b))
+        y = backend_target.binary(op, a, b)
+    check(y, ref.numpy(), f"{op} {shapes} scalar={scalar}")
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@HYP
+@given(shape=st.lists(st.integers(1, 12), min_size=0, max_size=4), data=st.data())
+def test_reduce_random(backend_target, op, shape, data):
+    nd = len(shape)
+    dim = data.draw(st.one_of(st.none(), st.integers(-max(nd, 1), max(nd, 1) - 1) if nd else st.none(),
+                              st.lists(st.integers(0, max(nd - 1, 0)), min_size=1, max_size=nd, unique=True)
+                              if nd else st.none()))
+    keepdim = data.draw(st.booleans())
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    x = rand(rng, *shape, lo=0.5, hi=2.0)  # positive: a sum's norm is not cancelled away
+    tfn = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax, "min": torch.amin}[op]
+    t = t64(x)
+    if dim is None:
+        ref = tfn(t) if op in ("sum", "mean") else tfn(t, dim=tuple(range(nd)))
+        if keepdim:
+            ref = ref.reshape((1,) * nd)
+    else:
+        ref = tfn(t, dim=dim, keepdim=keepdim)
+    check(backend_target.reduce(op, x, dim, keepdim), ref.numpy(), f"{op} {shape} dim={dim}")
+
+
+def test_long_sum_precision(backend_target):
+    rng = np.random.default_rng(11)
+    x = rand(rng, 4, 1 << 18, lo=0.0, hi=1.0)
+    for dim in (None, 0, 1):
+        ref = t64(x).sum() if dim is None else t64(x).sum(dim)
+        check(backend_target.sum(x, dim), ref.numpy(), f"sum over {x.shape} dim {dim}")
+        ref = t64(x).mean() if dim is None else t64(x).mean(dim)
+        check(backend_target.mean(x, dim), ref.numpy(), f"mean over {x.shape} dim {dim}")
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_pad(backend_target, mode):
+    rng = np.random.default_rng(5)
+    x = rand(rng, 2, 3, 6, 7)
+    for pad in [(1, 2, 3, 0), (0, 0, 2, 2), (2, 1, 1, 2)] + ([(3, 3)] if mode == "constant" else []):
+        ref = F.pad(t64(x), pad, mode=mode).numpy()
+        check(backend_target.pad(x, pad, mode), ref, f"pad {mode} {pad}")
+
+
+# ---------------------------------------------------------------------------------------------
+# losses and image metrics
+# ---------------------------------------------------------------------------------------------
+def ref_ssim(x, y, data_range=1.0, win=11, sigma=1.5):
+    x, y = t64(x), t64(y)
+    while x.dim() < 4:
+        x, y = x.unsqueeze(0), y.unsqueeze(0)
+    c = x.shape[1]
+    g = torch.arange(win, dtype=torch.float64) - (win - 1) / 2
+    g = torch.exp(-(g ** 2) / (2 * sigma ** 2))
+    g = g / g.sum()
+    w2 = (g[:, None] * g[None, :]).expand(c, 1, win, win)
+    f = lambda z: F.conv2d(z, w2, groups=c)  # noqa: E731
+    mx, my = f(x), f(y)
+    sxx, syy, sxy = f(x * x) - mx ** 2, f(y * y) - my ** 2, f(x * y) - mx * my
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    m = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx ** 2 + my ** 2 + c1) * (sxx + syy + c2))
+    return m.mean()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("loss", ["mse", "l1", "smooth_l1", "huber", "bce"])
+@pytest.mark.parametrize("shapes", [((2, 3, 9, 8), (2, 3, 9, 8)), ((5,), (5,)), ((4, 1, 6), (4, 3, 6)), ((1,), (3, 2))])
+def test_losses(backend_target, loss, reduction, shapes):
+    rng = np.random.default_rng(13)
+    if loss == "bce":
+        if shapes[0] != shapes[1]:
+            pytest.skip("binary_cross_entropy needs equal shapes")
+        a = rand(rng, *shapes[0], lo=0.0, hi=1.0)
+        a.flat[0] = 0.0  # log(0) is clamped at -100 in torch
+        b = rand(rng, *shapes[1], lo=0.0, hi=1.0)
+        ref = F.binary_cross_entropy(t64(a), t64(b), reduction=reduction)
+        y = backend_target.loss("bce", a, b, reduction=reduction)
+    else:
+        a, b = rand(rng, *shapes[0], lo=-3, hi=3), rand(rng, *shapes[1], lo=-3, hi=3)
+        ta, tb = torch.broadcast_tensors(t64(a), t64(b))
+        params = {"smooth_l1": {"beta": 0.7}, "huber": {"delta": 1.3}}.get(loss, {})
+        tfn = {"mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss, "huber": F.huber_loss}[loss]
+        ref = tfn(ta, tb, reduction=reduction, **params)
+        y = backend_target.loss(loss, a, b, reduction=reduction, **params)
+    check(y, ref.numpy(), f"{loss} {reduction} {shapes}")
+
+
+def test_bce_weight(backend_target):
+    rng = np.random.default_rng(2)
+    a, b, w = rand(rng, 3, 4, lo=0.01, hi=0.99), rand(rng, 3, 4, lo=0, hi=1), rand(rng, 4, lo=0, hi=2)
+    ref = F.binary_cross_entropy(t64(a), t64(b), weight=t64(w))
+    check(backend_target.binary_cross_entropy(a, b, weight=w), ref.numpy(), "bce weight")
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 32, 40), (2, 1, 11, 11), (3, 24, 17), (16, 20)])
+def test_psnr_ssim(backend_target, shape):
+    rng = np.random.default_rng(17)
+    a = rand(rng, *shape, lo=0, hi=1)
+    b = np.clip(a + rand(rng, *shape, lo=-0.1, hi=0.1), 0, 1).astype(np.float32)
+    mse = F.mse_loss(t64(a), t64(b))
+    check(backend_target.psnr(a, b), (10 * torch.log10(1.0 / mse)).numpy(), "psnr")
+    check(backend_target.psnr(a, b, data_range=2.0), (10 * torch.log10(4.0 / mse)).numpy(), "psnr range 2")
+    check(backend_target.ssim(a, b), ref_ssim(a, b).numpy(), f"ssim {shape}")
+    check(backend_target.ssim(a, b, window_size=7, sigma=1.0), ref_ssim(a, b, win=7, sigma=1.0).numpy(), "ssim w7")
+    s = backend_target.ssim(a, a)
+    assert abs(float(np.asarray(s)) - 1.0) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# contract properties: kinds, dtypes, NaN/Inf, no writes into inputs
+# ---------------------------------------------------------------------------------------------
+def test_result_kind_follows_first_input(backend_target):
+    rng = np.random.default_rng(0)
+    x, w = rand(rng, 1, 2, 5, 5), rand(rng, 3, 2, 3, 3)
+    y = backend_target.conv2d(x, torch.from_numpy(w))
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32
+    y = backend_target.conv2d(torch.from_numpy(x), w)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.device.type == "cpu"
+    native = backend_target.to_device(x)
+    y = backend_target.relu(native)
+    assert type(y) is type(native)
+    np.testing.assert_array_equal(backend_target.to_numpy(y), np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int32", "uint8", "bool"])
+def test_other_dtypes_become_float32(backend_target, dtype):
+    x = torch.arange(-6, 6).reshape(3, 4)
+    x = (x > 0) if dtype == "bool" else (x.abs() if dtype == "uint8" else x).to(getattr(torch, dtype))
+    y = backend_target.mul(x, 2.0)
+    assert y.dtype == torch.float32
+    np.testing.assert_array_equal(y.numpy(), x.float().numpy() * 2)
+    y = backend_target.add(x.numpy() if dtype != "bfloat16" else x.float().numpy(), 1.0)
+    assert y.dtype == np.float32
+
+
+def _same_specials(y, ref32, ref64):
+    """NaN/Inf where torch's float32 result has them; positions where torch's own float32 and float64
+    paths disagree (e.g. its vectorised CPU gelu(+inf) = NaN, float64 gives inf) accept either."""
+    y = np.asarray(y.numpy() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
+    r32, r64 = ref32.double().numpy(), ref64.numpy()
+    agree = (np.isnan(r32) == np.isnan(r64)) & (np.isinf(r32) == np.isinf(r64))
+    for name, fn in (("NaN", np.isnan), ("Inf", np.isinf)):
+        bad = agree & (fn(y) != fn(r32))
+        assert not bad.any(), f"{name} positions differ from torch at {np.argwhere(bad).tolist()}: {y} vs {r32}"
+    inf = agree & np.isinf(r32)
+    assert (y[inf] == r32[inf]).all(), "Inf signs differ from torch"
+
+
+def test_nan_inf_propagate_like_torch(backend_target):
+    x = np.array([[np.nan, -np.inf, -1.0, 0.0, 2.0, np.inf]], dtype=np.float32)
+    t32 = torch.from_numpy(x)
+    t64_ = t32.double()
+    be = backend_target
+    for op, params in [("relu", {}), ("abs", {}), ("exp", {}), ("sigmoid", {}), ("tanh", {}), ("gelu", {}),
+                       ("silu", {}), ("elu", {}), ("leaky_relu", {}), ("softplus", {}),
+                       ("clamp", {"min": -0.5, "max": 0.5}), ("neg", {}), ("log", {}), ("sqrt", {})]:
+        _same_specials(be.unary(op, x, **params), torch_unary(op, t32, params), torch_unary(op, t64_, params))
+    other = np.array([[1.0, np.nan, 0.5, -2.0, np.inf, 1.0]], dtype=np.float32)
+    for op in ["minimum", "maximum", "add", "mul", "div", "pow", "sub"]:
+        fn = getattr(torch, op)
+        o = torch.from_numpy(other)
+        _same_specials(be.binary(op, x, other), fn(t32, o), fn(t64_, o.double()))
+    for op, tfn in [("sum", torch.sum), ("max", torch.amax), ("min", torch.amin), ("mean", torch.mean)]:
+        for sl in (slice(None), slice(2, 5), slice(1, 4)):
+            _same_specials(be.reduce(op, x[:, sl], 1), tfn(t32[:, sl], dim=1), tfn(t64_[:, sl], dim=1))
+    img = np.ones((1, 1, 5, 5), np.float32)
+    img[0, 0, 2, 2] = np.nan
+    img[0, 0, 0, 0] = np.inf
+    k = torch.ones(1, 1, 3, 3)
+    _same_specials(be.conv2d(img, k.numpy(), padding=1), F.conv2d(torch.from_numpy(img), k, padding=1),
+                   F.conv2d(t64(img), k.double(), padding=1))
+    _same_specials(be.matmul(x, other.T), t32 @ torch.from_numpy(other).T, t64_ @ torch.from_numpy(other).double().T)
+    for sl in (slice(2, 5), slice(0, 3), slice(3, 6)):
+        _same_specials(be.softmax(x[:, sl], -1), F.softmax(t32[:, sl], -1), F.softmax(t64_[:, sl], -1))
+
+
+def _snapshot(*arrays):
+    return [a.clone() if isinstance(a, torch.Tensor) else a.copy() for a in arrays]
+
+
+def _assert_unchanged(before, after):
+    for b, a in zip(before, after):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), "an input tensor was modified"
+        else:
+            np.testing.assert_array_equal(a, b, err_msg="an input array was modified")
+
+
+@pytest.mark.parametrize("as_torch", [False, True], ids=["numpy", "torch"])
+def test_no_op_writes_into_inputs(backend_target, as_torch):
+    rng = np.random.default_rng(9)
+    mk = (lambda a: torch.from_numpy(a)) if as_torch else (lambda a: a)
+    x, w, b = mk(rand(rng, 2, 4, 9, 8)), mk(rand(rng, 6, 2, 3, 3)), mk(rand(rng, 6))
+    wt = mk(rand(rng, 4, 3, 3, 3))
+    m1, m2, v = mk(rand(rng, 3, 5)), mk(rand(rng, 5, 4)), mk(rand(rng, 4))
+    lw = mk(rand(rng, 4, 5))
+    p = mk(rand(rng, 2, 4, 9, 8, lo=0.01, hi=0.99))
+    q = mk(rand(rng, 2, 4, 9, 8, lo=0, hi=1))
+    inputs = [x, w, b, wt, m1, m2, v, p, q, lw]
+    before = _snapshot(*inputs)
+    be = backend_target
+    outs = [
+        be.conv2d(x, w, b, padding=1, groups=2), be.conv2d(x, w, b, padding=2, groups=2, padding_mode="reflect"),
+        be.conv_transpose2d(x, wt, None, 2, 1, 1), be.matmul(m1, m2), be.linear(m1, lw), be.linear(m1, lw, v),
+        be.relu(x), be.clamp(x, -0.1, 0.1), be.clamp(x, min=-10.0), be.softmax(x, 1), be.add(x, 1.0), be.mul(x, x),
+        be.maximum(x, 0.0), be.sum(x, (1, 2)), be.max(x, -1), be.mse_loss(x, p), be.l1_loss(x, q),
+        be.smooth_l1_loss(x, q), be.huber_loss(x, p), be.binary_cross_entropy(p, q), be.psnr(p, q), be.ssim(p, q, window_size=5),
+        be.pad(x, (1, 1, 1, 1), "replicate"), be.abs(x), be.sum(x, ()),
+    ]
+    _assert_unchanged(before, inputs)
+    # results must not alias inputs either (a caller may write into a result)
+    for o in outs:
+        for i in inputs:
+            if isinstance(o, np.ndarray) and isinstance(i, np.ndarray):
+                assert not np.shares_memory(o, i), "a result shares memory with an input"
+            if isinstance(o, torch.Tensor) and isinstance(i, torch.Tensor):
+                assert o.data_ptr() != i.data_ptr() or o.numel() == 0, "a result shares memory with an input"
