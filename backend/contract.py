@@ -196,14 +196,14 @@ class Backend:
     # ---- conversion ---------------------------------------------------------------------
     def to_device(self, x, op: str = "to_device", arg: str = "input"):
         """Any accepted input -> this backend's native float32 array."""
-        if isinstance(x, self.native_types):
-            return x
         if isinstance(x, np.ndarray):
             return self._from_numpy(_as_float32(x, op, arg))
         if _is_torch_tensor(x):
             if x.is_complex():
                 raise AnyDeviceError(op, arg, x, f"complex dtype {x.dtype} is not supported")
             return self._from_torch(x)
+        if isinstance(x, self.native_types):
+            return x
         if isinstance(x, (list, tuple, int, float, np.number)):
             return self._from_numpy(_as_float32(np.asarray(x), op, arg))
         raise AnyDeviceError(op, arg, type(x).__name__,
