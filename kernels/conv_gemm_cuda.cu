@@ -19,10 +19,13 @@
  *   Conv mode (IS_GEMM=0): z is the group g, A the group's weights (M = Cout/groups rows,
  *   K = Cg*KH*KW), B the virtual im2col matrix of the input x (N = batch*OH*OW columns, gathered
  *   on the fly, zero padding included), C the output (batch, Cout, OH, OW).
+ *   CONV_TRANSPOSED=1: conv_transpose2d as the same implicit GEMM: A the group's weights
+ *   re-laid out as (Cout/groups, Cg*KH*KW), B(k, p) the input pixel that tap k maps onto output
+ *   pixel p (zero where the stride skips it); sh/sw/ph/pw/dh/dw are the transposed conv's.
  * launch: groups (ceil(N/TILE_N), ceil(M/TILE_M), batch or groups),
  *         group size (TILE_N/WPT_N, TILE_M/WPT_M).
  * macros: TILE_M, TILE_N, TILE_K, WPT_M, WPT_N, SMEM_PAD, TRANS_A (A stored k-major: sam > sak),
- *         TRANS_B (B stored n-major, GEMM mode), IS_GEMM, USE_TF32.
+ *         TRANS_B (B stored n-major, GEMM mode), IS_GEMM, CONV_TRANSPOSED, USE_TF32.
  */
 #ifndef TILE_M
 #define TILE_M 128
@@ -50,6 +53,9 @@
 #endif
 #ifndef IS_GEMM
 #define IS_GEMM 1
+#endif
+#ifndef CONV_TRANSPOSED
+#define CONV_TRANSPOSED 0
 #endif
 #ifndef USE_TF32
 #define USE_TF32 0
@@ -149,8 +155,13 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
     const int pimg = pvalid ? p / OHW : 0;
     const int pq = pvalid ? p - pimg * OHW : 0;
     const int poh = pq / OW;
+#if CONV_TRANSPOSED
+    const int ih0 = poh + ph;
+    const int iw0 = (pq - poh * OW) + pw;
+#else
     const int ih0 = poh * sh - ph;
     const int iw0 = (pq - poh * OW) * sw - pw;
+#endif
     const GLOBAL float* xb = B + ((OFF_T)pimg * Cin + (OFF_T)z * Cg) * H * W;
 #endif
 
@@ -182,13 +193,29 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
             const int c = (gk) / KHW;                                                           \
             const int rs = (gk) - c * KHW;                                                      \
             const int r = rs / KW;                                                              \
-            const int ih = ih0 + r * dh;                                                        \
-            const int iw = iw0 + (rs - r * KW) * dw;                                            \
-            if (ih >= 0 && ih < H && iw >= 0 && iw < W)                                         \
-                v = xb[((OFF_T)c * H + ih) * W + iw];                                           \
+            GATHER_HW(r, rs - r * KW)                                                           \
         }                                                                                       \
         rb[i] = v;                                                                              \
     }
+#if CONV_TRANSPOSED
+/* transposed conv: input row ih contributes to output row ih*sh - ph + r*dh */
+#define GATHER_HW(r, s)                                                                        \
+    {                                                                                           \
+        const int ihn = ih0 - (r) * dh, iwn = iw0 - (s) * dw;                                   \
+        if (ihn >= 0 && iwn >= 0) {                                                             \
+            const int ih = ihn / sh, iw = iwn / sw;                                             \
+            if (ih * sh == ihn && iw * sw == iwn && ih < H && iw < W)                           \
+                v = xb[((OFF_T)c * H + ih) * W + iw];                                           \
+        }                                                                                       \
+    }
+#else
+#define GATHER_HW(r, s)                                                                        \
+    {                                                                                           \
+        const int ih = ih0 + (r) * dh, iw = iw0 + (s) * dw;                                     \
+        if (ih >= 0 && ih < H && iw >= 0 && iw < W)                                             \
+            v = xb[((OFF_T)c * H + ih) * W + iw];                                               \
+    }
+#endif
 #endif
 #define STORE_TILES()                                                                         \
     for (int i = 0; i < A_LOADS; i++) {                                                         \
