@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -169,6 +170,12 @@ class Backend:
         """a (Ba, M, K) @ b (Bb, K, N) with Ba, Bb in {1, B} -> (B, M, N)."""
         raise NotImplementedError
 
+    def _mm(self, a, b):
+        """a (M, K) @ b (K, N). Default: through _bmm."""
+        M, N = self._shape(a)[0], self._shape(b)[1]
+        y = self._bmm(self._reshape(a, (1,) + self._shape(a)), self._reshape(b, (1,) + self._shape(b)))
+        return self._reshape(y, (M, N))
+
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
         """Zero-padded conv; pads = (top, bottom, left, right)."""
         raise NotImplementedError
@@ -252,6 +259,9 @@ class Backend:
 
     def _matmul(self, a, b, op="matmul"):
         sa, sb = self._shape(a), self._shape(b)
+        if len(sa) == 2 and len(sb) == 2 and sa[1] == sb[0]:  # fast path: plain 2-D product
+            self._check_size(op, (sa[0], sb[1]))
+            return self._mm(a, b)
         if len(sa) == 0 or len(sb) == 0:
             raise AnyDeviceError(op, "input" if len(sa) == 0 else "other", sa if len(sa) == 0 else sb,
                                  "both arguments need at least 1 dimension")
@@ -780,8 +790,8 @@ def _torch():
 
 
 def _is_torch_tensor(x) -> bool:
-    t = type(x)
-    return t.__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype")
+    torch = sys.modules.get("torch")  # no torch imported: nothing can be a tensor
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _is_scalar(x) -> bool:

@@ -106,6 +106,9 @@ class NumpyBackend(Backend):
             threads.run_parallel(task, _split(B, threads.num_threads()))
         return out
 
+    def _mm(self, a, b):
+        return self._gemm(a, b)
+
     def _gemm(self, a, b):
         M, K = a.shape
         N = b.shape[1]
@@ -117,9 +120,9 @@ class NumpyBackend(Backend):
             def task(r):
                 np.matmul(a[r[0]:r[1]], b, out=out[r[0]:r[1]])
             parts = _split(M, nt)
-        else:  # each thread writes a block of columns
+        else:  # each thread writes a block of columns (contiguous temporaries keep BLAS fast)
             def task(r):
-                np.matmul(a, b[:, r[0]:r[1]], out=out[:, r[0]:r[1]])
+                out[:, r[0]:r[1]] = a @ np.ascontiguousarray(b[:, r[0]:r[1]])
             parts = _split(N, nt)
         with threads.single_threaded_blas():
             threads.run_parallel(task, parts)
@@ -150,6 +153,8 @@ class NumpyBackend(Backend):
             self._depthwise(x, w, bias, out, stride, dilation)
             return out
         K = Cg * KH * KW
+        if Cg >= 32 or Cg > OW:
+            return self._conv2d_channels_last(x, w, bias, out, stride, dilation, groups)
         wmat = np.ascontiguousarray(w).reshape(G, Coutg, K)
         target = max(256, CHUNK_BYTES // (4 * K))
         P = OH * OW
@@ -182,6 +187,51 @@ class NumpyBackend(Backend):
 
         with threads.single_threaded_blas():
             threads.run_parallel(task, tasks)
+        return out
+
+    def _conv2d_channels_last(self, x, w, bias, out, stride, dilation, groups):
+        """Many channels, small images: gather patches from an NHWC copy, so every copied run is
+        a contiguous stretch of channels, and multiply (pixels x K) @ (K x Cout) per chunk."""
+        N, C, H, W = x.shape
+        Cout, Cg, KH, KW = w.shape
+        _, _, OH, OW = out.shape
+        sh, sw = stride
+        dh, dw = dilation
+        G = groups
+        Coutg = Cout // G
+        K = KH * KW * Cg
+        xh = np.ascontiguousarray(x.transpose(0, 2, 3, 1))  # N, H, W, C
+        sN, sH, sW, sC = xh.strides
+        # (G, K, Coutg) with K ordered (kh, kw, c) to match the patch gather
+        wk = np.ascontiguousarray(w.reshape(G, Coutg, Cg, KH, KW).transpose(0, 3, 4, 2, 1)).reshape(G, K, Coutg)
+        outh = np.empty((N, OH, OW, Cout), F32)
+        target = max(64, min(2048, (8 * CHUNK_BYTES) // (4 * K)))  # pixels per task
+        rows = max(1, target // OW)
+        tasks = [(g, n, r0, min(OH, r0 + rows)) for g in range(G) for n in range(N) for r0 in range(0, OH, rows)]
+        if OH * OW < target:  # several images per task
+            nbat = max(1, target // (OH * OW))
+            tasks = [(g, n0, -min(N, n0 + nbat), 0) for g in range(G) for n0 in range(0, N, nbat)]
+
+        def task(t):
+            g, n0, r0, r1 = t
+            if r0 < 0:  # images n0 .. -r0, all rows
+                n1, r0, r1 = -r0, 0, OH
+            else:
+                n1, r0, r1 = n0 + 1, r0, r1
+            nb, nr = n1 - n0, r1 - r0
+            src = xh[n0:n1, r0 * sh:, :, g * Cg:(g + 1) * Cg]
+            view = as_strided(src, shape=(nb, nr, OW, KH, KW, Cg),
+                              strides=(sN, sh * sH, sw * sW, dh * sH, dw * sW, sC), writeable=False)
+            cols = np.empty((nb, nr, OW, KH, KW, Cg), F32)
+            np.copyto(cols, view)
+            res = cols.reshape(nb * nr * OW, K) @ wk[g]
+            if bias is not None:
+                res += bias[g * Coutg:(g + 1) * Coutg]
+            outh[n0:n1, r0:r1, :, g * Coutg:(g + 1) * Coutg] = res.reshape(nb, nr, OW, Coutg)
+
+        with threads.single_threaded_blas():
+            threads.run_parallel(task, tasks)
+        out[...] = outh.transpose(0, 3, 1, 2)
         return out
 
     def _depthwise(self, x, w, bias, out, stride, dilation):

@@ -79,6 +79,7 @@ class TorchBackend(Backend):
         self.dev = torch.device(dev_type if dev_type in ("cpu", "mps") else f"{dev_type}:{index}")
         self.native_types = ()  # every tensor goes through _from_torch (device + dtype check)
         self.F = torch.nn.functional
+        self.f32 = torch.float32
         ok, _, names = _probe(name)
         self._desc = names[index] if ok and index < len(names) else str(self.dev)
 
@@ -100,7 +101,9 @@ class TorchBackend(Backend):
         return self.torch.as_tensor(a, device=self.dev)
 
     def _from_torch(self, t):
-        return t.detach().to(self.dev, dtype=self.torch.float32)
+        if t.dtype is self.f32 and t.device == self.dev and not t.requires_grad:
+            return t
+        return t.detach().to(self.dev, dtype=self.f32)
 
     def _to_numpy(self, x):
         return x.detach().cpu().numpy()
@@ -126,6 +129,9 @@ class TorchBackend(Backend):
     # ---- compute ----------------------------------------------------------------------------
     def _bmm(self, a, b):
         return self.torch.matmul(a, b)
+
+    def _mm(self, a, b):
+        return self.torch.mm(a, b)
 
     def _linear(self, x, w, b):
         return self.F.linear(x, w, b)

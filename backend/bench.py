@@ -1,0 +1,194 @@
+"""``anydevice bench``: GFLOPS per case and the ratio to PyTorch measured in the same run.
+
+This machine's speed drifts (2x over minutes on shared hosts), so only same-run ratios mean
+anything: each repetition times the backend and then PyTorch on the same device, interleaved, and
+the ratio is PyTorch's median time over the backend's (> 1: the backend is faster). Inputs are put
+on the device first (``to_device``) and results stay there, so transfers are not measured; the
+first call of each case is timed on its own and reported as ``first ms`` (kernel builds, PoCL's
+per-launch-size code generation, caches warming up).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+log = logging.getLogger("anydevice")
+
+
+@dataclass
+class Case:
+    name: str
+    op: str               # "matmul" | "conv2d" | "conv_transpose2d"
+    a: tuple
+    b: tuple
+    kw: dict
+    flops: float
+    per_call_us: bool = False  # report microseconds per call instead of GFLOPS
+
+
+def _conv_flops(x, w, stride=1, padding=0, groups=1):
+    n, c, h, wd = x
+    co, cig, kh, kw = w
+    oh = (h + 2 * padding - kh) // stride + 1
+    ow = (wd + 2 * padding - kw) // stride + 1
+    return 2.0 * n * co * oh * ow * cig * kh * kw
+
+
+def _convt_flops(x, w):
+    n, ci, h, wd = x
+    _, cog, kh, kw = w
+    return 2.0 * n * ci * h * wd * cog * kh * kw
+
+
+CASES = [
+    Case("matmul 100", "matmul", (100, 100), (100, 100), {}, 2 * 100 ** 3),
+    Case("matmul 500", "matmul", (500, 500), (500, 500), {}, 2 * 500 ** 3),
+    Case("matmul 1000", "matmul", (1000, 1000), (1000, 1000), {}, 2 * 1000 ** 3),
+    Case("matmul 1024", "matmul", (1024, 1024), (1024, 1024), {}, 2 * 1024 ** 3),
+    Case("matmul 2000", "matmul", (2000, 2000), (2000, 2000), {}, 2 * 2000 ** 3),
+    Case("matmul 2048", "matmul", (2048, 2048), (2048, 2048), {}, 2 * 2048 ** 3),
+    Case("conv 32x512x7x7 * 512x512x3x3 p1", "conv2d", (32, 512, 7, 7), (512, 512, 3, 3), {"padding": 1},
+         _conv_flops((32, 512, 7, 7), (512, 512, 3, 3), 1, 1)),
+    Case("conv 32x16x7x7 * 1x16x3x3 p1", "conv2d", (32, 16, 7, 7), (1, 16, 3, 3), {"padding": 1},
+         _conv_flops((32, 16, 7, 7), (1, 16, 3, 3), 1, 1)),
+    Case("image conv 1x3x1024^2 * 16x3x3x3 p1", "conv2d", (1, 3, 1024, 1024), (16, 3, 3, 3), {"padding": 1},
+         _conv_flops((1, 3, 1024, 1024), (16, 3, 3, 3), 1, 1)),
+    Case("image conv 1x16x512^2 * 16x16x3x3 p1", "conv2d", (1, 16, 512, 512), (16, 16, 3, 3), {"padding": 1},
+         _conv_flops((1, 16, 512, 512), (16, 16, 3, 3), 1, 1)),
+    Case("conv_transpose 1x16x256^2 * 16x8x4x4 s2 p1", "conv_transpose2d", (1, 16, 256, 256), (16, 8, 4, 4),
+         {"stride": 2, "padding": 1}, _convt_flops((1, 16, 256, 256), (16, 8, 4, 4))),
+    Case("matmul 4x4 (per call)", "matmul", (4, 4), (4, 4), {}, 2 * 4 ** 3, per_call_us=True),
+]
+
+
+@dataclass
+class Row:
+    backend: str
+    device: str
+    case: str
+    ms: float
+    torch_ms: float
+    gflops: float
+    torch_gflops: float
+    ratio: float          # torch time / backend time (> 1: backend faster)
+    first_ms: float
+    reps: int
+    per_call_us: bool
+
+
+def _torch_device_for(be):
+    import torch
+    dev = getattr(be, "dev", None)
+    if dev is not None:
+        return dev
+    if be.name in ("cuda", "rocm") and torch.cuda.is_available():
+        return torch.device("cuda", getattr(be, "index", 0))
+    return torch.device("cpu")
+
+
+def _sync_torch(dev):
+    import torch
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def bench_case(be, case: Case, budget_s: float = 0.6, max_reps: int = 200) -> Row:
+    import torch
+    import torch.nn.functional as F
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(case.a).astype(np.float32)
+    b = (rng.standard_normal(case.b) / np.sqrt(np.prod(case.b[1:]) if len(case.b) > 2 else 1)).astype(np.float32)
+    tdev = _torch_device_for(be)
+    ta, tb = torch.from_numpy(a).to(tdev), torch.from_numpy(b).to(tdev)
+    na, nb = be.to_device(a), be.to_device(b)
+    fn = getattr(be, case.op)
+    tfn = {"matmul": torch.matmul, "conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}[case.op]
+
+    def run_backend():
+        fn(na, nb, **case.kw)
+        be.synchronize()
+
+    def run_torch():
+        tfn(ta, tb, **case.kw)
+        _sync_torch(tdev)
+
+    t0 = time.perf_counter()
+    run_backend()
+    first = time.perf_counter() - t0
+    with torch.no_grad():
+        run_torch()
+        run_backend()
+        # calls per timing sample, so tiny ops are not dominated by timer resolution
+        t0 = time.perf_counter()
+        run_backend()
+        one = max(time.perf_counter() - t0, 1e-7)
+        inner = 1 if one > 2e-3 else int(min(1000, max(1, 2e-3 / one)))
+        reps = int(min(max_reps, max(3, budget_s / (one * inner))))
+        tb_, tt_ = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                run_backend()
+            tb_.append((time.perf_counter() - t0) / inner)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                run_torch()
+            tt_.append((time.perf_counter() - t0) / inner)
+    mb, mt = statistics.median(tb_), statistics.median(tt_)
+    return Row(be.name, be.device, case.name, mb * 1e3, mt * 1e3, case.flops / mb / 1e9,
+               case.flops / mt / 1e9, mt / mb, first * 1e3, reps, case.per_call_us)
+
+
+def format_rows(rows) -> str:
+    head = f"{'backend':<9}{'case':<44}{'ms':>9}{'torch ms':>10}{'GFLOPS':>9}{'torch':>9}{'ratio':>7}{'first ms':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r.per_call_us:
+            lines.append(f"{r.backend:<9}{r.case:<44}{r.ms * 1e3:>7.1f}us{r.torch_ms * 1e3:>8.1f}us"
+                         f"{'':>9}{'':>9}{r.ratio:>7.2f}{r.first_ms:>10.1f}")
+        else:
+            lines.append(f"{r.backend:<9}{r.case:<44}{r.ms:>9.2f}{r.torch_ms:>10.2f}{r.gflops:>9.1f}"
+                         f"{r.torch_gflops:>9.1f}{r.ratio:>7.2f}{r.first_ms:>10.1f}")
+    return "\n".join(lines)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--backend", action="append", default=None,
+                   help="backend to measure (repeatable); default: every available backend")
+    p.add_argument("--case", action="append", default=None,
+                   help="only cases whose name contains this text (repeatable)")
+    p.add_argument("--quick", action="store_true", help="short timing budget per case")
+    p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+
+
+def main(args) -> int:
+    import torch
+    from . import get_backend, list_backends
+    names = args.backend or [i.name for i in list_backends() if i.available]
+    cases = [c for c in CASES if not args.case or any(s in c.name for s in args.case)]
+    budget = 0.25 if args.quick else 0.8
+    print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; ratio = torch time / backend "
+          f"time, same run, interleaved (> 1: backend faster)")
+    rows = []
+    for name in names:
+        be = get_backend(name)
+        print(f"\n{be.name}: {be.device}", flush=True)
+        for case in cases:
+            try:
+                row = bench_case(be, case, budget)
+            except Exception as exc:  # report and go on: one failing case must not hide the others
+                log.error("%s / %s failed: %s", name, case.name, exc)
+                continue
+            rows.append(row)
+            print(format_rows([row]).splitlines()[-1], flush=True)
+    print("\n" + format_rows(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
