@@ -1,0 +1,109 @@
+/* misc_cuda.cu: the CUDA backend's elementwise kernels (CUDA/HIP only, compiled as
+ * prelude_cuda.cuh + this file).
+ *
+ * kernel ad_pad(x, y, planes, H, W, top, left, OH, OW, mode)
+ *   y (planes, OH, OW) = x (planes, H, W) padded by top/left (bottom/right follow from OH/OW);
+ *   mode 0 zeros, 1 reflect, 2 replicate, 3 circular (torch.nn.functional.pad semantics).
+ *   launch: 1-D, any geometry (grid-stride loop over planes*OH*OW), group size BLOCK.
+ * kernel ad_unary(x, y, n, op, p0, p1, flags)
+ *   y[i] = op(x[i]) for contiguous x, y of n elements; op codes as UNARY_CODES in
+ *   backend/cuda_backend.py; p0/p1 the op's parameters (alpha, slope, beta/threshold, min/max);
+ *   flags bit 0/1: clamp has min/max. NaN and Inf propagate as in torch.
+ *   launch: 1-D, any geometry (grid-stride loop), group size BLOCK.
+ */
+#ifndef BLOCK
+#define BLOCK 256
+#endif
+
+KERNEL void ad_pad(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, const int planes,
+                   const int H, const int W, const int top, const int left, const int OH,
+                   const int OW, const int mode)
+{
+    const OFF_T total = (OFF_T)planes * OH * OW;
+    for (OFF_T idx = (OFF_T)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (OFF_T)gridDim.x * blockDim.x) {
+        const int ow = (int)(idx % OW);
+        const OFF_T t = idx / OW;
+        const int oh = (int)(t % OH);
+        const OFF_T plane = t / OH;
+        int ih = oh - top, iw = ow - left;
+        float v = 0.0f;
+        if (mode == 0) {
+            if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[(plane * H + ih) * W + iw];
+        } else {
+            if (mode == 1) {            /* reflect (pad < size, checked by the contract) */
+                ih = ih < 0 ? -ih : ih;
+                ih = ih >= H ? 2 * (H - 1) - ih : ih;
+                iw = iw < 0 ? -iw : iw;
+                iw = iw >= W ? 2 * (W - 1) - iw : iw;
+            } else if (mode == 2) {     /* replicate */
+                ih = ih < 0 ? 0 : (ih >= H ? H - 1 : ih);
+                iw = iw < 0 ? 0 : (iw >= W ? W - 1 : iw);
+            } else {                    /* circular (pad <= size) */
+                ih = ((ih % H) + H) % H;
+                iw = ((iw % W) + W) % W;
+            }
+            v = x[(plane * H + ih) * W + iw];
+        }
+        y[idx] = v;
+    }
+}
+
+/* op codes: keep in sync with UNARY_CODES in backend/cuda_backend.py */
+#define OP_ABS 0
+#define OP_NEG 1
+#define OP_EXP 2
+#define OP_LOG 3
+#define OP_SQRT 4
+#define OP_RELU 5
+#define OP_SIGMOID 6
+#define OP_TANH 7
+#define OP_GELU 8
+#define OP_GELU_TANH 9
+#define OP_SILU 10
+#define OP_ELU 11
+#define OP_LEAKY_RELU 12
+#define OP_SOFTPLUS 13
+#define OP_CLAMP 14
+
+DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const float p1,
+                            const int flags)
+{
+    switch (op) {
+    case OP_ABS: return fabsf(x);
+    case OP_NEG: return -x;
+    case OP_EXP: return expf(x);
+    case OP_LOG: return logf(x);
+    case OP_SQRT: return sqrtf(x);
+    case OP_RELU: return x > 0.0f ? x : (x == x ? 0.0f : x);
+    case OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case OP_TANH: return tanhf(x);
+    case OP_GELU: return 0.5f * x * erfcf(-x * 0.70710678118654752440f);
+    case OP_GELU_TANH: {
+        const float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+        return 0.5f * x * (1.0f + tanhf(inner));
+    }
+    case OP_SILU: return x / (1.0f + expf(-x));
+    case OP_ELU: return x > 0.0f ? x : p0 * expm1f(x);
+    case OP_LEAKY_RELU: return x > 0.0f ? x : x * p0;
+    case OP_SOFTPLUS: {
+        const float bx = x * p0;
+        return bx > p1 ? x : log1pf(expf(bx)) / p0;
+    }
+    case OP_CLAMP: {
+        float v = x;                      /* NaN stays NaN; min > max gives max, as torch */
+        if ((flags & 1) && v < p0) v = p0;
+        if ((flags & 2) && v > p1) v = p1;
+        return v;
+    }
+    default: return x;
+    }
+}
+
+KERNEL void ad_unary(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, const OFF_T n,
+                     const int op, const float p0, const float p1, const int flags)
+{
+    for (OFF_T i = (OFF_T)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (OFF_T)gridDim.x * blockDim.x)
+        y[i] = ad_unary_op(x[i], op, p0, p1, flags);
+}
