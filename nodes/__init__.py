@@ -1,3 +1,39 @@
-"""ComfyUI nodes: thin adapters over ``backend/`` (filled in by the nodes work)."""
-NODE_CLASS_MAPPINGS: dict = {}
-NODE_DISPLAY_NAME_MAPPINGS: dict = {}
+"""ComfyUI nodes: thin adapters over ``backend/``.
+
+Every node class is named ``AnyDevice<Name>``, shows as "<Name> (AnyDevice)" and sits under the
+``AnyDevice/...`` categories. ``runner.py`` runs API-format workflows of these nodes without ComfyUI.
+"""
+from __future__ import annotations
+
+import logging
+
+from .compute import COMPUTE_NODES
+from .helpers import HELPER_NODES
+
+log = logging.getLogger("anydevice")
+
+ALL_NODES = COMPUTE_NODES + HELPER_NODES
+NODE_CLASS_MAPPINGS: dict = {cls.__name__: cls for cls in ALL_NODES}
+NODE_DISPLAY_NAME_MAPPINGS: dict = {cls.__name__: cls.DISPLAY for cls in ALL_NODES}
+
+_logged = False
+
+
+def log_backend_choice() -> None:
+    """One log line at load: the chosen backend and device, and the others."""
+    global _logged
+    if _logged:
+        return
+    _logged = True
+    try:
+        from ..backend import describe
+        from .common import load_time_backend_name
+        load_time_backend_name()
+        log.info("AnyDevice: %s", describe())
+    except Exception as exc:  # noqa: BLE001 - loading the pack must never fail on this
+        log.warning("AnyDevice: could not pick a backend at load: %s", exc)
+
+
+log_backend_choice()
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -1,0 +1,443 @@
+"""Shared plumbing for the AnyDevice nodes: socket types, value kinds, layouts, devices, errors,
+progress and the ``ui`` payload the web extension draws.
+
+Values the nodes pass around (all on the CPU, float32):
+
+* IMAGE  torch tensor [B, H, W, C], 0..1 (ComfyUI's own type)
+* MASK   torch tensor [B, H, W] (or [H, W])
+* LATENT dict {"samples": [B, C, H, W], ...other keys kept}
+* TENSOR dict {"tensor": torch tensor of any shape}  (a dict, so it can never be mistaken
+         for an IMAGE or a MASK at run time)
+* WEIGHTS dict {"weight": tensor, "bias": tensor or None}
+* DEVICE dict {"name": "numpy" | "cpu" | "cuda:1" | "auto" ...}
+
+Nothing here does math: every number a node computes goes through ``backend``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..backend import AnyDeviceError, get_backend, list_backends
+from ..backend import registry as _registry
+
+log = logging.getLogger("anydevice")
+
+CATEGORY = "AnyDevice"
+
+
+class AnyType(str):
+    """A socket type equal to every other type (ComfyUI's validator honours ``__ne__``)."""
+
+    def __ne__(self, other):  # noqa: D105
+        return False
+
+    __hash__ = str.__hash__
+
+
+#: output type of generic nodes: they return the kind they were given
+ANY = AnyType("*")
+#: input type of generic nodes (a comma list: ComfyUI accepts any overlap, the frontend too)
+DATA = "IMAGE,MASK,LATENT,TENSOR"
+TENSOR = "TENSOR"
+WEIGHTS = "WEIGHTS"
+DEVICE = "DEVICE"
+
+KINDS = ("IMAGE", "MASK", "LATENT", "TENSOR")
+
+DEVICE_INPUT = (DEVICE, {"tooltip": "Backend to run on, from a DeviceSelect (AnyDevice) node. "
+                                    "Without it the backend chosen when ComfyUI started runs."})
+
+
+class NodeError(AnyDeviceError):
+    """An error that names the node, the input and the value."""
+
+    def __init__(self, node: str, arg: str | None = None, value=None, reason: str = ""):
+        super().__init__(node, arg, value, reason)
+        if arg is not None:  # "input" reads better than "argument" for a node
+            self.args = (str(self).replace(f"{node}: argument '", f"{node}: input '", 1),)
+
+    def __str__(self):
+        return self.args[0] if self.args else super().__str__()
+
+
+def rethrow(node: str, exc: Exception) -> NodeError:
+    """A backend AnyDeviceError with the node's display name in front (keeps op/arg/value)."""
+    err = NodeError(node, None, None, str(exc))
+    err.arg, err.value = getattr(exc, "arg", None), getattr(exc, "value", None)
+    err.backend_op = getattr(exc, "op", None)
+    return err
+
+
+# ---------------------------------------------------------------------------------------------
+# value kinds and layouts
+# ---------------------------------------------------------------------------------------------
+def kind_of(value, node: str, arg: str) -> str:
+    """IMAGE, MASK, LATENT or TENSOR for a value arriving on a DATA input."""
+    if isinstance(value, dict):
+        if "samples" in value and torch.is_tensor(value["samples"]):
+            return "LATENT"
+        if "tensor" in value and torch.is_tensor(value["tensor"]):
+            return "TENSOR"
+        raise NodeError(node, arg, f"dict with keys {sorted(value)}", "is not a LATENT or a TENSOR")
+    if torch.is_tensor(value):
+        if value.ndim == 4:
+            return "IMAGE"
+        if value.ndim in (2, 3):
+            return "MASK"
+        raise NodeError(node, arg, value, "a plain tensor must be an IMAGE [B,H,W,C] or a MASK [B,H,W]")
+    if value is None:
+        raise NodeError(node, arg, None, "is required: connect an IMAGE, MASK, LATENT or TENSOR")
+    raise NodeError(node, arg, type(value).__name__, "must be an IMAGE, MASK, LATENT or TENSOR")
+
+
+def raw(value, kind: str) -> torch.Tensor:
+    """The tensor inside a value, in its own layout."""
+    if kind == "LATENT":
+        return value["samples"]
+    if kind == "TENSOR":
+        return value["tensor"]
+    return value
+
+
+def cpu_f32(t) -> torch.Tensor:
+    """A CPU float32 tensor (a new one if a conversion is needed; never modified in place)."""
+    if not torch.is_tensor(t):
+        t = torch.as_tensor(np.asarray(t))
+    return t.detach().to("cpu", torch.float32)
+
+
+def to_nchw(value, kind: str, node: str = "", arg: str = "input") -> torch.Tensor:
+    """A view of the value as [N, C, H, W]: the layout convolutions and image metrics use."""
+    t = raw(value, kind)
+    if kind == "IMAGE":
+        return t.permute(0, 3, 1, 2)
+    if kind == "MASK":
+        return t.reshape((1, 1) + tuple(t.shape)) if t.ndim == 2 else t.unsqueeze(1)
+    if kind == "LATENT":
+        if t.ndim == 5:  # video latents [B, C, T, H, W]: frames become batch entries
+            b, c, f, h, w = t.shape
+            return t.permute(0, 2, 1, 3, 4).reshape(b * f, c, h, w)
+        if t.ndim != 4:
+            raise NodeError(node, arg, t, "LATENT samples must be [B,C,H,W] or [B,C,T,H,W]")
+        return t
+    # TENSOR
+    if t.ndim == 4:
+        return t
+    if t.ndim == 3:
+        return t.unsqueeze(0)
+    if t.ndim == 2:
+        return t.reshape((1, 1) + tuple(t.shape))
+    raise NodeError(node, arg, t, "needs 2 to 4 dims ([H,W], [C,H,W] or [N,C,H,W]) for this operation")
+
+
+def from_nchw(y: torch.Tensor, kind: str, like, node: str = "", arg: str = "input"):
+    """Inverse of ``to_nchw``: a new value of ``kind`` (LATENT keeps the input's other keys)."""
+    y = cpu_f32(y)
+    src = raw(like, kind)
+    if kind == "IMAGE":
+        return y.permute(0, 2, 3, 1).contiguous()
+    if kind == "MASK":
+        if y.shape[1] != 1:
+            raise NodeError(node, "output", tuple(y.shape),
+                            f"has {y.shape[1]} channels but a MASK has 1; convert to a TENSOR first "
+                            "or keep one output channel")
+        y = y[:, 0]
+        return (y[0] if src.ndim == 2 and y.shape[0] == 1 else y).contiguous()
+    if kind == "LATENT":
+        if src.ndim == 5:
+            b, f = src.shape[0], src.shape[2]
+            y = y.reshape(b, f, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+        out = dict(like)
+        out["samples"] = y.contiguous()
+        return out
+    # TENSOR: back to the rank it came in with when the batch (and channel) dims allow it
+    if src.ndim == 3 and y.shape[0] == 1:
+        y = y[0]
+    elif src.ndim == 2 and y.shape[0] == 1 and y.shape[1] == 1:
+        y = y[0, 0]
+    return {"tensor": y.contiguous()}
+
+
+def wrap_native(y: torch.Tensor, kind: str, like):
+    """A result computed in the value's own layout, as that kind again when the shape fits it;
+    otherwise (e.g. a full reduction of an IMAGE) as a TENSOR."""
+    y = cpu_f32(y).contiguous()
+    if kind == "IMAGE" and y.ndim == 4:
+        return y
+    if kind == "MASK" and y.ndim in (2, 3):
+        return y
+    if kind == "LATENT" and y.ndim == raw(like, kind).ndim:
+        out = dict(like)
+        out["samples"] = y
+        return out
+    return {"tensor": y}
+
+
+def channels_last(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, Any]:
+    """A view with the channel dim last (for per-pixel ops such as Linear) and the inverse."""
+    if kind == "LATENT":
+        nd = t.ndim
+        perm = (0,) + tuple(range(2, nd)) + (1,)
+        inv = [0] * nd
+        for i, p in enumerate(perm):
+            inv[p] = i
+        return t.permute(*perm), (lambda y: y.permute(*inv))
+    if kind == "MASK":
+        return t.unsqueeze(-1), (lambda y: y[..., 0] if y.shape[-1] == 1 else y)
+    return t, (lambda y: y)
+
+
+def preview_image(t_nchw: torch.Tensor) -> torch.Tensor:
+    """[N,C,H,W] -> an IMAGE to look at: 3 channels as RGB, else the channel mean as grey."""
+    t = cpu_f32(t_nchw)
+    if t.shape[1] != 3:
+        t = t.mean(dim=1, keepdim=True).expand(-1, 3, -1, -1)
+    return t.permute(0, 2, 3, 1).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# text parsing (widget values; used by VALIDATE_INPUTS and at run time)
+# ---------------------------------------------------------------------------------------------
+_ROW_SPLIT = re.compile(r"[;\n]+")
+_COL_SPLIT = re.compile(r"[,\s]+")
+
+
+def parse_matrix(text: str) -> np.ndarray:
+    """"1 0 -1; 2 0 -2" or one row a line (commas or spaces), or JSON-ish [[1, 0], [0, 1]].
+
+    Raises ValueError with a readable reason for empty, ragged or non-numeric text."""
+    if not isinstance(text, str):
+        raise ValueError("must be text")
+    s = text.strip()
+    if s.startswith("["):  # [[1,2],[3,4]] or [1,2,3]
+        inner = s
+        if s.startswith("[[") and s.endswith("]]"):
+            inner = s[1:-1]
+        inner = re.sub(r"\]\s*,?\s*\[", ";", inner).strip("[] \n")
+        s = inner
+    rows = [r.strip() for r in _ROW_SPLIT.split(s) if r.strip()]
+    if not rows:
+        raise ValueError("is empty; type numbers, rows separated by ';' or new lines")
+    out = []
+    for i, row in enumerate(rows, 1):
+        vals = []
+        for j, tok in enumerate([t for t in _COL_SPLIT.split(row) if t], 1):
+            try:
+                v = float(tok)
+            except ValueError:
+                raise ValueError(f"row {i}, entry {j} ({tok!r}) is not a number") from None
+            if not math.isfinite(v):
+                raise ValueError(f"row {i}, entry {j} ({tok!r}) is not a finite number")
+            vals.append(v)
+        if out and len(vals) != len(out[0]):
+            raise ValueError(f"is ragged: row {i} has {len(vals)} values but row 1 has {len(out[0])}")
+        out.append(vals)
+    return np.asarray(out, dtype=np.float32)
+
+
+def parse_vector(text: str) -> np.ndarray | None:
+    """"0.1 0.2 0.3" -> float32 vector; empty text -> None."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    return parse_matrix(text.replace(";", " ").replace("\n", " ")).reshape(-1)
+
+
+def parse_ints(text: str, what: str = "value", allow_empty: bool = True) -> tuple[int, ...]:
+    """"1, 3, 64" -> (1, 3, 64). Raises ValueError."""
+    if not isinstance(text, str):
+        raise ValueError("must be text")
+    toks = [t for t in re.split(r"[,\sx×]+", text.strip().strip("()[]")) if t]
+    if not toks:
+        if allow_empty:
+            return ()
+        raise ValueError(f"is empty; give the {what} as comma-separated integers")
+    out = []
+    for t in toks:
+        try:
+            out.append(int(t))
+        except ValueError:
+            raise ValueError(f"{t!r} is not an integer") from None
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# widget validation (VALIDATE_INPUTS turns off ComfyUI's own min/max/combo checks for the
+# inputs it names, so the nodes repeat them here with messages that name node, input, value)
+# ---------------------------------------------------------------------------------------------
+def check_widgets(cls, values: dict) -> str | bool:
+    spec = {}
+    for section in ("required", "optional"):
+        spec.update(cls.INPUT_TYPES().get(section, {}))
+    node = cls.DISPLAY
+    for name, val in values.items():
+        if val is None or name not in spec:  # linked inputs arrive as None
+            continue
+        typ, opts = spec[name][0], (spec[name][1] if len(spec[name]) > 1 else {})
+        if isinstance(typ, (list, tuple)):
+            if val not in typ:
+                return f"{node}: input '{name}' = {val!r}: must be one of {', '.join(map(str, typ))}"
+            continue
+        if typ in ("INT", "FLOAT"):
+            if isinstance(val, bool) or not isinstance(val, (int, float)):
+                return f"{node}: input '{name}' = {val!r}: must be a number"
+            if typ == "INT" and float(val) != int(val):
+                return f"{node}: input '{name}' = {val!r}: must be an integer"
+            if not math.isfinite(float(val)):
+                return f"{node}: input '{name}' = {val!r}: must be a finite number"
+            if "min" in opts and val < opts["min"]:
+                return f"{node}: input '{name}' = {val!r}: must be >= {opts['min']}"
+            if "max" in opts and val > opts["max"]:
+                return f"{node}: input '{name}' = {val!r}: must be <= {opts['max']}"
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# devices
+# ---------------------------------------------------------------------------------------------
+_LOAD_TIME: str | None = None
+
+
+def load_time_backend_name() -> str:
+    """The backend picked when the pack was loaded (used when no DEVICE input is connected)."""
+    global _LOAD_TIME
+    if _LOAD_TIME is None:
+        try:
+            _LOAD_TIME = _registry.auto_name()
+        except Exception:  # noqa: BLE001 - never break loading
+            _LOAD_TIME = "numpy"
+    return _LOAD_TIME
+
+
+def device_choices() -> tuple[list[str], dict[str, str]]:
+    """Combo values ("auto" first, then every backend, extra devices as name:i) and a status
+    line for each (device, or 'unavailable: reason')."""
+    names, status = ["auto"], {}
+    try:
+        auto = load_time_backend_name()
+        infos = list_backends()
+    except Exception as exc:  # noqa: BLE001
+        return ["auto"], {"auto": f"backend listing failed: {exc}"}
+    status["auto"] = f"the backend picked at start-up: {auto}"
+    for info in infos:
+        names.append(info.name)
+        status[info.name] = info.device if info.available else f"unavailable: {info.reason}"
+        for i, dev in enumerate(info.devices[1:] if info.available else [], 1):
+            names.append(f"{info.name}:{i}")
+            status[f"{info.name}:{i}"] = dev
+    return names, status
+
+
+def device_problem(name) -> str | None:
+    """None if ``name`` can run here, else the reason it cannot."""
+    if name in (None, "auto"):
+        return None
+    if not isinstance(name, str):
+        return "must be a backend name such as 'numpy' or 'cpu'"
+    base, _, idx = name.partition(":")
+    info = next((i for i in list_backends(include_aliases=True) if i.name == base), None)
+    if info is None:
+        known = ", ".join(i.name for i in list_backends(include_aliases=True))
+        return f"unknown backend; known: {known}"
+    if not info.available:
+        return f"unavailable: {info.reason}"
+    if idx and (not idx.isdigit() or int(idx) >= max(1, len(info.devices))):
+        return f"device index out of range ({len(info.devices)} device(s))"
+    return None
+
+
+def resolve_backend(device, node: str):
+    """The backend for an optional DEVICE input value."""
+    name = None
+    if isinstance(device, dict):
+        name = device.get("name")
+    elif isinstance(device, str):
+        name = device
+    elif device is not None:
+        raise NodeError(node, "device", type(device).__name__, "must come from a DeviceSelect (AnyDevice) node")
+    if name in (None, "auto"):
+        name = load_time_backend_name()
+    why = device_problem(name)
+    if why:
+        raise NodeError(node, "device", name, why)
+    try:
+        return get_backend(name)
+    except AnyDeviceError as exc:
+        raise NodeError(node, "device", name, exc.reason or str(exc)) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# progress, timing, ui
+# ---------------------------------------------------------------------------------------------
+class Progress:
+    """ComfyUI's ProgressBar when ComfyUI is present (each update is also an interrupt check)."""
+
+    def __init__(self, total: int):
+        self.total = max(1, int(total))
+        self.bar = None
+        try:
+            import comfy.utils  # noqa: PLC0415 - optional, only inside ComfyUI
+            self.bar = comfy.utils.ProgressBar(self.total)
+        except Exception:  # noqa: BLE001 - ImportError outside ComfyUI
+            self.bar = None
+
+    def step(self, n: int = 1):
+        if self.bar is not None:
+            self.bar.update(n)
+
+
+class Timer:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def ms(self, backend=None) -> float:
+        if backend is not None:
+            try:
+                backend.synchronize()
+            except Exception:  # noqa: BLE001
+                pass
+        return (time.perf_counter() - self.t0) * 1000.0
+
+
+def badge(backend, ms: float, **extra) -> dict:
+    """The ui payload every node returns; web/anydevice.js draws it as a badge."""
+    info = {"backend": backend.name, "device": backend.device, "ms": round(float(ms), 3)}
+    info.update(extra)
+    return {"anydevice": [info]}
+
+
+def shape_str(t) -> str:
+    return "[" + ", ".join(str(int(s)) for s in t.shape) + "]"
+
+
+# ---------------------------------------------------------------------------------------------
+# base class
+# ---------------------------------------------------------------------------------------------
+class PackNode:
+    """V1 node base: ``run`` wraps ``_run`` so every backend error names this node."""
+
+    DISPLAY = "AnyDevice node"
+    FUNCTION = "run"
+    CATEGORY = CATEGORY
+
+    def run(self, **kwargs):
+        try:
+            return self._run(**kwargs)
+        except NodeError:
+            raise
+        except AnyDeviceError as exc:
+            raise rethrow(self.DISPLAY, exc) from exc
+
+    def _run(self, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def fail(cls, arg: str, value, reason: str) -> str:
+        """A VALIDATE_INPUTS message naming node, input and value."""
+        return str(NodeError(cls.DISPLAY, arg, value, reason))

@@ -1,0 +1,659 @@
+"""The compute nodes: Linear, Conv2D, Activation, Loss, TensorOps. Thin adapters over ``backend``."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..backend import ACTIVATIONS
+from . import presets as P
+from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge,
+                     channels_last, check_widgets, cpu_f32, from_nchw, kind_of, parse_ints, parse_matrix,
+                     parse_vector, preview_image, raw, resolve_backend, to_nchw, wrap_native)
+
+SEED_MAX = 0xFFFFFFFFFFFFFFFF
+_DATA_TIP = "An IMAGE, MASK, LATENT or TENSOR; the output is of the same type."
+
+
+def _kernel_ui(w: np.ndarray, label: str, limit: int = 8) -> dict:
+    """Up to ``limit`` 2-D slices of a weight, each at most 15x15, for the node's kernel grid."""
+    w = np.asarray(w, np.float32)
+    if w.ndim == 2:
+        slices = [w]
+    else:
+        flat = w.reshape(-1, w.shape[-2], w.shape[-1])
+        slices = [flat[i] for i in range(min(limit, flat.shape[0]))]
+    out = []
+    for s in slices:
+        s = s[:15, :15]
+        out.append({"rows": int(s.shape[0]), "cols": int(s.shape[1]),
+                    "values": [round(float(v), 5) for v in s.reshape(-1)]})
+    return {"label": label, "shape": list(w.shape), "slices": out}
+
+
+def _weights_value(weights, node: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if weights is None:
+        raise NodeError(node, "weights", None, "source is 'weights' but no WEIGHTS input is connected")
+    if not isinstance(weights, dict) or "weight" not in weights:
+        raise NodeError(node, "weights", type(weights).__name__, "must come from a Weights (AnyDevice) node")
+    return cpu_f32(weights["weight"]), (None if weights.get("bias") is None else cpu_f32(weights["bias"]))
+
+
+# =================================================================================================
+class AnyDeviceLinear(PackNode):
+    DISPLAY = "Linear (AnyDevice)"
+    CATEGORY = "AnyDevice/nn"
+    DESCRIPTION = ("y = x @ W.T + b. On a TENSOR it acts on the last dim; on an IMAGE, MASK or LATENT it "
+                   "acts on each pixel's channels (a colour matrix). W comes from a preset (grayscale, "
+                   "sepia, ...), seeded random init, a matrix typed as text, or a WEIGHTS input.")
+    RETURN_TYPES = (ANY,)
+    RETURN_NAMES = ("output",)
+    OUTPUT_TOOLTIPS = ("The result, of the same type as the input.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "input": (DATA, {"tooltip": _DATA_TIP}),
+                "source": (["preset", "random", "text", "weights"], {
+                    "default": "preset",
+                    "tooltip": "Where W comes from: a colour preset, seeded random init "
+                               "(PyTorch's nn.Linear range), the matrix text, or the WEIGHTS input."}),
+                "preset": (list(P.LINEAR_PRESETS), {
+                    "default": "sepia",
+                    "tooltip": "Colour matrix for 3-channel inputs (identity fits any channel count)."}),
+                "out_features": ("INT", {"default": 3, "min": 1, "max": 4096,
+                                         "tooltip": "Output channels / features when source is random."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
+                                 "tooltip": "Seed of the random init (same seed, same weights everywhere)."}),
+                "matrix": ("STRING", {
+                    "multiline": True, "default": "0.393 0.769 0.189\n0.349 0.686 0.168\n0.272 0.534 0.131",
+                    "tooltip": "W when source is text: one row per output channel, numbers separated by "
+                               "spaces or commas, rows by new lines or ';'."}),
+                "bias": ("STRING", {"default": "",
+                                    "tooltip": "Optional bias b: one number per output (or one for all); "
+                                               "empty for none. Added to a preset's or WEIGHTS' own bias."}),
+            },
+            "optional": {
+                "weights": (WEIGHTS, {"tooltip": "W (and b) from a Weights (AnyDevice) node when source is weights."}),
+                "device": DEVICE_INPUT,
+            },
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, source=None, matrix=None, bias=None, out_features=None, seed=None):
+        ok = check_widgets(cls, {"source": source, "out_features": out_features, "seed": seed})
+        if ok is not True:
+            return ok
+        if source == "text" and matrix is not None:
+            try:
+                parse_matrix(matrix)
+            except ValueError as exc:
+                return cls.fail("matrix", matrix, str(exc))
+        if bias is not None:
+            try:
+                parse_vector(bias)
+            except ValueError as exc:
+                return cls.fail("bias", bias, str(exc))
+        return True
+
+    def _run(self, input, source="preset", preset="sepia", out_features=3, seed=0, matrix="", bias="",
+             weights=None, device=None):
+        node = self.DISPLAY
+        be = resolve_backend(device, node)
+        kind = kind_of(input, node, "input")
+        x, back = channels_last(raw(input, kind), kind)
+        in_f = int(x.shape[-1]) if x.ndim else 0
+        b = None
+        warg = {"preset": "preset", "random": "out_features", "text": "matrix", "weights": "weights"}.get(source)
+        if source == "preset":
+            try:
+                w, b = P.color_preset(preset, in_f)
+            except ValueError as exc:
+                raise NodeError(node, "preset", preset, str(exc)) from None
+        elif source == "random":
+            w = P.seeded_uniform(seed, (int(out_features), in_f), in_f)
+        elif source == "text":
+            try:
+                w = parse_matrix(matrix)
+            except ValueError as exc:
+                raise NodeError(node, "matrix", matrix, str(exc)) from None
+        elif source == "weights":
+            wt, bt = _weights_value(weights, node)
+            w, b = wt.numpy(), (None if bt is None else bt.numpy())
+            if w.ndim != 2:
+                raise NodeError(node, "weights", tuple(w.shape), "a Linear weight must be 2-D (out, in)")
+        else:
+            raise NodeError(node, "source", source, "must be preset, random, text or weights")
+        if w.shape[1] != in_f:
+            raise NodeError(node, warg, f"W of shape {tuple(w.shape)}",
+                            f"expects {w.shape[1]} input channels but 'input' ({kind} {tuple(raw(input, kind).shape)})"
+                            f" has {in_f}")
+        try:
+            extra = parse_vector(bias)
+        except ValueError as exc:
+            raise NodeError(node, "bias", bias, str(exc)) from None
+        out_f = w.shape[0]
+        if extra is not None:
+            if extra.size not in (1, out_f):
+                raise NodeError(node, "bias", bias, f"needs 1 or {out_f} numbers (one per output), got {extra.size}")
+            extra = np.broadcast_to(extra, (out_f,)).astype(np.float32)
+            b = extra if b is None else (np.asarray(b, np.float32) + extra)
+        if b is not None and np.asarray(b).shape != (out_f,):
+            raise NodeError(node, "weights", f"bias of shape {np.asarray(b).shape}", f"must have shape ({out_f},)")
+        if kind == "MASK" and out_f != 1:
+            raise NodeError(node, warg, f"W of shape {tuple(w.shape)}", "a MASK has 1 channel, so W needs 1 output row")
+        pbar = Progress(1)
+        t = Timer()
+        y = be.linear(x, w, b)
+        ms = t.ms(be)
+        pbar.step()
+        y = back(cpu_f32(y))
+        out = wrap_native(y, kind, input)
+        ui = badge(be, ms, op="linear", shape=list(raw(out, kind_of(out, node, "output")).shape))
+        ui["kernel"] = [_kernel_ui(w, f"W {w.shape[0]}x{w.shape[1]}")]
+        return {"ui": ui, "result": (out,)}
+
+
+# =================================================================================================
+class AnyDeviceConv2D(PackNode):
+    DISPLAY = "Conv2D (AnyDevice)"
+    CATEGORY = "AnyDevice/nn"
+    DESCRIPTION = ("2-D convolution (PyTorch conv2d / conv_transpose2d semantics) of an IMAGE, MASK, LATENT "
+                   "or TENSOR. Kernel from a preset (blur, gaussian, sharpen, sobel, laplacian, emboss), a matrix "
+                   "typed as text, seeded random init or a WEIGHTS input. 'depthwise' applies the kernel to each "
+                   "channel on its own, the usual way an image filter is applied.")
+    RETURN_TYPES = (ANY,)
+    RETURN_NAMES = ("output",)
+    OUTPUT_TOOLTIPS = ("The filtered input, of the same type.",)
+    CHANNEL_MODES = ["depthwise", "grouped"]
+    PADDINGS = ["same", "valid", "explicit"]
+    PAD_MODES = ["auto", "reflect", "zeros", "replicate", "circular"]
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "input": (DATA, {"tooltip": _DATA_TIP}),
+                "kernel_source": (["preset", "text", "random", "weights"], {
+                    "default": "preset", "tooltip": "Where the kernel comes from."}),
+                "preset": (list(P.KERNEL_PRESETS), {
+                    "default": "gaussian",
+                    "tooltip": "Kernel preset; identity, box_blur and gaussian follow kernel_size, the others are 3x3."}),
+                "kernel_size": ("INT", {"default": 5, "min": 1, "max": 63,
+                                        "tooltip": "Size of sized presets and of random kernels."}),
+                "sigma": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 100.0, "step": 0.01,
+                                    "tooltip": "Standard deviation of the gaussian preset, in pixels."}),
+                "kernel_text": ("STRING", {"multiline": True, "default": "-1 0 1\n-2 0 2\n-1 0 1",
+                                           "tooltip": "Kernel when kernel_source is text: rows on new lines "
+                                                      "(or ';'), numbers separated by spaces or commas."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
+                                 "tooltip": "Seed of the random kernel (PyTorch's nn.Conv2d init range)."}),
+                "channel_mode": (cls.CHANNEL_MODES, {
+                    "default": "depthwise",
+                    "tooltip": "depthwise: the kernel filters every channel on its own (groups = channels, "
+                               "channels kept). grouped: use groups and out_channels (a 2-D kernel is "
+                               "applied to and summed over the channels of each group)."}),
+                "out_channels": ("INT", {"default": 8, "min": 1, "max": 1024,
+                                         "tooltip": "Output channels in grouped mode."}),
+                "groups": ("INT", {"default": 1, "min": 1, "max": 1024,
+                                   "tooltip": "Groups in grouped mode; must divide the input and output channels."}),
+                "stride": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "Step between kernel positions."}),
+                "padding": (cls.PADDINGS, {"default": "same",
+                                           "tooltip": "same: output size = input size (stride 1); valid: no "
+                                                      "padding; explicit: padding_size on every side."}),
+                "padding_size": ("INT", {"default": 0, "min": 0, "max": 256,
+                                         "tooltip": "Pixels of padding on each side when padding is explicit."}),
+                "dilation": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "Spacing between kernel taps."}),
+                "padding_mode": (cls.PAD_MODES, {
+                    "default": "auto",
+                    "tooltip": "How the border is filled. auto: reflect for IMAGE, MASK and LATENT, zeros for "
+                               "TENSOR. Transposed convolutions always pad with zeros."}),
+                "bias": ("FLOAT", {"default": 0.0, "min": -1e6, "max": 1e6, "step": 0.01,
+                                   "tooltip": "A constant added to every output channel."}),
+                "transposed": ("BOOLEAN", {"default": False,
+                                           "tooltip": "Transposed convolution (upsampling with stride > 1)."}),
+                "output_padding": ("INT", {"default": 0, "min": 0, "max": 63,
+                                           "tooltip": "Transposed only: extra rows/columns on one side of the "
+                                                      "output; must be smaller than stride or dilation."}),
+            },
+            "optional": {
+                "weights": (WEIGHTS, {"tooltip": "Kernel (and bias) from a Weights (AnyDevice) node: 2-D (kH, kW) or "
+                                                 "4-D (out, in/groups, kH, kW)."}),
+                "device": DEVICE_INPUT,
+            },
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, kernel_source=None, kernel_text=None, kernel_size=None, sigma=None, stride=None,
+                        padding_size=None, dilation=None, groups=None, out_channels=None, output_padding=None,
+                        transposed=None):
+        vals = {"kernel_source": kernel_source, "kernel_size": kernel_size, "sigma": sigma, "stride": stride,
+                "padding_size": padding_size, "dilation": dilation, "groups": groups,
+                "out_channels": out_channels, "output_padding": output_padding}
+        ok = check_widgets(cls, vals)
+        if ok is not True:
+            return ok
+        if kernel_source == "text" and kernel_text is not None:
+            try:
+                parse_matrix(kernel_text)
+            except ValueError as exc:
+                return cls.fail("kernel_text", kernel_text, str(exc))
+        if transposed and output_padding is not None and stride is not None and dilation is not None:
+            if output_padding >= stride and output_padding >= dilation:
+                return cls.fail("output_padding", output_padding,
+                                f"must be smaller than stride ({stride}) or dilation ({dilation})")
+        return True
+
+    def _kernel(self, kernel_source, preset, kernel_size, sigma, kernel_text, seed, weights):
+        """(2-D kernel or None, 4-D weight or None, bias or None, label, input name)."""
+        node = self.DISPLAY
+        if kernel_source == "preset":
+            try:
+                return P.kernel_preset(preset, int(kernel_size), float(sigma)), None, None, preset, "preset"
+            except ValueError as exc:
+                raise NodeError(node, "preset", preset, str(exc)) from None
+        if kernel_source == "text":
+            try:
+                return parse_matrix(kernel_text), None, None, "text", "kernel_text"
+            except ValueError as exc:
+                raise NodeError(node, "kernel_text", kernel_text, str(exc)) from None
+        if kernel_source == "random":
+            return None, None, None, f"random seed {seed}", "kernel_size"
+        if kernel_source == "weights":
+            w, b = _weights_value(weights, node)
+            w = w.numpy()
+            if w.ndim == 2:
+                return w, None, (None if b is None else b.numpy()), "weights", "weights"
+            if w.ndim != 4:
+                raise NodeError(node, "weights", tuple(w.shape), "a conv weight must be 2-D (kH, kW) or 4-D")
+            return None, w, (None if b is None else b.numpy()), "weights", "weights"
+        raise NodeError(node, "kernel_source", kernel_source, "must be preset, text, random or weights")
+
+    def _run(self, input, kernel_source="preset", preset="gaussian", kernel_size=5, sigma=1.0,
+             kernel_text="", seed=0, channel_mode="depthwise", out_channels=8, groups=1, stride=1,
+             padding="same", padding_size=0, dilation=1, padding_mode="auto", bias=0.0, transposed=False,
+             output_padding=0, weights=None, device=None):
+        node = self.DISPLAY
+        be = resolve_backend(device, node)
+        kind = kind_of(input, node, "input")
+        x = to_nchw(input, kind, node, "input")
+        n, c, h, w_ = (int(s) for s in x.shape)
+        for name, v, lo in (("stride", stride, 1), ("dilation", dilation, 1), ("padding_size", padding_size, 0),
+                            ("groups", groups, 1), ("output_padding", output_padding, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise NodeError(node, name, v, f"must be an integer >= {lo}")
+        k2, w4, wbias, label, karg = self._kernel(kernel_source, preset, kernel_size, sigma, kernel_text, seed,
+                                                  weights)
+        k = int(kernel_size)
+        if channel_mode == "depthwise":
+            g = c
+            if w4 is not None:
+                weight = w4
+            elif k2 is not None:
+                weight = np.ascontiguousarray(np.broadcast_to(k2, (c, 1) + k2.shape))
+            else:
+                weight = P.seeded_uniform(seed, (c, 1, k, k), k * k)
+        elif channel_mode == "grouped":
+            g = int(groups)
+            if c % g:
+                raise NodeError(node, "groups", g, f"must divide the input's {c} channels ({kind} "
+                                                   f"{tuple(raw(input, kind).shape)})")
+            oc = int(out_channels)
+            if oc % g:
+                raise NodeError(node, "groups", g, f"must divide out_channels={oc}")
+            if w4 is not None:
+                weight = w4
+            elif transposed:
+                shape = (c, oc // g)
+                weight = (np.ascontiguousarray(np.broadcast_to(k2, shape + k2.shape)) if k2 is not None
+                          else P.seeded_uniform(seed, shape + (k, k), (oc // g) * k * k))
+            else:
+                shape = (oc, c // g)
+                weight = (np.ascontiguousarray(np.broadcast_to(k2, shape + k2.shape)) if k2 is not None
+                          else P.seeded_uniform(seed, shape + (k, k), (c // g) * k * k))
+        else:
+            raise NodeError(node, "channel_mode", channel_mode, "must be depthwise or grouped")
+        weight = np.asarray(weight, np.float32)
+        # channel agreement between the input and the kernel, said in the node's words
+        if transposed:
+            if weight.shape[0] != c:
+                raise NodeError(node, karg, f"weight of shape {weight.shape}",
+                                f"expects {weight.shape[0]} input channels but 'input' has {c}")
+            cout = weight.shape[1] * g
+        else:
+            if weight.shape[1] * g != c or weight.shape[0] % g:
+                raise NodeError(node, karg, f"weight of shape {weight.shape}",
+                                f"expects {weight.shape[1] * g} input channels (groups={g}) but 'input' has {c}")
+            cout = weight.shape[0]
+        kh, kw = weight.shape[-2:]
+        bvec = None
+        if wbias is not None:
+            bvec = np.asarray(wbias, np.float32).reshape(-1)
+            if bvec.size != cout:
+                raise NodeError(node, "weights", f"bias of shape {bvec.shape}", f"must have {cout} values")
+        if bias:
+            bvec = (np.zeros(cout, np.float32) if bvec is None else bvec) + np.float32(bias)
+        mode = padding_mode
+        if mode == "auto":
+            mode = "zeros" if kind == "TENSOR" else "reflect"
+        eh, ew = dilation * (kh - 1) + 1, dilation * (kw - 1) + 1
+        sized = kernel_source == "random" or (kernel_source == "preset" and preset in P.SIZED_KERNELS)
+        size_arg = "kernel_size" if sized else karg
+        pbar = Progress(n)
+        t = Timer()
+        outs = []
+        if transposed:
+            if padding == "same":
+                pad = (eh - 1) // 2, (ew - 1) // 2
+            elif padding == "valid":
+                pad = (0, 0)
+            else:
+                pad = (padding_size, padding_size)
+            for i in range(n):
+                outs.append(cpu_f32(be.conv_transpose2d(x[i:i + 1], weight, bvec, stride=stride, padding=pad,
+                                                        output_padding=output_padding, groups=g,
+                                                        dilation=dilation)))
+                pbar.step()
+        else:
+            if padding == "same":
+                th, tw = eh - 1, ew - 1
+                pads = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+            elif padding == "valid":
+                pads = (0, 0, 0, 0)
+            else:
+                pads = (padding_size,) * 4
+            if eh > h + pads[0] + pads[1] or ew > w_ + pads[2] + pads[3]:
+                raise NodeError(node, size_arg, k if size_arg == "kernel_size" else f"{kh}x{kw}",
+                                f"the kernel ({kh}x{kw}, {eh}x{ew} with dilation {dilation}) is larger than the "
+                                f"{'padded ' if any(pads) else ''}input ({h + pads[0] + pads[1]}x"
+                                f"{w_ + pads[2] + pads[3]}); use a smaller kernel or a larger input")
+            if mode == "reflect" and (max(pads[:2]) >= h or max(pads[2:]) >= w_):
+                raise NodeError(node, size_arg, k if size_arg == "kernel_size" else f"{kh}x{kw}",
+                                f"reflect padding of {max(pads)} needs an input larger than {h}x{w_}; use a "
+                                "smaller kernel, padding_mode zeros, or a larger input")
+            sym = pads[0] == pads[1] and pads[2] == pads[3]
+            for i in range(n):
+                xi = x[i:i + 1]
+                if sym:
+                    y = be.conv2d(xi, weight, bvec, stride=stride, padding=(pads[0], pads[2]), dilation=dilation,
+                                  groups=g, padding_mode=mode)
+                else:
+                    xp = be.pad(xi, (pads[2], pads[3], pads[0], pads[1]), "constant" if mode == "zeros" else mode)
+                    y = be.conv2d(xp, weight, bvec, stride=stride, padding=0, dilation=dilation, groups=g)
+                outs.append(cpu_f32(y))
+                pbar.step()
+        ms = t.ms(be)
+        y = outs[0] if n == 1 else torch.cat(outs, 0)
+        out = from_nchw(y, kind, input, node, "input")
+        ui = badge(be, ms, op="conv_transpose2d" if transposed else "conv2d", shape=list(y.shape))
+        shown = weight if k2 is None or channel_mode != "depthwise" else k2
+        ui["kernel"] = [_kernel_ui(shown, label)]
+        return {"ui": ui, "result": (out,)}
+
+
+# =================================================================================================
+class AnyDeviceActivation(PackNode):
+    DISPLAY = "Activation (AnyDevice)"
+    CATEGORY = "AnyDevice/nn"
+    DESCRIPTION = ("Element-wise activation (PyTorch semantics): relu, leaky_relu, elu, gelu, silu, sigmoid, tanh, "
+                   "softplus, or softmax over a dim.")
+    RETURN_TYPES = (ANY,)
+    RETURN_NAMES = ("output",)
+    OUTPUT_TOOLTIPS = ("The activated input, of the same type.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "input": (DATA, {"tooltip": _DATA_TIP}),
+                "activation": (list(ACTIVATIONS), {"default": "relu", "tooltip": "The function to apply."}),
+                "negative_slope": ("FLOAT", {"default": 0.01, "min": -100.0, "max": 100.0, "step": 0.001,
+                                             "tooltip": "leaky_relu: slope for negative inputs."}),
+                "alpha": ("FLOAT", {"default": 1.0, "min": -100.0, "max": 100.0, "step": 0.01,
+                                    "tooltip": "elu: value the negative side approaches."}),
+                "approximate": (["none", "tanh"], {"default": "none", "tooltip": "gelu: exact or tanh approximation."}),
+                "beta": ("FLOAT", {"default": 1.0, "min": 0.001, "max": 1000.0, "step": 0.01,
+                                   "tooltip": "softplus: sharpness beta."}),
+                "threshold": ("FLOAT", {"default": 20.0, "min": 0.0, "max": 1000.0, "step": 0.1,
+                                        "tooltip": "softplus: above beta*x > threshold the output is x."}),
+                "dim": ("INT", {"default": -1, "min": -8, "max": 7,
+                                "tooltip": "softmax: the dim, in the input's own layout (IMAGE [B,H,W,C]: -1 is "
+                                           "the channels; LATENT [B,C,H,W]: 1 is the channels)."}),
+            },
+            "optional": {"device": DEVICE_INPUT},
+        }
+
+    def _run(self, input, activation="relu", negative_slope=0.01, alpha=1.0, approximate="none", beta=1.0,
+             threshold=20.0, dim=-1, device=None):
+        node = self.DISPLAY
+        be = resolve_backend(device, node)
+        kind = kind_of(input, node, "input")
+        params = {"leaky_relu": {"negative_slope": negative_slope}, "elu": {"alpha": alpha},
+                  "gelu": {"approximate": approximate}, "softplus": {"beta": beta, "threshold": threshold},
+                  "softmax": {"dim": dim}}.get(activation, {})
+        if activation not in ACTIVATIONS:
+            raise NodeError(node, "activation", activation, f"must be one of {', '.join(ACTIVATIONS)}")
+        t = Timer()
+        if activation == "softmax":
+            nd = raw(input, kind).ndim
+            if not -max(nd, 1) <= dim < max(nd, 1):
+                raise NodeError(node, "dim", dim, f"out of range for the {kind} of shape "
+                                                  f"{tuple(raw(input, kind).shape)}")
+        y = be.activation(activation, raw(input, kind), **params)
+        ms = t.ms(be)
+        Progress(1).step()
+        out = wrap_native(y, kind, input)
+        return {"ui": badge(be, ms, op=activation), "result": (out,)}
+
+
+# =================================================================================================
+LOSS_NAMES = ["mse", "l1", "huber", "smooth_l1", "bce", "psnr", "ssim"]
+
+
+class AnyDeviceLoss(PackNode):
+    DISPLAY = "Loss (AnyDevice)"
+    CATEGORY = "AnyDevice/nn"
+    DESCRIPTION = ("Compares a prediction with a target: mse, l1, huber, smooth_l1, bce (PyTorch semantics, mean "
+                   "reduction), PSNR in dB or SSIM. Shows the value on the node and outputs it as a FLOAT, "
+                   "plus an error map (|prediction - target|, scaled to its maximum) as an IMAGE.")
+    RETURN_TYPES = ("FLOAT", "IMAGE")
+    RETURN_NAMES = ("value", "error_map")
+    OUTPUT_TOOLTIPS = ("The loss or metric value.", "|prediction - target| scaled so its maximum is white.")
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "prediction": (DATA, {"tooltip": "An IMAGE, MASK, LATENT or TENSOR."}),
+                "target": (DATA, {"tooltip": "Same kind; it must broadcast with the prediction (the same shape "
+                                             "for bce, psnr and ssim)."}),
+                "loss": (LOSS_NAMES, {"default": "mse", "tooltip": "The loss or image metric."}),
+                "delta": ("FLOAT", {"default": 1.0, "min": 0.0001, "max": 1e6, "step": 0.01,
+                                    "tooltip": "huber: delta; smooth_l1: beta."}),
+                "data_range": ("FLOAT", {"default": 1.0, "min": 0.0001, "max": 1e6, "step": 0.01,
+                                         "tooltip": "psnr and ssim: the value range (1.0 for images)."}),
+                "window_size": ("INT", {"default": 11, "min": 1, "max": 63, "step": 2,
+                                        "tooltip": "ssim: the Gaussian window size (odd)."}),
+                "sigma": ("FLOAT", {"default": 1.5, "min": 0.01, "max": 100.0, "step": 0.01,
+                                    "tooltip": "ssim: the Gaussian window's sigma."}),
+            },
+            "optional": {"device": DEVICE_INPUT},
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, loss=None, delta=None, data_range=None, window_size=None, sigma=None):
+        ok = check_widgets(cls, {"loss": loss, "delta": delta, "data_range": data_range,
+                                 "window_size": window_size, "sigma": sigma})
+        if ok is not True:
+            return ok
+        if window_size is not None and window_size % 2 == 0:
+            return cls.fail("window_size", window_size, "must be odd")
+        return True
+
+    def _run(self, prediction, target, loss="mse", delta=1.0, data_range=1.0, window_size=11, sigma=1.5,
+             device=None):
+        node = self.DISPLAY
+        be = resolve_backend(device, node)
+        kp = kind_of(prediction, node, "prediction")
+        kt = kind_of(target, node, "target")
+        if loss not in LOSS_NAMES:
+            raise NodeError(node, "loss", loss, f"must be one of {', '.join(LOSS_NAMES)}")
+        typed = kp != "TENSOR" and kt != "TENSOR"
+        if typed or loss == "ssim":
+            p = to_nchw(prediction, kp, node, "prediction")
+            q = to_nchw(target, kt, node, "target")
+        else:
+            p, q = raw(prediction, kp), raw(target, kt)
+        sp, sq = tuple(p.shape), tuple(q.shape)
+        if loss in ("bce", "psnr", "ssim"):
+            if sp != sq:
+                raise NodeError(node, "target", f"{kt} of shape {tuple(raw(target, kt).shape)}",
+                                f"{loss} needs the same shape as 'prediction' ({kp} of shape "
+                                f"{tuple(raw(prediction, kp).shape)})")
+        else:
+            try:
+                np.broadcast_shapes(sp, sq)
+            except ValueError:
+                raise NodeError(node, "target", f"{kt} of shape {tuple(raw(target, kt).shape)}",
+                                f"does not broadcast with 'prediction' ({kp} of shape "
+                                f"{tuple(raw(prediction, kp).shape)})") from None
+        params = {"huber": {"delta": delta}, "smooth_l1": {"beta": delta}, "psnr": {"data_range": data_range},
+                  "ssim": {"data_range": data_range, "window_size": window_size, "sigma": sigma}}.get(loss, {})
+        if loss == "ssim" and min(sp[-2:]) < window_size:
+            raise NodeError(node, "window_size", window_size,
+                            f"is larger than the images ({sp[-2]}x{sp[-1]}); use a smaller window")
+        pbar = Progress(2)
+        t = Timer()
+        value = float(be.loss(loss, p, q, **params))
+        pbar.step()
+        d = be.abs(be.sub(p, q))
+        peak = float(be.max(d))
+        if peak > 0:
+            d = be.div(d, peak)
+        ms = t.ms(be)
+        pbar.step()
+        d = cpu_f32(d)
+        if d.ndim != 4:
+            d = to_nchw({"tensor": d}, "TENSOR") if 2 <= d.ndim <= 4 else d.reshape(1, 1, 1, -1)
+        emap = preview_image(d)
+        ui = badge(be, ms, op=loss)
+        ui["loss"] = [{"name": loss, "value": value, "max_abs_error": peak}]
+        ui["text"] = [f"{loss} = {value:.6g}"]
+        return {"ui": ui, "result": (value, emap)}
+
+
+# =================================================================================================
+BINARY = ["add", "sub", "mul", "div", "pow", "min", "max", "matmul"]
+UNARY = ["abs", "neg", "sqrt", "exp", "log", "clamp", "normalize"]
+REDUCE = ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min"]
+_BIN_MAP = {"min": "minimum", "max": "maximum"}
+_RED_MAP = {"reduce_sum": "sum", "reduce_mean": "mean", "reduce_max": "max", "reduce_min": "min"}
+
+
+class AnyDeviceTensorOps(PackNode):
+    DISPLAY = "Tensor Ops (AnyDevice)"
+    CATEGORY = "AnyDevice/tensor"
+    DESCRIPTION = ("Tensor maths with PyTorch broadcasting: add, sub, mul, div, pow, min, max, matmul against input "
+                   "b or a scalar; abs, neg, sqrt, exp, log, clamp, normalize (to 0..1); and sum/mean/max/min over "
+                   "dims. Two IMAGE/MASK/LATENT inputs are lined up channel-first so an IMAGE times a MASK works.")
+    RETURN_TYPES = (ANY,)
+    RETURN_NAMES = ("output",)
+    OUTPUT_TOOLTIPS = ("The result: the type of input a when its shape still fits, else a TENSOR.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "a": (DATA, {"tooltip": "First operand: " + _DATA_TIP}),
+                "op": (BINARY + UNARY + REDUCE, {"default": "add", "tooltip": "The operation."}),
+                "scalar": ("FLOAT", {"default": 1.0, "min": -1e9, "max": 1e9, "step": 0.01,
+                                     "tooltip": "Second operand of a binary op when b is not connected."}),
+                "clamp_min": ("FLOAT", {"default": 0.0, "min": -1e9, "max": 1e9, "step": 0.01,
+                                        "tooltip": "clamp: lower bound."}),
+                "clamp_max": ("FLOAT", {"default": 1.0, "min": -1e9, "max": 1e9, "step": 0.01,
+                                        "tooltip": "clamp: upper bound."}),
+                "dims": ("STRING", {"default": "",
+                                    "tooltip": "Reductions and normalize: dims to reduce over, e.g. '1' or '1, 2', in "
+                                               "a's own layout (IMAGE [B,H,W,C]); empty means all."}),
+                "keepdim": ("BOOLEAN", {"default": True, "tooltip": "Reductions: keep reduced dims as size 1."}),
+            },
+            "optional": {
+                "b": (DATA, {"tooltip": "Second operand of a binary op (overrides scalar)."}),
+                "device": DEVICE_INPUT,
+            },
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, op=None, dims=None, clamp_min=None, clamp_max=None):
+        ok = check_widgets(cls, {"op": op, "clamp_min": clamp_min, "clamp_max": clamp_max})
+        if ok is not True:
+            return ok
+        if dims is not None:
+            try:
+                parse_ints(dims, "dims")
+            except ValueError as exc:
+                return cls.fail("dims", dims, str(exc))
+        if op == "clamp" and clamp_min is not None and clamp_max is not None and clamp_min > clamp_max:
+            return cls.fail("clamp_min", clamp_min, f"is larger than clamp_max ({clamp_max})")
+        return True
+
+    def _run(self, a, op="add", scalar=1.0, clamp_min=0.0, clamp_max=1.0, dims="", keepdim=True, b=None,
+             device=None):
+        node = self.DISPLAY
+        be = resolve_backend(device, node)
+        ka = kind_of(a, node, "a")
+        try:
+            dim_t = parse_ints(dims, "dims")
+        except ValueError as exc:
+            raise NodeError(node, "dims", dims, str(exc)) from None
+        dim = dim_t if dim_t else None
+        t = Timer()
+        if op in BINARY:
+            if b is None:
+                if op == "matmul":
+                    raise NodeError(node, "b", None, "matmul needs a tensor on input 'b'")
+                y = be.binary(_BIN_MAP.get(op, op), raw(a, ka), float(scalar))
+                out = wrap_native(y, ka, a)
+            else:
+                kb = kind_of(b, node, "b")
+                canon = ka != "TENSOR" and kb != "TENSOR" and op != "matmul"
+                xa = to_nchw(a, ka, node, "a") if canon else raw(a, ka)
+                xb = to_nchw(b, kb, node, "b") if canon else raw(b, kb)
+                if op == "matmul":
+                    y = be.matmul(xa, xb)
+                else:
+                    try:
+                        np.broadcast_shapes(tuple(xa.shape), tuple(xb.shape))
+                    except ValueError:
+                        raise NodeError(node, "b", f"{kb} of shape {tuple(raw(b, kb).shape)}",
+                                        f"does not broadcast with 'a' ({ka} of shape {tuple(raw(a, ka).shape)})"
+                                        ) from None
+                    y = be.binary(_BIN_MAP.get(op, op), xa, xb)
+                out = from_nchw(y, ka, a, node, "a") if canon else wrap_native(y, ka, a)
+        elif op in UNARY:
+            x = raw(a, ka)
+            if op == "clamp":
+                if clamp_min > clamp_max:
+                    raise NodeError(node, "clamp_min", clamp_min, f"is larger than clamp_max ({clamp_max})")
+                y = be.clamp(x, clamp_min, clamp_max)
+            elif op == "normalize":
+                lo = be.min(x, dim, keepdim=True)
+                hi = be.max(x, dim, keepdim=True)
+                y = be.div(be.sub(x, lo), be.maximum(be.sub(hi, lo), 1e-12))
+            else:
+                y = be.unary(op, x)
+            out = wrap_native(y, ka, a)
+        elif op in REDUCE:
+            y = be.reduce(_RED_MAP[op], raw(a, ka), dim, keepdim=bool(keepdim))
+            out = wrap_native(y, ka, a)
+        else:
+            raise NodeError(node, "op", op, f"must be one of {', '.join(BINARY + UNARY + REDUCE)}")
+        ms = t.ms(be)
+        Progress(1).step()
+        shape = list(raw(out, "TENSOR" if isinstance(out, dict) and "tensor" in out else
+                         ("LATENT" if isinstance(out, dict) else "IMAGE")).shape)
+        return {"ui": badge(be, ms, op=op, shape=shape), "result": (out,)}
+
+
+COMPUTE_NODES = [AnyDeviceLinear, AnyDeviceConv2D, AnyDeviceActivation, AnyDeviceLoss, AnyDeviceTensorOps]

@@ -1,0 +1,492 @@
+"""Helper nodes: DeviceSelect, Tensor source, Tensor Info, Weights and the TENSOR converters."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from . import presets as P
+from .common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
+                     check_widgets, cpu_f32, device_choices, device_problem, kind_of, load_time_backend_name,
+                     parse_ints, parse_matrix, parse_vector, raw, resolve_backend, shape_str, to_nchw)
+
+SEED_MAX = 0xFFFFFFFFFFFFFFFF
+MAX_ELEMENTS = 1 << 28  # 1 GiB of float32: a typo in a shape must not take the machine down
+
+
+def _host_badge(ms: float, **extra) -> dict:
+    """Badge for nodes that only move data on the host (no backend op)."""
+    info = {"backend": "host", "device": "CPU (data movement only)", "ms": round(ms, 3)}
+    info.update(extra)
+    return {"anydevice": [info]}
+
+
+# =================================================================================================
+class AnyDeviceDeviceSelect(PackNode):
+    DISPLAY = "Device Select (AnyDevice)"
+    CATEGORY = "AnyDevice"
+    DESCRIPTION = ("Picks the backend the connected compute nodes run on. 'auto' is the backend chosen at start-up "
+                   "(ANYDEVICE_BACKEND overrides it). Unavailable backends are listed with the reason and cannot "
+                   "run.")
+    RETURN_TYPES = (DEVICE,)
+    RETURN_NAMES = ("device",)
+    OUTPUT_TOOLTIPS = ("Connect to the device input of any AnyDevice compute node.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        names, status = device_choices()
+        lines = "; ".join(f"{n}: {s}" for n, s in status.items())
+        return {"required": {"device": (names, {
+            "default": "auto",
+            "tooltip": "Backend to run on. " + lines,
+            # read by web/anydevice.js to show the status under the widget
+            "anydevice_status": status,
+        })}}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, device=None):
+        if device is None:
+            return True
+        names, _ = device_choices()
+        why = device_problem(device)
+        if why is None and device not in names:
+            why = f"not one of {', '.join(names)}"
+        return True if why is None else cls.fail("device", device, why)
+
+    def _run(self, device="auto"):
+        t = Timer()
+        be = resolve_backend(device, self.DISPLAY)
+        return {"ui": badge(be, t.ms(), op="select", selected=device),
+                "result": ({"name": device, "backend": be.name, "device": be.device},)}
+
+
+# =================================================================================================
+def _check_shape(shape: tuple[int, ...]) -> str | None:
+    if not shape:
+        return "is empty; give comma-separated sizes such as 1, 3, 64, 64"
+    if len(shape) > 8:
+        return "has more than 8 dims"
+    if min(shape) < 1:
+        return "sizes must be positive"
+    if math.prod(shape) > MAX_ELEMENTS:
+        return f"has {math.prod(shape)} elements, over the limit of {MAX_ELEMENTS}"
+    return None
+
+
+class AnyDeviceTensorSource(PackNode):
+    DISPLAY = "Tensor Source (AnyDevice)"
+    CATEGORY = "AnyDevice/tensor"
+    DESCRIPTION = ("Makes a TENSOR: seeded random (normal or uniform), zeros, ones, numbers typed as text, or an "
+                   "IMAGE as [B, C, H, W].")
+    RETURN_TYPES = (TENSOR,)
+    RETURN_NAMES = ("tensor",)
+    OUTPUT_TOOLTIPS = ("A float32 TENSOR on the CPU.",)
+    MODES = ["random_normal", "random_uniform", "zeros", "ones", "text", "image"]
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "mode": (cls.MODES, {"default": "random_normal", "tooltip": "How to fill the tensor."}),
+                "shape": ("STRING", {"default": "1, 3, 64, 64",
+                                     "tooltip": "Comma-separated sizes for random, zeros and ones."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
+                                 "tooltip": "Seed for the random modes (same seed, same numbers everywhere)."}),
+                "text": ("STRING", {"multiline": True, "default": "1 2 3\n4 5 6",
+                                    "tooltip": "Numbers for text mode: rows on new lines or ';' (a 2-D tensor; "
+                                               "a single row gives a 1-D tensor)."}),
+            },
+            "optional": {"image": ("IMAGE", {"tooltip": "Source for image mode; becomes [B, C, H, W]."})},
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, mode=None, shape=None, text=None, seed=None):
+        ok = check_widgets(cls, {"mode": mode, "seed": seed})
+        if ok is not True:
+            return ok
+        if mode in ("random_normal", "random_uniform", "zeros", "ones") and shape is not None:
+            try:
+                why = _check_shape(parse_ints(shape, "shape"))
+            except ValueError as exc:
+                why = str(exc)
+            if why:
+                return cls.fail("shape", shape, why)
+        if mode == "text" and text is not None:
+            try:
+                parse_matrix(text)
+            except ValueError as exc:
+                return cls.fail("text", text, str(exc))
+        return True
+
+    def _run(self, mode="random_normal", shape="1, 3, 64, 64", seed=0, text="", image=None):
+        node = self.DISPLAY
+        t = Timer()
+        if mode == "image":
+            if image is None:
+                raise NodeError(node, "image", None, "mode is image but no IMAGE is connected")
+            out = cpu_f32(image).permute(0, 3, 1, 2).contiguous()
+        elif mode == "text":
+            try:
+                m = parse_matrix(text)
+            except ValueError as exc:
+                raise NodeError(node, "text", text, str(exc)) from None
+            out = torch.from_numpy(m[0].copy() if m.shape[0] == 1 else m)
+        else:
+            try:
+                dims = parse_ints(shape, "shape")
+                why = _check_shape(dims)
+            except ValueError as exc:
+                why = str(exc)
+            if why:
+                raise NodeError(node, "shape", shape, why)
+            if mode == "zeros":
+                out = torch.zeros(dims)
+            elif mode == "ones":
+                out = torch.ones(dims)
+            elif mode in ("random_normal", "random_uniform"):
+                out = torch.from_numpy(P.seeded_tensor(seed, dims, "normal" if mode == "random_normal" else "uniform"))
+            else:
+                raise NodeError(node, "mode", mode, f"must be one of {', '.join(self.MODES)}")
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": ({"tensor": out},)}
+
+
+# =================================================================================================
+class AnyDeviceTensorInfo(PackNode):
+    DISPLAY = "Tensor Info (AnyDevice)"
+    CATEGORY = "AnyDevice/tensor"
+    DESCRIPTION = ("Shows the type, shape, dtype, min, max and mean of an IMAGE, MASK, LATENT or TENSOR on the "
+                   "node, with the backend that computed the statistics and the time; passes the input through.")
+    RETURN_TYPES = (ANY, "STRING")
+    RETURN_NAMES = ("passthrough", "info")
+    OUTPUT_TOOLTIPS = ("The input, unchanged.", "The same facts as one line of text.")
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"input": (DATA, {"tooltip": "Anything to inspect: " + "IMAGE, MASK, LATENT or TENSOR."})},
+                "optional": {"device": DEVICE_INPUT}}
+
+    def _run(self, input, device=None):
+        node = self.DISPLAY
+        be = resolve_backend(device, node)
+        kind = kind_of(input, node, "input")
+        x = raw(input, kind)
+        t = Timer()
+        if x.numel():
+            lo, hi, mean = (float(be.min(x)), float(be.max(x)), float(be.mean(x)))
+        else:
+            lo = hi = mean = float("nan")
+        ms = t.ms(be)
+        info = {"kind": kind, "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
+                "min": lo, "max": hi, "mean": mean, "backend": be.name, "device": be.device, "ms": round(ms, 3)}
+        text = (f"{kind} {shape_str(x)} {info['dtype']} min={lo:.6g} max={hi:.6g} mean={mean:.6g} "
+                f"[{be.name}, {ms:.2f} ms]")
+        ui = badge(be, ms, op="stats")
+        ui["info"] = [info]
+        ui["text"] = [text]
+        return {"ui": ui, "result": (input, text)}
+
+
+# =================================================================================================
+class AnyDeviceWeights(PackNode):
+    DISPLAY = "Weights (AnyDevice)"
+    CATEGORY = "AnyDevice/nn"
+    DESCRIPTION = ("Makes WEIGHTS (a weight and an optional bias) for Linear or Conv2D: seeded random init of any "
+                   "shape (PyTorch's default range), a matrix typed as text, or TENSOR inputs.")
+    RETURN_TYPES = (WEIGHTS,)
+    RETURN_NAMES = ("weights",)
+    OUTPUT_TOOLTIPS = ("Connect to the weights input of Linear or Conv2D.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "source": (["random", "text", "tensor"], {"default": "random", "tooltip": "Where the weight comes from."}),
+                "shape": ("STRING", {"default": "8, 3, 3, 3",
+                                     "tooltip": "random: weight shape, (out, in) for Linear or (out, in/groups, kH, kW) "
+                                                "for Conv2D."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX, "tooltip": "Seed of the random init."}),
+                "matrix": ("STRING", {"multiline": True, "default": "1 0 0\n0 1 0\n0 0 1",
+                                      "tooltip": "text: the weight matrix, rows on new lines or ';'."}),
+                "bias": ("STRING", {"default": "", "tooltip": "Bias numbers (one per output), 'random' for a seeded "
+                                                              "random bias, or empty for none."}),
+            },
+            "optional": {
+                "weight": (TENSOR, {"tooltip": "tensor: the weight."}),
+                "bias_tensor": (TENSOR, {"tooltip": "tensor: the bias (overrides the bias text)."}),
+            },
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, source=None, shape=None, matrix=None, bias=None, seed=None):
+        ok = check_widgets(cls, {"source": source, "seed": seed})
+        if ok is not True:
+            return ok
+        if source == "random" and shape is not None:
+            try:
+                why = _check_shape(parse_ints(shape, "shape"))
+            except ValueError as exc:
+                why = str(exc)
+            if why:
+                return cls.fail("shape", shape, why)
+        if source == "text" and matrix is not None:
+            try:
+                parse_matrix(matrix)
+            except ValueError as exc:
+                return cls.fail("matrix", matrix, str(exc))
+        if bias is not None and bias.strip() != "random":
+            try:
+                parse_vector(bias)
+            except ValueError as exc:
+                return cls.fail("bias", bias, str(exc))
+        return True
+
+    def _run(self, source="random", shape="8, 3, 3, 3", seed=0, matrix="", bias="", weight=None, bias_tensor=None):
+        node = self.DISPLAY
+        t = Timer()
+        if source == "random":
+            try:
+                dims = parse_ints(shape, "shape")
+                why = _check_shape(dims)
+            except ValueError as exc:
+                why = str(exc)
+            if why:
+                raise NodeError(node, "shape", shape, why)
+            w = P.seeded_uniform(seed, dims, math.prod(dims[1:]) if len(dims) > 1 else 1)
+        elif source == "text":
+            try:
+                w = parse_matrix(matrix)
+            except ValueError as exc:
+                raise NodeError(node, "matrix", matrix, str(exc)) from None
+        elif source == "tensor":
+            if not (isinstance(weight, dict) and torch.is_tensor(weight.get("tensor"))):
+                raise NodeError(node, "weight", None if weight is None else type(weight).__name__,
+                                "source is tensor but no TENSOR is connected to 'weight'")
+            w = cpu_f32(weight["tensor"]).numpy().copy()
+        else:
+            raise NodeError(node, "source", source, "must be random, text or tensor")
+        out_f = int(w.shape[0]) if w.ndim >= 1 else 1
+        b = None
+        if bias_tensor is not None:
+            b = cpu_f32(raw(bias_tensor, kind_of(bias_tensor, node, "bias_tensor"))).reshape(-1).numpy().copy()
+        elif isinstance(bias, str) and bias.strip() == "random":
+            fan_in = math.prod(w.shape[1:]) if w.ndim > 1 else 1
+            b = P.seeded_uniform(int(seed) + 1, (out_f,), fan_in)
+        else:
+            try:
+                b = parse_vector(bias)
+            except ValueError as exc:
+                raise NodeError(node, "bias", bias, str(exc)) from None
+            if b is not None and b.size == 1:
+                b = np.full((out_f,), b[0], np.float32)
+        if b is not None and b.size != out_f:
+            raise NodeError(node, "bias", bias if bias_tensor is None else "bias_tensor",
+                            f"needs {out_f} values (one per output of the weight {tuple(w.shape)}), got {b.size}")
+        value = {"weight": torch.from_numpy(np.ascontiguousarray(w, np.float32)),
+                 "bias": None if b is None else torch.from_numpy(np.ascontiguousarray(b, np.float32))}
+        return {"ui": _host_badge(t.ms(), shape=list(w.shape)), "result": (value,)}
+
+
+# =================================================================================================
+class AnyDeviceImageToTensor(PackNode):
+    DISPLAY = "Image to Tensor (AnyDevice)"
+    CATEGORY = "AnyDevice/convert"
+    DESCRIPTION = "An IMAGE [B, H, W, C] as a TENSOR, channel-first [B, C, H, W] (PyTorch layout) or as it is."
+    RETURN_TYPES = (TENSOR,)
+    RETURN_NAMES = ("tensor",)
+    OUTPUT_TOOLTIPS = ("The image's numbers as a TENSOR.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "image": ("IMAGE", {"tooltip": "The image to convert."}),
+            "layout": (["NCHW", "NHWC"], {"default": "NCHW", "tooltip": "NCHW: channel-first, as conv layers expect."}),
+        }}
+
+    def _run(self, image, layout="NCHW"):
+        t = Timer()
+        x = cpu_f32(image)
+        if x.ndim != 4:
+            raise NodeError(self.DISPLAY, "image", x, "an IMAGE must be [B, H, W, C]")
+        out = x.permute(0, 3, 1, 2).contiguous() if layout == "NCHW" else x.clone()
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": ({"tensor": out},)}
+
+
+class AnyDeviceMaskToTensor(PackNode):
+    DISPLAY = "Mask to Tensor (AnyDevice)"
+    CATEGORY = "AnyDevice/convert"
+    DESCRIPTION = "A MASK [B, H, W] as a TENSOR, [B, 1, H, W] (NCHW) or [B, H, W]."
+    RETURN_TYPES = (TENSOR,)
+    RETURN_NAMES = ("tensor",)
+    OUTPUT_TOOLTIPS = ("The mask's numbers as a TENSOR.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "mask": ("MASK", {"tooltip": "The mask to convert."}),
+            "layout": (["NCHW", "NHW"], {"default": "NCHW", "tooltip": "NCHW adds a channel dim of 1."}),
+        }}
+
+    def _run(self, mask, layout="NCHW"):
+        t = Timer()
+        x = cpu_f32(mask)
+        if x.ndim == 2:
+            x = x.unsqueeze(0)
+        if x.ndim != 3:
+            raise NodeError(self.DISPLAY, "mask", x, "a MASK must be [B, H, W] or [H, W]")
+        out = x.unsqueeze(1).contiguous() if layout == "NCHW" else x.clone()
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": ({"tensor": out},)}
+
+
+class AnyDeviceLatentToTensor(PackNode):
+    DISPLAY = "Latent to Tensor (AnyDevice)"
+    CATEGORY = "AnyDevice/convert"
+    DESCRIPTION = "A LATENT's samples [B, C, H, W] as a TENSOR."
+    RETURN_TYPES = (TENSOR,)
+    RETURN_NAMES = ("tensor",)
+    OUTPUT_TOOLTIPS = ("The latent's samples as a TENSOR.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"latent": ("LATENT", {"tooltip": "The latent to convert."})}}
+
+    def _run(self, latent):
+        t = Timer()
+        if not isinstance(latent, dict) or not torch.is_tensor(latent.get("samples")):
+            raise NodeError(self.DISPLAY, "latent", type(latent).__name__, "a LATENT is a dict with 'samples'")
+        out = cpu_f32(latent["samples"]).clone()
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": ({"tensor": out},)}
+
+
+def _tensor_arg(value, node, arg="tensor") -> torch.Tensor:
+    if not (isinstance(value, dict) and torch.is_tensor(value.get("tensor"))):
+        raise NodeError(node, arg, None if value is None else type(value).__name__, "must be a TENSOR")
+    return cpu_f32(value["tensor"])
+
+
+def _grid(t: torch.Tensor) -> torch.Tensor:
+    """[N, C, H, W] -> [N, 1, rows*H, cols*W]: the channels tiled in a near-square grid."""
+    n, c, h, w = t.shape
+    cols = math.ceil(math.sqrt(c))
+    rows = math.ceil(c / cols)
+    pad = rows * cols - c
+    if pad:
+        t = torch.cat([t, t.new_zeros(n, pad, h, w)], 1)
+    t = t.reshape(n, rows, cols, h, w).permute(0, 1, 3, 2, 4).reshape(n, 1, rows * h, cols * w)
+    return t
+
+
+class AnyDeviceTensorToImage(PackNode):
+    DISPLAY = "Tensor to Image (AnyDevice)"
+    CATEGORY = "AnyDevice/convert"
+    DESCRIPTION = ("A TENSOR as an IMAGE to look at. auto: 1 channel becomes grey, 3 (or 4) are RGB(A), other counts "
+                   "are tiled as a grid of grey feature maps. normalize scales each image (or map) to 0..1.")
+    RETURN_TYPES = ("IMAGE",)
+    RETURN_NAMES = ("image",)
+    OUTPUT_TOOLTIPS = ("An IMAGE [B, H, W, C].",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "tensor": (TENSOR, {"tooltip": "[N, C, H, W], [C, H, W] or [H, W] (or channel-last with layout NHWC)."}),
+            "mode": (["auto", "channel_grid", "channels_as_batch"], {
+                "default": "auto", "tooltip": "How channels become pixels."}),
+            "normalize": ("BOOLEAN", {"default": False,
+                                      "tooltip": "Scale each map to 0..1 (min to black, max to white) on the "
+                                                 "default backend."}),
+            "layout": (["NCHW", "NHWC"], {"default": "NCHW", "tooltip": "How to read a 4-D tensor."}),
+        }}
+
+    def _run(self, tensor, mode="auto", normalize=False, layout="NCHW"):
+        node = self.DISPLAY
+        x = _tensor_arg(tensor, node)
+        if layout == "NHWC" and x.ndim == 4:
+            x = x.permute(0, 3, 1, 2)
+        elif layout == "NHWC" and x.ndim == 3:
+            x = x.permute(2, 0, 1)
+        x = to_nchw({"tensor": x}, "TENSOR", node, "tensor")
+        t = Timer()
+        n, c, h, w = x.shape
+        grid = mode == "channel_grid" or (mode == "auto" and c not in (1, 3, 4))
+        per_map = grid or mode == "channels_as_batch"
+        if mode == "channels_as_batch":
+            x = x.reshape(n * c, 1, h, w)
+        be = None
+        if normalize:
+            be = resolve_backend(None, node)
+            dims = (2, 3) if per_map else (1, 2, 3)
+            lo = be.min(x, dims, keepdim=True)
+            hi = be.max(x, dims, keepdim=True)
+            x = cpu_f32(be.div(be.sub(x, lo), be.maximum(be.sub(hi, lo), 1e-12)))
+        if grid:
+            x = _grid(x)
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)
+        out = x.permute(0, 2, 3, 1).contiguous()
+        ms = t.ms(be)
+        ui = badge(be, ms, shape=list(out.shape)) if be is not None else _host_badge(ms, shape=list(out.shape))
+        return {"ui": ui, "result": (out,)}
+
+
+class AnyDeviceTensorToMask(PackNode):
+    DISPLAY = "Tensor to Mask (AnyDevice)"
+    CATEGORY = "AnyDevice/convert"
+    DESCRIPTION = "A TENSOR as a MASK [B, H, W]: [H, W] and [B, H, W] as they are, one channel of [N, C, H, W]."
+    RETURN_TYPES = ("MASK",)
+    RETURN_NAMES = ("mask",)
+    OUTPUT_TOOLTIPS = ("A MASK [B, H, W].",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "tensor": (TENSOR, {"tooltip": "[H, W], [B, H, W] or [N, C, H, W]."}),
+            "channel": ("INT", {"default": 0, "min": 0, "max": 4095, "tooltip": "Which channel of a 4-D tensor."}),
+        }}
+
+    def _run(self, tensor, channel=0):
+        node = self.DISPLAY
+        t = Timer()
+        x = _tensor_arg(tensor, node)
+        if x.ndim == 2:
+            out = x.unsqueeze(0)
+        elif x.ndim == 3:
+            out = x.clone()
+        elif x.ndim == 4:
+            if not 0 <= channel < x.shape[1]:
+                raise NodeError(node, "channel", channel, f"out of range for a tensor with {x.shape[1]} channels")
+            out = x[:, channel]
+        else:
+            raise NodeError(node, "tensor", x, "a MASK needs a 2-D, 3-D or 4-D tensor")
+        out = out.contiguous()
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (out,)}
+
+
+class AnyDeviceTensorToLatent(PackNode):
+    DISPLAY = "Tensor to Latent (AnyDevice)"
+    CATEGORY = "AnyDevice/convert"
+    DESCRIPTION = "A 4-D TENSOR [B, C, H, W] (or 3-D [C, H, W]) as a LATENT {'samples': ...}."
+    RETURN_TYPES = ("LATENT",)
+    RETURN_NAMES = ("latent",)
+    OUTPUT_TOOLTIPS = ("A LATENT.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"tensor": (TENSOR, {"tooltip": "[B, C, H, W] or [C, H, W]."})}}
+
+    def _run(self, tensor):
+        node = self.DISPLAY
+        t = Timer()
+        x = _tensor_arg(tensor, node)
+        if x.ndim == 3:
+            x = x.unsqueeze(0)
+        if x.ndim not in (4, 5):
+            raise NodeError(node, "tensor", x, "a LATENT needs [B, C, H, W]")
+        out = {"samples": x.contiguous().clone()}
+        return {"ui": _host_badge(t.ms(), shape=list(x.shape)), "result": (out,)}
+
+
+HELPER_NODES = [AnyDeviceDeviceSelect, AnyDeviceTensorSource, AnyDeviceTensorInfo, AnyDeviceWeights,
+                AnyDeviceImageToTensor, AnyDeviceMaskToTensor, AnyDeviceLatentToTensor, AnyDeviceTensorToImage,
+                AnyDeviceTensorToMask, AnyDeviceTensorToLatent]
+_ = (DATA, DEVICE_INPUT, load_time_backend_name)
