@@ -1,0 +1,185 @@
+/* CPU-family convolution kernels (OpenCL only; float16 vectors, no local memory).
+
+   im2col_pack      : x -> packed B operand of gemm_cpu (layout [g][ceil(P/32)][K][32]) for the
+                      columns [colbase, colbase + ncols) of the (n, oh, ow) column space.
+                      Launch: global (K, ceil(ncols/32), G), local (1,1,1).
+   conv2d_direct    : direct conv for small CinG*KH*KW. A work item computes 8 output channels x 32
+                      output columns of one output row. Launch: global (ceil(OW/32), OH,
+                      N*G*ceil(CoutG/8)), local (1,1,1).
+   conv_t2d_direct  : transposed conv, phase-decomposed: outputs ow = r + sw*j of one phase r
+                      read contiguous input runs. Launch: global (ceil(ceil(OW/sw)/32), OH*sw,
+                      N*G*ceil(CoutG/8)), local (1,1,1).
+   Both direct kernels fold partial sums into totals every ~64 taps (FP32 precision on long K).
+*/
+#define TN 32
+#define FLUSH_TAPS 64
+
+__kernel void im2col_pack(__global const float *x, const long x_off, __global float *Bp,
+                          const int C, const int H, const int W, const int CinG, const int KH, const int KW,
+                          const int OH, const int OW, const int sh, const int sw, const int pt, const int pl,
+                          const int dh, const int dw, const int colbase, const int ncols)
+{
+    const int k = get_global_id(0), nt = get_global_id(1), g = get_global_id(2);
+    const int KHW = KH * KW, K = CinG * KHW;
+    if (k >= K) return;
+    const int ntiles = (ncols + TN - 1) / TN;
+    const int ci = k / KHW, r = k - ci * KHW, kh = r / KW, kw = r - kh * KW;
+    __global float *dst = Bp + ((long)g * ntiles + nt) * (long)K * TN + (long)k * TN;
+    const int P = OH * OW;
+    int col = colbase + nt * TN;
+    int n = col / P, p = col - n * P, oh = p / OW, ow = p - oh * OW;
+    const int end = colbase + ncols;
+    for (int j = 0; j < TN; j++, col++) {
+        float v = 0.0f;
+        if (col < end) {
+            const int ih = oh * sh - pt + kh * dh, iw = ow * sw - pl + kw * dw;
+            if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                v = x[x_off + (((long)n * C + g * CinG + ci) * H + ih) * W + iw];
+        }
+        dst[j] = v;
+        if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }
+    }
+}
+
+inline void load32(const __global float *row, const int iw0, const int step, const int W,
+                   float16 *v0, float16 *v1)
+{
+    if (step == 1 && iw0 >= 0 && iw0 + TN <= W) {
+        *v0 = vload16(0, row + iw0);
+        *v1 = vload16(0, row + iw0 + 16);
+    } else {
+        float t[TN];
+        for (int j = 0; j < TN; j++) {
+            const int iw = iw0 + j * step;
+            t[j] = (iw >= 0 && iw < W) ? row[iw] : 0.0f;
+        }
+        *v0 = vload16(0, t);
+        *v1 = vload16(1, t);
+    }
+}
+
+#define DECL_ACC \
+    float16 a00 = 0, a01 = 0, a10 = 0, a11 = 0, a20 = 0, a21 = 0, a30 = 0, a31 = 0, \
+            a40 = 0, a41 = 0, a50 = 0, a51 = 0, a60 = 0, a61 = 0, a70 = 0, a71 = 0; \
+    float16 t00 = 0, t01 = 0, t10 = 0, t11 = 0, t20 = 0, t21 = 0, t30 = 0, t31 = 0, \
+            t40 = 0, t41 = 0, t50 = 0, t51 = 0, t60 = 0, t61 = 0, t70 = 0, t71 = 0;
+#define FLUSH \
+    t00 += a00; t01 += a01; t10 += a10; t11 += a11; t20 += a20; t21 += a21; t30 += a30; t31 += a31; \
+    t40 += a40; t41 += a41; t50 += a50; t51 += a51; t60 += a60; t61 += a61; t70 += a70; t71 += a71; \
+    a00 = 0; a01 = 0; a10 = 0; a11 = 0; a20 = 0; a21 = 0; a30 = 0; a31 = 0; \
+    a40 = 0; a41 = 0; a50 = 0; a51 = 0; a60 = 0; a61 = 0; a70 = 0; a71 = 0;
+#define FMA8(wp, ws, v0, v1) { float wv; \
+    wv = (wp)[0];        a00 = fma((float16)wv, v0, a00); a01 = fma((float16)wv, v1, a01); \
+    wv = (wp)[(ws)[1]];  a10 = fma((float16)wv, v0, a10); a11 = fma((float16)wv, v1, a11); \
+    wv = (wp)[(ws)[2]];  a20 = fma((float16)wv, v0, a20); a21 = fma((float16)wv, v1, a21); \
+    wv = (wp)[(ws)[3]];  a30 = fma((float16)wv, v0, a30); a31 = fma((float16)wv, v1, a31); \
+    wv = (wp)[(ws)[4]];  a40 = fma((float16)wv, v0, a40); a41 = fma((float16)wv, v1, a41); \
+    wv = (wp)[(ws)[5]];  a50 = fma((float16)wv, v0, a50); a51 = fma((float16)wv, v1, a51); \
+    wv = (wp)[(ws)[6]];  a60 = fma((float16)wv, v0, a60); a61 = fma((float16)wv, v1, a61); \
+    wv = (wp)[(ws)[7]];  a70 = fma((float16)wv, v0, a70); a71 = fma((float16)wv, v1, a71); }
+
+inline void store_row(__global float *yr, const int j0, const int step, const int nvalid,
+                      float16 v0, float16 v1, const float b)
+{
+    v0 += b; v1 += b;
+    if (step == 1 && nvalid == TN) {
+        vstore16(v0, 0, yr + j0);
+        vstore16(v1, 0, yr + j0 + 16);
+    } else {
+        float t[TN];
+        vstore16(v0, 0, t);
+        vstore16(v1, 1, t);
+        for (int j = 0; j < nvalid; j++) yr[(long)(j0 + j) * step] = t[j];
+    }
+}
+
+#define STORE_ALL(YBASE, ROWSTRIDE, J0, STEP, NVALID) { \
+    FLUSH \
+    const float16 tv[8][2] = {{t00, t01}, {t10, t11}, {t20, t21}, {t30, t31}, \
+                              {t40, t41}, {t50, t51}, {t60, t61}, {t70, t71}}; \
+    for (int i = 0; i < nco; i++) \
+        store_row((YBASE) + (long)i * (ROWSTRIDE), J0, STEP, NVALID, tv[i][0], tv[i][1], \
+                  has_bias ? bias[g * CoutG + co0 + i] : 0.0f); }
+
+__kernel void conv2d_direct(__global const float *x, const long x_off, __global const float *w, const long w_off,
+                            __global float *y, const long y_off, __global const float *bias, const int has_bias,
+                            const int C, const int H, const int W, const int CoutG, const int CinG,
+                            const int KH, const int KW, const int G, const int OH, const int OW,
+                            const int sh, const int sw, const int pt, const int pl, const int dh, const int dw,
+                            const int ncob)
+{
+    const int ow0 = get_global_id(0) * TN, oh = get_global_id(1), z = get_global_id(2);
+    if (ow0 >= OW || oh >= OH) return;
+    const int cob = z % ncob, ng = z / ncob, g = ng % G, n = ng / G;
+    const int co0 = cob * 8, nco = min(8, CoutG - co0);
+    const int KHW = KH * KW;
+    const int wco = CinG * KHW;  /* distance between output channels in w */
+    int ws[8];
+    for (int i = 0; i < 8; i++) ws[i] = min(i, nco - 1) * wco;
+    const __global float *wb = w + w_off + (long)(g * CoutG + co0) * wco;
+    const __global float *xb = x + x_off + ((long)n * C + g * CinG) * H * W;
+    DECL_ACC
+    int taps = 0;
+    for (int ci = 0; ci < CinG; ci++) {
+        for (int kh = 0; kh < KH; kh++) {
+            const int ih = oh * sh - pt + kh * dh;
+            if (ih < 0 || ih >= H) continue;
+            const __global float *row = xb + ((long)ci * H + ih) * W;
+            const __global float *wp = wb + ci * KHW + kh * KW;
+            for (int kw = 0; kw < KW; kw++) {
+                float16 v0, v1;
+                load32(row, ow0 * sw - pl + kw * dw, sw, W, &v0, &v1);
+                FMA8(wp + kw, ws, v0, v1)
+            }
+            taps += KW;
+        }
+        if (taps >= FLUSH_TAPS) { taps = 0; FLUSH }
+    }
+    __global float *yb = y + y_off + (((long)n * G * CoutG + g * CoutG + co0) * OH + oh) * OW;
+    STORE_ALL(yb, (long)OH * OW, ow0, 1, min(TN, OW - ow0))
+}
+
+__kernel void conv_t2d_direct(__global const float *x, const long x_off, __global const float *w, const long w_off,
+                              __global float *y, const long y_off, __global const float *bias, const int has_bias,
+                              const int C, const int H, const int W, const int CoutG, const int CinG,
+                              const int KH, const int KW, const int G, const int OH, const int OW,
+                              const int sh, const int sw, const int ph, const int pw, const int dh, const int dw,
+                              const int ncob)
+{
+    const int j0 = get_global_id(0) * TN, ohr = get_global_id(1), z = get_global_id(2);
+    const int oh = ohr / sw, r = ohr - oh * sw;
+    if (oh >= OH || r >= OW) return;
+    const int J = (OW - r + sw - 1) / sw;  /* outputs in this phase */
+    if (j0 >= J) return;
+    const int cob = z % ncob, ng = z / ncob, g = ng % G, n = ng / G;
+    const int co0 = cob * 8, nco = min(8, CoutG - co0);
+    const int KHW = KH * KW;
+    int ws[8];
+    for (int i = 0; i < 8; i++) ws[i] = min(i, nco - 1) * KHW;
+    const __global float *wb = w + w_off + ((long)g * CinG * CoutG + co0) * KHW;
+    const __global float *xb = x + x_off + ((long)n * C + g * CinG) * H * W;
+    DECL_ACC
+    int taps = 0;
+    for (int ci = 0; ci < CinG; ci++) {
+        for (int kh = 0; kh < KH; kh++) {
+            const int th = oh + ph - kh * dh;
+            if (th < 0) continue;
+            const int ih = th / sh;
+            if (ih * sh != th || ih >= H) continue;
+            const __global float *row = xb + ((long)ci * H + ih) * W;
+            const __global float *wp = wb + (long)ci * CoutG * KHW + kh * KW;
+            for (int kw = 0; kw < KW; kw++) {
+                const int tw = r + pw - kw * dw;
+                const int q = tw >= 0 ? tw / sw : -((-tw + sw - 1) / sw);
+                if (q * sw != tw) continue;
+                float16 v0, v1;
+                load32(row, j0 + q, 1, W, &v0, &v1);
+                FMA8(wp + kw, ws, v0, v1)
+                taps++;
+            }
+        }
+        if (taps >= FLUSH_TAPS) { taps = 0; FLUSH }
+    }
+    __global float *yb = y + y_off + (((long)n * G * CoutG + g * CoutG + co0) * OH + oh) * OW + r;
+    STORE_ALL(yb, (long)OH * OW, j0, sw, min(TN, J - j0))
+}
