@@ -10,6 +10,14 @@
  *   backend/cuda_backend.py; p0/p1 the op's parameters (alpha, slope, beta/threshold, min/max);
  *   flags bit 0/1: clamp has min/max. NaN and Inf propagate as in torch.
  *   launch: 1-D, any geometry (grid-stride loop), group size BLOCK.
+ * kernel ad_direct_conv(x, w, bias, has_bias, y, N, C, H, W, Cout, CinG, CoutG, KH, KW, OH, OW,
+ *                       sh, sw, ph, pw, dh, dw, transposed)
+ *   Direct (one thread per output element) conv2d, or conv_transpose2d when `transposed`, for
+ *   convolutions with few output channels per group (depthwise, SSIM's blur), where a GEMM tile
+ *   would be mostly empty. x (N, C, H, W), y (N, Cout, OH, OW), w (Cout, CinG, KH, KW) or, when
+ *   transposed, (C, CoutG, KH, KW); all contiguous. Taps are summed per input channel and the
+ *   channel sums accumulated separately (two-level, for long sums).
+ *   launch: 1-D, any geometry (grid-stride loop), group size BLOCK.
  */
 #ifndef BLOCK
 #define BLOCK 256
@@ -106,4 +114,61 @@ KERNEL void ad_unary(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, c
     for (OFF_T i = (OFF_T)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (OFF_T)gridDim.x * blockDim.x)
         y[i] = ad_unary_op(x[i], op, p0, p1, flags);
+}
+
+KERNEL void ad_direct_conv(const GLOBAL float* RESTRICT x, const GLOBAL float* RESTRICT w,
+                           const GLOBAL float* RESTRICT bias, const int has_bias,
+                           GLOBAL float* RESTRICT y, const int N, const int C, const int H,
+                           const int W, const int Cout, const int CinG, const int CoutG,
+                           const int KH, const int KW, const int OH, const int OW, const int sh,
+                           const int sw, const int ph, const int pw, const int dh, const int dw,
+                           const int transposed)
+{
+    const OFF_T total = (OFF_T)N * Cout * OH * OW;
+    for (OFF_T idx = (OFF_T)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (OFF_T)gridDim.x * blockDim.x) {
+        const int ow = (int)(idx % OW);
+        OFF_T t = idx / OW;
+        const int oh = (int)(t % OH);
+        t /= OH;
+        const int co = (int)(t % Cout);
+        const int n = (int)(t / Cout);
+        const int g = co / CoutG;
+        const int m = co - g * CoutG;
+        float tot = 0.0f;
+        for (int c = 0; c < CinG; c++) {
+            const int ci = g * CinG + c;
+            const GLOBAL float* xp = x + ((OFF_T)n * C + ci) * H * W;
+            const GLOBAL float* wp = transposed ? w + ((OFF_T)ci * CoutG + m) * KH * KW
+                                                : w + ((OFF_T)co * CinG + c) * KH * KW;
+            float acc = 0.0f;
+            for (int kh = 0; kh < KH; kh++) {
+                int ih;
+                if (transposed) {
+                    const int ihn = oh + ph - kh * dh;
+                    if (ihn < 0) continue;
+                    ih = ihn / sh;
+                    if (ih * sh != ihn || ih >= H) continue;
+                } else {
+                    ih = oh * sh - ph + kh * dh;
+                    if (ih < 0 || ih >= H) continue;
+                }
+                for (int kw = 0; kw < KW; kw++) {
+                    int iw;
+                    if (transposed) {
+                        const int iwn = ow + pw - kw * dw;
+                        if (iwn < 0) continue;
+                        iw = iwn / sw;
+                        if (iw * sw != iwn || iw >= W) continue;
+                    } else {
+                        iw = ow * sw - pw + kw * dw;
+                        if (iw < 0 || iw >= W) continue;
+                    }
+                    acc = fmaf(xp[(OFF_T)ih * W + iw], wp[kh * KW + kw], acc);
+                }
+            }
+            tot += acc;
+        }
+        y[idx] = tot + (has_bias ? bias[co] : 0.0f);
+    }
 }
