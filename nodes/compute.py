@@ -290,7 +290,7 @@ class AnyDeviceConv2D(PackNode):
             if w4 is not None:
                 weight = w4
             elif k2 is not None:
-                weight = np.ascontiguousarray(np.broadcast_to(k2, (c, 1) + k2.shape))
+                weight = np.array(np.broadcast_to(k2, (c, 1) + k2.shape))
             else:
                 weight = P.seeded_uniform(seed, (c, 1, k, k), k * k)
         elif channel_mode == "grouped":
@@ -305,11 +305,11 @@ class AnyDeviceConv2D(PackNode):
                 weight = w4
             elif transposed:
                 shape = (c, oc // g)
-                weight = (np.ascontiguousarray(np.broadcast_to(k2, shape + k2.shape)) if k2 is not None
+                weight = (np.array(np.broadcast_to(k2, shape + k2.shape)) if k2 is not None
                           else P.seeded_uniform(seed, shape + (k, k), (oc // g) * k * k))
             else:
                 shape = (oc, c // g)
-                weight = (np.ascontiguousarray(np.broadcast_to(k2, shape + k2.shape)) if k2 is not None
+                weight = (np.array(np.broadcast_to(k2, shape + k2.shape)) if k2 is not None
                           else P.seeded_uniform(seed, shape + (k, k), (c // g) * k * k))
         else:
             raise NodeError(node, "channel_mode", channel_mode, "must be depthwise or grouped")
@@ -645,7 +645,12 @@ class AnyDeviceTensorOps(PackNode):
                 y = be.unary(op, x)
             out = wrap_native(y, ka, a)
         elif op in REDUCE:
-            y = be.reduce(_RED_MAP[op], raw(a, ka), dim, keepdim=bool(keepdim))
+            x = raw(a, ka)
+            y = be.reduce(_RED_MAP[op], x, dim, keepdim=bool(keepdim))
+            axes = {d % max(x.ndim, 1) for d in dim} if dim is not None else set(range(x.ndim))
+            want = [1 if i in axes else s for i, s in enumerate(x.shape)] if keepdim else \
+                [s for i, s in enumerate(x.shape) if i not in axes]
+            y = cpu_f32(y).reshape(want)  # some backends give a 0-d result as [1]
             out = wrap_native(y, ka, a)
         else:
             raise NodeError(node, "op", op, f"must be one of {', '.join(BINARY + UNARY + REDUCE)}")

@@ -1,0 +1,610 @@
+"""Node contract tests, without ComfyUI: definitions, every preset against PyTorch, the same-type
+rule, no input mutation, and every bad input named in the issue."""
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from anydevice import backend as B
+from anydevice.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+from anydevice.nodes import common, compute, helpers
+from anydevice.nodes import presets as P
+
+N = NODE_CLASS_MAPPINGS
+AVAILABLE = [i.name for i in B.list_backends() if i.available]
+UNAVAILABLE = [i for i in B.list_backends() if not i.available]
+ATOL = 2e-5
+
+
+def run(cls_name, **kw):
+    out = N[cls_name]().run(**kw)
+    assert set(out) == {"ui", "result"}
+    return out
+
+
+def res(cls_name, **kw):
+    return run(cls_name, **kw)["result"]
+
+
+def dev(name):
+    return {"name": name}
+
+
+@pytest.fixture(params=AVAILABLE)
+def device(request):
+    return dev(request.param)
+
+
+def image(b=1, h=24, w=20, c=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(b, h, w, c, generator=g)
+
+
+# ---------------------------------------------------------------------------------------------
+# definitions
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(N))
+def test_node_definition(name):
+    cls = N[name]
+    assert name.startswith("AnyDevice")
+    assert NODE_DISPLAY_NAME_MAPPINGS[name].endswith("(AnyDevice)")
+    assert cls.CATEGORY.startswith("AnyDevice")
+    assert isinstance(cls.DESCRIPTION, str) and len(cls.DESCRIPTION) > 20
+    assert callable(getattr(cls, cls.FUNCTION))
+    spec = cls.INPUT_TYPES()
+    assert set(spec) <= {"required", "optional", "hidden"}
+    for section in ("required", "optional"):
+        for inp, entry in spec.get(section, {}).items():
+            assert len(entry) == 2, (name, inp)
+            assert entry[1].get("tooltip"), f"{name}.{inp} has no tooltip"
+            if isinstance(entry[0], list):
+                assert entry[1].get("default", entry[0][0]) in entry[0]
+    assert len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES) == len(cls.OUTPUT_TOOLTIPS)
+    if hasattr(cls, "VALIDATE_INPUTS"):
+        import inspect
+        params = inspect.getfullargspec(cls.VALIDATE_INPUTS).args
+        allinputs = {**spec["required"], **spec.get("optional", {})}
+        assert all(p in allinputs for p in params[1:]), params
+
+
+def test_every_compute_node_takes_an_optional_device():
+    for cls in compute.COMPUTE_NODES + [helpers.AnyDeviceTensorInfo]:
+        assert cls.INPUT_TYPES()["optional"]["device"][0] == "DEVICE"
+
+
+def test_any_type_passes_comfy_validation_rule():
+    # ComfyUI: `if not received_type != input_type: ok`, else split on ',' and intersect
+    assert not (common.ANY != "IMAGE") and not (common.ANY != "LATENT")
+    assert "IMAGE" in common.DATA.split(",") and "TENSOR" in common.DATA.split(",")
+
+
+def test_device_select_lists_auto_first_and_every_backend():
+    names = N["AnyDeviceDeviceSelect"].INPUT_TYPES()["required"]["device"][0]
+    status = N["AnyDeviceDeviceSelect"].INPUT_TYPES()["required"]["device"][1]["anydevice_status"]
+    assert names[0] == "auto"
+    for info in B.list_backends():
+        assert info.name in names
+        if not info.available:
+            assert info.reason in status[info.name]
+
+
+def test_load_log_line(caplog):
+    import anydevice.nodes as pack_nodes
+    pack_nodes._logged = False
+    with caplog.at_level(logging.INFO, logger="anydevice"):
+        pack_nodes.log_backend_choice()
+        pack_nodes.log_backend_choice()
+    lines = [r for r in caplog.records if r.name == "anydevice"]
+    assert len(lines) == 1
+    chosen = common.load_time_backend_name()
+    assert f"using {chosen}" in lines[0].getMessage()
+    for info in B.list_backends():
+        assert info.name in lines[0].getMessage()
+
+
+# ---------------------------------------------------------------------------------------------
+# Conv2D
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", P.KERNEL_PRESETS)
+def test_conv2d_presets_match_torch(preset, device):
+    img = image()
+    out = res("AnyDeviceConv2D", input=img, kernel_source="preset", preset=preset, kernel_size=5, sigma=1.3,
+              device=device)[0]
+    k = torch.from_numpy(P.kernel_preset(preset, 5, 1.3))
+    kh, kw = k.shape
+    x = img.permute(0, 3, 1, 2)
+    xp = F.pad(x, ((kw - 1) // 2, kw // 2, (kh - 1) // 2, kh // 2), mode="reflect")
+    ref = F.conv2d(xp, k.expand(3, 1, kh, kw), groups=3).permute(0, 2, 3, 1)
+    assert out.shape == img.shape
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-4)
+
+
+def test_conv2d_preset_values():
+    assert P.kernel_preset("box_blur", 3).sum() == pytest.approx(1.0)
+    g = P.kernel_preset("gaussian", 7, 2.0)
+    assert g.sum() == pytest.approx(1.0) and g[3, 3] == g.max()
+    assert P.kernel_preset("identity", 3)[1, 1] == 1 and P.kernel_preset("identity", 3).sum() == 1
+    assert P.kernel_preset("laplacian").sum() == 0 and P.kernel_preset("sobel_x").sum() == 0
+    np.testing.assert_array_equal(P.kernel_preset("sobel_y"), P.kernel_preset("sobel_x").T)
+
+
+def test_conv2d_text_random_grouped_stride_dilation(device):
+    img = image(b=2, h=17, w=19)
+    x = img.permute(0, 3, 1, 2)
+    # text kernel, valid padding, stride 2, dilation 2
+    out = res("AnyDeviceConv2D", input=img, kernel_source="text", kernel_text="1 2; 3 4", padding="valid",
+              stride=2, dilation=2, device=device)[0]
+    k = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    ref = F.conv2d(x, k.expand(3, 1, 2, 2), stride=2, dilation=2, groups=3).permute(0, 2, 3, 1)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    # seeded random, grouped 3 -> 6 channels, explicit zero padding, bias
+    out = res("AnyDeviceConv2D", input=img, kernel_source="random", kernel_size=3, seed=7, channel_mode="grouped",
+              out_channels=6, groups=3, padding="explicit", padding_size=2, padding_mode="zeros", bias=0.5,
+              device=device)[0]
+    w = torch.from_numpy(P.seeded_uniform(7, (6, 1, 3, 3), 9))
+    ref = F.conv2d(x, w, torch.full((6,), 0.5), padding=2, groups=3).permute(0, 2, 3, 1)
+    assert out.shape == (2, 19, 21, 6)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    # same seed, same output
+    again = res("AnyDeviceConv2D", input=img, kernel_source="random", kernel_size=3, seed=7, channel_mode="grouped",
+                out_channels=6, groups=3, padding="explicit", padding_size=2, padding_mode="zeros", bias=0.5,
+                device=device)[0]
+    assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "zeros", "replicate", "circular"])
+def test_conv2d_padding_modes(mode, device):
+    img = image(h=9, w=11)
+    out = res("AnyDeviceConv2D", input=img, kernel_source="preset", preset="sharpen", padding_mode=mode,
+              device=device)[0]
+    x = img.permute(0, 3, 1, 2)
+    k = torch.from_numpy(P.kernel_preset("sharpen")).expand(3, 1, 3, 3)
+    ref = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="constant" if mode == "zeros" else mode), k, groups=3)
+    torch.testing.assert_close(out, ref.permute(0, 2, 3, 1), atol=1e-4, rtol=1e-4)
+
+
+def test_conv2d_transposed(device):
+    t = {"tensor": torch.randn(1, 2, 5, 6, generator=torch.Generator().manual_seed(1))}
+    out = res("AnyDeviceConv2D", input=t, kernel_source="random", kernel_size=3, seed=3, channel_mode="grouped",
+              out_channels=4, groups=1, stride=2, padding="explicit", padding_size=1, transposed=True,
+              output_padding=1, device=device)[0]
+    w = torch.from_numpy(P.seeded_uniform(3, (2, 4, 3, 3), 4 * 9))
+    ref = F.conv_transpose2d(t["tensor"], w, stride=2, padding=1, output_padding=1)
+    assert out["tensor"].shape == ref.shape == (1, 4, 10, 12)
+    torch.testing.assert_close(out["tensor"], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_conv2d_weights_input_and_ui_kernel(device):
+    wts = res("AnyDeviceWeights", source="random", shape="4, 3, 3, 3", seed=5, bias="random")[0]
+    img = image()
+    r = run("AnyDeviceConv2D", input=img, kernel_source="weights", channel_mode="grouped", groups=1,
+            padding="same", padding_mode="zeros", weights=wts, device=device)
+    out = r["result"][0]
+    ref = F.conv2d(img.permute(0, 3, 1, 2), wts["weight"], wts["bias"], padding=1).permute(0, 2, 3, 1)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    kern = r["ui"]["kernel"][0]
+    assert kern["shape"] == [4, 3, 3, 3] and len(kern["slices"]) == 8
+    assert kern["slices"][0]["rows"] == 3 and len(kern["slices"][0]["values"]) == 9
+    assert r["ui"]["anydevice"][0]["backend"] == device["name"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", P.LINEAR_PRESETS)
+def test_linear_presets_match_torch(preset, device):
+    img = image()
+    out = res("AnyDeviceLinear", input=img, source="preset", preset=preset, device=device)[0]
+    w, b = P.color_preset(preset, 3)
+    ref = F.linear(img, torch.from_numpy(w), None if b is None else torch.from_numpy(b))
+    assert out.shape == img.shape
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-5)
+
+
+def test_linear_sources(device):
+    t = {"tensor": torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(2))}
+    out = res("AnyDeviceLinear", input=t, source="random", out_features=6, seed=9, bias="0.5", device=device)[0]
+    w = torch.from_numpy(P.seeded_uniform(9, (6, 4), 4))
+    torch.testing.assert_close(out["tensor"], F.linear(t["tensor"], w) + 0.5, atol=ATOL, rtol=1e-5)
+    out = res("AnyDeviceLinear", input=t, source="text", matrix="1 0 0 0\n0 0 0 2", bias="1 2", device=device)[0]
+    ref = torch.stack([t["tensor"][..., 0] + 1, 2 * t["tensor"][..., 3] + 2], -1)
+    torch.testing.assert_close(out["tensor"], ref, atol=ATOL, rtol=1e-5)
+    wts = res("AnyDeviceWeights", source="text", matrix="1 2 3 4; 5 6 7 8", bias="0.1 0.2")[0]
+    out = res("AnyDeviceLinear", input=t, source="weights", weights=wts, device=device)[0]
+    torch.testing.assert_close(out["tensor"], F.linear(t["tensor"], wts["weight"], wts["bias"]), atol=1e-4,
+                               rtol=1e-5)
+
+
+def test_linear_on_latent_acts_on_channels(device):
+    lat = {"samples": torch.randn(1, 4, 6, 5), "batch_index": [0], "noise_mask": None}
+    out = res("AnyDeviceLinear", input=lat, source="random", out_features=4, seed=1, device=device)[0]
+    w = torch.from_numpy(P.seeded_uniform(1, (4, 4), 4))
+    ref = torch.einsum("oc,bchw->bohw", w, lat["samples"])
+    torch.testing.assert_close(out["samples"], ref, atol=1e-5, rtol=1e-5)
+    assert out["batch_index"] == [0] and "noise_mask" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation, Loss, TensorOps
+# ---------------------------------------------------------------------------------------------
+TORCH_ACT = {
+    "relu": lambda x: F.relu(x), "leaky_relu": lambda x: F.leaky_relu(x, 0.2), "elu": lambda x: F.elu(x, 0.7),
+    "gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "softplus": lambda x: F.softplus(x, 2.0, 5.0), "softmax": lambda x: torch.softmax(x, 1),
+}
+
+
+@pytest.mark.parametrize("act", B.ACTIVATIONS)
+def test_activation_matches_torch(act, device):
+    t = {"tensor": torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(4)) * 3}
+    out = res("AnyDeviceActivation", input=t, activation=act, negative_slope=0.2, alpha=0.7, approximate="tanh",
+              beta=2.0, threshold=5.0, dim=1, device=device)[0]
+    torch.testing.assert_close(out["tensor"], TORCH_ACT[act](t["tensor"]), atol=1e-5, rtol=1e-4)
+
+
+def _ssim_ref(x, y, win=11, sigma=1.5, dr=1.0):
+    g = torch.from_numpy(B.contract.gaussian_window(win, sigma).astype(np.float32))
+    c = x.shape[1]
+    wv, wh = g.view(1, 1, -1, 1).expand(c, 1, win, 1), g.view(1, 1, 1, -1).expand(c, 1, 1, win)
+    blur = lambda t: F.conv2d(F.conv2d(t, wv, groups=c), wh, groups=c)  # noqa: E731
+    mx, my = blur(x), blur(y)
+    sxx, syy, sxy = blur(x * x) - mx * mx, blur(y * y) - my * my, blur(x * y) - mx * my
+    c1, c2 = (0.01 * dr) ** 2, (0.03 * dr) ** 2
+    return (((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))).mean()
+
+
+@pytest.mark.parametrize("loss", compute.LOSS_NAMES)
+def test_loss_matches_torch(loss, device):
+    a, b = image(seed=1), image(seed=2)
+    r = run("AnyDeviceLoss", prediction=a, target=b, loss=loss, delta=0.3, device=device)
+    value, emap = r["result"]
+    pa, pb = a.permute(0, 3, 1, 2), b.permute(0, 3, 1, 2)
+    ref = {"mse": lambda: F.mse_loss(a, b), "l1": lambda: F.l1_loss(a, b),
+           "huber": lambda: F.huber_loss(a, b, delta=0.3), "smooth_l1": lambda: F.smooth_l1_loss(a, b, beta=0.3),
+           "bce": lambda: F.binary_cross_entropy(a, b), "psnr": lambda: 10 * torch.log10(1 / F.mse_loss(a, b)),
+           "ssim": lambda: _ssim_ref(pa, pb)}[loss]()
+    assert isinstance(value, float)
+    assert value == pytest.approx(float(ref), rel=1e-4, abs=1e-5)
+    assert r["ui"]["loss"][0]["value"] == value and r["ui"]["loss"][0]["name"] == loss
+    assert emap.shape == a.shape and float(emap.max()) == pytest.approx(1.0)
+    d = (a - b).abs()
+    torch.testing.assert_close(emap, d / d.max(), atol=1e-5, rtol=1e-4)
+    assert N["AnyDeviceLoss"].OUTPUT_NODE is True
+
+
+def test_loss_identical_is_zero_and_psnr_inf_free(device):
+    a = image()
+    v = res("AnyDeviceLoss", prediction=a, target=a.clone(), loss="mse", device=device)[0]
+    assert v == 0.0
+    v = res("AnyDeviceLoss", prediction=a, target=a.clone(), loss="ssim", device=device)[0]
+    assert v == pytest.approx(1.0, abs=1e-5)
+
+
+BIN_REF = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+           "min": torch.minimum, "max": torch.maximum}
+
+
+@pytest.mark.parametrize("op", list(BIN_REF))
+def test_tensorops_binary_broadcast(op, device):
+    a = {"tensor": torch.rand(2, 3, 4) + 0.5}
+    b = {"tensor": torch.rand(3, 1) + 0.5}
+    out = res("AnyDeviceTensorOps", a=a, op=op, b=b, device=device)[0]
+    torch.testing.assert_close(out["tensor"], BIN_REF[op](a["tensor"], b["tensor"]), atol=1e-5, rtol=1e-5)
+    out = res("AnyDeviceTensorOps", a=a, op=op, scalar=1.5, device=device)[0]
+    torch.testing.assert_close(out["tensor"], BIN_REF[op](a["tensor"], torch.tensor(1.5)), atol=1e-5, rtol=1e-5)
+
+
+def test_tensorops_matmul_unary_reduce(device):
+    a, b = {"tensor": torch.randn(2, 3, 4)}, {"tensor": torch.randn(4, 5)}
+    out = res("AnyDeviceTensorOps", a=a, op="matmul", b=b, device=device)[0]
+    torch.testing.assert_close(out["tensor"], a["tensor"] @ b["tensor"], atol=1e-5, rtol=1e-5)
+    x = {"tensor": torch.rand(2, 3, 4) + 0.1}
+    for op, ref in {"abs": torch.abs, "neg": torch.neg, "sqrt": torch.sqrt, "exp": torch.exp,
+                    "log": torch.log}.items():
+        out = res("AnyDeviceTensorOps", a=x, op=op, device=device)[0]
+        torch.testing.assert_close(out["tensor"], ref(x["tensor"]), atol=1e-5, rtol=1e-5)
+    out = res("AnyDeviceTensorOps", a=x, op="clamp", clamp_min=0.3, clamp_max=0.6, device=device)[0]
+    torch.testing.assert_close(out["tensor"], x["tensor"].clamp(0.3, 0.6))
+    out = res("AnyDeviceTensorOps", a=x, op="normalize", device=device)[0]["tensor"]
+    assert float(out.min()) == pytest.approx(0) and float(out.max()) == pytest.approx(1)
+    for op, ref in {"reduce_sum": torch.sum, "reduce_mean": torch.mean, "reduce_max": torch.amax,
+                    "reduce_min": torch.amin}.items():
+        out = res("AnyDeviceTensorOps", a=x, op=op, dims="1, 2", keepdim=False, device=device)[0]
+        torch.testing.assert_close(out["tensor"], ref(x["tensor"], dim=(1, 2)), atol=1e-5, rtol=1e-5)
+        out = res("AnyDeviceTensorOps", a=x, op=op, dims="", keepdim=False, device=device)[0]
+        assert out["tensor"].shape == ()
+
+
+def test_tensorops_image_times_mask(device):
+    img, mask = image(), torch.rand(1, 24, 20)
+    out = res("AnyDeviceTensorOps", a=img, op="mul", b=mask, device=device)[0]
+    assert out.shape == img.shape
+    torch.testing.assert_close(out, img * mask.unsqueeze(-1))
+    # mean over channels keeps an IMAGE (4-D); a full reduction gives a TENSOR
+    out = res("AnyDeviceTensorOps", a=img, op="reduce_mean", dims="-1", keepdim=True, device=device)[0]
+    assert torch.is_tensor(out) and out.shape == (1, 24, 20, 1)
+    out = res("AnyDeviceTensorOps", a=img, op="reduce_mean", device=device, keepdim=False)[0]
+    assert isinstance(out, dict) and out["tensor"].shape == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers and converters
+# ---------------------------------------------------------------------------------------------
+def test_tensor_source_modes():
+    a = res("AnyDeviceTensorSource", mode="random_normal", shape="2, 3", seed=4)[0]["tensor"]
+    b = res("AnyDeviceTensorSource", mode="random_normal", shape="2, 3", seed=4)[0]["tensor"]
+    assert a.shape == (2, 3) and torch.equal(a, b)
+    u = res("AnyDeviceTensorSource", mode="random_uniform", shape="1000", seed=1)[0]["tensor"]
+    assert 0 <= float(u.min()) and float(u.max()) < 1
+    assert torch.equal(res("AnyDeviceTensorSource", mode="zeros", shape="2,2")[0]["tensor"], torch.zeros(2, 2))
+    assert torch.equal(res("AnyDeviceTensorSource", mode="ones", shape="3")[0]["tensor"], torch.ones(3))
+    t = res("AnyDeviceTensorSource", mode="text", text="1 2 3\n4 5 6")[0]["tensor"]
+    assert torch.equal(t, torch.tensor([[1.0, 2, 3], [4, 5, 6]]))
+    img = image()
+    t = res("AnyDeviceTensorSource", mode="image", image=img)[0]["tensor"]
+    assert torch.equal(t, img.permute(0, 3, 1, 2))
+
+
+def test_tensor_info(device):
+    x = {"tensor": torch.tensor([[1.0, -2.0], [3.0, 4.0]])}
+    r = run("AnyDeviceTensorInfo", input=x, device=device)
+    info = r["ui"]["info"][0]
+    assert info["shape"] == [2, 2] and info["min"] == -2 and info["max"] == 4 and info["mean"] == 1.5
+    assert info["kind"] == "TENSOR" and info["dtype"] == "float32" and info["backend"] == device["name"]
+    assert r["result"][0] is x and "min=-2" in r["result"][1]
+    assert N["AnyDeviceTensorInfo"].OUTPUT_NODE is True
+
+
+def test_converters_round_trip():
+    img = image(b=2)
+    t = res("AnyDeviceImageToTensor", image=img, layout="NCHW")[0]
+    assert t["tensor"].shape == (2, 3, 24, 20)
+    back = res("AnyDeviceTensorToImage", tensor=t, mode="auto", normalize=False, layout="NCHW")[0]
+    assert torch.equal(back, img)
+    mask = torch.rand(2, 8, 9)
+    mt = res("AnyDeviceMaskToTensor", mask=mask, layout="NCHW")[0]
+    assert mt["tensor"].shape == (2, 1, 8, 9)
+    assert torch.equal(res("AnyDeviceTensorToMask", tensor=mt, channel=0)[0], mask)
+    grey = res("AnyDeviceTensorToImage", tensor=mt, mode="auto", normalize=False, layout="NCHW")[0]
+    assert grey.shape == (2, 8, 9, 3) and torch.equal(grey[..., 1], mask)
+    lat = {"samples": torch.randn(1, 4, 8, 8)}
+    lt = res("AnyDeviceLatentToTensor", latent=lat)[0]
+    assert torch.equal(res("AnyDeviceTensorToLatent", tensor=lt)[0]["samples"], lat["samples"])
+
+
+def test_tensor_to_image_feature_grid():
+    t = {"tensor": torch.arange(2 * 5 * 3 * 4, dtype=torch.float32).reshape(2, 5, 3, 4)}
+    out = res("AnyDeviceTensorToImage", tensor=t, mode="auto", normalize=True, layout="NCHW")[0]
+    assert out.shape == (2, 2 * 3, 3 * 4, 3)  # 5 maps in a 2x3 grid
+    assert float(out.max()) == pytest.approx(1.0) and float(out.min()) == 0.0
+    # each map normalised on its own: the first map's top-left is 0, bottom-right 1
+    assert float(out[0, 0, 0, 0]) == 0 and float(out[0, 2, 3, 0]) == pytest.approx(1.0)
+    out = res("AnyDeviceTensorToImage", tensor=t, mode="channels_as_batch", normalize=False, layout="NCHW")[0]
+    assert out.shape == (10, 3, 4, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# same-type rule and no input mutation, every generic node, every kind
+# ---------------------------------------------------------------------------------------------
+def _inputs_of_every_kind():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "IMAGE": torch.rand(1, 12, 10, 3, generator=g),
+        "MASK": torch.rand(2, 12, 10, generator=g),
+        "LATENT": {"samples": torch.randn(1, 4, 12, 10, generator=g), "batch_index": [3]},
+        "TENSOR": {"tensor": torch.rand(2, 3, 12, 10, generator=g)},
+    }
+
+
+GENERIC = {
+    "AnyDeviceConv2D": lambda x: dict(input=x, kernel_source="preset", preset="box_blur", kernel_size=3),
+    "AnyDeviceLinear": lambda x: dict(input=x, source="preset", preset="identity"),
+    "AnyDeviceActivation": lambda x: dict(input=x, activation="sigmoid"),
+    "AnyDeviceTensorOps": lambda x: dict(a=x, op="mul", scalar=2.0),
+    "AnyDeviceTensorInfo": lambda x: dict(input=x),
+}
+
+
+def _check_same_kind(kind, inp, out):
+    assert common.kind_of(out, "t", "out") == kind
+    if kind == "LATENT":
+        assert out["batch_index"] == inp["batch_index"] and out["samples"].shape == inp["samples"].shape
+    elif kind == "TENSOR":
+        assert out["tensor"].shape == inp["tensor"].shape
+    else:
+        assert out.shape == inp.shape
+    t = common.raw(out, kind)
+    assert t.device.type == "cpu" and t.dtype == torch.float32
+
+
+def _snapshot(v):
+    if isinstance(v, dict):
+        return {k: (x.clone() if torch.is_tensor(x) else x) for k, x in v.items()}
+    return v.clone()
+
+
+def _same(a, b):
+    if isinstance(a, dict):
+        return all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("node", sorted(GENERIC))
+@pytest.mark.parametrize("kind", ["IMAGE", "MASK", "LATENT", "TENSOR"])
+def test_same_type_and_no_mutation(node, kind, device):
+    inp = _inputs_of_every_kind()[kind]
+    before = _snapshot(inp)
+    out = res(node, device=device, **GENERIC[node](inp))[0]
+    _check_same_kind(kind, inp, out)
+    assert _same(inp, before), f"{node} wrote into its {kind} input"
+    # a second run on the cached input gives the same numbers (ComfyUI reuses outputs across runs)
+    out2 = res(node, device=device, **GENERIC[node](inp))[0]
+    assert _same(common.raw(out, kind) if kind != "LATENT" else out["samples"],
+                 common.raw(out2, kind) if kind != "LATENT" else out2["samples"])
+
+
+def test_no_mutation_two_input_nodes(device):
+    data = _inputs_of_every_kind()
+    a, b = data["IMAGE"], data["IMAGE"] * 0.5
+    snap = (a.clone(), b.clone())
+    res("AnyDeviceLoss", prediction=a, target=b, loss="ssim", window_size=3, device=device)
+    res("AnyDeviceTensorOps", a=a, op="sub", b=b, device=device)
+    res("AnyDeviceTensorOps", a=a, op="normalize", device=device)
+    wts = res("AnyDeviceWeights", source="random", shape="3, 3", seed=0)[0]
+    wsnap = wts["weight"].clone()
+    res("AnyDeviceLinear", input=a, source="weights", weights=wts, device=device)
+    res("AnyDeviceConv2D", input=a, kernel_source="weights", weights=res(
+        "AnyDeviceWeights", source="random", shape="3, 3", seed=1)[0], device=device)
+    t = data["TENSOR"]
+    tsnap = t["tensor"].clone()
+    for node, kw in [("AnyDeviceTensorToImage", dict(tensor=t, mode="auto", normalize=True)),
+                     ("AnyDeviceTensorToMask", dict(tensor=t, channel=1)),
+                     ("AnyDeviceTensorToLatent", dict(tensor=t))]:
+        out = res(node, **kw)[0]
+        common.raw(out, common.kind_of(out, "t", "o")).add_(1.0)  # a consumer writing into the output
+    assert torch.equal(t["tensor"], tsnap)
+    assert torch.equal(a, snap[0]) and torch.equal(b, snap[1]) and torch.equal(wts["weight"], wsnap)
+
+
+def test_progress_bar_used_when_comfy_present(monkeypatch):
+    calls = []
+
+    class PB:
+        def __init__(self, total, node_id=None):
+            calls.append(("init", total))
+
+        def update(self, n):
+            calls.append(("update", n))
+
+    comfy = types.ModuleType("comfy")
+    utils = types.ModuleType("comfy.utils")
+    utils.ProgressBar = PB
+    comfy.utils = utils
+    monkeypatch.setitem(sys.modules, "comfy", comfy)
+    monkeypatch.setitem(sys.modules, "comfy.utils", utils)
+    res("AnyDeviceConv2D", input=image(b=3))
+    assert calls[0] == ("init", 3) and calls.count(("update", 1)) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: VALIDATE_INPUTS (widget values) and execution errors, each naming node, input, value
+# ---------------------------------------------------------------------------------------------
+def _msg(cls_name, **kw):
+    r = N[cls_name].VALIDATE_INPUTS(**kw)
+    assert isinstance(r, str), f"{cls_name} accepted {kw}"
+    assert r.startswith(N[cls_name].DISPLAY + ": input '")
+    return r
+
+
+@pytest.mark.parametrize("text,why", [("1 2 3\n4 5", "ragged"), ("1 2\n3 x", "'x'"), ("", "empty"),
+                                      ("1 nan", "finite")])
+def test_bad_matrix_text(text, why):
+    m = _msg("AnyDeviceConv2D", kernel_source="text", kernel_text=text)
+    assert "kernel_text" in m and why in m
+    m = _msg("AnyDeviceLinear", source="text", matrix=text)
+    assert "'matrix'" in m and why in m
+    if text:
+        assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(kernel_source="preset", kernel_text=text) is True
+    with pytest.raises(common.NodeError, match="Conv2D \\(AnyDevice\\): input 'kernel_text'"):
+        res("AnyDeviceConv2D", input=image(), kernel_source="text", kernel_text=text)
+
+
+def test_bad_widgets_through_the_api():
+    m = _msg("AnyDeviceConv2D", stride=0)
+    assert "'stride' = 0" in m and ">= 1" in m
+    m = _msg("AnyDeviceConv2D", padding_size=-1)
+    assert "'padding_size' = -1" in m
+    m = _msg("AnyDeviceConv2D", dilation=0)
+    assert "'dilation' = 0" in m
+    m = _msg("AnyDeviceConv2D", transposed=True, stride=1, dilation=1, output_padding=1)
+    assert "output_padding" in m
+    assert "'window_size' = 4" in _msg("AnyDeviceLoss", window_size=4)
+    assert "'dims'" in _msg("AnyDeviceTensorOps", dims="1, a")
+    assert "'shape'" in _msg("AnyDeviceTensorSource", mode="zeros", shape="2, -1")
+    assert "'shape'" in _msg("AnyDeviceTensorSource", mode="zeros", shape="100000, 100000, 100")
+    assert "'source' = 'nope'" in _msg("AnyDeviceLinear", source="nope")
+    assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(stride=None, padding_size=None) is True  # linked inputs
+    assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(stride=2, padding_size=3, kernel_source="text",
+                                                 kernel_text="1 2;3 4") is True
+    # and at execution time too (a runner that skips validation)
+    with pytest.raises(common.NodeError, match="input 'stride' = 0"):
+        res("AnyDeviceConv2D", input=image(), stride=0)
+    with pytest.raises(common.NodeError, match="input 'padding_size' = -2"):
+        res("AnyDeviceConv2D", input=image(), padding="explicit", padding_size=-2)
+
+
+def test_channel_mismatch_between_tensor_and_weights():
+    wts = res("AnyDeviceWeights", source="random", shape="4, 5", seed=0)[0]
+    with pytest.raises(common.NodeError) as e:
+        res("AnyDeviceLinear", input=image(), source="weights", weights=wts)
+    assert "Linear (AnyDevice): input 'weights'" in str(e.value) and "expects 5" in str(e.value)
+    assert "has 3" in str(e.value)
+    wts = res("AnyDeviceWeights", source="random", shape="8, 4, 3, 3", seed=0)[0]
+    with pytest.raises(common.NodeError, match=r"Conv2D \(AnyDevice\): input 'weights'.*expects 4 input channels"):
+        res("AnyDeviceConv2D", input=image(), kernel_source="weights", channel_mode="grouped", weights=wts)
+    with pytest.raises(common.NodeError, match=r"input 'preset' .*expects 3 input channels.*has 4"):
+        res("AnyDeviceLinear", input={"samples": torch.zeros(1, 4, 8, 8)}, source="preset", preset="sepia")
+    with pytest.raises(common.NodeError, match=r"input 'groups' = 2: must divide the input's 3 channels"):
+        res("AnyDeviceConv2D", input=image(), kernel_source="random", channel_mode="grouped", groups=2,
+            out_channels=4)
+    with pytest.raises(common.NodeError, match="input 'weights' = None"):
+        res("AnyDeviceLinear", input=image(), source="weights")
+
+
+def test_loss_shapes_that_do_not_broadcast():
+    with pytest.raises(common.NodeError) as e:
+        res("AnyDeviceLoss", prediction=image(h=24, w=20), target=image(h=16, w=16), loss="mse")
+    m = str(e.value)
+    assert m.startswith("Loss (AnyDevice): input 'target'") and "(1, 16, 16, 3)" in m and "(1, 24, 20, 3)" in m
+    with pytest.raises(common.NodeError, match="input 'target'.*same shape"):
+        res("AnyDeviceLoss", prediction=image(), target=image(b=2), loss="psnr")
+    with pytest.raises(common.NodeError, match="input 'b'.*does not broadcast"):
+        res("AnyDeviceTensorOps", a={"tensor": torch.ones(3, 4)}, op="add", b={"tensor": torch.ones(5)})
+    with pytest.raises(common.NodeError, match=r"Tensor Ops \(AnyDevice\): .*matmul"):
+        res("AnyDeviceTensorOps", a={"tensor": torch.ones(3, 4)}, op="matmul", b={"tensor": torch.ones(5, 2)})
+
+
+@pytest.mark.skipif(not UNAVAILABLE, reason="every backend is available on this machine")
+def test_unavailable_device():
+    bad = UNAVAILABLE[0]
+    m = _msg("AnyDeviceDeviceSelect", device=bad.name)
+    assert f"'device' = '{bad.name}'" in m and "unavailable" in m and bad.reason in m
+    with pytest.raises(common.NodeError, match=f"Conv2D \\(AnyDevice\\): input 'device' = '{bad.name}'"):
+        res("AnyDeviceConv2D", input=image(), device=dev(bad.name))
+    with pytest.raises(common.NodeError, match="unavailable"):
+        res("AnyDeviceDeviceSelect", device=bad.name)
+
+
+def test_unknown_device_and_auto():
+    assert "unknown backend" in _msg("AnyDeviceDeviceSelect", device="quantum")
+    assert N["AnyDeviceDeviceSelect"].VALIDATE_INPUTS(device="auto") is True
+    d = res("AnyDeviceDeviceSelect", device="auto")[0]
+    out = run("AnyDeviceConv2D", input=image(), device=d)
+    assert out["ui"]["anydevice"][0]["backend"] == common.load_time_backend_name().split(":")[0]
+
+
+def test_huge_kernel_on_tiny_image():
+    tiny = image(h=6, w=6)
+    with pytest.raises(common.NodeError) as e:
+        res("AnyDeviceConv2D", input=tiny, kernel_source="preset", preset="gaussian", kernel_size=31)
+    m = str(e.value)
+    assert m.startswith("Conv2D (AnyDevice): input 'kernel_size' = 31") and "6x6" in m
+    with pytest.raises(common.NodeError, match="input 'kernel_size' = 31.*larger than"):
+        res("AnyDeviceConv2D", input=tiny, preset="box_blur", kernel_size=31, padding="valid")
+    with pytest.raises(common.NodeError, match="input 'window_size' = 11"):
+        res("AnyDeviceLoss", prediction=tiny, target=tiny, loss="ssim")
+
+
+def test_backend_errors_are_prefixed_with_the_node():
+    with pytest.raises(B.AnyDeviceError) as e:
+        res("AnyDeviceActivation", input=image(), activation="softmax", dim=5)
+    assert str(e.value).startswith("Activation (AnyDevice): input 'dim' = 5")
+    with pytest.raises(B.AnyDeviceError) as e:
+        res("AnyDeviceLoss", prediction=image() * 3, target=image(), loss="bce")
+    assert str(e.value).startswith("Loss (AnyDevice): binary_cross_entropy: argument 'input'")
