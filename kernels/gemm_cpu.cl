@@ -8,7 +8,7 @@
    total every KP steps (two-level summation keeps FP32 precision on long K).
    Columns are written through a "segment" map so a conv can write (N, Cout, P) directly:
    column j (counted from colbase) lands at C + (j / cseg) * cseg_stride + row * ldc + j % cseg.
-   Operands are packed first (pack_a, pack_b, or im2col_pack in conv_cpu.cl).
+   bias[b * bias_bs + m] is added when has_bias. Operands are packed first (pack_a, pack_b, or im2col_pack in conv_cpu.cl).
    Launch: global (ceil(N/32), ceil(M/(8*MSUB)), batches), local (1, 1, 1).
 */
 #ifndef MSUB
@@ -61,7 +61,7 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
                        __global const float *Ap, const long ap_bs,
                        __global const float *Bp, const long bp_bs,
                        __global float *C, const long c_off, const int ldc, const long c_bs,
-                       __global const float *bias, const int has_bias,
+                       __global const float *bias, const int has_bias, const int bias_bs,
                        const int cseg, const long cseg_stride, const int colbase)
 {
     const int nt = get_global_id(0);
@@ -114,7 +114,7 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
             const int m = m0 + s * TM + i;
             if (m >= M) break;
             float16 v0 = tot[s][i][0], v1 = tot[s][i][1];
-            if (has_bias) { const float bv = bias[m]; v0 += bv; v1 += bv; }
+            if (has_bias) { const float bv = bias[(long)b * bias_bs + m]; v0 += bv; v1 += bv; }
             const int q0 = (colbase + n0) / cseg, r0 = colbase + n0 - q0 * cseg;
             if (nvalid == TN && r0 + TN <= cseg) {
                 __global float *cp = C + (long)q0 * cseg_stride + (long)m * ldc + r0;
