@@ -7,10 +7,15 @@
 
 Every backend implements the op contract in ``contract.Backend``; see README.md for the list.
 """
-from .contract import (ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, UNARY_OPS,
-                       Backend, conv2d_plan, conv_transpose2d_plan)
-from .errors import AnyDeviceError
-from .registry import BackendInfo, auto_name, describe, get_backend, list_backends
+from . import threads as _threads
+
+_threads.prepare_blas_env()  # before NumPy loads, where it has not yet (see threads.py)
+
+from .contract import (  # noqa: E402
+    ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, UNARY_OPS, Backend, conv2d_plan,
+    conv_transpose2d_plan)
+from .errors import AnyDeviceError  # noqa: E402
+from .registry import BackendInfo, auto_name, describe, get_backend, list_backends  # noqa: E402
 
 __all__ = [
     "AnyDeviceError", "Backend", "BackendInfo", "list_backends", "get_backend", "auto_name", "describe",

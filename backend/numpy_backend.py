@@ -110,9 +110,12 @@ class NumpyBackend(Backend):
         return self._gemm(a, b)
 
     def _gemm(self, a, b):
+        """2-D GEMM. Small, or BLAS loaded with a short spin time: one BLAS call on BLAS's own
+        threads. Otherwise (inside ComfyUI, NumPy loaded first) split over the pack's threads with
+        single-threaded BLAS, so no spinning BLAS workers are left to slow the next PyTorch call."""
         M, K = a.shape
         N = b.shape[1]
-        if 2.0 * M * N * K < PARALLEL_FLOPS or threads.num_threads() == 1:
+        if threads.BLAS_SPIN_SAFE or 2.0 * M * N * K < PARALLEL_FLOPS or threads.num_threads() == 1:
             return np.matmul(a, b)
         out = np.empty((M, N), F32)
         nt = threads.num_threads()
@@ -191,7 +194,8 @@ class NumpyBackend(Backend):
 
     def _conv2d_channels_last(self, x, w, bias, out, stride, dilation, groups):
         """Many channels, small images: gather patches from an NHWC copy, so every copied run is
-        a contiguous stretch of channels, and multiply (pixels x K) @ (K x Cout) per chunk."""
+        a contiguous stretch of channels, then (pixels x K) @ (K x Cout) as one big GEMM per
+        workspace-sized chunk (BLAS's own threads: these GEMMs are large)."""
         N, C, H, W = x.shape
         Cout, Cg, KH, KW = w.shape
         _, _, OH, OW = out.shape
@@ -205,32 +209,26 @@ class NumpyBackend(Backend):
         # (G, K, Coutg) with K ordered (kh, kw, c) to match the patch gather
         wk = np.ascontiguousarray(w.reshape(G, Coutg, Cg, KH, KW).transpose(0, 3, 4, 2, 1)).reshape(G, K, Coutg)
         outh = np.empty((N, OH, OW, Cout), F32)
-        target = max(64, min(2048, (8 * CHUNK_BYTES) // (4 * K)))  # pixels per task
-        rows = max(1, target // OW)
-        tasks = [(g, n, r0, min(OH, r0 + rows)) for g in range(G) for n in range(N) for r0 in range(0, OH, rows)]
-        if OH * OW < target:  # several images per task
-            nbat = max(1, target // (OH * OW))
-            tasks = [(g, n0, -min(N, n0 + nbat), 0) for g in range(G) for n0 in range(0, N, nbat)]
+        per_image = OH * OW * K * 4
+        nbat = max(1, min(N, workspace_budget_bytes() // 2 // max(1, per_image)))
+        nt = threads.num_threads()
+        for g in range(G):
+            for n0 in range(0, N, nbat):
+                n1 = min(N, n0 + nbat)
+                nb = n1 - n0
+                cols = np.empty((nb, OH, OW, KH, KW, Cg), F32)
 
-        def task(t):
-            g, n0, r0, r1 = t
-            if r0 < 0:  # images n0 .. -r0, all rows
-                n1, r0, r1 = -r0, 0, OH
-            else:
-                n1, r0, r1 = n0 + 1, r0, r1
-            nb, nr = n1 - n0, r1 - r0
-            src = xh[n0:n1, r0 * sh:, :, g * Cg:(g + 1) * Cg]
-            view = as_strided(src, shape=(nb, nr, OW, KH, KW, Cg),
-                              strides=(sN, sh * sH, sw * sW, dh * sH, dw * sW, sC), writeable=False)
-            cols = np.empty((nb, nr, OW, KH, KW, Cg), F32)
-            np.copyto(cols, view)
-            res = cols.reshape(nb * nr * OW, K) @ wk[g]
-            if bias is not None:
-                res += bias[g * Coutg:(g + 1) * Coutg]
-            outh[n0:n1, r0:r1, :, g * Coutg:(g + 1) * Coutg] = res.reshape(nb, nr, OW, Coutg)
+                def gather(r, n0=n0, g=g, cols=cols):  # rows r of the chunk's output
+                    src = xh[n0:n0 + nb, r[0] * sh:, :, g * Cg:(g + 1) * Cg]
+                    view = as_strided(src, shape=(nb, r[1] - r[0], OW, KH, KW, Cg),
+                                      strides=(sN, sh * sH, sw * sW, dh * sH, dw * sW, sC), writeable=False)
+                    np.copyto(cols[:, r[0]:r[1]], view)
 
-        with threads.single_threaded_blas():
-            threads.run_parallel(task, tasks)
+                threads.run_parallel(gather, _split(OH, nt) if nb * OH * OW * K > 1 << 16 else [(0, OH)])
+                res = self._gemm(cols.reshape(nb * OH * OW, K), wk[g])
+                if bias is not None:
+                    res += bias[g * Coutg:(g + 1) * Coutg]
+                outh[n0:n1, :, :, g * Coutg:(g + 1) * Coutg] = res.reshape(nb, OH, OW, Coutg)
         out[...] = outh.transpose(0, 3, 1, 2)
         return out
 
@@ -278,22 +276,30 @@ class NumpyBackend(Backend):
         WC = max((W - 1) * sw + dw * (KW - 1) + 1, pw + OW)
         out = np.empty((N, Coutg * G, OH, OW), F32)
         wg = np.ascontiguousarray(w).reshape(G, Cing, Coutg * KH * KW)
-        # channel blocks so each task's columns stay within the workspace budget
-        budget = workspace_budget_bytes()
-        per_co = 4 * KH * KW * H * W
-        cob = max(1, min(Coutg, budget // max(1, per_co * threads.num_threads())))
+        # tasks: (image, group, block of output channels), at least one per thread; inside a task
+        # the input rows go in chunks whose columns fit in L2, accumulated into the task's canvas
+        nt = threads.num_threads()
+        cob = max(1, -(-Coutg * N * G // nt) // (N * G)) if N * G < nt else Coutg
+        per_row = 4 * cob * KH * KW * W
+        rows = max(1, min(H, CHUNK_BYTES // max(1, per_row)))
         tasks = [(n, g, c0, min(Coutg, c0 + cob)) for n in range(N) for g in range(G)
                  for c0 in range(0, Coutg, cob)]
 
         def task(t):
             n, g, c0, c1 = t
             nco = c1 - c0
-            wblk = wg[g].reshape(Cing, Coutg, KH * KW)[:, c0:c1].reshape(Cing, nco * KH * KW)
-            cols = (wblk.T @ x[n, g * Cing:(g + 1) * Cing].reshape(Cing, H * W)).reshape(nco, KH, KW, H, W)
+            wblk = np.ascontiguousarray(
+                wg[g].reshape(Cing, Coutg, KH * KW)[:, c0:c1].reshape(Cing, nco * KH * KW).T)
+            xg = x[n, g * Cing:(g + 1) * Cing].reshape(Cing, H * W)
             canvas = np.zeros((nco, HC, WC), F32)
-            for i in range(KH):
-                for j in range(KW):
-                    canvas[:, i * dh: i * dh + (H - 1) * sh + 1: sh, j * dw: j * dw + (W - 1) * sw + 1: sw] += cols[:, i, j]
+            for r0 in range(0, H, rows):
+                r1 = min(H, r0 + rows)
+                cols = (wblk @ xg[:, r0 * W:r1 * W]).reshape(nco, KH, KW, r1 - r0, W)
+                for i in range(KH):
+                    o = i * dh + r0 * sh
+                    for j in range(KW):
+                        canvas[:, o: o + (r1 - r0 - 1) * sh + 1: sh,
+                               j * dw: j * dw + (W - 1) * sw + 1: sw] += cols[:, i, j]
             blk = canvas[:, ph:ph + OH, pw:pw + OW]
             if bias is not None:
                 blk = blk + bias[g * Coutg + c0:g * Coutg + c1, None, None]

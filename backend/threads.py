@@ -19,6 +19,27 @@ from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger("anydevice")
 
+#: True when OpenBLAS was loaded with a short spin time, so its own threads are safe to use
+BLAS_SPIN_SAFE = False
+
+
+def prepare_blas_env() -> None:
+    """Called before NumPy is imported (backend/__init__.py). OpenBLAS's idle workers spin for
+    2^28 cycles (about 70 ms) after every threaded call; a PyTorch call in that window ran 2.4x
+    slower here. OPENBLAS_THREAD_TIMEOUT=4 makes them sleep at once. Inside ComfyUI NumPy is
+    already loaded, so it cannot apply: then big GEMMs are split over the pack's own threads
+    with single-threaded BLAS instead (see numpy_backend._gemm)."""
+    global BLAS_SPIN_SAFE
+    import sys
+    timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    if "numpy" not in sys.modules:
+        if timeout is None:
+            os.environ["OPENBLAS_THREAD_TIMEOUT"] = timeout = "4"
+        BLAS_SPIN_SAFE = timeout.isdigit() and int(timeout) <= 8
+    else:
+        BLAS_SPIN_SAFE = bool(timeout and timeout.isdigit() and int(timeout) <= 8)
+
+
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _blas = None  # list of threadpoolctl library controllers, or [] when unavailable

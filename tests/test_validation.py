@@ -77,20 +77,21 @@ def test_huge_result_refused_not_oom(backend_target, monkeypatch):
 
 
 def test_conv_workspace_is_chunked(monkeypatch):
-    """A conv whose im2col columns exceed the workspace budget runs in chunks, same result."""
+    """Convs whose scratch exceeds the budget run in chunks and give the same result."""
     be = backend.get_backend("numpy")
+    from anydevice.backend import numpy_backend
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 8, 64, 64)).astype(np.float32)
     w = rng.standard_normal((4, 8, 3, 3)).astype(np.float32)
-    full = be.conv2d(x, w, padding=1)
-    from anydevice.backend import numpy_backend
-    monkeypatch.setattr(numpy_backend, "CHUNK_BYTES", 4096)
-    np.testing.assert_allclose(be.conv2d(x, w, padding=1), full, rtol=1e-6, atol=1e-6)
-    monkeypatch.setenv("ANYDEVICE_WORKSPACE_MB", "0.01")
     wt = rng.standard_normal((8, 4, 4, 4)).astype(np.float32)
-    a = be.conv_transpose2d(x, wt, stride=2, padding=1)
-    monkeypatch.delenv("ANYDEVICE_WORKSPACE_MB")
-    np.testing.assert_allclose(a, be.conv_transpose2d(x, wt, stride=2, padding=1), rtol=1e-6, atol=1e-6)
+    xc = rng.standard_normal((3, 64, 6, 6)).astype(np.float32)  # channels-last path
+    wc = rng.standard_normal((8, 64, 3, 3)).astype(np.float32)
+    full = (be.conv2d(x, w, padding=1), be.conv_transpose2d(x, wt, stride=2, padding=1), be.conv2d(xc, wc, padding=1))
+    monkeypatch.setattr(numpy_backend, "CHUNK_BYTES", 4096)
+    monkeypatch.setenv("ANYDEVICE_WORKSPACE_MB", "0.01")
+    small = (be.conv2d(x, w, padding=1), be.conv_transpose2d(x, wt, stride=2, padding=1), be.conv2d(xc, wc, padding=1))
+    for a, b in zip(full, small):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_list_backends_names_all_seven_with_reasons():
