@@ -444,7 +444,7 @@ PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)]
 
 #: default tunables per family/file
 DEFAULT_TUNE = {
-    "gemm_cpu.cl": {"MSUB": 4, "KC": 128, "KP": 128},
+    "gemm_cpu.cl": {"MSUB": 4, "KC": 128, "KP": 128, "A_BCAST_MEM": 0},
     "gemm_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
     "conv2d_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
     "conv_transpose2d_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
@@ -476,6 +476,7 @@ class OpenCLBackend(Backend):
         self._meta_cache: dict[tuple, object] = {}
         self._sources: dict[str, str] = {}
         self._tune = _read_json(cache_root() / "tune.json").get(_device_key(dev), {})
+        self._tune_spent = 0.0
         self._lock = threading.RLock()
         self.delegated: list[str] = []  # ops handed to the host (none at present)
         self._check_device()
@@ -528,9 +529,61 @@ class OpenCLBackend(Backend):
         return src
 
     def tunables(self, fname: str, shape_class: str = "") -> dict:
+        """Build-time tunables: defaults, overridden by stored tuning results for this device."""
         params = dict(DEFAULT_TUNE.get(fname, {}))
-        params.update(self._tune.get(f"{fname}:{shape_class}", self._tune.get(fname, {})))
+        key = f"{fname}:{shape_class}"
+        if (shape_class and key not in self._tune and fname == "gemm_cpu.cl"
+                and os.environ.get("ANYDEVICE_OPENCL_TUNE", "0") not in ("0", "", "false", "no")):
+            self._autotune_gemm_cpu(shape_class)
+        params.update(self._tune.get(fname, {}))
+        params.update(self._tune.get(key, {}))
         return params
+
+    def _autotune_gemm_cpu(self, shape_class: str) -> None:
+        """Time a few gemm_cpu variants on a problem of this shape class (<= TUNE_BUDGET_S in all,
+        shared by every class tuned in this process); store the winner on disk."""
+        key = f"gemm_cpu.cl:{shape_class}"
+        self._tune[key] = {}  # no recursion, and a failure is not retried
+        left = TUNE_BUDGET_S - self._tune_spent
+        if left <= 0.5:
+            return
+        size = {"s": 64, "m": 512, "l": 1024}
+        M, N, K = (size[c] for c in shape_class)
+        rng = np.random.default_rng(0)
+        a = self._from_numpy(rng.standard_normal((M, K), dtype=np.float32))
+        b = self._from_numpy(rng.standard_normal((K, N), dtype=np.float32))
+        cands = [{}, {"MSUB": 2, "KC": 256, "KP": 256}, {"KC": 256, "KP": 256}, {"MSUB": 8, "KC": 64, "KP": 64},
+                 {"A_BCAST_MEM": 1}]
+        t_start = time.perf_counter()
+        best, best_t = None, float("inf")
+        log.info("anydevice opencl: auto-tuning gemm_cpu for shape class %s (budget %.1f s)", shape_class, left)
+        for i, cand in enumerate(cands):
+            if time.perf_counter() - t_start > left:
+                break
+            params = dict(DEFAULT_TUNE["gemm_cpu.cl"], **cand)
+            self._tune[key] = params
+            try:
+                self._gemm(M, N, K, 1, a, 0, K, 1, 0, b, 0, N, 1, 0)
+                self.synchronize()
+                t0 = time.perf_counter()
+                self._gemm(M, N, K, 1, a, 0, K, 1, 0, b, 0, N, 1, 0)
+                self.synchronize()
+                dt = time.perf_counter() - t0
+            except Exception as exc:
+                log.info("anydevice opencl: tune candidate %s failed: %s", cand, exc)
+                continue
+            log.info("anydevice opencl: tune %d/%d %s: %.2f GFLOPS", i + 1, len(cands), params,
+                     2.0 * M * N * K / dt / 1e9)
+            if dt < best_t:
+                best, best_t = params, dt
+        self._tune_spent += time.perf_counter() - t_start
+        self._tune[key] = best or {}
+        if best:
+            path = cache_root() / "tune.json"
+            data = _read_json(path)
+            data.setdefault(_device_key(self.dev), {})[key] = best
+            _write_json(path, data)
+            log.info("anydevice opencl: tuned %s -> %s", key, best)
 
     def _kernel(self, name: str, params: dict | None = None):
         fname, portable = KFILES[name]

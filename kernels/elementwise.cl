@@ -21,6 +21,12 @@
 #define OP_SOFTPLUS 13
 #define OP_CLAMP 14
 
+/* tanh saturated exactly to +-1 past |x| >= 10 (some libm tanh stop at 1 - ulp) */
+inline float tanh_sat(float x)
+{
+    return fabs(x) >= 10.0f ? copysign(1.0f, x) : tanh(x);
+}
+
 inline float gelu_exact(float x)
 {
     return 0.5f * x * erfc(-x * 0.70710678118654752440f);
@@ -29,7 +35,7 @@ inline float gelu_exact(float x)
 inline float gelu_tanh(float x)
 {
     const float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanh(inner));
+    return 0.5f * x * (1.0f + tanh_sat(inner));
 }
 
 inline float softplus_f(float x, float beta, float thr)
@@ -64,7 +70,7 @@ __kernel void unary(__global const float *x, const long x_off, __global float *y
     case OP_SQRT: UNARY_LOOP(sqrt(v))
     case OP_RELU: UNARY_LOOP(v < 0.0f ? 0.0f : v)
     case OP_SIGMOID: UNARY_LOOP(1.0f / (1.0f + exp(-v)))
-    case OP_TANH: UNARY_LOOP(tanh(v))
+    case OP_TANH: UNARY_LOOP(tanh_sat(v))
     case OP_GELU: UNARY_LOOP(gelu_exact(v))
     case OP_GELU_TANH: UNARY_LOOP(gelu_tanh(v))
     case OP_SILU: UNARY_LOOP(v * (1.0f / (1.0f + exp(-v))))

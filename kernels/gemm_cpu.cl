@@ -21,6 +21,10 @@
 #define KP 128
 #endif
 
+#ifndef A_BCAST_MEM
+#define A_BCAST_MEM 0
+#endif
+
 #define TM 8
 #define TN 32
 
@@ -92,15 +96,21 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
                 const __global float *ap = ap0 + (long)kp * TM;
                 for (int k = kp; k < kend; k++, bp += TN, ap += TM) {
                     const float16 b0 = vload16(0, bp), b1 = vload16(1, bp);
+#if A_BCAST_MEM
+                    const __global float *a_ = ap;
+#define AV(i) a_[i]
+#else
                     const float8 a = vload8(0, ap);
-                    c00 = fma((float16)a.s0, b0, c00); c01 = fma((float16)a.s0, b1, c01);
-                    c10 = fma((float16)a.s1, b0, c10); c11 = fma((float16)a.s1, b1, c11);
-                    c20 = fma((float16)a.s2, b0, c20); c21 = fma((float16)a.s2, b1, c21);
-                    c30 = fma((float16)a.s3, b0, c30); c31 = fma((float16)a.s3, b1, c31);
-                    c40 = fma((float16)a.s4, b0, c40); c41 = fma((float16)a.s4, b1, c41);
-                    c50 = fma((float16)a.s5, b0, c50); c51 = fma((float16)a.s5, b1, c51);
-                    c60 = fma((float16)a.s6, b0, c60); c61 = fma((float16)a.s6, b1, c61);
-                    c70 = fma((float16)a.s7, b0, c70); c71 = fma((float16)a.s7, b1, c71);
+#define AV(i) a.s##i
+#endif
+                    c00 = fma((float16)AV(0), b0, c00); c01 = fma((float16)AV(0), b1, c01);
+                    c10 = fma((float16)AV(1), b0, c10); c11 = fma((float16)AV(1), b1, c11);
+                    c20 = fma((float16)AV(2), b0, c20); c21 = fma((float16)AV(2), b1, c21);
+                    c30 = fma((float16)AV(3), b0, c30); c31 = fma((float16)AV(3), b1, c31);
+                    c40 = fma((float16)AV(4), b0, c40); c41 = fma((float16)AV(4), b1, c41);
+                    c50 = fma((float16)AV(5), b0, c50); c51 = fma((float16)AV(5), b1, c51);
+                    c60 = fma((float16)AV(6), b0, c60); c61 = fma((float16)AV(6), b1, c61);
+                    c70 = fma((float16)AV(7), b0, c70); c71 = fma((float16)AV(7), b1, c71);
                 }
                 tot[s][0][0] += c00; tot[s][0][1] += c01; tot[s][1][0] += c10; tot[s][1][1] += c11;
                 tot[s][2][0] += c20; tot[s][2][1] += c21; tot[s][3][0] += c30; tot[s][3][1] += c31;
