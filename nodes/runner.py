@@ -211,7 +211,12 @@ def validate(prompt: dict) -> list[str]:
         return errors
     if not any(_is_output(PACK_NODES.get(n["class_type"]) or CORE_NODES[n["class_type"]]) for n in prompt.values()):
         return ["the workflow has no output node (SaveImage, PreviewImage, Loss, Tensor Info)"]
-    for nid, node in prompt.items():
+    try:
+        needed = _order(prompt)
+    except WorkflowError as exc:
+        return [str(exc)]
+    for nid in needed:  # as ComfyUI: only what an output node needs is validated and run
+        node = prompt[nid]
         ct = node["class_type"]
         inputs = node.get("inputs", {})
         for name, v in inputs.items():
@@ -262,8 +267,10 @@ def _order(prompt: dict) -> list[str]:
         if state.get(nid) == 1:
             raise WorkflowError(f"the workflow has a cycle through nodes {' -> '.join(path + [nid])}")
         state[nid] = 1
-        for v in prompt[nid].get("inputs", {}).values():
+        for name, v in prompt[nid].get("inputs", {}).items():
             if _is_link(v):
+                if str(v[0]) not in prompt:
+                    raise WorkflowError(f"{_title(prompt, nid)}: input '{name}' links to missing node {v[0]}")
                 visit(str(v[0]), path + [nid])
         state[nid] = 2
         order.append(nid)

@@ -1,0 +1,308 @@
+"""The headless runner: every API twin runs and its outputs are checked against PyTorch references;
+core-node support, refusals, file naming, the CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from anydevice.nodes import presets as P
+from anydevice.nodes import runner
+
+ROOT = Path(__file__).resolve().parent.parent
+WF = ROOT / "example_workflows"
+API = WF / "api"
+PHOTO = WF / "input" / "photo.png"
+TWINS = sorted(p.stem for p in API.glob("*.json"))
+
+
+def photo() -> torch.Tensor:
+    return torch.from_numpy(np.asarray(Image.open(PHOTO).convert("RGB"), np.float32) / 255.0)[None]
+
+
+def png(path) -> np.ndarray:
+    return np.asarray(Image.open(path)).astype(np.int16)
+
+
+def to_png(x: torch.Tensor) -> np.ndarray:
+    return np.clip(255.0 * x[0].numpy(), 0, 255).astype(np.uint8).astype(np.int16)
+
+
+def saved(res, prefix):
+    files = [s for s in res.saved if s["filename"].startswith(prefix + "_")]
+    assert len(files) == 1, res.saved
+    return png(files[0]["path"])
+
+
+def dw(x_nhwc, k, mode="reflect"):
+    """Depthwise 'same' conv of an IMAGE with a 2-D kernel, as Conv2D's defaults do it."""
+    k = torch.as_tensor(k)
+    kh, kw = k.shape
+    x = x_nhwc.permute(0, 3, 1, 2)
+    c = x.shape[1]
+    x = F.pad(x, ((kw - 1) // 2, kw // 2, (kh - 1) // 2, kh // 2), mode=mode)
+    return F.conv2d(x, k.expand(c, 1, kh, kw), groups=c).permute(0, 2, 3, 1)
+
+
+def psnr(a, b):
+    return float(10 * torch.log10(1.0 / F.mse_loss(a, b)))
+
+
+def loss_values(res):
+    return {res_title: ui["loss"][0]["value"] for res_title, ui in
+            ((nid, ui) for nid, ui in res.ui.items()) if "loss" in ui}
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """Each API twin run once through the runner (module-scoped: they take a few seconds together)."""
+    out = {}
+    for name in TWINS:
+        d = tmp_path_factory.mktemp(name)
+        prompt = runner.load_workflow(API / f"{name}.json")
+        out[name] = (prompt, runner.run_prompt(prompt, output_dir=d, workflow_path=API / f"{name}.json"))
+    return out
+
+
+def test_there_are_six_twins_each_with_a_ui_workflow_and_thumbnail():
+    assert len(TWINS) >= 6
+    for name in TWINS:
+        ui = json.loads((WF / f"{name}.json").read_text())
+        assert ui["nodes"] and "links" in ui
+        assert (WF / f"{name}.jpg").is_file()
+        api = json.loads((API / f"{name}.json").read_text())
+        assert {n["class_type"] for n in api.values()} == {n["type"] for n in ui["nodes"]}
+        assert len(api) == len(ui["nodes"])
+    assert PHOTO.is_file() and PHOTO.stat().st_size <= 300_000
+
+
+def test_ui_workflows_widget_values_match_the_api_twin():
+    from anydevice.nodes import NODE_CLASS_MAPPINGS as N
+    for name in TWINS:
+        ui = json.loads((WF / f"{name}.json").read_text())
+        api = json.loads((API / f"{name}.json").read_text())
+        for node in ui["nodes"]:
+            if node["type"] not in N:
+                continue
+            spec = N[node["type"]].INPUT_TYPES()
+            widgets = [k for s in ("required", "optional") for k, v in spec.get(s, {}).items()
+                       if isinstance(v[0], list) or v[0] in ("INT", "FLOAT", "STRING", "BOOLEAN")]
+            vals = list(node["widgets_values"])
+            for w in widgets:
+                v = vals.pop(0)
+                assert api[str(node["id"])]["inputs"][w] == v, (name, node["id"], w)
+                if w == "seed":
+                    assert vals.pop(0) == "fixed"
+            assert not vals
+
+
+def test_edge_detection(ran):
+    _, res = ran["edge_detection"]
+    x = photo()
+    g = x @ torch.tensor(P.COLOR_PRESETS["grayscale"][0]).T
+    gx, gy = dw(g, P.kernel_preset("sobel_x")), dw(g, P.kernel_preset("sobel_y"))
+    mag = torch.sqrt(gx ** 2 + gy ** 2)
+    norm = (mag - mag.min()) / (mag.max() - mag.min())
+    out = saved(res, "anydevice_edges")
+    assert out.shape == (256, 256, 3)
+    assert np.abs(out - to_png(norm)).max() <= 1
+    info = next(u["info"][0] for u in res.ui.values() if "info" in u)
+    assert info["kind"] == "IMAGE" and info["shape"] == [1, 256, 256, 3]
+    assert info["max"] == pytest.approx(float(mag.max()), rel=1e-4) and info["min"] >= 0
+
+
+def test_blur_sharpen_metrics(ran):
+    prompt, res = ran["blur_sharpen_metrics"]
+    x = photo()
+    blur = dw(x, P.kernel_preset("gaussian", 7, 2.0))
+    sharp = dw(blur, P.kernel_preset("sharpen")).clamp(0, 1)
+    by_title = {prompt[nid]["_meta"]["title"]: ui["loss"][0]["value"] for nid, ui in res.ui.items() if "loss" in ui}
+    assert by_title["PSNR blurred"] == pytest.approx(psnr(blur, x), rel=1e-4)
+    assert by_title["PSNR sharpened"] == pytest.approx(psnr(sharp, x), rel=1e-4)
+    assert 20 < by_title["PSNR blurred"] < 40
+    assert 0 < by_title["SSIM blurred"] < by_title["SSIM sharpened"] < 1
+    assert by_title["PSNR sharpened"] > by_title["PSNR blurred"]
+    assert np.abs(saved(res, "anydevice_blurred") - to_png(blur)).max() <= 1
+    assert np.abs(saved(res, "anydevice_sharpened") - to_png(sharp)).max() <= 1
+
+
+def test_color_grading(ran):
+    _, res = ran["color_grading"]
+    x = photo()
+    sepia = (x @ torch.tensor(P.COLOR_PRESETS["sepia"][0]).T).clamp(0, 1)
+    gray = x @ torch.tensor(P.COLOR_PRESETS["grayscale"][0]).T
+    warm = (x @ torch.tensor([[1.15, 0.05, 0], [0, 1.0, 0], [0, 0.05, 0.8]]).T
+            + torch.tensor([0.02, 0, -0.02])).clamp(0, 1)
+    assert np.abs(saved(res, "anydevice_sepia") - to_png(sepia)).max() <= 1
+    g = saved(res, "anydevice_grayscale")
+    assert np.abs(g - to_png(gray)).max() <= 1 and (g[..., 0] == g[..., 2]).all()
+    assert np.abs(saved(res, "anydevice_warm") - to_png(warm)).max() <= 1
+
+
+def test_random_cnn_features(ran):
+    _, res = ran["random_cnn_features"]
+    x = photo().permute(0, 3, 1, 2)
+    w1 = torch.from_numpy(P.seeded_uniform(1, (8, 3, 3, 3), 27))
+    b1 = torch.from_numpy(P.seeded_uniform(2, (8,), 27))
+    a1 = F.relu(F.conv2d(x, w1, b1, stride=2, padding=1))
+    w2 = torch.from_numpy(P.seeded_uniform(2, (16, 8, 3, 3), 72))
+    a2 = F.gelu(F.conv2d(a1, w2, stride=2, padding=1))
+    info = next(u["info"][0] for u in res.ui.values() if "info" in u)
+    assert info["kind"] == "TENSOR" and info["shape"] == [1, 16, 64, 64]
+    assert info["mean"] == pytest.approx(float(a2.mean()), rel=1e-3, abs=1e-5)
+
+    def grid(a):
+        lo = a.amin(dim=(2, 3), keepdim=True)
+        hi = a.amax(dim=(2, 3), keepdim=True)
+        a = (a - lo) / (hi - lo).clamp_min(1e-12)
+        n, c, h, w = a.shape
+        cols = int(np.ceil(np.sqrt(c)))
+        rows = int(np.ceil(c / cols))
+        a = torch.cat([a, a.new_zeros(n, rows * cols - c, h, w)], 1)
+        g = a.reshape(n, rows, cols, h, w).permute(0, 1, 3, 2, 4).reshape(n, rows * h, cols * w, 1)
+        return g.expand(-1, -1, -1, 3)
+
+    l1, l2 = saved(res, "anydevice_cnn_layer1"), saved(res, "anydevice_cnn_layer2")
+    assert l1.shape == (3 * 128, 3 * 128, 3) and l2.shape == (4 * 64, 4 * 64, 3)
+    assert np.abs(l1 - to_png(grid(a1))).max() <= 1
+    assert np.abs(l2 - to_png(grid(a2))).max() <= 2
+
+
+def test_two_backends_agree(ran):
+    prompt, res = ran["two_backends_agree"]
+    by_title = {prompt[nid]["_meta"]["title"]: ui["loss"][0]["value"] for nid, ui in res.ui.items() if "loss" in ui}
+    assert by_title["MSE A vs B (~0)"] < 1e-10
+    assert by_title["L1 A vs B (~0)"] < 1e-5
+    used = {ui["anydevice"][0]["backend"] for nid, ui in res.ui.items()
+            if prompt[nid]["class_type"] == "AnyDeviceConv2D"}
+    assert used == {"numpy", "cpu"}
+    x = photo()
+    ref = torch.tanh(dw(x, P.kernel_preset("gaussian", 5, 1.5))) @ torch.tensor(P.COLOR_PRESETS["sepia"][0]).T
+    assert np.abs(saved(res, "anydevice_backend_a") - to_png(ref)).max() <= 1
+
+
+def test_latent_filter(ran):
+    prompt, res = ran["latent_filter"]
+    infos = {prompt[nid]["_meta"]["title"]: ui["info"][0] for nid, ui in res.ui.items() if "info" in ui}
+    empty = infos["filtered empty latent"]
+    assert empty["kind"] == "LATENT" and empty["shape"] == [1, 4, 32, 32]
+    assert empty["min"] == pytest.approx(0.25) and empty["max"] == pytest.approx(0.25)
+    blurred = next(v for k, v in infos.items() if k != "filtered empty latent")
+    z = torch.from_numpy(P.seeded_tensor(3, (1, 4, 32, 32), "normal"))
+    k = torch.from_numpy(P.kernel_preset("gaussian", 5, 1.0))
+    ref = F.conv2d(F.pad(z, (2, 2, 2, 2), mode="reflect"), k.expand(4, 1, 5, 5), groups=4)
+    assert blurred["kind"] == "LATENT" and blurred["shape"] == [1, 4, 32, 32]
+    assert blurred["mean"] == pytest.approx(float(ref.mean()), abs=1e-5)
+    assert blurred["max"] == pytest.approx(float(ref.max()), rel=1e-4)
+    assert saved(res, "anydevice_latent").shape == (64, 64, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+def test_cli_main_prints_backend_times_and_paths(tmp_path, capsys):
+    rc = runner.main([str(API / "color_grading.json"), "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "backend: using " in out
+    assert "Linear (AnyDevice)" in out and " ms" in out
+    for prefix in ("anydevice_sepia", "anydevice_grayscale", "anydevice_warm"):
+        assert (tmp_path / f"{prefix}_00001_.png").is_file()
+        assert f"saved: {tmp_path / (prefix + '_00001_.png')}" in out
+    # ComfyUI's counter: a second run adds _00002_
+    assert runner.main([str(API / "color_grading.json"), "--output-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "anydevice_sepia_00002_.png").is_file()
+
+
+def test_cli_input_override(tmp_path, capsys):
+    img = tmp_path / "small.png"
+    Image.new("RGB", (40, 30), (255, 0, 0)).save(img)
+    rc = runner.main([str(API / "color_grading.json"), "--input", str(img), "--output-dir", str(tmp_path / "o")])
+    assert rc == 0
+    g = png(tmp_path / "o" / "anydevice_grayscale_00001_.png")
+    assert g.shape == (30, 40, 3) and abs(int(g[0, 0, 0]) - round(0.299 * 255)) <= 1
+
+
+def test_anydevice_run_through_the_cli_entry(tmp_path):
+    code = ("import sys; sys.path.insert(0, 'tests'); import conftest; from anydevice.cli import main; "
+            f"sys.exit(main(['run', {str(API / 'latent_filter.json')!r}, '--output-dir', {str(tmp_path)!r}, '--json']))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["saved"][0]["filename"] == "anydevice_latent_00001_.png"
+    assert any("info" in ui for ui in summary["ui"].values())
+
+
+def test_core_nodes_empty_image_and_preview(tmp_path):
+    prompt = {
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 6, "batch_size": 2, "color": 0xFF8000}},
+        "2": {"class_type": "AnyDeviceTensorInfo", "inputs": {"input": ["1", 0]}},
+        "3": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}},
+    }
+    res = runner.run_prompt(prompt, output_dir=tmp_path)
+    info = res.ui["2"]["info"][0]
+    assert info["shape"] == [2, 6, 8, 3] and info["max"] == 1.0 and info["min"] == 0.0
+    assert len(res.saved) == 2 and all(s["type"] == "temp" for s in res.saved)
+    assert png(res.saved[0]["path"])[0, 0].tolist() == [255, 128, 0]
+
+
+def test_only_needed_nodes_run(tmp_path):
+    prompt = {
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+        "2": {"class_type": "AnyDeviceConv2D", "inputs": {"input": ["1", 0], "kernel_source": "text",
+                                                          "kernel_text": "1"}},
+        "3": {"class_type": "AnyDeviceTensorInfo", "inputs": {"input": ["1", 0]}},
+    }
+    res = runner.run_prompt(prompt, output_dir=tmp_path)
+    assert set(res.results) == {"1", "3"}
+
+
+def test_refuses_other_core_nodes(tmp_path, capsys):
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps({
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "x.safetensors"}},
+        "2": {"class_type": "AnyDeviceTensorInfo", "inputs": {"input": ["1", 0]}}}))
+    assert runner.main([str(wf)]) == 1
+    err = capsys.readouterr().err
+    assert "CheckpointLoaderSimple" in err and "needs ComfyUI" in err
+
+
+def test_refuses_ui_format(capsys):
+    assert runner.main([str(WF / "edge_detection.json")]) == 2
+    assert "UI-format" in capsys.readouterr().err
+
+
+def test_bad_widget_and_execution_errors(tmp_path, capsys):
+    prompt = json.loads((API / "edge_detection.json").read_text())
+    prompt["3"]["inputs"]["stride"] = 0
+    wf = tmp_path / "bad.json"
+    wf.write_text(json.dumps(prompt))
+    assert runner.main([str(wf), "--output-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "#3 Conv2D (AnyDevice): input 'stride' = 0" in err
+    prompt["3"]["inputs"]["stride"] = 1
+    prompt["3"]["inputs"].update(kernel_source="text", kernel_text="1 2\n3")
+    wf.write_text(json.dumps(prompt))
+    assert runner.main([str(wf), "--output-dir", str(tmp_path)]) == 1
+    assert "input 'kernel_text'" in capsys.readouterr().err and True
+    prompt["3"]["inputs"].update(kernel_source="preset", preset="gaussian", kernel_size=63)
+    wf.write_text(json.dumps(prompt))
+    tiny = tmp_path / "tiny.png"
+    Image.new("RGB", (8, 8)).save(tiny)
+    assert runner.main([str(wf), "--input", str(tiny), "--output-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "#3 Conv2D (AnyDevice): input 'kernel_size' = 63" in err
+
+
+def test_missing_image_file(tmp_path, capsys):
+    prompt = json.loads((API / "color_grading.json").read_text())
+    prompt["1"]["inputs"]["image"] = "nope.png"
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps(prompt))
+    assert runner.main([str(wf), "--output-dir", str(tmp_path)]) == 1
+    assert "nope.png" in capsys.readouterr().err
