@@ -630,7 +630,7 @@ class OpenCLBackend(Backend):
         return CLArray(shape, self.pool.alloc(4 * max(1, math.prod(shape))), 0)
 
     def _from_numpy(self, a):
-        a = np.ascontiguousarray(a, dtype=F32)
+        a = np.asarray(a, dtype=F32, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
         out = self._empty(a.shape)
         if a.size:
             self.cl.enqueue_copy(self.queue, out.buffer, a, is_blocking=True)
