@@ -23,26 +23,26 @@ CHUNK_BYTES = 512 * 1024
 PARALLEL_FLOPS = 4e6
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    """erf in float64 (Numerical Recipes' erfc Chebyshev fit, relative error < 1.2e-7)."""
+def _erfc_abs(x: np.ndarray) -> np.ndarray:
+    """erfc(|x|) in float64 (Numerical Recipes' Chebyshev fit, relative error < 1.2e-7)."""
     z = np.abs(x)
     t = 1.0 / (1.0 + 0.5 * z)
     poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
         -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
             -0.82215223 + t * 0.17087277))))))))
-    erfc = t * np.exp(poly)
-    return np.where(x >= 0, 1.0 - erfc, erfc - 1.0)
+    return t * np.exp(poly)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf in float64."""
+    e = _erfc_abs(x)
+    return np.where(x >= 0, 1.0 - e, e - 1.0)
 
 
 def erfc_neg(x: np.ndarray) -> np.ndarray:
-    """erfc(-x) = 1 + erf(x), accurate where erf(x) is close to -1."""
-    z = np.abs(x)
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
-            -0.82215223 + t * 0.17087277))))))))
-    erfc = t * np.exp(poly)
-    return np.where(x >= 0, 2.0 - erfc, erfc)
+    """erfc(-x) = 1 + erf(x), accurate where erf(x) is close to -1 (gelu's negative side)."""
+    e = _erfc_abs(x)
+    return np.where(x >= 0, 2.0 - e, e)
 
 
 def probe(name: str = "numpy") -> dict:
