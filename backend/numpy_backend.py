@@ -33,12 +33,6 @@ def _erfc_abs(x: np.ndarray) -> np.ndarray:
     return t * np.exp(poly)
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    """erf in float64."""
-    e = _erfc_abs(x)
-    return np.where(x >= 0, 1.0 - e, e - 1.0)
-
-
 def erfc_neg(x: np.ndarray) -> np.ndarray:
     """erfc(-x) = 1 + erf(x), accurate where erf(x) is close to -1 (gelu's negative side)."""
     e = _erfc_abs(x)
