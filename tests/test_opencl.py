@@ -116,10 +116,13 @@ spec = importlib.util.spec_from_file_location("anydevice", r"{root}/__init__.py"
 mod = importlib.util.module_from_spec(spec); sys.modules["anydevice"] = mod; spec.loader.exec_module(mod)
 from anydevice.backend import opencl_backend as ob
 import numpy as np
+import pyopencl
+t_pkg = time.perf_counter() - t0  # the pack's own imports (torch through the nodes) are not ours
+t0 = time.perf_counter()
 be = ob.create("opencl", 0)
 y = be.to_numpy(be.relu(be.to_device(np.arange(-4, 4, dtype=np.float32))))
 assert y.tolist() == [0, 0, 0, 0, 0, 1, 2, 3]
-print("READY", time.perf_counter() - t0, be.programs.stats["builds"], be.programs.stats["disk_hits"])
+print("READY", time.perf_counter() - t0, be.programs.stats["builds"], be.programs.stats["disk_hits"], t_pkg)
 """
 
 
@@ -129,17 +132,18 @@ def _run_fresh(cache_dir):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("READY")][-1].split()
-    return float(line[1]), int(line[2]), int(line[3])
+    return float(line[1]), int(line[2]), int(line[3]), float(line[4])
 
 
 @needs_device
 def test_disk_cache_warm_start(tmp_path):
-    cold, builds, _ = _run_fresh(tmp_path)
+    cold, builds, _, _ = _run_fresh(tmp_path)
     assert builds >= 1
-    warm, builds2, hits = _run_fresh(tmp_path)
-    print(f"\nfresh process to first result: cold cache {cold:.2f} s, warm cache {warm:.2f} s")
+    warm, builds2, hits, t_pkg = _run_fresh(tmp_path)
+    print(f"\ncreate + first op in a fresh process: cold cache {cold:.2f} s, warm cache {warm:.3f} s "
+          f"(package import before it: {t_pkg:.2f} s)")
     assert builds2 == 0 and hits >= 2
-    assert warm < max(3.0, cold)  # loosely: the target is <= 1 s on an idle machine
+    assert warm < 2.0  # target <= 1 s; loose because other processes share the CPU
 
 
 @needs_device
@@ -235,7 +239,7 @@ def test_nothing_delegated_to_host(be):
 
 @needs_device
 def test_small_and_empty_shapes(be):
-    assert be.to_numpy(be.matmul(np.ones((3, 0), np.float32), np.ones((0, 2), np.float32))).tolist() == [[0, 0], [0, 0]]
+    assert be.to_numpy(be.matmul(np.ones((3, 0), np.float32), np.ones((0, 2), np.float32))).tolist() == [[0, 0]] * 3
     assert be.relu(np.zeros((0, 4), np.float32)).shape == (0, 4)
     assert float(be.sum(np.zeros((0,), np.float32))) == 0.0
     assert np.isnan(float(be.mean(np.zeros((0,), np.float32))))
