@@ -25,7 +25,12 @@
  * launch: groups (ceil(N/TILE_N), ceil(M/TILE_M), batch or groups),
  *         group size (TILE_N/WPT_N, TILE_M/WPT_M).
  * macros: TILE_M, TILE_N, TILE_K, WPT_M, WPT_N, SMEM_PAD, TRANS_A (A stored k-major: sam > sak),
- *         TRANS_B (B stored n-major, GEMM mode), IS_GEMM, CONV_TRANSPOSED, USE_TF32.
+ *         TRANS_B (B stored n-major, GEMM mode), IS_GEMM, CONV_TRANSPOSED, USE_TF32,
+ *         KP (FP32 branch: two-level accumulation, the register partial sums are folded into
+ *         register totals every KP values of k, so long K keeps FP32 precision; a multiple of
+ *         TILE_K).
+ * The FP32 branch and the loaders are portable: prelude_opencl.h + this file builds as OpenCL C,
+ * which is how tests/test_portable_kernels.py exercises them on PoCL.
  */
 #ifndef TILE_M
 #define TILE_M 128
@@ -60,6 +65,9 @@
 #ifndef USE_TF32
 #define USE_TF32 0
 #endif
+#ifndef KP
+#define KP 128
+#endif
 
 #define TM (TILE_M / WPT_M)           /* threads along m */
 #define TN (TILE_N / WPT_N)           /* threads along n */
@@ -69,6 +77,9 @@
 
 #if (TILE_M % WPT_M) || (TILE_N % WPT_N) || ((TILE_M * TILE_K) % NT) || ((TILE_N * TILE_K) % NT)
 #error "ad_conv_gemm: tile sizes must divide evenly among the threads"
+#endif
+#if (KP % TILE_K) || (KP < TILE_K)
+#error "ad_conv_gemm: KP must be a multiple of TILE_K"
 #endif
 #if TRANS_A
 #if NT % TILE_M
@@ -245,11 +256,13 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 #else
     const int tx = LID0, ty = LID1;
-    float acc[WPT_M][WPT_N];
+    float acc[WPT_M][WPT_N];          /* partial sums of the current KP block of k */
+    float tot[WPT_M][WPT_N];          /* sum of the folded blocks */
 #pragma unroll
     for (int i = 0; i < WPT_M; i++)
 #pragma unroll
-        for (int j = 0; j < WPT_N; j++) acc[i][j] = 0.0f;
+        for (int j = 0; j < WPT_N; j++) { acc[i][j] = 0.0f; tot[i][j] = 0.0f; }
+    int since = 0;
 #endif
 
     LOAD_TILES(0)
@@ -296,6 +309,14 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
                 for (int j = 0; j < WPT_N; j++) acc[i][j] = FMA(a[i], b[j], acc[i][j]);
         }
+        since += TILE_K;
+        if (since >= KP) {
+            since = 0;
+#pragma unroll
+            for (int i = 0; i < WPT_M; i++)
+#pragma unroll
+                for (int j = 0; j < WPT_N; j++) { tot[i][j] += acc[i][j]; acc[i][j] = 0.0f; }
+        }
 #endif
         BARRIER();
         if (more) {
@@ -315,7 +336,7 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #else
 #define OUT_M(i, e) (m0 + ty + (i) * TM)
 #define OUT_N(j, e) (n0 + tx + (j) * TN)
-#define ACC(i, j, e) acc[i][j]
+#define ACC(i, j, e) (tot[i][j] + acc[i][j])
 #define EPI_I WPT_M
 #define EPI_J WPT_N
 #define EPI_E 1

@@ -1,5 +1,8 @@
-/* misc_cuda.cu: the CUDA backend's elementwise kernels (CUDA/HIP only, compiled as
- * prelude_cuda.cuh + this file).
+/* misc_cuda.cu: the CUDA backend's elementwise kernels, compiled as prelude_cuda.cuh + this file
+ * for CUDA/HIP. Written in the portable subset (kernels/README.md), so prelude_opencl.h + this
+ * file also builds as OpenCL C: that is how tests/test_portable_kernels.py exercises the kernels'
+ * logic on PoCL. Math functions go through the AD_* macros below (CUDA's float spellings vs
+ * OpenCL's overloads).
  *
  * kernel ad_pad(x, y, planes, H, W, top, left, OH, OW, mode)
  *   y (planes, OH, OW) = x (planes, H, W) padded by top/left (bottom/right follow from OH/OW);
@@ -23,13 +26,36 @@
 #define BLOCK 256
 #endif
 
+#ifdef ANYDEVICE_OPENCL
+#define AD_FABS(x) fabs(x)
+#define AD_EXP(x) exp(x)
+#define AD_EXPM1(x) expm1(x)
+#define AD_LOG(x) log(x)
+#define AD_LOG1P(x) log1p(x)
+#define AD_SQRT(x) sqrt(x)
+#define AD_TANH(x) tanh(x)
+#define AD_ERFC(x) erfc(x)
+#else
+#define AD_FABS(x) fabsf(x)
+#define AD_EXP(x) expf(x)
+#define AD_EXPM1(x) expm1f(x)
+#define AD_LOG(x) logf(x)
+#define AD_LOG1P(x) log1pf(x)
+#define AD_SQRT(x) sqrtf(x)
+#define AD_TANH(x) tanhf(x)
+#define AD_ERFC(x) erfcf(x)
+#endif
+
+/* grid-stride loop over [0, total) with 64-bit indices, for any 1-D launch geometry */
+#define GRID_STRIDE_LOOP(idx, total) \
+    for (OFF_T idx = (OFF_T)GID0; idx < (total); idx += (OFF_T)NGRP0 * LSZ0)
+
 KERNEL void ad_pad(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, const int planes,
                    const int H, const int W, const int top, const int left, const int OH,
                    const int OW, const int mode)
 {
     const OFF_T total = (OFF_T)planes * OH * OW;
-    for (OFF_T idx = (OFF_T)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (OFF_T)gridDim.x * blockDim.x) {
+    GRID_STRIDE_LOOP(idx, total) {
         const int ow = (int)(idx % OW);
         const OFF_T t = idx / OW;
         const int oh = (int)(t % OH);
@@ -78,25 +104,28 @@ DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const f
                             const int flags)
 {
     switch (op) {
-    case OP_ABS: return fabsf(x);
+    case OP_ABS: return AD_FABS(x);
     case OP_NEG: return -x;
-    case OP_EXP: return expf(x);
-    case OP_LOG: return logf(x);
-    case OP_SQRT: return sqrtf(x);
-    case OP_RELU: return x > 0.0f ? x : (x == x ? 0.0f : x);
-    case OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case OP_TANH: return tanhf(x);
-    case OP_GELU: return 0.5f * x * erfcf(-x * 0.70710678118654752440f);
+    case OP_EXP: return AD_EXP(x);
+    case OP_LOG: return AD_LOG(x);
+    case OP_SQRT: return AD_SQRT(x);
+    case OP_RELU: return x < 0.0f ? 0.0f : x;   /* NaN and -0 pass through, as torch */
+    case OP_SIGMOID: return 1.0f / (1.0f + AD_EXP(-x));
+    case OP_TANH: return AD_TANH(x);
+    case OP_GELU: return 0.5f * x * AD_ERFC(-x * 0.70710678118654752440f);
     case OP_GELU_TANH: {
+        /* 0.5 x (1 + tanh(u)) == x / (1 + exp(-2u)): no cancellation where tanh(u) -> -1, so it
+         * does not depend on tanh saturating to exactly -1 (PoCL's tanhf(-20) is -0.99999994,
+         * which made 0.5 x (1 + tanh(u)) -3e-6 at x = -100 and -3e12 at x = -1e20, torch: -0) */
         const float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
-        return 0.5f * x * (1.0f + tanhf(inner));
+        return x / (1.0f + AD_EXP(-2.0f * inner));
     }
-    case OP_SILU: return x / (1.0f + expf(-x));
-    case OP_ELU: return x > 0.0f ? x : p0 * expm1f(x);
+    case OP_SILU: return x / (1.0f + AD_EXP(-x));
+    case OP_ELU: return x > 0.0f ? x : p0 * AD_EXPM1(x);
     case OP_LEAKY_RELU: return x > 0.0f ? x : x * p0;
     case OP_SOFTPLUS: {
         const float bx = x * p0;
-        return bx > p1 ? x : log1pf(expf(bx)) / p0;
+        return bx > p1 ? x : AD_LOG1P(AD_EXP(bx)) / p0;
     }
     case OP_CLAMP: {
         float v = x;                      /* NaN stays NaN; min > max gives max, as torch */
@@ -111,8 +140,7 @@ DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const f
 KERNEL void ad_unary(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, const OFF_T n,
                      const int op, const float p0, const float p1, const int flags)
 {
-    for (OFF_T i = (OFF_T)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (OFF_T)gridDim.x * blockDim.x)
+    GRID_STRIDE_LOOP(i, n)
         y[i] = ad_unary_op(x[i], op, p0, p1, flags);
 }
 
@@ -125,8 +153,7 @@ KERNEL void ad_direct_conv(const GLOBAL float* RESTRICT x, const GLOBAL float* R
                            const int transposed)
 {
     const OFF_T total = (OFF_T)N * Cout * OH * OW;
-    for (OFF_T idx = (OFF_T)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (OFF_T)gridDim.x * blockDim.x) {
+    GRID_STRIDE_LOOP(idx, total) {
         const int ow = (int)(idx % OW);
         OFF_T t = idx / OW;
         const int oh = (int)(t % OH);
@@ -164,7 +191,7 @@ KERNEL void ad_direct_conv(const GLOBAL float* RESTRICT x, const GLOBAL float* R
                         iw = ow * sw - pw + kw * dw;
                         if (iw < 0 || iw >= W) continue;
                     }
-                    acc = fmaf(xp[(OFF_T)ih * W + iw], wp[kh * KW + kw], acc);
+                    acc = FMA(xp[(OFF_T)ih * W + iw], wp[kh * KW + kw], acc);
                 }
             }
             tot += acc;

@@ -1,0 +1,434 @@
+"""The CUDA backend's own kernels, run as OpenCL C on this GPU-less machine (PoCL).
+
+kernels/conv_gemm_cuda.cu (FP32 branch) and kernels/misc_cuda.cu are written in the portable
+subset of kernels/README.md, so ``prelude_opencl.h + body`` builds as OpenCL C. Each kernel is
+built with the build options the CUDA backend uses (``cuda_backend.build_options`` of its shipped
+configurations: ``cuda_backend.TILES`` / ``OWN_MODES`` / ``BLOCK``), launched with the documented
+geometry (OpenCL global size = groups x group size, the same (groups, group size) the backend
+passes to CuPy) and compared against torch in float64: normwise relative error
+||y - ref|| / ||ref|| <= 1e-6; unary ops also match torch's NaN/Inf results exactly.
+
+The TF32 tensor-core branch (``#if defined(ANYDEVICE_CUDA) && USE_TF32``) is CUDA-only; the CUDA
+compile check (tests/test_cuda_compile.py) builds it, tests/test_cuda.py runs it on a GPU.
+
+Runtime: all ad_conv_gemm configurations used here have the same group size (16, 16) and misc
+kernels BLOCK (PoCL compiles per kernel and group size), and the problems are small.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from anydevice.backend import cuda_backend as cb
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+cl = pytest.importorskip("pyopencl", reason="pyopencl not installed (pip install pyopencl pocl-binary-distribution)")
+
+TOL = 1e-6
+i32, i64, f32 = np.int32, np.int64, np.float32
+
+#: representative own-kernel tiles the backend ships (from its table, not copied): the small
+#: 64x64x16 4x4 tile and the 128x64x8 8x4 one (TILE_K 8, non-square per-thread block)
+CFG_S = cb.TILES["default"]["own"][-1]
+CFG_M = cb.TILES["default"]["own"][1]
+CONFIGS = {"64x64x16": CFG_S, "128x64x8": CFG_M}
+GEMM_MODES = [m for m in cb.OWN_MODES if m["IS_GEMM"] == 1]
+CONV_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 0)
+CONVT_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 1)
+MISC_MACROS = {"BLOCK": cb.BLOCK}
+
+CONV_GEMM_SIG = ([i32] * 3 + [None, i32, i32, i64] + [None, i32, i32, i64] + [None, i32, i64]
+                 + [None, i32] + [i32] * 15)
+SIGS = {
+    "ad_conv_gemm": CONV_GEMM_SIG,
+    "ad_pad": [None, None] + [i32] * 8,
+    "ad_unary": [None, None, i64, i32, f32, f32, i32],
+    "ad_direct_conv": [None, None, None, i32, None] + [i32] * 18,
+}
+
+
+def _shipped(fname: str, macros: dict) -> bool:
+    return macros in cb.shipped_configs()[fname]
+
+
+class Runner:
+    """Builds prelude_opencl.h + a CUDA-backend source and launches its kernels on one device."""
+
+    def __init__(self):
+        try:
+            devs = [d for p in cl.get_platforms() for d in p.get_devices()]
+        except cl.Error as exc:
+            pytest.skip(f"no OpenCL platform ({exc})")
+        if not devs:
+            pytest.skip("no OpenCL device")
+        pocl = [d for d in devs if "Portable Computing Language" in d.platform.name]
+        self.dev = (pocl or devs)[0]
+        self.ctx = cl.Context([self.dev])
+        self.queue = cl.CommandQueue(self.ctx)
+        self.prelude = (cb.KERNELS_DIR / "prelude_opencl.h").read_text()
+        self._kernels: dict = {}
+        self._dummy = self.buf(np.zeros(1, np.float32))
+
+    def kernel(self, fname: str, kname: str, macros: dict):
+        key = (fname, kname, tuple(sorted(macros.items())))
+        k = self._kernels.get(key)
+        if k is None:
+            src = f'{self.prelude}\n#line 1 "{fname}"\n{(cb.KERNELS_DIR / fname).read_text()}'
+            prg = cl.Program(self.ctx, src).build(options=" ".join(cb.build_options(macros)))
+            k = getattr(prg, kname)
+            k.set_scalar_arg_dtypes(SIGS[kname])
+            self._kernels[key] = k
+        return k
+
+    def buf(self, a=None, nbytes=None):
+        mf = cl.mem_flags
+        if a is None:
+            return cl.Buffer(self.ctx, mf.READ_WRITE, max(4, nbytes))
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        return cl.Buffer(self.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a if a.size else np.zeros(1, np.float32))
+
+    def launch(self, k, groups, group_size, *args):
+        gsz = tuple(g * l for g, l in zip(groups, group_size))
+        k(self.queue, gsz, tuple(group_size), *args)
+
+    def read(self, buf, shape):
+        out = np.empty(shape, np.float32)
+        cl.enqueue_copy(self.queue, out, buf)
+        self.queue.finish()
+        return out
+
+    def null(self):
+        return self._dummy
+
+
+@pytest.fixture(scope="module")
+def run():
+    return Runner()
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _rel(y, ref) -> float:
+    y = torch.as_tensor(np.asarray(y)).double()
+    ref = torch.as_tensor(ref).double()
+    d = float((y - ref).norm())
+    n = float(ref.norm())
+    return d / n if n else d
+
+
+def _t(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).double()
+
+
+# ---- ad_conv_gemm ------------------------------------------------------------------------------
+def own_gemm(run, a_store, b_store, trans_a, trans_b, M, N, K, batch, a_batched, b_batched, cfg,
+             extra=None):
+    """C (batch, M, N) = A @ B as the backend launches it; a_store/b_store the stored arrays
+    ((Ba, M, K) or, TRANS_A, (Ba, K, M); (Bb, K, N) or, TRANS_B, (Bb, N, K))."""
+    macros = {**cfg, "IS_GEMM": 1, "TRANS_A": int(trans_a), "TRANS_B": int(trans_b), **(extra or {})}
+    k = run.kernel("conv_gemm_cuda.cu", "ad_conv_gemm", macros)
+    sam, sak = (1, M) if trans_a else (K, 1)
+    sbk, sbn = (1, K) if trans_b else (N, 1)
+    a, b = run.buf(a_store), run.buf(b_store)
+    c = run.buf(nbytes=batch * M * N * 4)
+    groups = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), batch)
+    group = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+    run.launch(k, groups, group, M, N, K, a, sam, sak, M * K if a_batched else 0,
+               b, sbk, sbn, K * N if b_batched else 0, c, N, M * N, run.null(), 0, *([0] * 15))
+    return run.read(c, (batch, M, N))
+
+
+GEMM_CASES = [  # (M, N, K, batch, A batched, B batched)
+    (37, 45, 29, 1, True, True),
+    (65, 129, 67, 3, True, True),      # odd, just past a tile; batched
+    (130, 33, 131, 2, True, False),    # B shared by the batch (batch stride 0)
+    (5, 70, 19, 2, False, True),       # A shared
+]
+
+
+@pytest.mark.parametrize("cfg_name", list(CONFIGS))
+@pytest.mark.parametrize("mode", GEMM_MODES, ids=lambda m: f"TA{m['TRANS_A']}TB{m['TRANS_B']}")
+def test_conv_gemm_gemm_mode(run, mode, cfg_name):
+    cfg = CONFIGS[cfg_name]
+    assert _shipped("conv_gemm_cuda.cu", {**cfg, **mode})
+    rng = np.random.default_rng(1)
+    worst = 0.0
+    for M, N, K, batch, ab, bb in GEMM_CASES:
+        A = rng.standard_normal((batch if ab else 1, M, K)).astype(np.float32)
+        B = rng.standard_normal((batch if bb else 1, K, N)).astype(np.float32)
+        a_store = A.transpose(0, 2, 1) if mode["TRANS_A"] else A
+        b_store = B.transpose(0, 2, 1) if mode["TRANS_B"] else B
+        C = own_gemm(run, a_store, b_store, mode["TRANS_A"], mode["TRANS_B"], M, N, K, batch, ab, bb, cfg)
+        ref = torch.matmul(_t(A), _t(B)).expand(batch, M, N)
+        err = _rel(C, ref)
+        worst = max(worst, err)
+        assert err <= TOL, (M, N, K, batch, err)
+    print(f"ad_conv_gemm GEMM {mode} {cfg_name}: max err {worst:.2e}")
+
+
+def own_conv(run, x, w, bias, stride, pads, dilation, groups, cfg, transposed=False, output_padding=(0, 0)):
+    """conv2d (pads = top, bottom, left, right) or conv_transpose2d (pads = ph, ph, pw, pw) through
+    ad_conv_gemm exactly as CudaBackend._own_conv launches it."""
+    N, C, H, W = x.shape
+    (sh, sw), (dh, dw), G = stride, dilation, groups
+    t, b_, l, r = pads
+    if transposed:
+        _, CoutG, KH, KW = w.shape
+        Cout = CoutG * G
+        OH = (H - 1) * sh - 2 * t + dh * (KH - 1) + output_padding[0] + 1
+        OW = (W - 1) * sw - 2 * l + dw * (KW - 1) + output_padding[1] + 1
+        # the backend's re-layout: (C, CoutG, KH, KW) -> (G, CoutG, CinG, KH*KW)
+        w = np.ascontiguousarray(w.reshape(G, C // G, CoutG, KH * KW).transpose(0, 2, 1, 3)) \
+            .reshape(Cout, C // G, KH, KW)
+        CinG = C // G
+    else:
+        Cout, CinG, KH, KW = w.shape
+        CoutG = Cout // G
+        OH = (H + t + b_ - dh * (KH - 1) - 1) // sh + 1
+        OW = (W + l + r - dw * (KW - 1) - 1) // sw + 1
+    M, Ntot, K = CoutG, N * OH * OW, CinG * KH * KW
+    mode = CONVT_MODE if transposed else CONV_MODE
+    k = run.kernel("conv_gemm_cuda.cu", "ad_conv_gemm", {**cfg, **mode})
+    xb, wb = run.buf(x), run.buf(w)
+    yb = run.buf(nbytes=N * Cout * OH * OW * 4)
+    bb = run.null() if bias is None else run.buf(bias)
+    groups_ = (_cdiv(Ntot, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), G)
+    group = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+    run.launch(k, groups_, group, M, Ntot, K, wb, K, 1, M * K, xb, 0, 0, 0, yb, 0, 0,
+               bb, int(bias is not None), C, H, W, CinG, KH, KW, sh, sw, t, l, dh, dw, OH, OW, Cout)
+    return run.read(yb, (N, Cout, OH, OW))
+
+
+def _ref_conv(x, w, bias, stride, pads, dilation, groups):
+    t, b_, l, r = pads
+    xp = F.pad(_t(x), (l, r, t, b_))
+    return F.conv2d(xp, _t(w), None if bias is None else _t(bias), stride, 0, dilation, groups)
+
+
+CONV_CASES = [  # (x shape, Cout, k, stride, pads t/b/l/r, dilation, groups, bias)
+    ((2, 6, 11, 9), 10, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    ((1, 8, 13, 12), 12, (3, 2), (2, 1), (2, 0, 1, 3), (1, 2), 2, True),    # asymmetric pad, groups
+    ((3, 6, 9, 10), 18, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 3, False),   # 1x1, groups
+    ((1, 5, 16, 15), 9, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1, True),    # 7x7 stride 2
+    ((2, 4, 12, 12), 70, (3, 3), (1, 2), (2, 2, 0, 1), (2, 1), 1, False),  # dilation, M > 64
+]
+
+
+@pytest.mark.parametrize("cfg_name", list(CONFIGS))
+def test_conv_gemm_conv_mode(run, cfg_name):
+    cfg = CONFIGS[cfg_name]
+    assert _shipped("conv_gemm_cuda.cu", {**cfg, **CONV_MODE})
+    rng = np.random.default_rng(2)
+    worst = 0.0
+    for xs, cout, (kh, kw), stride, pads, dil, g, has_b in CONV_CASES:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal((cout, xs[1] // g, kh, kw)).astype(np.float32)
+        b = rng.standard_normal(cout).astype(np.float32) if has_b else None
+        y = own_conv(run, x, w, b, stride, pads, dil, g, cfg)
+        ref = _ref_conv(x, w, b, stride, pads, dil, g)
+        assert y.shape == tuple(ref.shape)
+        err = _rel(y, ref)
+        worst = max(worst, err)
+        assert err <= TOL, (xs, cout, kh, kw, stride, pads, dil, g, err)
+    print(f"ad_conv_gemm conv {cfg_name}: max err {worst:.2e}")
+
+
+CONVT_CASES = [  # (x shape, CoutG, k, stride, padding, output_padding, dilation, groups, bias)
+    ((2, 6, 5, 7), 8, (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), 1, True),
+    ((1, 8, 6, 5), 5, (4, 3), (3, 2), (1, 0), (2, 1), (1, 2), 2, True),
+    ((2, 6, 7, 6), 6, (3, 3), (1, 1), (2, 1), (0, 0), (2, 2), 3, False),
+    ((1, 4, 4, 4), 70, (2, 2), (2, 2), (0, 0), (0, 0), (1, 1), 1, True),  # M > 64
+]
+
+
+@pytest.mark.parametrize("cfg_name", list(CONFIGS))
+def test_conv_gemm_conv_transposed_mode(run, cfg_name):
+    cfg = CONFIGS[cfg_name]
+    assert _shipped("conv_gemm_cuda.cu", {**cfg, **CONVT_MODE})
+    rng = np.random.default_rng(3)
+    worst = 0.0
+    for xs, coutg, (kh, kw), stride, pad, opad, dil, g, has_b in CONVT_CASES:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal((xs[1], coutg, kh, kw)).astype(np.float32)
+        b = rng.standard_normal(coutg * g).astype(np.float32) if has_b else None
+        y = own_conv(run, x, w, b, stride, (pad[0], pad[0], pad[1], pad[1]), dil, g, cfg,
+                     transposed=True, output_padding=opad)
+        ref = F.conv_transpose2d(_t(x), _t(w), None if b is None else _t(b), stride, pad, opad, g, dil)
+        assert y.shape == tuple(ref.shape)
+        err = _rel(y, ref)
+        worst = max(worst, err)
+        assert err <= TOL, (xs, coutg, kh, kw, stride, pad, opad, dil, g, err)
+    print(f"ad_conv_gemm conv_transpose {cfg_name}: max err {worst:.2e}")
+
+
+def test_conv_gemm_long_k_two_level_accumulation(run):
+    """K = 512*3*3 = 4608 as in the seed case (32x512x7x7 * 512x512x3x3, padding 1), with batch 1
+    and 64 output channels (the full seed case is 7.4 GFLOP, tens of seconds on PoCL): the FP32
+    branch's two-level accumulation (KP) keeps it within 1e-6; one accumulator over all of K (KP
+    larger than K) would not (about 1.2e-6 on this data, so the test does see the difference)."""
+    cfg = CFG_S
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 512, 7, 7)).astype(np.float32)
+    w = (rng.standard_normal((64, 512, 3, 3)) / np.sqrt(512 * 9)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    y = own_conv(run, x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), 1, cfg)
+    ref = _ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    err = _rel(y, ref)
+    # and a K = 4608 GEMM (transposed A as the backend's k-major layout), batch 2
+    M, N, K = 96, 80, 4608
+    A = rng.standard_normal((2, M, K)).astype(np.float32)
+    B = (rng.standard_normal((2, K, N)) / np.sqrt(K)).astype(np.float32)
+    C = own_gemm(run, A.transpose(0, 2, 1), B, 1, 0, M, N, K, 2, True, True, CFG_M)
+    ref_g = torch.matmul(_t(A), _t(B))
+    err_g = _rel(C, ref_g)
+    C1 = own_gemm(run, A.transpose(0, 2, 1), B, 1, 0, M, N, K, 2, True, True, CFG_M,
+                  extra={"KP": CFG_M["TILE_K"] * 4096})
+    err_one = _rel(C1, ref_g)
+    print(f"ad_conv_gemm K=4608: conv {err:.2e}, GEMM {err_g:.2e} (one accumulator: {err_one:.2e})")
+    assert err <= TOL and err_g <= TOL, (err, err_g)
+    assert err_one > err_g  # the fold is what the precision comes from
+
+
+# ---- misc_cuda.cu --------------------------------------------------------------------------------
+def launch_1d(run, k, total, *args, max_groups=3):
+    """1-D launch, group size BLOCK, few groups so the grid-stride loop runs several rounds."""
+    groups = max(1, min(_cdiv(total, cb.BLOCK), max_groups))
+    run.launch(k, (groups,), (cb.BLOCK,), *args)
+
+
+DIRECT_CASES = [  # (x shape, Cout or CoutG, k, stride, pads (t, l), dilation, groups, bias, transposed, opad)
+    ((2, 6, 9, 11), 6, (3, 3), (1, 1), (1, 1), (1, 1), 6, True, False, (0, 0)),        # depthwise
+    ((1, 3, 17, 16), 3, (11, 11), (1, 1), (5, 5), (1, 1), 3, False, False, (0, 0)),    # SSIM blur
+    ((2, 8, 10, 9), 4, (3, 2), (2, 1), (1, 0), (1, 2), 1, True, False, (0, 0)),        # Cout 4, 32 channels summed
+    ((1, 4, 8, 7), 8, (5, 5), (2, 3), (2, 1), (2, 1), 2, True, False, (0, 0)),         # CoutG 4
+    ((2, 4, 5, 6), 1, (3, 3), (2, 2), (1, 1), (1, 1), 4, True, True, (1, 1)),          # transposed depthwise
+    ((1, 6, 4, 5), 3, (4, 3), (3, 2), (1, 0), (1, 2), 2, False, True, (2, 1)),         # transposed, dilation
+]
+
+
+@pytest.mark.parametrize("case", range(len(DIRECT_CASES)))
+def test_direct_conv(run, case):
+    xs, co, (kh, kw), (sh, sw), (ph, pw), (dh, dw), g, has_b, transposed, opad = DIRECT_CASES[case]
+    rng = np.random.default_rng(10 + case)
+    N, C, H, W = xs
+    x = rng.standard_normal(xs).astype(np.float32)
+    if transposed:
+        CoutG, Cout = co, co * g
+        w = rng.standard_normal((C, CoutG, kh, kw)).astype(np.float32)
+        OH = (H - 1) * sh - 2 * ph + dh * (kh - 1) + opad[0] + 1
+        OW = (W - 1) * sw - 2 * pw + dw * (kw - 1) + opad[1] + 1
+    else:
+        Cout, CoutG = co, co // g
+        w = rng.standard_normal((Cout, C // g, kh, kw)).astype(np.float32)
+        OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    assert CoutG <= cb.DIRECT_MAX_COUT_G
+    b = rng.standard_normal(Cout).astype(np.float32) if has_b else None
+    k = run.kernel("misc_cuda.cu", "ad_direct_conv", MISC_MACROS)
+    yb = run.buf(nbytes=N * Cout * OH * OW * 4)
+    launch_1d(run, k, N * Cout * OH * OW, run.buf(x), run.buf(w), run.null() if b is None else run.buf(b),
+              int(has_b), yb, N, C, H, W, Cout, C // g, CoutG, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw,
+              int(transposed))
+    y = run.read(yb, (N, Cout, OH, OW))
+    bt = None if b is None else _t(b)
+    if transposed:
+        ref = F.conv_transpose2d(_t(x), _t(w), bt, (sh, sw), (ph, pw), opad, g, (dh, dw))
+    else:
+        ref = F.conv2d(_t(x), _t(w), bt, (sh, sw), (ph, pw), (dh, dw), g)
+    assert tuple(ref.shape) == y.shape
+    err = _rel(y, ref)
+    print(f"ad_direct_conv case {case}: err {err:.2e}")
+    assert err <= TOL
+
+
+PAD_MODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
+
+
+@pytest.mark.parametrize("mode", list(PAD_MODES))
+def test_pad(run, mode):
+    rng = np.random.default_rng(20)
+    k = run.kernel("misc_cuda.cu", "ad_pad", MISC_MACROS)
+    for shape, (t, b_, l, r) in [((2, 3, 5, 7), (2, 1, 3, 0)), ((1, 1, 4, 4), (3, 3, 0, 2)),
+                                 ((3, 6, 2), (1, 0, 1, 1))]:
+        if mode == "reflect":  # pad < size
+            t, b_, l, r = (min(p, s - 1) for p, s in zip((t, b_, l, r), (shape[-2],) * 2 + (shape[-1],) * 2))
+        x = rng.standard_normal(shape).astype(np.float32)
+        *lead, H, W = shape
+        OH, OW = H + t + b_, W + l + r
+        yb = run.buf(nbytes=math.prod(lead) * OH * OW * 4)
+        launch_1d(run, k, math.prod(lead) * OH * OW, run.buf(x), yb, math.prod(lead), H, W, t, l, OH, OW,
+                  PAD_MODES[mode])
+        y = run.read(yb, (*lead, OH, OW))
+        tm = {"zeros": "constant"}.get(mode, mode)
+        ref = F.pad(_t(x).unsqueeze(0) if len(shape) == 3 else _t(x), (l, r, t, b_), mode=tm)
+        ref = ref.reshape(y.shape).numpy()
+        np.testing.assert_array_equal(y, ref.astype(np.float32), err_msg=f"{mode} {shape} {(t, b_, l, r)}")
+
+
+SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 100.0, -100.0, 1e20, -1e20, 88.5, -88.5, 90.0,
+                     -90.0, 20.5, -20.5, 5.0, 1e-30, -1e-30, 1e-40, -1e-40, 3.4e38, -3.4e38], np.float32)
+
+UNARY_CASES = [  # (op code name, params for the kernel (p0, p1, flags), torch reference)
+    ("abs", (0, 0, 0), torch.abs),
+    ("neg", (0, 0, 0), torch.neg),
+    ("exp", (0, 0, 0), torch.exp),
+    ("log", (0, 0, 0), torch.log),
+    ("sqrt", (0, 0, 0), torch.sqrt),
+    ("relu", (0, 0, 0), torch.relu),
+    ("sigmoid", (0, 0, 0), torch.sigmoid),
+    ("tanh", (0, 0, 0), torch.tanh),
+    ("gelu", (0, 0, 0), F.gelu),
+    ("gelu_tanh", (0, 0, 0), lambda t: F.gelu(t, approximate="tanh")),
+    ("silu", (0, 0, 0), F.silu),
+    ("elu", (1.0, 0, 0), F.elu),
+    ("elu", (0.7, 0, 0), lambda t: F.elu(t, alpha=0.7)),
+    ("leaky_relu", (0.01, 0, 0), F.leaky_relu),
+    ("leaky_relu", (0.2, 0, 0), lambda t: F.leaky_relu(t, 0.2)),
+    ("softplus", (1.0, 20.0, 0), F.softplus),
+    ("softplus", (2.0, 5.0, 0), lambda t: F.softplus(t, beta=2.0, threshold=5.0)),
+    ("clamp", (-0.5, 0.75, 3), lambda t: torch.clamp(t, -0.5, 0.75)),
+    ("clamp", (-0.5, 0, 1), lambda t: torch.clamp(t, min=-0.5)),
+    ("clamp", (0, 0.75, 2), lambda t: torch.clamp(t, max=0.75)),
+    ("clamp", (1.0, -1.0, 3), lambda t: torch.clamp(t, 1.0, -1.0)),   # min > max gives max
+]
+
+
+def test_unary_covers_every_op():
+    assert {c[0] for c in UNARY_CASES} == set(cb.UNARY_CODES)
+
+
+@pytest.mark.parametrize("case", range(len(UNARY_CASES)),
+                         ids=[f"{c[0]}{c[1][:2]}" for c in UNARY_CASES])
+def test_unary(run, case):
+    op, (p0, p1, flags), fn = UNARY_CASES[case]
+    rng = np.random.default_rng(30 + case)
+    xr = np.concatenate([(rng.standard_normal(1500) * 4).astype(np.float32),
+                         rng.uniform(0, 3, 300).astype(np.float32)])
+    x = np.concatenate([xr, SPECIALS])
+    k = run.kernel("misc_cuda.cu", "ad_unary", MISC_MACROS)
+    yb = run.buf(nbytes=x.size * 4)
+    launch_1d(run, k, x.size, run.buf(x), yb, x.size, cb.UNARY_CODES[op], p0, p1, flags)
+    y = run.read(yb, x.shape)
+    ref64 = fn(_t(x)).numpy()
+    # random inputs: normwise (NaN where torch has NaN, e.g. log/sqrt of negatives)
+    yr, rr = y[:xr.size], ref64[:xr.size]
+    nan = np.isnan(rr)
+    np.testing.assert_array_equal(np.isnan(yr), nan, err_msg=f"{op}: NaN positions")
+    err = _rel(yr[~nan], rr[~nan])
+    # special inputs (NaN, +-Inf, +-0, overflow, denormals): element by element; where float32
+    # has NaN or Inf the result must be exactly torch's
+    ys, rs = y[xr.size:], ref64[xr.size:]
+    with np.errstate(over="ignore"):
+        rs32 = rs.astype(np.float32)
+    for xv, yv, r64, r32 in zip(SPECIALS, ys, rs, rs32):
+        if np.isnan(r32) or np.isinf(r32):
+            assert (np.isnan(yv) and np.isnan(r32)) or yv == r32, f"{op}({xv}) = {yv}, torch {r32}"
+        else:
+            assert abs(float(yv) - r64) <= 1e-6 * abs(r64) + 1e-37, f"{op}({xv}) = {yv}, torch {r64}"
+    print(f"ad_unary {op} {p0, p1, flags}: err {err:.2e}")
+    assert err <= TOL, (op, err)
