@@ -109,6 +109,19 @@ class Graph:
             out[str(n.id)] = {"inputs": inputs, "class_type": n.ct, "_meta": {"title": title}}
         return out
 
+    @staticmethod
+    def _height(n) -> int:
+        widgets, socks, outs = _spec(n.ct)
+        nw = len(widgets) + sum(1 for w, _ in widgets if w == "seed")
+        h = 40 + 24 * (nw + max(len(socks), len(outs)))
+        if any(isinstance(n.values.get(w, d), str) and "\n" in n.values.get(w, d) for w, d in widgets):
+            h += 90
+        if n.ct in ("AnyDeviceLoss", "AnyDeviceTensorInfo", "AnyDeviceConv2D", "AnyDeviceLinear"):
+            h += 60  # the readout area under the widgets
+        if n.ct in ("SaveImage", "PreviewImage", "LoadImage"):
+            h = max(h, 330)
+        return h
+
     # ---- UI (litegraph) format ----------------------------------------------------------------
     def ui(self) -> dict:
         links, nodes = [], []
@@ -123,6 +136,13 @@ class Graph:
                     links.append([lid, v.node.id, v.slot, n.id, slot, souts[v.slot][1]])
                     out_links.setdefault((v.node.id, v.slot), []).append(lid)
         link_to = {(lk[3], lk[4]): lk[0] for lk in links}
+        heights = {n.id: self._height(n) for n in self.nodes}
+        ypos = {}
+        for col in {n.col for n in self.nodes}:
+            y = 60
+            for n in sorted((n for n in self.nodes if n.col == col), key=lambda n: n.row):
+                ypos[n.id] = y
+                y += heights[n.id] + 90
         for order, n in enumerate(self.nodes):
             widgets, socks, outs = _spec(n.ct)
             wv = []
@@ -133,13 +153,8 @@ class Graph:
             inputs = [{"name": name, "type": t, "link": link_to.get((n.id, i))} for i, (name, t) in enumerate(socks)]
             outputs = [{"name": name, "type": t, "links": out_links.get((n.id, i), []), "slot_index": i}
                        for i, (name, t) in enumerate(outs)]
-            height = 60 + 26 * (len(wv) + max(len(inputs), len(outputs)))
-            if any(isinstance(v, str) and "\n" in v for v in wv):
-                height += 60
-            if n.ct in ("SaveImage", "PreviewImage", "LoadImage"):
-                height = max(height, 330)
-            node = {"id": n.id, "type": n.ct, "pos": [40 + 340 * n.col, 40 + 380 * n.row],
-                    "size": [310, height], "flags": {}, "order": order, "mode": 0,
+            node = {"id": n.id, "type": n.ct, "pos": [40 + 340 * n.col, ypos[n.id]],
+                    "size": [310, heights[n.id]], "flags": {}, "order": order, "mode": 0,
                     "inputs": inputs, "outputs": outputs,
                     "properties": {"Node name for S&R": n.ct, "cnr_id": "anydevice"},
                     "widgets_values": wv}

@@ -5,10 +5,12 @@
 // The Python nodes feed this through their `ui` dict: {"anydevice": [{backend, device, ms}], "loss": [...],
 // "info": [...], "kernel": [...]}.
 import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
 
 const EXT = "AnyDevice.Readouts";
 const PAD = 6;
 const LINE = 15;
+const READOUT = "anydevice_readout";
 
 function fmt(v) {
   if (typeof v !== "number" || !isFinite(v)) return String(v);
@@ -58,20 +60,38 @@ function extraHeight(node) {
   return h;
 }
 
-function baseHeight(node) {
+function fit(node) {
+  node.anydevice_extra = extraHeight(node);
   try {
-    return node.computeSize()[1] - (node.anydevice_extra || 0);
+    const need = node.computeSize()[1];
+    if (node.size[1] < need) node.setSize([node.size[0], need]);
   } catch (e) {
-    return node.size[1];
+    // computeSize can fail on half-built nodes; the next draw fits again
   }
+  node.setDirtyCanvas?.(true, true);
 }
 
-function fit(node) {
-  const extra = extraHeight(node);
-  node.anydevice_extra = extra;
-  const need = baseHeight(node) + extra;
-  if (node.size[1] < need) node.setSize([node.size[0], need]);
-  node.setDirtyCanvas?.(true, true);
+// A widget that reserves room under the other widgets for the readout; never serialised and never
+// sent with the prompt (it is added last, so widgets_values indices are unchanged).
+function addReadoutWidget(node) {
+  if (!node.addCustomWidget || (node.widgets || []).some((w) => w.name === READOUT)) return;
+  node.addCustomWidget({
+    name: READOUT,
+    type: "anydevice_readout",
+    value: "",
+    serialize: false,
+    options: { serialize: false },
+    computeSize(width) {
+      return [width || 200, Math.max(4, extraHeight(node))];
+    },
+    draw(ctx, n, width, y) {
+      try {
+        drawReadout(n, ctx, y);
+      } catch (e) {
+        // drawing must never throw into the canvas loop
+      }
+    },
+  });
 }
 
 function valueColour(v, max) {
@@ -87,7 +107,7 @@ function valueColour(v, max) {
 function drawBadge(node, ctx) {
   const b = node.anydevice && node.anydevice.badge;
   if (!b) return;
-  const text = `${b.backend}${b.device ? " · " + shortDevice(b.device) : ""} · ${fmt(b.ms)} ms`;
+  const text = `${b.backend}${b.device ? " · " + shortDevice(b.device) : ""} · ${fmt(b.ms)} ms${b.cached ? " (cached)" : ""}`;
   ctx.save();
   ctx.font = "11px sans-serif";
   const w = ctx.measureText(text).width + 10;
@@ -105,11 +125,11 @@ function drawBadge(node, ctx) {
   ctx.restore();
 }
 
-function drawReadout(node, ctx) {
+function drawReadout(node, ctx, top) {
   const lines = readoutLines(node);
   const kb = kernelBlock(node);
   if (!lines.length && !kb) return;
-  let y = node.size[1] - (node.anydevice_extra || extraHeight(node)) + PAD / 2;
+  let y = top + PAD / 2;
   ctx.save();
   ctx.textBaseline = "top";
   for (const l of lines) {
@@ -148,6 +168,55 @@ function deviceStatus(node, statusMap) {
   return { text: `${w.value}: ${text}`, ok: !text.startsWith("unavailable") };
 }
 
+let currentPrompt = null;
+
+function applyOutput(node, output, cached) {
+  try {
+    const s = (node.anydevice = node.anydevice || {});
+    if (output && output.anydevice && output.anydevice[0]) s.badge = Object.assign({}, output.anydevice[0]);
+    if (s.badge) s.badge.cached = !!cached;
+    if (output && output.loss) s.loss = output.loss;
+    if (output && output.info) s.info = output.info;
+    if (output && output.kernel) s.kernel = output.kernel;
+    s.prompt = currentPrompt;
+    s.runs = (s.runs || 0) + 1;
+    fit(node);
+  } catch (e) {
+    console.warn("[AnyDevice] readout update failed", e);
+  }
+}
+
+function isPackNode(node) {
+  return node && typeof node.type === "string" && node.type.startsWith("AnyDevice");
+}
+
+// ComfyUI does not re-send `executed` for cached intermediate nodes; their last `ui` is in the
+// prompt's history, so fill those badges from there (marked "cached").
+async function fillCached(promptId) {
+  try {
+    const res = await api.fetchApi(`/history/${encodeURIComponent(promptId)}`);
+    if (!res.ok) return;
+    const entry = (await res.json())[promptId];
+    if (!entry || !entry.outputs || !app.graph) return;
+    for (const [id, output] of Object.entries(entry.outputs)) {
+      const node = app.graph.getNodeById ? app.graph.getNodeById(Number(id)) || app.graph.getNodeById(id) : null;
+      if (!isPackNode(node)) continue;
+      if (node.anydevice && node.anydevice.prompt === promptId) continue;
+      applyOutput(node, output, true);
+    }
+  } catch (e) {
+    console.warn("[AnyDevice] could not read the history for cached nodes", e);
+  }
+}
+
+api.addEventListener("execution_start", (e) => {
+  currentPrompt = e && e.detail ? e.detail.prompt_id : null;
+});
+api.addEventListener("execution_success", (e) => {
+  const pid = e && e.detail ? e.detail.prompt_id : null;
+  if (pid) fillCached(pid);
+});
+
 app.registerExtension({
   name: EXT,
   async beforeRegisterNodeDef(nodeType, nodeData) {
@@ -162,20 +231,25 @@ app.registerExtension({
       }
     }
 
+    const hasReadout = ["AnyDeviceLoss", "AnyDeviceTensorInfo", "AnyDeviceConv2D", "AnyDeviceLinear",
+      "AnyDeviceDeviceSelect"].includes(nodeData.name);
+    if (hasReadout) {
+      const onNodeCreated = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function () {
+        const r = onNodeCreated ? onNodeCreated.apply(this, arguments) : undefined;
+        try {
+          addReadoutWidget(this);
+        } catch (e) {
+          console.warn("[AnyDevice] could not add the readout area", e);
+        }
+        return r;
+      };
+    }
+
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (output) {
       const r = onExecuted ? onExecuted.apply(this, arguments) : undefined;
-      try {
-        const s = (this.anydevice = this.anydevice || {});
-        if (output && output.anydevice && output.anydevice[0]) s.badge = output.anydevice[0];
-        if (output && output.loss) s.loss = output.loss;
-        if (output && output.info) s.info = output.info;
-        if (output && output.kernel) s.kernel = output.kernel;
-        s.runs = (s.runs || 0) + 1;
-        fit(this);
-      } catch (e) {
-        console.warn("[AnyDevice] readout update failed", e);
-      }
+      applyOutput(this, output, false);
       return r;
     };
 
@@ -192,7 +266,6 @@ app.registerExtension({
           if (changed) fit(this);
         }
         drawBadge(this, ctx);
-        drawReadout(this, ctx);
       } catch (e) {
         // drawing must never throw into the canvas loop
       }
