@@ -37,7 +37,7 @@ FIT_VIEW = """() => {
   }
   const el = app.canvas.canvas;
   const w = el.clientWidth || 1600, h = el.clientHeight || 1000;
-  const s = Math.min(w / (x1 - x0 + 60), (h - 60) / (y1 - y0 + 60), 1.0);
+  const s = Math.max(0.62, Math.min(w / (x1 - x0 + 60), (h - 60) / (y1 - y0 + 60), 1.0));  // < 0.6 hides text
   app.canvas.ds.scale = s;
   app.canvas.ds.offset = [30 / s - x0, 60 / s - y0];
   app.canvas.setDirty(true, true);
@@ -59,7 +59,7 @@ def page(srv):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM,
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        pg = browser.new_page(viewport={"width": 1600, "height": 1000})
+        pg = browser.new_page(viewport={"width": 1920, "height": 1080})
         pg.on("console", lambda m: messages.append(f"{m.type}: {m.text}") if m.type == "error" else None)
         pg.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
         pg.goto(srv.url + "/")
