@@ -602,8 +602,9 @@ class OpenCLBackend(Backend):
     def _run(self, name, gsize, lsize, *args, params=None):
         if any(g == 0 for g in gsize):
             return
-        k = self._kernel(name, params)
-        k(self.queue, gsize, lsize, *args)
+        with self._lock:  # a Kernel's arguments are shared state
+            k = self._kernel(name, params)
+            k(self.queue, gsize, lsize, *args)
 
     def _meta(self, values) -> object:
         key = tuple(int(v) for v in values)
