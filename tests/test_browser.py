@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover
     sync_playwright = None
 
 pytestmark = [
+    pytest.mark.e2e,
     pytest.mark.skipif(_comfy is None, reason=_why or "no ComfyUI"),
     pytest.mark.skipif(sync_playwright is None, reason="the playwright Python package is not installed"),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} not found"),

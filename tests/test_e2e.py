@@ -21,7 +21,7 @@ API = ROOT / "example_workflows" / "api"
 TWINS = sorted(p.stem for p in API.glob("*.json"))
 
 _comfy, _why = H.comfy_dir()
-pytestmark = pytest.mark.skipif(_comfy is None, reason=_why or "no ComfyUI")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_comfy is None, reason=_why or "no ComfyUI")]
 
 
 @pytest.fixture(scope="module")
