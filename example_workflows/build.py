@@ -218,13 +218,13 @@ def graphs() -> list[Graph]:
     g = Graph("random_cnn_features", "A small random CNN (two strided conv layers with ReLU/GELU) and its feature maps.")
     img = g.add("LoadImage", image="photo.png", col=0)
     t = g.add("AnyDeviceImageToTensor", image=img[0], col=1)
-    w1 = g.add("AnyDeviceWeights", title="conv1 weights", source="random", shape="8, 3, 3, 3", seed=1, bias="random",
+    w1 = g.add("AnyDeviceWeights", title="conv1 weights", source="random", shape="8, 3, 3, 3", init_seed=1, bias="random",
                col=1, row=1)
     c1 = g.add("AnyDeviceConv2D", title="conv1 3->8 /2", input=t[0], weights=w1[0], kernel_source="weights",
                channel_mode="grouped", groups=1, stride=2, padding="explicit", padding_size=1, padding_mode="zeros",
                col=2)
     a1 = g.add("AnyDeviceActivation", title="ReLU", input=c1[0], activation="relu", col=3)
-    c2 = g.add("AnyDeviceConv2D", title="conv2 8->16 /2", input=a1[0], kernel_source="random", kernel_size=3, seed=2,
+    c2 = g.add("AnyDeviceConv2D", title="conv2 8->16 /2", input=a1[0], kernel_source="random", kernel_size=3, init_seed=2,
                channel_mode="grouped", out_channels=16, groups=1, stride=2, padding="explicit", padding_size=1,
                padding_mode="zeros", col=4)
     a2 = g.add("AnyDeviceActivation", title="GELU", input=c2[0], activation="gelu", col=5)

@@ -63,8 +63,8 @@ class AnyDeviceLinear(PackNode):
                     "tooltip": "Colour matrix for 3-channel inputs (identity fits any channel count)."}),
                 "out_features": ("INT", {"default": 3, "min": 1, "max": 4096,
                                          "tooltip": "Output channels / features when source is random."}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
-                                 "tooltip": "Seed of the random init (same seed, same weights everywhere)."}),
+                "init_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
+                                 "tooltip": "Seed of the random init (same seed, same weights everywhere; it does not change between runs)."}),
                 "matrix": ("STRING", {
                     "multiline": True, "default": "0.393 0.769 0.189\n0.349 0.686 0.168\n0.272 0.534 0.131",
                     "tooltip": "W when source is text: one row per output channel, numbers separated by "
@@ -80,8 +80,8 @@ class AnyDeviceLinear(PackNode):
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, source=None, matrix=None, bias=None, out_features=None, seed=None):
-        ok = check_widgets(cls, {"source": source, "out_features": out_features, "seed": seed})
+    def VALIDATE_INPUTS(cls, source=None, matrix=None, bias=None, out_features=None, init_seed=None):
+        ok = check_widgets(cls, {"source": source, "out_features": out_features, "init_seed": init_seed})
         if ok is not True:
             return ok
         if source == "text" and matrix is not None:
@@ -96,7 +96,7 @@ class AnyDeviceLinear(PackNode):
                 return cls.fail("bias", bias, str(exc))
         return True
 
-    def _run(self, input, source="preset", preset="sepia", out_features=3, seed=0, matrix="", bias="",
+    def _run(self, input, source="preset", preset="sepia", out_features=3, init_seed=0, matrix="", bias="",
              weights=None, device=None):
         node = self.DISPLAY
         be = resolve_backend(device, node)
@@ -111,7 +111,7 @@ class AnyDeviceLinear(PackNode):
             except ValueError as exc:
                 raise NodeError(node, "preset", preset, str(exc)) from None
         elif source == "random":
-            w = P.seeded_uniform(seed, (int(out_features), in_f), in_f)
+            w = P.seeded_uniform(init_seed, (int(out_features), in_f), in_f)
         elif source == "text":
             try:
                 w = parse_matrix(matrix)
@@ -186,8 +186,8 @@ class AnyDeviceConv2D(PackNode):
                 "kernel_text": ("STRING", {"multiline": True, "default": "-1 0 1\n-2 0 2\n-1 0 1",
                                            "tooltip": "Kernel when kernel_source is text: rows on new lines "
                                                       "(or ';'), numbers separated by spaces or commas."}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
-                                 "tooltip": "Seed of the random kernel (PyTorch's nn.Conv2d init range)."}),
+                "init_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
+                                 "tooltip": "Seed of the random kernel (PyTorch's nn.Conv2d init range); it does not change between runs."}),
                 "channel_mode": (cls.CHANNEL_MODES, {
                     "default": "depthwise",
                     "tooltip": "depthwise: the kernel filters every channel on its own (groups = channels, "
@@ -244,7 +244,7 @@ class AnyDeviceConv2D(PackNode):
                                 f"must be smaller than stride ({stride}) or dilation ({dilation})")
         return True
 
-    def _kernel(self, kernel_source, preset, kernel_size, sigma, kernel_text, seed, weights):
+    def _kernel(self, kernel_source, preset, kernel_size, sigma, kernel_text, init_seed, weights):
         """(2-D kernel or None, 4-D weight or None, bias or None, label, input name)."""
         node = self.DISPLAY
         if kernel_source == "preset":
@@ -258,7 +258,7 @@ class AnyDeviceConv2D(PackNode):
             except ValueError as exc:
                 raise NodeError(node, "kernel_text", kernel_text, str(exc)) from None
         if kernel_source == "random":
-            return None, None, None, f"random seed {seed}", "kernel_size"
+            return None, None, None, f"random (init_seed {init_seed})", "kernel_size"
         if kernel_source == "weights":
             w, b = _weights_value(weights, node)
             w = w.numpy()
@@ -270,7 +270,7 @@ class AnyDeviceConv2D(PackNode):
         raise NodeError(node, "kernel_source", kernel_source, "must be preset, text, random or weights")
 
     def _run(self, input, kernel_source="preset", preset="gaussian", kernel_size=5, sigma=1.0,
-             kernel_text="", seed=0, channel_mode="depthwise", out_channels=8, groups=1, stride=1,
+             kernel_text="", init_seed=0, channel_mode="depthwise", out_channels=8, groups=1, stride=1,
              padding="same", padding_size=0, dilation=1, padding_mode="auto", bias=0.0, transposed=False,
              output_padding=0, weights=None, device=None):
         node = self.DISPLAY
@@ -282,7 +282,7 @@ class AnyDeviceConv2D(PackNode):
                             ("groups", groups, 1), ("output_padding", output_padding, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise NodeError(node, name, v, f"must be an integer >= {lo}")
-        k2, w4, wbias, label, karg = self._kernel(kernel_source, preset, kernel_size, sigma, kernel_text, seed,
+        k2, w4, wbias, label, karg = self._kernel(kernel_source, preset, kernel_size, sigma, kernel_text, init_seed,
                                                   weights)
         k = int(kernel_size)
         if channel_mode == "depthwise":
@@ -292,7 +292,7 @@ class AnyDeviceConv2D(PackNode):
             elif k2 is not None:
                 weight = np.array(np.broadcast_to(k2, (c, 1) + k2.shape))
             else:
-                weight = P.seeded_uniform(seed, (c, 1, k, k), k * k)
+                weight = P.seeded_uniform(init_seed, (c, 1, k, k), k * k)
         elif channel_mode == "grouped":
             g = int(groups)
             if c % g:
@@ -306,11 +306,11 @@ class AnyDeviceConv2D(PackNode):
             elif transposed:
                 shape = (c, oc // g)
                 weight = (np.array(np.broadcast_to(k2, shape + k2.shape)) if k2 is not None
-                          else P.seeded_uniform(seed, shape + (k, k), (oc // g) * k * k))
+                          else P.seeded_uniform(init_seed, shape + (k, k), (oc // g) * k * k))
             else:
                 shape = (oc, c // g)
                 weight = (np.array(np.broadcast_to(k2, shape + k2.shape)) if k2 is not None
-                          else P.seeded_uniform(seed, shape + (k, k), (c // g) * k * k))
+                          else P.seeded_uniform(init_seed, shape + (k, k), (c // g) * k * k))
         else:
             raise NodeError(node, "channel_mode", channel_mode, "must be depthwise or grouped")
         weight = np.asarray(weight, np.float32)

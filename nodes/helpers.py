@@ -206,7 +206,7 @@ class AnyDeviceWeights(PackNode):
                 "shape": ("STRING", {"default": "8, 3, 3, 3",
                                      "tooltip": "random: weight shape, (out, in) for Linear or (out, in/groups, kH, kW) "
                                                 "for Conv2D."}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX, "tooltip": "Seed of the random init."}),
+                "init_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX, "tooltip": "Seed of the random init (it does not change between runs)."}),
                 "matrix": ("STRING", {"multiline": True, "default": "1 0 0\n0 1 0\n0 0 1",
                                       "tooltip": "text: the weight matrix, rows on new lines or ';'."}),
                 "bias": ("STRING", {"default": "", "tooltip": "Bias numbers (one per output), 'random' for a seeded "
@@ -219,8 +219,8 @@ class AnyDeviceWeights(PackNode):
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, source=None, shape=None, matrix=None, bias=None, seed=None):
-        ok = check_widgets(cls, {"source": source, "seed": seed})
+    def VALIDATE_INPUTS(cls, source=None, shape=None, matrix=None, bias=None, init_seed=None):
+        ok = check_widgets(cls, {"source": source, "init_seed": init_seed})
         if ok is not True:
             return ok
         if source == "random" and shape is not None:
@@ -242,7 +242,7 @@ class AnyDeviceWeights(PackNode):
                 return cls.fail("bias", bias, str(exc))
         return True
 
-    def _run(self, source="random", shape="8, 3, 3, 3", seed=0, matrix="", bias="", weight=None, bias_tensor=None):
+    def _run(self, source="random", shape="8, 3, 3, 3", init_seed=0, matrix="", bias="", weight=None, bias_tensor=None):
         node = self.DISPLAY
         t = Timer()
         if source == "random":
@@ -253,7 +253,7 @@ class AnyDeviceWeights(PackNode):
                 why = str(exc)
             if why:
                 raise NodeError(node, "shape", shape, why)
-            w = P.seeded_uniform(seed, dims, math.prod(dims[1:]) if len(dims) > 1 else 1)
+            w = P.seeded_uniform(init_seed, dims, math.prod(dims[1:]) if len(dims) > 1 else 1)
         elif source == "text":
             try:
                 w = parse_matrix(matrix)
@@ -272,7 +272,7 @@ class AnyDeviceWeights(PackNode):
             b = cpu_f32(raw(bias_tensor, kind_of(bias_tensor, node, "bias_tensor"))).reshape(-1).numpy().copy()
         elif isinstance(bias, str) and bias.strip() == "random":
             fan_in = math.prod(w.shape[1:]) if w.ndim > 1 else 1
-            b = P.seeded_uniform(int(seed) + 1, (out_f,), fan_in)
+            b = P.seeded_uniform(int(init_seed) + 1, (out_f,), fan_in)
         else:
             try:
                 b = parse_vector(bias)

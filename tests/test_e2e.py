@@ -176,10 +176,10 @@ def _execution_error(srv, prompt) -> dict:
 
 def test_channel_mismatch_is_an_execution_error(srv):
     prompt = _conv_prompt()
-    prompt["5"] = {"class_type": "AnyDeviceWeights", "inputs": {"source": "random", "shape": "4, 5", "seed": 0,
+    prompt["5"] = {"class_type": "AnyDeviceWeights", "inputs": {"source": "random", "shape": "4, 5", "init_seed": 0,
                                                                 "matrix": "1", "bias": ""}}
     prompt["6"] = {"class_type": "AnyDeviceLinear", "inputs": {"input": ["1", 0], "source": "weights", "preset": "sepia",
-                                                               "out_features": 3, "seed": 0, "matrix": "1",
+                                                               "out_features": 3, "init_seed": 0, "matrix": "1",
                                                                "bias": "", "weights": ["5", 0]}}
     prompt["3"]["inputs"]["input"] = ["6", 0]
     err = _execution_error(srv, prompt)

@@ -144,7 +144,7 @@ def test_conv2d_text_random_grouped_stride_dilation(device):
     ref = F.conv2d(x, k.expand(3, 1, 2, 2), stride=2, dilation=2, groups=3).permute(0, 2, 3, 1)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     # seeded random, grouped 3 -> 6 channels, explicit zero padding, bias
-    out = res("AnyDeviceConv2D", input=img, kernel_source="random", kernel_size=3, seed=7, channel_mode="grouped",
+    out = res("AnyDeviceConv2D", input=img, kernel_source="random", kernel_size=3, init_seed=7, channel_mode="grouped",
               out_channels=6, groups=3, padding="explicit", padding_size=2, padding_mode="zeros", bias=0.5,
               device=device)[0]
     w = torch.from_numpy(P.seeded_uniform(7, (6, 1, 3, 3), 9))
@@ -152,7 +152,7 @@ def test_conv2d_text_random_grouped_stride_dilation(device):
     assert out.shape == (2, 19, 21, 6)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     # same seed, same output
-    again = res("AnyDeviceConv2D", input=img, kernel_source="random", kernel_size=3, seed=7, channel_mode="grouped",
+    again = res("AnyDeviceConv2D", input=img, kernel_source="random", kernel_size=3, init_seed=7, channel_mode="grouped",
                 out_channels=6, groups=3, padding="explicit", padding_size=2, padding_mode="zeros", bias=0.5,
                 device=device)[0]
     assert torch.equal(out, again)
@@ -171,7 +171,7 @@ def test_conv2d_padding_modes(mode, device):
 
 def test_conv2d_transposed(device):
     t = {"tensor": torch.randn(1, 2, 5, 6, generator=torch.Generator().manual_seed(1))}
-    out = res("AnyDeviceConv2D", input=t, kernel_source="random", kernel_size=3, seed=3, channel_mode="grouped",
+    out = res("AnyDeviceConv2D", input=t, kernel_source="random", kernel_size=3, init_seed=3, channel_mode="grouped",
               out_channels=4, groups=1, stride=2, padding="explicit", padding_size=1, transposed=True,
               output_padding=1, device=device)[0]
     w = torch.from_numpy(P.seeded_uniform(3, (2, 4, 3, 3), 4 * 9))
@@ -181,7 +181,7 @@ def test_conv2d_transposed(device):
 
 
 def test_conv2d_weights_input_and_ui_kernel(device):
-    wts = res("AnyDeviceWeights", source="random", shape="4, 3, 3, 3", seed=5, bias="random")[0]
+    wts = res("AnyDeviceWeights", source="random", shape="4, 3, 3, 3", init_seed=5, bias="random")[0]
     img = image()
     r = run("AnyDeviceConv2D", input=img, kernel_source="weights", channel_mode="grouped", groups=1,
             padding="same", padding_mode="zeros", weights=wts, device=device)
@@ -209,7 +209,7 @@ def test_linear_presets_match_torch(preset, device):
 
 def test_linear_sources(device):
     t = {"tensor": torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(2))}
-    out = res("AnyDeviceLinear", input=t, source="random", out_features=6, seed=9, bias="0.5", device=device)[0]
+    out = res("AnyDeviceLinear", input=t, source="random", out_features=6, init_seed=9, bias="0.5", device=device)[0]
     w = torch.from_numpy(P.seeded_uniform(9, (6, 4), 4))
     torch.testing.assert_close(out["tensor"], F.linear(t["tensor"], w) + 0.5, atol=ATOL, rtol=1e-5)
     out = res("AnyDeviceLinear", input=t, source="text", matrix="1 0 0 0\n0 0 0 2", bias="1 2", device=device)[0]
@@ -223,7 +223,7 @@ def test_linear_sources(device):
 
 def test_linear_on_latent_acts_on_channels(device):
     lat = {"samples": torch.randn(1, 4, 6, 5), "batch_index": [0], "noise_mask": None}
-    out = res("AnyDeviceLinear", input=lat, source="random", out_features=4, seed=1, device=device)[0]
+    out = res("AnyDeviceLinear", input=lat, source="random", out_features=4, init_seed=1, device=device)[0]
     w = torch.from_numpy(P.seeded_uniform(1, (4, 4), 4))
     ref = torch.einsum("oc,bchw->bohw", w, lat["samples"])
     torch.testing.assert_close(out["samples"], ref, atol=1e-5, rtol=1e-5)
@@ -456,11 +456,11 @@ def test_no_mutation_two_input_nodes(device):
     res("AnyDeviceLoss", prediction=a, target=b, loss="ssim", window_size=3, device=device)
     res("AnyDeviceTensorOps", a=a, op="sub", b=b, device=device)
     res("AnyDeviceTensorOps", a=a, op="normalize", device=device)
-    wts = res("AnyDeviceWeights", source="random", shape="3, 3", seed=0)[0]
+    wts = res("AnyDeviceWeights", source="random", shape="3, 3", init_seed=0)[0]
     wsnap = wts["weight"].clone()
     res("AnyDeviceLinear", input=a, source="weights", weights=wts, device=device)
     res("AnyDeviceConv2D", input=a, kernel_source="weights", weights=res(
-        "AnyDeviceWeights", source="random", shape="3, 3", seed=1)[0], device=device)
+        "AnyDeviceWeights", source="random", shape="3, 3", init_seed=1)[0], device=device)
     t = data["TENSOR"]
     tsnap = t["tensor"].clone()
     for node, kw in [("AnyDeviceTensorToImage", dict(tensor=t, mode="auto", normalize=True)),
@@ -540,12 +540,12 @@ def test_bad_widgets_through_the_api():
 
 
 def test_channel_mismatch_between_tensor_and_weights():
-    wts = res("AnyDeviceWeights", source="random", shape="4, 5", seed=0)[0]
+    wts = res("AnyDeviceWeights", source="random", shape="4, 5", init_seed=0)[0]
     with pytest.raises(common.NodeError) as e:
         res("AnyDeviceLinear", input=image(), source="weights", weights=wts)
     assert "Linear (AnyDevice): input 'weights'" in str(e.value) and "expects 5" in str(e.value)
     assert "has 3" in str(e.value)
-    wts = res("AnyDeviceWeights", source="random", shape="8, 4, 3, 3", seed=0)[0]
+    wts = res("AnyDeviceWeights", source="random", shape="8, 4, 3, 3", init_seed=0)[0]
     with pytest.raises(common.NodeError, match=r"Conv2D \(AnyDevice\): input 'weights'.*expects 4 input channels"):
         res("AnyDeviceConv2D", input=image(), kernel_source="weights", channel_mode="grouped", weights=wts)
     with pytest.raises(common.NodeError, match=r"input 'preset' .*expects 3 input channels.*has 4"):
