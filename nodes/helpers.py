@@ -458,7 +458,7 @@ class AnyDeviceTensorToMask(PackNode):
             out = x[:, channel]
         else:
             raise NodeError(node, "tensor", x, "a MASK needs a 2-D, 3-D or 4-D tensor")
-        out = out.contiguous()
+        out = out.clone(memory_format=torch.contiguous_format)  # never a view of the (cached) input
         return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (out,)}
 
 

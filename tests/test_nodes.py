@@ -443,7 +443,11 @@ def test_same_type_and_no_mutation(node, kind, device):
     out = res(node, device=device, **GENERIC[node](inp))[0]
     _check_same_kind(kind, inp, out)
     assert _same(inp, before), f"{node} wrote into its {kind} input"
+    if node != "AnyDeviceTensorInfo":  # (Tensor Info passes its input through by design)
+        common.raw(out, kind).add_(1.0)  # a consumer writing into the output must not reach the input
+        assert _same(inp, before), f"{node}'s {kind} output shares memory with its input"
     # a second run on the cached input gives the same numbers (ComfyUI reuses outputs across runs)
+    out = res(node, device=device, **GENERIC[node](inp))[0]
     out2 = res(node, device=device, **GENERIC[node](inp))[0]
     assert _same(common.raw(out, kind) if kind != "LATENT" else out["samples"],
                  common.raw(out2, kind) if kind != "LATENT" else out2["samples"])
@@ -469,6 +473,21 @@ def test_no_mutation_two_input_nodes(device):
         out = res(node, **kw)[0]
         common.raw(out, common.kind_of(out, "t", "o")).add_(1.0)  # a consumer writing into the output
     assert torch.equal(t["tensor"], tsnap)
+    for shape, node, kw in [((1, 3, 5, 4), "AnyDeviceTensorToMask", dict(channel=0)), ((5, 4), "AnyDeviceTensorToMask", {}),
+                            ((1, 3, 5, 4), "AnyDeviceTensorToImage", dict(mode="auto", normalize=False)),
+                            ((2, 3, 4), "AnyDeviceTensorToLatent", {})]:
+        src = {"tensor": torch.rand(shape)}
+        before = src["tensor"].clone()
+        out = res(node, tensor=src, **kw)[0]
+        common.raw(out, common.kind_of(out, "t", "o")).add_(1.0)
+        assert torch.equal(src["tensor"], before), (node, shape)
+    img = image()
+    snap_img = img.clone()
+    out = res("AnyDeviceImageToTensor", image=img, layout="NHWC")[0]
+    out["tensor"].add_(1.0)
+    out = res("AnyDeviceTensorSource", mode="image", image=img)[0]
+    out["tensor"].add_(1.0)
+    assert torch.equal(img, snap_img)
     assert torch.equal(a, snap[0]) and torch.equal(b, snap[1]) and torch.equal(wts["weight"], wsnap)
 
 
