@@ -149,7 +149,8 @@ class Backend:
 
     def _to_torch(self, x, like):
         torch = _torch()
-        out = torch.from_numpy(np.ascontiguousarray(self._to_numpy(x)))
+        a = self._to_numpy(x)
+        out = torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape))  # keeps 0-d results 0-d
         return out if like.device.type == "cpu" else out.to(like.device)
 
     def _shape(self, x) -> tuple[int, ...]:

@@ -421,6 +421,9 @@ def test_result_kind_follows_first_input(backend_target):
     assert isinstance(y, np.ndarray) and y.dtype == np.float32
     y = backend_target.conv2d(torch.from_numpy(x), w)
     assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.device.type == "cpu"
+    for full in (backend_target.sum(torch.from_numpy(x)), backend_target.mse_loss(torch.from_numpy(x), x)):
+        assert isinstance(full, torch.Tensor) and full.shape == (), "a full reduction of a tensor is 0-d"
+    assert backend_target.sum(x).shape == ()
     native = backend_target.to_device(x)
     y = backend_target.relu(native)
     assert type(y) is type(native)
