@@ -84,7 +84,7 @@ class Row:
 def _torch_device_for(be):
     import torch
     dev = getattr(be, "dev", None)
-    if dev is not None:
+    if isinstance(dev, torch.device):  # the PyTorch backend: its own device
         return dev
     if be.name in ("cuda", "rocm") and torch.cuda.is_available():
         return torch.device("cuda", getattr(be, "index", 0))
@@ -175,6 +175,7 @@ def main(args) -> int:
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; ratio = torch time / backend "
           f"time, same run, interleaved (> 1: backend faster)")
     rows = []
+    failures = 0
     for name in names:
         be = get_backend(name)
         print(f"\n{be.name}: {be.device}", flush=True)
@@ -183,6 +184,7 @@ def main(args) -> int:
                 row = bench_case(be, case, budget)
             except Exception as exc:  # report and go on: one failing case must not hide the others
                 log.error("%s / %s failed: %s", name, case.name, exc)
+                failures += 1
                 continue
             rows.append(row)
             print(format_rows([row]).splitlines()[-1], flush=True)
@@ -191,4 +193,4 @@ def main(args) -> int:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=2)
         print(f"wrote {args.json}")
-    return 0
+    return 1 if failures else 0
