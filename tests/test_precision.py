@@ -81,6 +81,26 @@ def test_conv2d_seed_cases(backend_target, k, s, p):
     check(y, ref, f"conv2d k{k} s{s} p{p}")
 
 
+MANY_CHANNELS = [  # (x shape, weight shape, stride, padding, groups): big-K paths (Winograd, im2col)
+    ((1, 32, 9, 10), (40, 32, 3, 3), 1, 1, 1), ((2, 33, 13, 8), (32, 33, 3, 3), 1, (1, 0), 1),
+    ((3, 48, 5, 2), (64, 48, 3, 3), 1, 1, 1), ((1, 64, 1, 1), (32, 64, 3, 3), 1, 1, 1),
+    ((2, 64, 11, 11), (48, 64, 3, 3), 2, 1, 1), ((1, 64, 9, 7), (64, 32, 3, 3), 1, 1, 2),
+    ((2, 40, 6, 9), (36, 40, 1, 1), 1, 0, 1), ((1, 36, 12, 12), (40, 36, 5, 5), 1, 2, 1),
+    ((1, 128, 4, 4), (128, 128, 3, 3), 1, 0, 1),
+]
+
+
+@pytest.mark.parametrize("xs,ws,stride,padding,groups", MANY_CHANNELS,
+                         ids=[f"{'x'.join(map(str, c[0]))}-{'x'.join(map(str, c[1]))}" for c in MANY_CHANNELS])
+def test_conv2d_many_channels(backend_target, xs, ws, stride, padding, groups):
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rand(rng, *xs)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rand(rng, ws[0])
+    ref = F.conv2d(t64(x), t64(w), t64(b), stride, padding, 1, groups).numpy()
+    check(backend_target.conv2d(x, w, b, stride, padding, 1, groups), ref, f"conv2d {xs} {ws}")
+
+
 # ---------------------------------------------------------------------------------------------
 # random shapes (hypothesis, derandomised so CI is reproducible)
 # ---------------------------------------------------------------------------------------------
