@@ -58,6 +58,8 @@ PAD_CODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
 DIRECT_MAX_K = 576
 #: CPU family: matmuls below this many multiply-adds use the one-launch gemm_small kernel
 SMALL_GEMM_MACS = 48 * 48 * 48
+#: CPU family: rows of k one packing work item copies (PK in gemm_cpu.cl / conv_cpu.cl)
+PACK_K = 64
 
 
 def _cl():
@@ -444,7 +446,7 @@ PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)]
 
 #: default tunables per family/file
 DEFAULT_TUNE = {
-    "gemm_cpu.cl": {"MSUB": 4, "KC": 128, "KP": 128, "A_BCAST_MEM": 0},
+    "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128},
     "gemm_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
     "conv2d_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
     "conv_transpose2d_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
@@ -552,8 +554,8 @@ class OpenCLBackend(Backend):
         rng = np.random.default_rng(0)
         a = self._from_numpy(rng.standard_normal((M, K), dtype=np.float32))
         b = self._from_numpy(rng.standard_normal((K, N), dtype=np.float32))
-        cands = [{}, {"MSUB": 2, "KC": 256, "KP": 256}, {"KC": 256, "KP": 256}, {"MSUB": 8, "KC": 64, "KP": 64},
-                 {"A_BCAST_MEM": 1}]
+        cands = [{}, {"MR": 8, "MSUB": 4, "KC": 128}, {"MR": 14, "MSUB": 2}, {"MSUB": 8},
+                 {"KC": 512, "KP": 256}]
         t_start = time.perf_counter()
         best, best_t = None, float("inf")
         log.info("anydevice opencl: auto-tuning gemm_cpu for shape class %s (budget %.1f s)", shape_class, left)
@@ -857,17 +859,18 @@ class OpenCLBackend(Backend):
                       out.buffer, 0, out.buffer, 0)
             return out
         params = self.tunables("gemm_cpu.cl", self._shape_class(M, N, K))
+        mr, msub = params["MR"], params["MSUB"]
         ba = batches if a_bs else 1
         bb = batches if b_bs else 1
-        mt, nt = -(-M // 8), -(-N // 32)
-        Ap = self._empty((ba, mt * 8 * K))
+        mt, nt = -(-M // mr), -(-N // 32)
+        Ap = self._empty((ba, mt * mr * K))
         Bp = self._empty((bb, nt * 32 * K))
         cpu_l = (1, 1, 1)
-        self._run("pack_a", (K, mt, ba), cpu_l, M, K, A.buffer, a_off, sam, sak, a_bs, Ap.buffer)
-        self._run("pack_b", (K, nt, bb), cpu_l, N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer)
-        msub = params["MSUB"]
-        self._run("gemm_cpu", (nt, -(-M // (8 * msub)), batches), cpu_l,
-                  M, N, K, Ap.buffer, (mt * 8 * K) if ba > 1 else 0, Bp.buffer, (nt * 32 * K) if bb > 1 else 0,
+        kb = -(-K // PACK_K)
+        self._run("pack_a", (kb, mt, ba), cpu_l, M, K, A.buffer, a_off, sam, sak, a_bs, Ap.buffer, params=params)
+        self._run("pack_b", (kb, nt, bb), cpu_l, N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer, params=params)
+        self._run("gemm_cpu", (-(-M // (mr * msub)), nt, batches), cpu_l,
+                  M, N, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer, (nt * 32 * K) if bb > 1 else 0,
                   out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
         return out
 
@@ -940,19 +943,21 @@ class OpenCLBackend(Backend):
         chunk = max(32, (workspace_budget_bytes() // max(1, per_col)) // 32 * 32)
         chunk = min(chunk, -(-total // 32) * 32)
         params = self.tunables("gemm_cpu.cl", self._shape_class(CoutG, chunk, K))
-        mt = -(-CoutG // 8)
-        Ap = self._empty((G, mt * 8 * K))
+        mr, msub = params["MR"], params["MSUB"]
+        mt = -(-CoutG // mr)
+        Ap = self._empty((G, mt * mr * K))
         cpu_l = (1, 1, 1)
-        self._run("pack_a", (K, mt, G), cpu_l, CoutG, K, w.buffer, w.offset, K, 1, CoutG * K, Ap.buffer)
-        msub = params["MSUB"]
+        kb = -(-K // PACK_K)
+        self._run("pack_a", (kb, mt, G), cpu_l, CoutG, K, w.buffer, w.offset, K, 1, CoutG * K, Ap.buffer,
+                  params=params)
         for c0 in range(0, total, chunk):
             nc = min(chunk, total - c0)
             nt = -(-nc // 32)
             Bp = self._empty((G, nt * 32 * K))
-            self._run("im2col_pack", (K, nt, G), cpu_l, x.buffer, x.offset, Bp.buffer,
+            self._run("im2col_pack", (kb, nt, G), cpu_l, x.buffer, x.offset, Bp.buffer,
                       C, H, W, CinG, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, c0, nc)
-            self._run("gemm_cpu", (nt, -(-CoutG // (8 * msub)), G), cpu_l,
-                      CoutG, nc, K, Ap.buffer, mt * 8 * K, Bp.buffer, nt * 32 * K,
+            self._run("gemm_cpu", (-(-CoutG // (mr * msub)), nt, G), cpu_l,
+                      CoutG, nc, K, Ap.buffer, mt * mr * K, Bp.buffer, nt * 32 * K,
                       out.buffer, 0, P, CoutG * P, bbuf, hb, CoutG, P, Cout * P, c0, params=params)
         return out
 

@@ -1,8 +1,9 @@
 /* CPU-family convolution kernels (OpenCL only; float16 vectors, no local memory).
 
    im2col_pack      : x -> packed B operand of gemm_cpu (layout [g][ceil(P/32)][K][32]) for the
-                      columns [colbase, colbase + ncols) of the (n, oh, ow) column space.
-                      Launch: global (K, ceil(ncols/32), G), local (1,1,1).
+                      columns [colbase, colbase + ncols) of the (n, oh, ow) column space; a work
+                      item fills PK rows of k of one 32-column tile.
+                      Launch: global (ceil(K/PK), ceil(ncols/32), G), local (1,1,1).
    conv2d_direct    : direct conv for small CinG*KH*KW. A work item computes 8 output channels x 32
                       output columns of one output row. Launch: global (ceil(OW/32), OH,
                       N*G*ceil(CoutG/8)), local (1,1,1).
@@ -13,31 +14,42 @@
 */
 #define TN 32
 #define FLUSH_TAPS 64
+#ifndef PK
+#define PK 64
+#endif
 
 __kernel void im2col_pack(__global const float *x, const long x_off, __global float *Bp,
                           const int C, const int H, const int W, const int CinG, const int KH, const int KW,
                           const int OH, const int OW, const int sh, const int sw, const int pt, const int pl,
                           const int dh, const int dw, const int colbase, const int ncols)
 {
-    const int k = get_global_id(0), nt = get_global_id(1), g = get_global_id(2);
+    const int kb = get_global_id(0) * PK, nt = get_global_id(1), g = get_global_id(2);
     const int KHW = KH * KW, K = CinG * KHW;
-    if (k >= K) return;
+    if (kb >= K) return;
+    const int ke = min(K, kb + PK);
     const int ntiles = (ncols + TN - 1) / TN;
-    const int ci = k / KHW, r = k - ci * KHW, kh = r / KW, kw = r - kh * KW;
-    __global float *dst = Bp + ((long)g * ntiles + nt) * (long)K * TN + (long)k * TN;
-    const int P = OH * OW;
+    __global float *dst = Bp + ((long)g * ntiles + nt) * (long)K * TN + (long)kb * TN;
+    /* per column: top-left input position and image base (columns past the end never load) */
+    int ih0[TN], iw0[TN];
+    long xb[TN];
+    const int P = OH * OW, end = colbase + ncols;
     int col = colbase + nt * TN;
     int n = col / P, p = col - n * P, oh = p / OW, ow = p - oh * OW;
-    const int end = colbase + ncols;
     for (int j = 0; j < TN; j++, col++) {
-        float v = 0.0f;
-        if (col < end) {
-            const int ih = oh * sh - pt + kh * dh, iw = ow * sw - pl + kw * dw;
-            if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                v = x[x_off + (((long)n * C + g * CinG + ci) * H + ih) * W + iw];
-        }
-        dst[j] = v;
+        const int live = col < end;
+        ih0[j] = live ? oh * sh - pt : -(1 << 29);
+        iw0[j] = ow * sw - pl;
+        xb[j] = x_off + ((long)n * C + g * CinG) * H * W;
         if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }
+    }
+    int ci = kb / KHW, r = kb - ci * KHW, kh = r / KW, kw = r - kh * KW;
+    for (int k = kb; k < ke; k++, dst += TN) {
+        const long cofs = (long)ci * H * W;
+        for (int j = 0; j < TN; j++) {
+            const int ih = ih0[j] + kh * dh, iw = iw0[j] + kw * dw;
+            dst[j] = ((uint)ih < (uint)H && (uint)iw < (uint)W) ? x[xb[j] + cofs + (long)ih * W + iw] : 0.0f;
+        }
+        if (++kw == KW) { kw = 0; if (++kh == KH) { kh = 0; ci++; } }
     }
 }
 
