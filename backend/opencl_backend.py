@@ -419,7 +419,7 @@ SIGS = {
     "copy_nd": [None, _L, None, _L, _L, _L, None],
     "pad2d": [None, _L, None, _L, _I, _I, _I, _I, _I, _I, _I],
     "reduce_ori": [None, _L, None, _L, _L, _L, _L, _L, _L, _I, _F],
-    "gemm_small": [_I, _I, _I, None, _L, _I, _I, _L, None, _L, _I, _I, _L, None, _L, None, _I],
+    "gemm_small": [_I, _I, _I, None, _L, _I, _I, _L, None, _L, _I, _I, _L, None, _L, None, _I, _I],
     "pack_a": [_I, _I, None, _L, _I, _I, _L, None],
     "pack_b": [_I, _I, None, _L, _I, _I, _L, None],
     "gemm_cpu": [_I, _I, _I, None, _L, None, _L, None, _L, _I, _L, None, _I, _I, _I, _L, _I],
@@ -854,9 +854,10 @@ class OpenCLBackend(Backend):
                       params=self.tunables("gemm_gpu.cl"))
             return out
         if M * N * K <= SMALL_GEMM_MACS:
-            self._run("gemm_small", (N, M, batches), (1, 1, 1) if self.is_cpu_device else None,
+            rows = max(1, min(M, 2048 // max(1, N * K)))
+            self._run("gemm_small", (1, -(-M // rows), batches), (1, 1, 1) if self.is_cpu_device else None,
                       M, N, K, A.buffer, a_off, sam, sak, a_bs, B.buffer, b_off, sbk, sbn, b_bs,
-                      out.buffer, 0, out.buffer, 0)
+                      out.buffer, 0, out.buffer, 0, rows)
             return out
         params = self.tunables("gemm_cpu.cl", self._shape_class(M, N, K))
         mr, msub = params["MR"], params["MSUB"]
@@ -884,6 +885,11 @@ class OpenCLBackend(Backend):
         def b(v):
             return "s" if v < 128 else "m" if v < 1024 else "l"
         return b(M) + b(N) + b(K)
+
+    def _mm(self, a, b):
+        M, K = a.shape
+        N = b.shape[1]
+        return self._gemm(M, N, K, 1, a, a.offset, K, 1, 0, b, b.offset, N, 1, 0, out_shape=(M, N))
 
     def _bmm(self, a, b):
         Ba, M, K = a.shape

@@ -239,19 +239,26 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
 __kernel void gemm_small(const int M, const int N, const int K,
                          __global const float *A, const long a_off, const int sam, const int sak, const long a_bs,
                          __global const float *B, const long b_off, const int sbk, const int sbn, const long b_bs,
-                         __global float *C, const long c_off, __global const float *bias, const int has_bias)
+                         __global float *C, const long c_off, __global const float *bias, const int has_bias,
+                         const int rows)
 {
-    const int n = get_global_id(0), m = get_global_id(1), b = get_global_id(2);
-    if (n >= N || m >= M) return;
-    const __global float *ap = A + a_off + b * a_bs + (long)m * sam;
-    const __global float *bp = B + b_off + b * b_bs + (long)n * sbn;
-    float tot = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += 64) {
-        const int k1 = min(K, k0 + 64);
-        float acc = 0.0f;
-        for (int k = k0; k < k1; k++) acc = fma(ap[(long)k * sak], bp[(long)k * sbk], acc);
-        tot += acc;
+    /* one work item: rows [m0, m0 + rows) x all N columns of batch b (one launch, few work
+       groups: PoCL's per-group cost dominates tiny products). Launch (1, ceil(M/rows), batches). */
+    const int m0 = get_global_id(1) * rows, b = get_global_id(2);
+    const int m1 = min(M, m0 + rows);
+    for (int m = m0; m < m1; m++) {
+        const __global float *ap = A + a_off + b * a_bs + (long)m * sam;
+        for (int n = 0; n < N; n++) {
+            const __global float *bp = B + b_off + b * b_bs + (long)n * sbn;
+            float tot = 0.0f;
+            for (int k0 = 0; k0 < K; k0 += 64) {
+                const int k1 = min(K, k0 + 64);
+                float acc = 0.0f;
+                for (int k = k0; k < k1; k++) acc = fma(ap[(long)k * sak], bp[(long)k * sbk], acc);
+                tot += acc;
+            }
+            if (has_bias) tot += bias[m];
+            C[c_off + ((long)b * M + m) * N + n] = tot;
+        }
     }
-    if (has_bias) tot += bias[m];
-    C[c_off + ((long)b * M + m) * N + n] = tot;
 }
