@@ -300,32 +300,52 @@ class NumpyBackend(Backend):
         threads.run_parallel(task, [(p, min(planes, p + per)) for p in range(0, planes, per)])
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
-        """Stride-phase decomposition: the outputs oy = oy0 + s*j of one phase oy0 receive only the
-        taps ky with (oy0 + p - ky*d) divisible by s, and read input rows c + t*e + j (an arithmetic
-        progression), so each phase is an ordinary stride-1 (dilated) conv with a sub-kernel, run by
-        _conv2d's fast paths and written into every s-th output pixel."""
+        x = np.ascontiguousarray(x)
         N, Cin, H, W = x.shape
         _, Coutg, KH, KW = w.shape
         G = groups
         Cing = Cin // G
         sh, sw = stride
-        OH = (H - 1) * sh - 2 * padding[0] + dilation[0] * (KH - 1) + output_padding[0] + 1
-        OW = (W - 1) * sw - 2 * padding[1] + dilation[1] * (KW - 1) + output_padding[1] + 1
-        out = np.zeros((N, Coutg * G, OH, OW), F32)
-        wg = w.reshape(G, Cing, Coutg, KH, KW)
-        rows = [_phase(o, OH, H, sh, padding[0], dilation[0], KH) for o in range(min(sh, OH))]
-        cols = [_phase(o, OW, W, sw, padding[1], dilation[1], KW) for o in range(min(sw, OW))]
-        for oy0, ry in enumerate(rows):
-            for ox0, rx in enumerate(cols):
-                if ry is None or rx is None:
-                    continue  # no tap reaches these outputs: zeros (+ bias below)
-                (ty, y0, y1, pt, pb, ey), (tx, x0, x1, pl, pr, ex) = ry, rx
-                wsub = wg[:, :, :, ty][:, :, :, :, tx]  # (G, Cing, Coutg, Ty, Tx)
-                wsub = np.ascontiguousarray(wsub.transpose(0, 2, 1, 3, 4)).reshape(G * Coutg, Cing, len(ty), len(tx))
-                y = self._conv2d(x[:, :, y0:y1, x0:x1], wsub, None, (1, 1), (pt, pb, pl, pr), (ey, ex), G)
-                out[:, :, oy0::sh, ox0::sw] = y
-        if bias is not None:
-            out += bias[None, :, None, None]
+        ph, pw = padding
+        dh, dw = dilation
+        OH = (H - 1) * sh - 2 * ph + dh * (KH - 1) + output_padding[0] + 1
+        OW = (W - 1) * sw - 2 * pw + dw * (KW - 1) + output_padding[1] + 1
+        # full canvas, before cropping `padding` from each side
+        HC = max((H - 1) * sh + dh * (KH - 1) + 1, ph + OH)
+        WC = max((W - 1) * sw + dw * (KW - 1) + 1, pw + OW)
+        out = np.empty((N, Coutg * G, OH, OW), F32)
+        wg = np.ascontiguousarray(w).reshape(G, Cing, Coutg * KH * KW)
+        # tasks: (image, group, block of output channels), at least one per thread; inside a task
+        # the input rows go in chunks whose columns fit in L2, accumulated into the task's canvas
+        nt = threads.num_threads()
+        cob = max(1, -(-Coutg * N * G // nt) // (N * G)) if N * G < nt else Coutg
+        per_row = 4 * cob * KH * KW * W
+        rows = max(1, min(H, CHUNK_BYTES // max(1, per_row)))
+        tasks = [(n, g, c0, min(Coutg, c0 + cob)) for n in range(N) for g in range(G)
+                 for c0 in range(0, Coutg, cob)]
+
+        def task(t):
+            n, g, c0, c1 = t
+            nco = c1 - c0
+            wblk = np.ascontiguousarray(
+                wg[g].reshape(Cing, Coutg, KH * KW)[:, c0:c1].reshape(Cing, nco * KH * KW).T)
+            xg = x[n, g * Cing:(g + 1) * Cing].reshape(Cing, H * W)
+            canvas = np.zeros((nco, HC, WC), F32)
+            for r0 in range(0, H, rows):
+                r1 = min(H, r0 + rows)
+                cols = (wblk @ xg[:, r0 * W:r1 * W]).reshape(nco, KH, KW, r1 - r0, W)
+                for i in range(KH):
+                    o = i * dh + r0 * sh
+                    for j in range(KW):
+                        canvas[:, o: o + (r1 - r0 - 1) * sh + 1: sh,
+                               j * dw: j * dw + (W - 1) * sw + 1: sw] += cols[:, i, j]
+            blk = canvas[:, ph:ph + OH, pw:pw + OW]
+            if bias is not None:
+                blk = blk + bias[g * Coutg + c0:g * Coutg + c1, None, None]
+            out[n, g * Coutg + c0:g * Coutg + c1] = blk
+
+        with threads.single_threaded_blas():
+            threads.run_parallel(task, tasks)
         return out
 
     # ---- elementwise ------------------------------------------------------------------------
@@ -394,26 +414,6 @@ class NumpyBackend(Backend):
 
 _WINO_G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
 _WINO_GG = np.kron(_WINO_G, _WINO_G).astype(F32)  # (16, 9): row a*4+b, column i*3+j
-
-
-def _phase(o0, n_out, n_in, s, p, d, k):
-    """One output phase of a transposed conv along one dim: outputs o0, o0+s, ...
-
-    Returns (taps ordered by input offset, input start, input end, pad before, pad after,
-    dilation of the sub-kernel), or None when no tap or no input row reaches the phase."""
-    taps = [t for t in range(k) if (o0 + p - t * d) % s == 0]
-    if not taps:
-        return None
-    taps.sort(key=lambda t: (o0 + p - t * d) // s)
-    c0 = (o0 + p - taps[0] * d) // s
-    e = (d * (taps[0] - taps[1]) // s) if len(taps) > 1 else 1
-    J = len(range(o0, n_out, s))
-    need = (len(taps) - 1) * e + J  # input rows the sub-conv reads, padding included
-    start, end = max(0, c0), min(n_in, c0 + need)
-    if end <= start:
-        return None
-    before = start - c0
-    return taps, start, end, before, need - before - (end - start), e
 
 
 def _bt(d, out, axis):
