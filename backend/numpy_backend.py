@@ -23,6 +23,8 @@ CHUNK_BYTES = 512 * 1024
 WINOGRAD_MIN_CHANNELS = 32
 #: below this many flops a GEMM runs as one NumPy call
 PARALLEL_FLOPS = 4e6
+#: from this many flops a GEMM is always split over the pack's threads (see _gemm)
+SPLIT_FLOPS = 1e9
 
 
 def _erfc_abs(x: np.ndarray) -> np.ndarray:
@@ -106,12 +108,17 @@ class NumpyBackend(Backend):
         return self._gemm(a, b)
 
     def _gemm(self, a, b):
-        """2-D GEMM. Small, or BLAS loaded with a short spin time: one BLAS call on BLAS's own
-        threads. Otherwise (inside ComfyUI, NumPy loaded first) split over the pack's threads with
-        single-threaded BLAS, so no spinning BLAS workers are left to slow the next PyTorch call."""
+        """2-D GEMM, threaded by what measured fastest here (same-run A/B vs torch, 2 cores):
+        small: one BLAS call; large (>= SPLIT_FLOPS): split over the pack's threads with
+        single-threaded BLAS (180-210 GFLOPS at n = 1000-2000, where OpenBLAS's own threading gave
+        113 at n = 1000); mid-size: BLAS's own threads (178 vs 85 at n = 500) if BLAS was loaded
+        with a short spin time, else the split too, so no spinning BLAS workers are left behind to
+        slow the next PyTorch call (inside ComfyUI, where NumPy loads before this pack)."""
         M, K = a.shape
         N = b.shape[1]
-        if threads.BLAS_SPIN_SAFE or 2.0 * M * N * K < PARALLEL_FLOPS or threads.num_threads() == 1:
+        flops = 2.0 * M * N * K
+        if flops < PARALLEL_FLOPS or threads.num_threads() == 1 or (
+                threads.BLAS_SPIN_SAFE and flops < SPLIT_FLOPS):
             return np.matmul(a, b)
         out = np.empty((M, N), F32)
         nt = threads.num_threads()
