@@ -60,6 +60,11 @@ DIRECT_MAX_K = 576
 SMALL_GEMM_MACS = 48 * 48 * 48
 #: CPU family: rows of k one packing work item copies (PK in gemm_cpu.cl / conv_cpu.cl)
 PACK_K = 64
+#: CPU family: Winograd F(2x2,3x3) for 3x3 stride-1 ungrouped convs with at least this many
+#: input and output channels (below it the transforms cost more than the multiplies saved)
+WINO_MIN_CH = 32
+#: CPU family: 32-tile groups one wino_out work item transforms (OB in winograd_cpu.cl)
+WINO_OB = 4
 
 
 def _cl():
@@ -426,6 +431,9 @@ SIGS = {
     "im2col_pack": [None, _L, None] + [_I] * 16,
     "conv2d_direct": [None, _L, None, _L, None, _L, None, _I] + [_I] * 17,
     "conv_t2d_direct": [None, _L, None, _L, None, _L, None, _I] + [_I] * 17,
+    "wino_filter": [None, _L, None, _I, _I],
+    "wino_in": [None, _L, None] + [_I] * 9,
+    "wino_out": [None, _I, _L, None, _L, None, _I] + [_I] * 7,
     "gemm_gpu": [_I, _I, _I, None, _L, _I, _I, _L, None, _L, _I, _I, _L, None, _L, _I, _L, None, _I, _I, _L],
     "conv2d_gpu": [None, _L, None, _L, None, _L, None, _I] + [_I] * 16,
     "conv_transpose2d_gpu": [None, _L, None, _L, None, _L, None, _I] + [_I] * 16,
@@ -439,6 +447,8 @@ KFILES = {
     "pack_a": ("gemm_cpu.cl", False), "pack_b": ("gemm_cpu.cl", False), "gemm_cpu": ("gemm_cpu.cl", False),
     "im2col_pack": ("conv_cpu.cl", False), "conv2d_direct": ("conv_cpu.cl", False),
     "conv_t2d_direct": ("conv_cpu.cl", False),
+    "wino_filter": ("winograd_cpu.cl", False), "wino_in": ("winograd_cpu.cl", False),
+    "wino_out": ("winograd_cpu.cl", False),
     "gemm_gpu": ("gemm_gpu.cl", True), "conv2d_gpu": ("conv2d_gpu.cl", True),
     "conv_transpose2d_gpu": ("conv_transpose2d_gpu.cl", True),
 }
@@ -937,7 +947,10 @@ class OpenCLBackend(Backend):
                       x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo,
                       params=self.tunables("conv2d_gpu.cl"))
             return out
-        if K <= DIRECT_MAX_K and OW >= 24:
+        path = self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
+        if path == "winograd":
+            return self._conv2d_winograd(x, w, bias, out, pt, pl)
+        if path == "direct":
             ncob = -(-CoutG // 8)
             self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),
                       x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob)
@@ -965,6 +978,54 @@ class OpenCLBackend(Backend):
             self._run("gemm_cpu", (-(-CoutG // (mr * msub)), nt, G), cpu_l,
                       CoutG, nc, K, Ap.buffer, mt * mr * K, Bp.buffer, nt * 32 * K,
                       out.buffer, 0, P, CoutG * P, bbuf, hb, CoutG, P, Cout * P, c0, params=params)
+        return out
+
+    def _conv_path(self, xshape, Cout, KH, KW, stride, dilation, groups, OW) -> str:
+        """CPU family: which conv2d path a geometry takes ("winograd", "direct" or "gemm")."""
+        C = xshape[1]
+        K = (C // groups) * KH * KW
+        if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
+                and C >= WINO_MIN_CH and Cout >= WINO_MIN_CH \
+                and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes():
+            return "winograd"
+        if K <= DIRECT_MAX_K and OW >= 24:
+            return "direct"
+        return "gemm"
+
+    def _conv2d_winograd(self, x, w, bias, out, pt, pl):
+        """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
+        panels, input transform straight into packed-B panels (tile chunks within the workspace
+        budget), 16 batched gemm_cpu products, output transform adding the bias."""
+        N, C, H, W = x.shape
+        Cout = w.shape[0]
+        _, _, OH, OW = out.shape
+        th, tw = -(-OH // 2), -(-OW // 2)
+        total = N * th * tw
+        params = self.tunables("gemm_cpu.cl", self._shape_class(Cout, min(total, 1024), C))
+        mr, msub = params["MR"], params["MSUB"]
+        wparams = {"MR": mr, "PK": PACK_K, "OB": WINO_OB}
+        mt = -(-Cout // mr)
+        cpu_l = (1, 1)
+        Up = self._empty((16, mt * mr * C))
+        self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset, Up.buffer, Cout, C,
+                  params=wparams)
+        hb = int(bias is not None)
+        bbuf = bias.buffer if hb else out.buffer
+        per_tile = 4 * 16 * (C + Cout)
+        chunk = max(32, (workspace_budget_bytes() // per_tile) // 32 * 32)
+        chunk = min(chunk, -(-total // 32) * 32)
+        for t0 in range(0, total, chunk):
+            ntl = min(chunk, total - t0)
+            nt = -(-ntl // 32)
+            Vp = self._empty((16, nt * 32 * C))
+            self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
+                      C, H, W, pt, pl, th, tw, t0, ntl, params=wparams)
+            Mb = self._empty((16, Cout, ntl))
+            self._run("gemm_cpu", (-(-Cout // (mr * msub)), nt, 16), (1, 1, 1),
+                      Cout, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
+                      Mb.buffer, 0, ntl, Cout * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+            self._run("wino_out", (-(-nt // WINO_OB), Cout), cpu_l, Mb.buffer, ntl, Cout * ntl,
+                      out.buffer, 0, bbuf, hb, Cout, OH, OW, th, tw, t0, ntl, params=wparams)
         return out
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):

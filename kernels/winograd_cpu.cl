@@ -1,0 +1,186 @@
+/* CPU-family Winograd F(2x2, 3x3) convolution (Lavin & Gray 2015), OpenCL only.
+
+   3x3, stride 1, dilation 1, ungrouped conv with many channels:
+     U[e] = (G g Gt)[e]          per (cout, cin), e = 4*a + b over the 4x4 transformed tile
+     V[e] = (Bt d B)[e]          per (cin, tile), d = the 4x4 input patch of a 2x2 output tile
+     M[e] = U[e] (Cout x Cin) . V[e] (Cin x tiles)     16 GEMMs through gemm_cpu (batched)
+     y    = At M A (+ bias)      per (cout, tile)
+   2.25x fewer multiplies than direct; the transforms only add, subtract and halve.
+
+   wino_filter : w (Cout, Cin, 3, 3) -> U in gemm_cpu's packed-A layout, batch e:
+                 Up[e][ceil(Cout/MR)][Cin][MR] (rows past Cout zero).
+                 Launch: global (ceil(Cin/PK), ceil(Cout/MR)), local (1, 1).
+   wino_in     : x (N, C, H, W) -> V in gemm_cpu's packed-B layout, batch e:
+                 Vp[e][ceil(ntl/32)][C][32] for tiles [t0, t0 + ntl) of the (n, ty, tx) tile space
+                 (tiles past the end zero). Input rows/columns outside the image read as zero, so
+                 padding and odd output sizes need no padded copy.
+                 Launch: global (ceil(C/PK), ceil(ntl/32)), local (1, 1).
+   wino_out    : M (16, Cout, ldm) (columns = tiles t0 ..) -> y (N, Cout, OH, OW) + bias.
+                 A work item does OB consecutive 32-tile groups of one output channel.
+                 Launch: global (ceil(ceil(ntl/32)/OB), Cout), local (1, 1).
+*/
+#ifndef MR
+#define MR 12
+#endif
+#ifndef PK
+#define PK 64
+#endif
+#define TN 32
+#ifndef OB
+#define OB 4
+#endif
+
+__kernel void wino_filter(__global const float *w, const long w_off, __global float *Up,
+                          const int Cout, const int Cin)
+{
+    const int c0 = get_global_id(0) * PK, mt = get_global_id(1);
+    if (c0 >= Cin) return;
+    const int c1 = min(Cin, c0 + PK);
+    const int mtiles = (Cout + MR - 1) / MR;
+    const long estride = (long)mtiles * Cin * MR;
+    const int nvalid = min(MR, Cout - mt * MR);
+    __global float *dst = Up + (long)mt * Cin * MR;
+    for (int ci = c0; ci < c1; ci++) {
+        float u[16][MR];
+        for (int i = 0; i < MR; i++) {
+            const __global float *g = w + w_off + ((long)(mt * MR + min(i, nvalid - 1)) * Cin + ci) * 9;
+            float t[4][3];
+            for (int j = 0; j < 3; j++) {  /* rows: G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
+                const float g0 = g[j], g1 = g[3 + j], g2 = g[6 + j];
+                t[0][j] = g0;
+                t[1][j] = 0.5f * ((g0 + g2) + g1);
+                t[2][j] = 0.5f * ((g0 + g2) - g1);
+                t[3][j] = g2;
+            }
+            const float z = i < nvalid ? 1.0f : 0.0f;
+            for (int a = 0; a < 4; a++) {
+                const float h0 = t[a][0], h1 = t[a][1], h2 = t[a][2];
+                u[4 * a + 0][i] = z * h0;
+                u[4 * a + 1][i] = z * (0.5f * ((h0 + h2) + h1));
+                u[4 * a + 2][i] = z * (0.5f * ((h0 + h2) - h1));
+                u[4 * a + 3][i] = z * h2;
+            }
+        }
+        for (int e = 0; e < 16; e++) {
+            __global float *o = dst + e * estride + (long)ci * MR;
+            for (int i = 0; i < MR; i++) o[i] = u[e][i];
+        }
+    }
+}
+
+/* Bt = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] */
+#define BT(d0, d1, d2, d3, o0, o1, o2, o3) { o0 = d0 - d2; o1 = d1 + d2; o2 = d2 - d1; o3 = d1 - d3; }
+
+__kernel void wino_in(__global const float *x, const long x_off, __global float *Vp,
+                      const int C, const int H, const int W, const int pt, const int pl,
+                      const int th, const int tw, const int t0, const int ntl)
+{
+    /* int offsets: the backend only takes this path for inputs below 2^31 elements */
+    const int c0 = get_global_id(0) * PK, nt = get_global_id(1);
+    if (c0 >= C) return;
+    const int c1 = min(C, c0 + PK);
+    const int ntiles = (ntl + TN - 1) / TN;
+    const long estride = (long)ntiles * C * TN;
+    const int HW = H * W;
+    x += x_off;
+    /* per lane: offset of the patch's top-left (may be outside the image), and which of its
+       4 rows / 4 columns lie inside (bit masks; a dead lane has none) */
+    int base[TN], rok[TN], cok[TN];
+    const int tpi = th * tw;
+    int t = t0 + nt * TN;
+    int n = t / tpi, r = t - n * tpi, ty = r / tw, tx = r - ty * tw;
+    int inside = 1;
+    for (int j = 0; j < TN; j++) {
+        const int live = nt * TN + j < ntl;
+        const int iy = 2 * ty - pt, ix = 2 * tx - pl;
+        int rm = 0, cm = 0;
+        for (int a = 0; a < 4; a++) {
+            rm |= ((uint)(iy + a) < (uint)H) << a;
+            cm |= ((uint)(ix + a) < (uint)W) << a;
+        }
+        rok[j] = live ? rm : 0;
+        cok[j] = cm;
+        inside &= (rok[j] == 15) & (cm == 15);
+        base[j] = live ? n * C * HW + iy * W + ix : 0;
+        if (++tx == tw) { tx = 0; if (++ty == th) { ty = 0; n++; } }
+    }
+    __global float *dst = Vp + (long)nt * C * TN;
+    for (int ci = c0; ci < c1; ci++) {
+        const __global float *xc = x + ci * HW;
+        float d[4][4][TN];
+        if (inside) {
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 4; b++)
+                    for (int j = 0; j < TN; j++) d[a][b][j] = xc[base[j] + a * W + b];
+        } else {
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 4; b++)
+                    for (int j = 0; j < TN; j++)
+                        d[a][b][j] = ((rok[j] >> a) & (cok[j] >> b) & 1) ? xc[base[j] + a * W + b] : 0.0f;
+        }
+        for (int h = 0; h < 2; h++) {
+            float16 v[4][4], q[4][4];
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 4; b++) v[a][b] = vload16(h, d[a][b]);
+            for (int b = 0; b < 4; b++) BT(v[0][b], v[1][b], v[2][b], v[3][b], q[0][b], q[1][b], q[2][b], q[3][b])
+            for (int a = 0; a < 4; a++) BT(q[a][0], q[a][1], q[a][2], q[a][3], v[a][0], v[a][1], v[a][2], v[a][3])
+            __global float *o = dst + (long)ci * TN + 16 * h;
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 4; b++) vstore16(v[a][b], 0, o + (4 * a + b) * estride);
+        }
+    }
+}
+
+/* At = [1 1 1 0; 0 1 -1 -1] */
+__kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
+                       __global float *y, const long y_off, __global const float *bias, const int has_bias,
+                       const int Cout, const int OH, const int OW, const int th, const int tw,
+                       const int t0, const int ntl)
+{
+    const int co = get_global_id(1);
+    const int g0 = get_global_id(0) * OB;
+    const int ngroups = (ntl + TN - 1) / TN;
+    const float bv = has_bias ? bias[co] : 0.0f;
+    const int tpi = th * tw;
+    const long OHW = (long)OH * OW;
+    for (int g = g0; g < min(ngroups, g0 + OB); g++) {
+        const __global float *mp = Mb + (long)co * ldm + g * TN;
+        const int nvalid = min(TN, ntl - g * TN);
+        float res[4][TN];
+        for (int h = 0; h < 2; h++) {
+            float16 m[4][4];
+            if (nvalid == TN) {
+                for (int e = 0; e < 16; e++) m[e / 4][e % 4] = vload16(h, mp + e * m_es);
+            } else {
+                for (int e = 0; e < 16; e++) {
+                    float tmp[16];
+                    for (int j = 0; j < 16; j++) tmp[j] = 16 * h + j < nvalid ? mp[e * m_es + 16 * h + j] : 0.0f;
+                    m[e / 4][e % 4] = vload16(0, tmp);
+                }
+            }
+            float16 r0[4], r1[4];
+            for (int b = 0; b < 4; b++) {
+                r0[b] = m[0][b] + m[1][b] + m[2][b];
+                r1[b] = m[1][b] - m[2][b] - m[3][b];
+            }
+            vstore16(r0[0] + r0[1] + r0[2] + bv, 0, res[0] + 16 * h);
+            vstore16(r0[1] - r0[2] - r0[3] + bv, 0, res[1] + 16 * h);
+            vstore16(r1[0] + r1[1] + r1[2] + bv, 0, res[2] + 16 * h);
+            vstore16(r1[1] - r1[2] - r1[3] + bv, 0, res[3] + 16 * h);
+        }
+        int t = t0 + g * TN;
+        int n = t / tpi, r = t - n * tpi, ty = r / tw, tx = r - ty * tw;
+        for (int j = 0; j < nvalid; j++) {
+            const int oy = 2 * ty, ox = 2 * tx;
+            __global float *yp = y + y_off + ((long)n * Cout + co) * OHW + (long)oy * OW + ox;
+            const int two_x = ox + 1 < OW;
+            yp[0] = res[0][j];
+            if (two_x) yp[1] = res[1][j];
+            if (oy + 1 < OH) {
+                yp[OW] = res[2][j];
+                if (two_x) yp[OW + 1] = res[3][j];
+            }
+            if (++tx == tw) { tx = 0; if (++ty == th) { ty = 0; n++; } }
+        }
+    }
+}
