@@ -33,6 +33,7 @@
 __kernel void wino_filter(__global const float *w, const long w_off, __global float *Up,
                           const int Cout, const int Cin)
 {
+    /* vectorised over the MR output channels of the panel (lanes past MR or Cout are zero) */
     const int c0 = get_global_id(0) * PK, mt = get_global_id(1);
     if (c0 >= Cin) return;
     const int c1 = min(Cin, c0 + PK);
@@ -40,30 +41,37 @@ __kernel void wino_filter(__global const float *w, const long w_off, __global fl
     const long estride = (long)mtiles * Cin * MR;
     const int nvalid = min(MR, Cout - mt * MR);
     __global float *dst = Up + (long)mt * Cin * MR;
+    const __global float *wb = w + w_off + (long)mt * MR * Cin * 9;
+    const long rs = (long)Cin * 9;
     for (int ci = c0; ci < c1; ci++) {
-        float u[16][MR];
-        for (int i = 0; i < MR; i++) {
-            const __global float *g = w + w_off + ((long)(mt * MR + min(i, nvalid - 1)) * Cin + ci) * 9;
-            float t[4][3];
-            for (int j = 0; j < 3; j++) {  /* rows: G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
-                const float g0 = g[j], g1 = g[3 + j], g2 = g[6 + j];
-                t[0][j] = g0;
-                t[1][j] = 0.5f * ((g0 + g2) + g1);
-                t[2][j] = 0.5f * ((g0 + g2) - g1);
-                t[3][j] = g2;
-            }
-            const float z = i < nvalid ? 1.0f : 0.0f;
-            for (int a = 0; a < 4; a++) {
-                const float h0 = t[a][0], h1 = t[a][1], h2 = t[a][2];
-                u[4 * a + 0][i] = z * h0;
-                u[4 * a + 1][i] = z * (0.5f * ((h0 + h2) + h1));
-                u[4 * a + 2][i] = z * (0.5f * ((h0 + h2) - h1));
-                u[4 * a + 3][i] = z * h2;
-            }
+        float gs[9][16];
+        for (int k = 0; k < 9; k++)
+            for (int i = 0; i < 16; i++) gs[k][i] = i < nvalid ? wb[i * rs + ci * 9 + k] : 0.0f;
+        float16 t[4][3];
+        for (int j = 0; j < 3; j++) {  /* rows: G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
+            const float16 g0 = vload16(0, gs[j]), g1 = vload16(0, gs[3 + j]), g2 = vload16(0, gs[6 + j]);
+            t[0][j] = g0;
+            t[1][j] = 0.5f * ((g0 + g2) + g1);
+            t[2][j] = 0.5f * ((g0 + g2) - g1);
+            t[3][j] = g2;
         }
-        for (int e = 0; e < 16; e++) {
-            __global float *o = dst + e * estride + (long)ci * MR;
-            for (int i = 0; i < MR; i++) o[i] = u[e][i];
+        __global float *o = dst + (long)ci * MR;
+        for (int a = 0; a < 4; a++) {
+            const float16 h0 = t[a][0], h1 = t[a][1], h2 = t[a][2];
+            float16 u[4];
+            u[0] = h0;
+            u[1] = 0.5f * ((h0 + h2) + h1);
+            u[2] = 0.5f * ((h0 + h2) - h1);
+            u[3] = h2;
+            for (int b = 0; b < 4; b++) {
+                __global float *ob = o + (4 * a + b) * estride;
+                float us[16];
+                vstore16(u[b], 0, us);
+                vstore8(vload8(0, us), 0, ob);
+#if MR > 8
+                for (int i = 8; i < MR; i++) ob[i] = us[i];
+#endif
+            }
         }
     }
 }
