@@ -1003,7 +1003,7 @@ class OpenCLBackend(Backend):
         total = N * th * tw
         params = self.tunables("gemm_cpu.cl", self._shape_class(Cout, min(total, 1024), C))
         mr, msub = params["MR"], params["MSUB"]
-        wparams = {"MR": mr, "PK": PACK_K, "OB": WINO_OB}
+        wparams = dict(params, PK=PACK_K, OB=WINO_OB)
         mt = -(-Cout // mr)
         cpu_l = (1, 1)
         Up = self._empty((16, mt * mr * C))

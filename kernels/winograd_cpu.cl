@@ -192,3 +192,4 @@ __kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
         }
     }
 }
+

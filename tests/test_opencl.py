@@ -285,3 +285,76 @@ def test_transfer_fraction_of_image_chain(be):
     print(f"\nimage chain: total {t['total'] * 1e3:.1f} ms, transfers {t['transfer'] * 1e3:.1f} ms, "
           f"transfer share {best:.1%} (best of 3)")
     assert best <= 0.35  # target 20%; loose because other processes share the CPU
+
+
+# ---- CPU-family conv path choice and the Winograd path --------------------------------------
+@pytest.fixture(scope="module")
+def cpu_be():
+    return ob.create("opencl", 0, family="cpu")
+
+
+def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
+    N, C, H, W = xs
+    KH, KW = ws[2:]
+    ph, pw = (padding, padding) if isinstance(padding, int) else padding
+    OW = (W + 2 * pw - dilation * (KW - 1) - 1) // stride + 1
+    return be._conv_path(xs, ws[0], KH, KW, (stride, stride), (dilation, dilation), groups, OW)
+
+
+@needs_device
+@pytest.mark.parametrize("xs,ws,kw,path", [
+    ((32, 512, 7, 7), (512, 512, 3, 3), {}, "winograd"),            # bench "conv 32x512"
+    ((1, 16, 512, 512), (16, 16, 3, 3), {}, "direct"),              # bench "image conv 1x16"
+    ((1, 3, 1024, 1024), (16, 3, 3, 3), {}, "direct"),              # bench "image conv 1x3"
+    ((32, 16, 7, 7), (1, 16, 3, 3), {}, "gemm"),                    # bench "conv 32x16"
+    ((32, 512, 7, 7), (512, 512, 3, 3), {"stride": 2}, "gemm"),     # seed k3 s2 p1
+    ((32, 512, 7, 7), (512, 512, 1, 1), {"padding": 0}, "gemm"),    # seed k1
+    ((32, 512, 7, 7), (512, 512, 7, 7), {"stride": 2, "padding": 3}, "gemm"),
+    ((1, 64, 9, 7), (64, 32, 3, 3), {"groups": 2}, "gemm"),         # grouped: never Winograd
+    ((1, 64, 40, 40), (64, 64, 3, 3), {"dilation": 2}, "direct"),
+])
+def test_cpu_conv_path_choice(cpu_be, xs, ws, kw, path):
+    assert _path(cpu_be, xs, ws, **kw) == path
+
+
+@needs_device
+@pytest.mark.parametrize("xs,ws,padding", [
+    ((1, 32, 9, 10), (40, 32, 3, 3), 1), ((2, 33, 13, 8), (32, 33, 3, 3), (1, 0)),
+    ((3, 48, 5, 2), (64, 48, 3, 3), 1), ((1, 64, 1, 1), (32, 64, 3, 3), 1),
+    ((2, 40, 11, 7), (33, 40, 3, 3), 0), ((1, 40, 3, 3), (33, 40, 3, 3), 0),
+    ((2, 36, 12, 15), (70, 36, 3, 3), (0, 1)), ((5, 32, 7, 7), (32, 32, 3, 3), 1),
+])
+def test_winograd_matches_float64(cpu_be, monkeypatch, xs, ws, padding):
+    import torch
+    import torch.nn.functional as F
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.uniform(-1, 1, xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.uniform(-1, 1, ws[0]).astype(np.float32)
+    calls = []
+    real = cpu_be._conv2d_winograd
+    monkeypatch.setattr(cpu_be, "_conv2d_winograd", lambda *a: calls.append(1) or real(*a))
+    for bias in (b, None):
+        y = cpu_be.to_numpy(cpu_be.conv2d(x, w, bias, padding=padding))
+        ref = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                       None if bias is None else torch.from_numpy(bias).double(), 1, padding).numpy()
+        assert y.shape == ref.shape
+        assert _relerr(y, ref) < 1e-6
+    assert len(calls) == 2  # the Winograd path really ran
+
+
+@needs_device
+def test_winograd_chunked_tiles(cpu_be, monkeypatch):
+    """A workspace budget smaller than the tile set: several tile chunks, same result."""
+    import torch
+    import torch.nn.functional as F
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (3, 32, 19, 21)).astype(np.float32)
+    w = (rng.standard_normal((48, 32, 3, 3)) / 17).astype(np.float32)
+    b = rng.uniform(-1, 1, 48).astype(np.float32)
+    monkeypatch.setenv("ANYDEVICE_WORKSPACE_MB", "0.5")  # ~64 tiles per chunk, 330 tiles
+    assert _path(cpu_be, x.shape, w.shape) == "winograd"
+    y = cpu_be.to_numpy(cpu_be.conv2d(x, w, b, padding=1))
+    ref = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double(),
+                   1, 1).numpy()
+    assert _relerr(y, ref) < 1e-6
