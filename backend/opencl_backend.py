@@ -411,6 +411,14 @@ def _collapse(shape, *stride_sets):
     return shape2, [tuple(st[j] for _, st in out) for j in range(len(stride_sets))]
 
 
+def _direct_spec(KH, KW, sh, sw, dh, dw) -> dict:
+    """Build options that specialise the CPU direct conv kernels on their geometry: only for the
+    common square kernels with stride 1-2 and no dilation (a few builds in all); others {}."""
+    if KH == KW and KH <= 7 and sh == sw and sh <= 2 and dh == dw == 1:
+        return {"SPEC_KH": KH, "SPEC_KW": KW, "SPEC_SH": sh, "SPEC_SW": sw, "SPEC_DH": 1, "SPEC_DW": 1}
+    return {}
+
+
 # ----------------------------------------------------------------------------------------------
 # the backend
 # ----------------------------------------------------------------------------------------------
@@ -953,7 +961,8 @@ class OpenCLBackend(Backend):
         if path == "direct":
             ncob = -(-CoutG // 8)
             self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),
-                      x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob)
+                      x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
+                      params=_direct_spec(KH, KW, sh, sw, dh, dw))
             return out
         # im2col into packed panels + GEMM, in column chunks that fit the workspace budget
         P = OH * OW
@@ -1054,5 +1063,6 @@ class OpenCLBackend(Backend):
         ncob = -(-CoutG // 8)
         J = -(-OW // sw)
         self._run("conv_t2d_direct", (-(-J // 32), OH * sw, N * G * ncob), (1, 1, 1),
-                  x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob)
+                  x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
+                  params=_direct_spec(KH, KW, sh, sw, dh, dw))
         return out

@@ -14,6 +14,24 @@
 */
 #define TN 32
 #define FLUSH_TAPS 64
+/* Direct kernels built for one geometry (-DSPEC_KH=.. -DSPEC_KW=.. -DSPEC_SH=.. -DSPEC_SW=..
+   -DSPEC_DH=.. -DSPEC_DW=..) see the kernel size, stride and dilation as constants (unrolled tap
+   loops, constant index arithmetic); without them they read the arguments. */
+#ifdef SPEC_KH
+#define KH_ SPEC_KH
+#define KW_ SPEC_KW
+#define SH_ SPEC_SH
+#define SW_ SPEC_SW
+#define DH_ SPEC_DH
+#define DW_ SPEC_DW
+#else
+#define KH_ KH
+#define KW_ KW
+#define SH_ sh
+#define SW_ sw
+#define DH_ dh
+#define DW_ dw
+#endif
 #ifndef PK
 #define PK 64
 #endif
@@ -81,14 +99,17 @@ inline void load32(const __global float *row, const int iw0, const int step, con
     a00 = 0; a01 = 0; a10 = 0; a11 = 0; a20 = 0; a21 = 0; a30 = 0; a31 = 0; \
     a40 = 0; a41 = 0; a50 = 0; a51 = 0; a60 = 0; a61 = 0; a70 = 0; a71 = 0;
 #define FMA8(wp, ws, v0, v1) { float wv; \
-    wv = (wp)[0];        a00 = fma((float16)wv, v0, a00); a01 = fma((float16)wv, v1, a01); \
-    wv = (wp)[(ws)[1]];  a10 = fma((float16)wv, v0, a10); a11 = fma((float16)wv, v1, a11); \
-    wv = (wp)[(ws)[2]];  a20 = fma((float16)wv, v0, a20); a21 = fma((float16)wv, v1, a21); \
-    wv = (wp)[(ws)[3]];  a30 = fma((float16)wv, v0, a30); a31 = fma((float16)wv, v1, a31); \
-    wv = (wp)[(ws)[4]];  a40 = fma((float16)wv, v0, a40); a41 = fma((float16)wv, v1, a41); \
-    wv = (wp)[(ws)[5]];  a50 = fma((float16)wv, v0, a50); a51 = fma((float16)wv, v1, a51); \
-    wv = (wp)[(ws)[6]];  a60 = fma((float16)wv, v0, a60); a61 = fma((float16)wv, v1, a61); \
-    wv = (wp)[(ws)[7]];  a70 = fma((float16)wv, v0, a70); a71 = fma((float16)wv, v1, a71); }
+    wv = (wp)[0];     a00 = fma((float16)wv, v0, a00); a01 = fma((float16)wv, v1, a01); \
+    wv = (wp)[ws##1]; a10 = fma((float16)wv, v0, a10); a11 = fma((float16)wv, v1, a11); \
+    wv = (wp)[ws##2]; a20 = fma((float16)wv, v0, a20); a21 = fma((float16)wv, v1, a21); \
+    wv = (wp)[ws##3]; a30 = fma((float16)wv, v0, a30); a31 = fma((float16)wv, v1, a31); \
+    wv = (wp)[ws##4]; a40 = fma((float16)wv, v0, a40); a41 = fma((float16)wv, v1, a41); \
+    wv = (wp)[ws##5]; a50 = fma((float16)wv, v0, a50); a51 = fma((float16)wv, v1, a51); \
+    wv = (wp)[ws##6]; a60 = fma((float16)wv, v0, a60); a61 = fma((float16)wv, v1, a61); \
+    wv = (wp)[ws##7]; a70 = fma((float16)wv, v0, a70); a71 = fma((float16)wv, v1, a71); }
+#define WS_DECL(ws, unit) const int ws##1 = min(1, nco - 1) * (unit), ws##2 = min(2, nco - 1) * (unit), \
+    ws##3 = min(3, nco - 1) * (unit), ws##4 = min(4, nco - 1) * (unit), ws##5 = min(5, nco - 1) * (unit), \
+    ws##6 = min(6, nco - 1) * (unit), ws##7 = min(7, nco - 1) * (unit);
 
 inline void store_row(__global float *yr, const int j0, const int step, const int nvalid,
                       float16 v0, float16 v1, const float b)
@@ -124,26 +145,25 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
     if (ow0 >= OW || oh >= OH) return;
     const int cob = z % ncob, ng = z / ncob, g = ng % G, n = ng / G;
     const int co0 = cob * 8, nco = min(8, CoutG - co0);
-    const int KHW = KH * KW;
+    const int KHW = KH_ * KW_;
     const int wco = CinG * KHW;  /* distance between output channels in w */
-    int ws[8];
-    for (int i = 0; i < 8; i++) ws[i] = min(i, nco - 1) * wco;
+    WS_DECL(ws, wco)
     const __global float *wb = w + w_off + (long)(g * CoutG + co0) * wco;
     const __global float *xb = x + x_off + ((long)n * C + g * CinG) * H * W;
     DECL_ACC
     int taps = 0;
     for (int ci = 0; ci < CinG; ci++) {
-        for (int kh = 0; kh < KH; kh++) {
-            const int ih = oh * sh - pt + kh * dh;
+        for (int kh = 0; kh < KH_; kh++) {
+            const int ih = oh * SH_ - pt + kh * DH_;
             if (ih < 0 || ih >= H) continue;
             const __global float *row = xb + ((long)ci * H + ih) * W;
-            const __global float *wp = wb + ci * KHW + kh * KW;
-            for (int kw = 0; kw < KW; kw++) {
+            const __global float *wp = wb + ci * KHW + kh * KW_;
+            for (int kw = 0; kw < KW_; kw++) {
                 float16 v0, v1;
-                load32(row, ow0 * sw - pl + kw * dw, sw, W, &v0, &v1);
+                load32(row, ow0 * SW_ - pl + kw * DW_, SW_, W, &v0, &v1);
                 FMA8(wp + kw, ws, v0, v1)
             }
-            taps += KW;
+            taps += KW_;
         }
         if (taps >= FLUSH_TAPS) { taps = 0; FLUSH }
     }
@@ -159,31 +179,30 @@ __kernel void conv_t2d_direct(__global const float *x, const long x_off, __globa
                               const int ncob)
 {
     const int j0 = get_global_id(0) * TN, ohr = get_global_id(1), z = get_global_id(2);
-    const int oh = ohr / sw, r = ohr - oh * sw;
+    const int oh = ohr / SW_, r = ohr - oh * SW_;
     if (oh >= OH || r >= OW) return;
-    const int J = (OW - r + sw - 1) / sw;  /* outputs in this phase */
+    const int J = (OW - r + SW_ - 1) / SW_;  /* outputs in this phase */
     if (j0 >= J) return;
     const int cob = z % ncob, ng = z / ncob, g = ng % G, n = ng / G;
     const int co0 = cob * 8, nco = min(8, CoutG - co0);
-    const int KHW = KH * KW;
-    int ws[8];
-    for (int i = 0; i < 8; i++) ws[i] = min(i, nco - 1) * KHW;
+    const int KHW = KH_ * KW_;
+    WS_DECL(ws, KHW)
     const __global float *wb = w + w_off + ((long)g * CinG * CoutG + co0) * KHW;
     const __global float *xb = x + x_off + ((long)n * C + g * CinG) * H * W;
     DECL_ACC
     int taps = 0;
     for (int ci = 0; ci < CinG; ci++) {
-        for (int kh = 0; kh < KH; kh++) {
-            const int th = oh + ph - kh * dh;
+        for (int kh = 0; kh < KH_; kh++) {
+            const int th = oh + ph - kh * DH_;
             if (th < 0) continue;
-            const int ih = th / sh;
-            if (ih * sh != th || ih >= H) continue;
+            const int ih = th / SH_;
+            if (ih * SH_ != th || ih >= H) continue;
             const __global float *row = xb + ((long)ci * H + ih) * W;
-            const __global float *wp = wb + (long)ci * CoutG * KHW + kh * KW;
-            for (int kw = 0; kw < KW; kw++) {
-                const int tw = r + pw - kw * dw;
-                const int q = tw >= 0 ? tw / sw : -((-tw + sw - 1) / sw);
-                if (q * sw != tw) continue;
+            const __global float *wp = wb + (long)ci * CoutG * KHW + kh * KW_;
+            for (int kw = 0; kw < KW_; kw++) {
+                const int tw = r + pw - kw * DW_;
+                const int q = tw >= 0 ? tw / SW_ : -((-tw + SW_ - 1) / SW_);
+                if (q * SW_ != tw) continue;
                 float16 v0, v1;
                 load32(row, j0 + q, 1, W, &v0, &v1);
                 FMA8(wp + kw, ws, v0, v1)
@@ -193,5 +212,5 @@ __kernel void conv_t2d_direct(__global const float *x, const long x_off, __globa
         if (taps >= FLUSH_TAPS) { taps = 0; FLUSH }
     }
     __global float *yb = y + y_off + (((long)n * G * CoutG + g * CoutG + co0) * OH + oh) * OW + r;
-    STORE_ALL(yb, (long)OH * OW, j0, sw, min(TN, J - j0))
+    STORE_ALL(yb, (long)OH * OW, j0, SW_, min(TN, J - j0))
 }
