@@ -93,7 +93,7 @@ class NumpyBackend(Backend):
         if B == 1:
             return self._gemm(a[0], b[0]).reshape(1, M, N)
         if 2.0 * B * M * N * K < PARALLEL_FLOPS:
-            return np.matmul(a, b)
+            return _quiet(np.matmul, a, b)
         out = np.empty((B, M, N), F32)
 
         def task(r):
@@ -101,7 +101,7 @@ class NumpyBackend(Backend):
             np.matmul(a[i0:i1] if Ba > 1 else a, b[i0:i1] if Bb > 1 else b, out=out[i0:i1])
 
         with threads.single_threaded_blas():
-            threads.run_parallel(task, _split(B, threads.num_threads()))
+            _parallel(task, _split(B, threads.num_threads()))
         return out
 
     def _mm(self, a, b):
@@ -119,7 +119,7 @@ class NumpyBackend(Backend):
         flops = 2.0 * M * N * K
         if flops < PARALLEL_FLOPS or threads.num_threads() == 1 or (
                 threads.BLAS_SPIN_SAFE and flops < SPLIT_FLOPS):
-            return np.matmul(a, b)
+            return _quiet(np.matmul, a, b)
         out = np.empty((M, N), F32)
         nt = threads.num_threads()
         if M >= N:
@@ -131,7 +131,7 @@ class NumpyBackend(Backend):
                 out[:, r[0]:r[1]] = a @ np.ascontiguousarray(b[:, r[0]:r[1]])
             parts = _split(N, nt)
         with threads.single_threaded_blas():
-            threads.run_parallel(task, parts)
+            _parallel(task, parts)
         return out
 
     # ---- convolution ------------------------------------------------------------------------
@@ -160,7 +160,8 @@ class NumpyBackend(Backend):
             return out
         K = Cg * KH * KW
         if (KH, KW, sh, sw, dh, dw, G) == (3, 3, 1, 1, 1, 1, 1) and C >= WINOGRAD_MIN_CHANNELS \
-                and Cout >= WINOGRAD_MIN_CHANNELS:
+                and Cout >= WINOGRAD_MIN_CHANNELS and np.isfinite(x).all() and np.isfinite(w).all():
+            # (Inf/NaN take the direct path: Winograd's transforms mix a tile, Inf - Inf = NaN)
             return self._conv2d_winograd(x, w, bias, out)
         if Cg >= 32 or Cg > OW:
             return self._conv2d_channels_last(x, w, bias, out, stride, dilation, groups)
@@ -195,7 +196,7 @@ class NumpyBackend(Backend):
                 res.reshape(Coutg, nb, rows, OW).transpose(1, 0, 2, 3)
 
         with threads.single_threaded_blas():
-            threads.run_parallel(task, tasks)
+            _parallel(task, tasks)
         return out
 
     def _conv2d_winograd(self, x, w, bias, out):
@@ -270,7 +271,7 @@ class NumpyBackend(Backend):
                                       strides=(sN, sh * sH, sw * sW, dh * sH, dw * sW, sC), writeable=False)
                     np.copyto(cols[:, r[0]:r[1]], view)
 
-                threads.run_parallel(gather, _split(OH, nt) if nb * OH * OW * K > 1 << 16 else [(0, OH)])
+                _parallel(gather, _split(OH, nt) if nb * OH * OW * K > 1 << 16 else [(0, OH)])
                 res = self._gemm(cols.reshape(nb * OH * OW, K), wk[g])
                 if bias is not None:
                     res += bias[g * Coutg:(g + 1) * Coutg]
@@ -304,7 +305,7 @@ class NumpyBackend(Backend):
                 acc += bias[chan[p0:p1], None, None]
             os_[p0:p1] = acc
 
-        threads.run_parallel(task, [(p, min(planes, p + per)) for p in range(0, planes, per)])
+        _parallel(task, [(p, min(planes, p + per)) for p in range(0, planes, per)])
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
         x = np.ascontiguousarray(x)
@@ -352,7 +353,7 @@ class NumpyBackend(Backend):
             out[n, g * Coutg + c0:g * Coutg + c1] = blk
 
         with threads.single_threaded_blas():
-            threads.run_parallel(task, tasks)
+            _parallel(task, tasks)
         return out
 
     # ---- elementwise ------------------------------------------------------------------------
@@ -448,6 +449,17 @@ _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true
 def _sigmoid(x):
     # 1 / (1 + exp(-x)); exp overflow to inf gives 0, as in torch
     return (1.0 / (1.0 + np.exp(-x))).astype(F32, copy=False)
+
+
+def _quiet(fn, *args, **kw):
+    """fn without NumPy's floating-point warnings: Inf and NaN are valid data here, and propagate
+    as in torch (the error state is per thread, so each pool task sets it too)."""
+    with np.errstate(all="ignore"):
+        return fn(*args, **kw)
+
+
+def _parallel(task, tasks) -> None:
+    threads.run_parallel(lambda t: _quiet(task, t), tasks)
 
 
 def _split(n: int, parts: int):

@@ -956,8 +956,10 @@ class OpenCLBackend(Backend):
                       params=self.tunables("conv2d_gpu.cl"))
             return out
         path = self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
-        if path == "winograd":
+        if path == "winograd" and self._all_finite(x) and self._all_finite(w):
             return self._conv2d_winograd(x, w, bias, out, pt, pl)
+        if path == "winograd":  # Inf/NaN: Winograd's transforms mix a tile (Inf - Inf = NaN)
+            path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
         if path == "direct":
             ncob = -(-CoutG // 8)
             self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),
@@ -988,6 +990,11 @@ class OpenCLBackend(Backend):
                       CoutG, nc, K, Ap.buffer, mt * mr * K, Bp.buffer, nt * 32 * K,
                       out.buffer, 0, P, CoutG * P, bbuf, hb, CoutG, P, Cout * P, c0, params=params)
         return out
+
+    def _all_finite(self, a) -> bool:
+        """No Inf or NaN in ``a``: sum(a * 0) is 0, or NaN when there is one (one scalar read back)."""
+        z = self._reduce("sum", self._binary("mul", a, 0.0), tuple(range(len(a.shape))), False)
+        return bool(np.isfinite(self._to_numpy(z)).all())
 
     def _conv_path(self, xshape, Cout, KH, KW, stride, dilation, groups, OW) -> str:
         """CPU family: which conv2d path a geometry takes ("winograd", "direct" or "gemm")."""

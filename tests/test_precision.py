@@ -497,6 +497,16 @@ def test_nan_inf_propagate_like_torch(backend_target):
     k = torch.ones(1, 1, 3, 3)
     _same_specials(be.conv2d(img, k.numpy(), padding=1), F.conv2d(torch.from_numpy(img), k, padding=1),
                    F.conv2d(t64(img), k.double(), padding=1))
+    # many channels, 3x3: the Winograd paths must not turn an Inf into NaNs around it
+    rng = np.random.default_rng(4)
+    big = rand(rng, 1, 32, 9, 9)
+    big[0, 3, 4, 4], big[0, 5, 1, 7], big[0, 7, 6, 2] = np.inf, -np.inf, np.nan
+    kb = rand(rng, 32, 32, 3, 3)
+    _same_specials(be.conv2d(big, kb, padding=1), F.conv2d(torch.from_numpy(big), torch.from_numpy(kb), padding=1),
+                   F.conv2d(t64(big), t64(kb), padding=1))
+    kb[1, 2, 0, 0] = np.inf
+    _same_specials(be.conv2d(big[:, :, :, :5], kb), F.conv2d(torch.from_numpy(big[:, :, :, :5]), torch.from_numpy(kb)),
+                   F.conv2d(t64(big[:, :, :, :5]), t64(kb)))
     _same_specials(be.matmul(x, other.T), t32 @ torch.from_numpy(other).T, t64_ @ torch.from_numpy(other).double().T)
     for sl in (slice(2, 5), slice(0, 3), slice(3, 6)):
         _same_specials(be.softmax(x[:, sl], -1), F.softmax(t32[:, sl], -1), F.softmax(t64_[:, sl], -1))
