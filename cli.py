@@ -21,7 +21,7 @@ def _cmd_devices(args) -> int:
         print(f"{mark}{i.name:<11}{('yes' if i.available else 'no'):<11}{i.priority:<9}{detail}")
         if i.available and i.notes:
             print(f"{'':33}(note: {i.notes})")
-    print(f"\n* = chosen automatically (override with ANYDEVICE_BACKEND=name[:index])")
+    print("\n* = chosen automatically (override with ANYDEVICE_BACKEND=name[:index])")
     return 0
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -274,7 +274,7 @@ class Backend:
                                  f"inner dimensions do not match: input {sa} has {sa2[-1]} columns, "
                                  f"other has {sb2[-2]} rows")
         batch = broadcast_shapes(op, sa2[:-2], sb2[:-2])
-        M, K, N = sa2[-2], sa2[-1], sb2[-1]
+        M, N = sa2[-2], sb2[-1]
         self._check_size(op, batch + (M, N))
         B = math.prod(batch)
         a3 = self._batch3(a, sa2, batch, B)

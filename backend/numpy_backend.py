@@ -19,8 +19,6 @@ from .contract import Backend, workspace_budget_bytes
 F32 = np.float32
 #: bytes of im2col columns one task gathers at a time (about half of L2)
 CHUNK_BYTES = 512 * 1024
-#: Winograd F(2x2,3x3) for 3x3 stride-1 convs with at least this many input and output channels
-WINOGRAD_MIN_CHANNELS = 32
 #: below this many flops a GEMM runs as one NumPy call
 PARALLEL_FLOPS = 4e6
 #: from this many flops a GEMM is always split over the pack's threads (see _gemm)
@@ -108,12 +106,12 @@ class NumpyBackend(Backend):
         return self._gemm(a, b)
 
     def _gemm(self, a, b):
-        """2-D GEMM, threaded by what measured fastest here (same-run A/B vs torch, 2 cores):
+        """2-D GEMM, threaded by what measured best here (same-run block A/B, 2 cores):
         small: one BLAS call; large (>= SPLIT_FLOPS): split over the pack's threads with
-        single-threaded BLAS (180-210 GFLOPS at n = 1000-2000, where OpenBLAS's own threading gave
-        113 at n = 1000); mid-size: BLAS's own threads (178 vs 85 at n = 500) if BLAS was loaded
-        with a short spin time, else the split too, so no spinning BLAS workers are left behind to
-        slow the next PyTorch call (inside ComfyUI, where NumPy loads before this pack)."""
+        single-threaded BLAS (185-206 GFLOPS at n = 1000-2000, level with OpenBLAS's own threads,
+        and it never leaves spinning BLAS workers behind); mid-size: BLAS's own threads (134 vs 112
+        GFLOPS at n = 500) if BLAS was loaded with a short spin time, else the split too, so no
+        spinning BLAS workers slow the next PyTorch call (inside ComfyUI NumPy loads first)."""
         M, K = a.shape
         N = b.shape[1]
         flops = 2.0 * M * N * K
@@ -159,10 +157,6 @@ class NumpyBackend(Backend):
             self._depthwise(x, w, bias, out, stride, dilation)
             return out
         K = Cg * KH * KW
-        if (KH, KW, sh, sw, dh, dw, G) == (3, 3, 1, 1, 1, 1, 1) and C >= WINOGRAD_MIN_CHANNELS \
-                and Cout >= WINOGRAD_MIN_CHANNELS and np.isfinite(x).all() and np.isfinite(w).all():
-            # (Inf/NaN take the direct path: Winograd's transforms mix a tile, Inf - Inf = NaN)
-            return self._conv2d_winograd(x, w, bias, out)
         if Cg >= 32 or Cg > OW:
             return self._conv2d_channels_last(x, w, bias, out, stride, dilation, groups)
         wmat = np.ascontiguousarray(w).reshape(G, Coutg, K)
@@ -197,46 +191,6 @@ class NumpyBackend(Backend):
 
         with threads.single_threaded_blas():
             _parallel(task, tasks)
-        return out
-
-    def _conv2d_winograd(self, x, w, bias, out):
-        """3x3, stride 1, ungrouped, many channels: Winograd F(2x2, 3x3) (Lavin & Gray 2015).
-
-        Each 2x2 output tile comes from a 4x4 input tile: V = Bt d B per tile and channel,
-        U = G g Gt per filter, then 16 GEMMs M[e] = U[e] (Cout x C) @ V[e] (C x tiles), and
-        Y = At M A. 2.25x fewer multiplies than direct; the transforms only add, subtract and halve,
-        so the result stays within FP32 precision (tested against float64 like every conv)."""
-        N, C, H, W = x.shape
-        Cout = w.shape[0]
-        _, _, OH, OW = out.shape
-        th, tw = -(-OH // 2), -(-OW // 2)
-        if 2 * th + 2 != H or 2 * tw + 2 != W:  # odd output: one more zero row/column of tiles
-            x = np.pad(x, ((0, 0), (0, 0), (0, 2 * th + 2 - H), (0, 2 * tw + 2 - W)))
-        xh = np.ascontiguousarray(x.transpose(0, 2, 3, 1))  # NHWC: channels are the long inner run
-        P = N * th * tw
-        # filter transform U[a, b] = sum_ij G[a, i] G[b, j] w[:, :, i, j], laid out (16, C, Cout):
-        # one (16 x 9) @ (9 x C*Cout) product on the taps-first weights
-        wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(9, C * Cout)
-        U = (_WINO_GG @ wt).reshape(16, C, Cout)
-        # input transform: 4x4 tiles d -> V = Bt d B, laid out (4, 4, N, ty, tx, C)
-        sN, sH, sW, sC = xh.strides
-        d = as_strided(xh, shape=(4, 4, N, th, tw, C), strides=(sH, sW, sN, 2 * sH, 2 * sW, sC), writeable=False)
-        t = np.empty((4, 4, N, th, tw, C), F32)
-        V = np.empty((4, 4, N, th, tw, C), F32)
-        _bt(d, t, axis=0)  # rows: Bt = [[1,0,-1,0],[0,1,1,0],[0,-1,1,0],[0,1,0,-1]]
-        _bt(t, V, axis=1)  # columns
-        del t
-        M = self._bmm(V.reshape(16, P, C), U).reshape(4, 4, N, th, tw, Cout)
-        del V
-        # output transform: At = [[1,1,1,0],[0,1,-1,-1]]
-        r = np.empty((2, 4, N, th, tw, Cout), F32)
-        _at(M, r, axis=0)
-        y = np.empty((N, th, 2, tw, 2, Cout), F32)
-        _at(r, y.transpose(2, 4, 0, 1, 3, 5), axis=1)
-        y = y.reshape(N, 2 * th, 2 * tw, Cout)[:, :OH, :OW]
-        if bias is not None:
-            y += bias
-        out[...] = y.transpose(0, 3, 1, 2)
         return out
 
     def _conv2d_channels_last(self, x, w, bias, out, stride, dilation, groups):
@@ -418,28 +372,6 @@ class NumpyBackend(Backend):
         else:
             y = np.min(x, axis=dims, keepdims=keepdim)
         return np.asarray(y, dtype=F32)
-
-
-_WINO_G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
-_WINO_GG = np.kron(_WINO_G, _WINO_G).astype(F32)  # (16, 9): row a*4+b, column i*3+j
-
-
-def _bt(d, out, axis):
-    """out = Bt d along ``axis`` (0 or 1) of 4-long tile axes; Bt = [[1,0,-1,0],[0,1,1,0],[0,-1,1,0],[0,1,0,-1]]."""
-    g = (lambda a, i: a[i]) if axis == 0 else (lambda a, i: a[:, i])
-    np.subtract(g(d, 0), g(d, 2), out=g(out, 0))
-    np.add(g(d, 1), g(d, 2), out=g(out, 1))
-    np.subtract(g(d, 2), g(d, 1), out=g(out, 2))
-    np.subtract(g(d, 1), g(d, 3), out=g(out, 3))
-
-
-def _at(m, out, axis):
-    """out = At m along ``axis`` (0 or 1); At = [[1,1,1,0],[0,1,-1,-1]]."""
-    g = (lambda a, i: a[i]) if axis == 0 else (lambda a, i: a[:, i])
-    np.add(g(m, 0), g(m, 1), out=g(out, 0))
-    g(out, 0)[...] += g(m, 2)
-    np.subtract(g(m, 1), g(m, 2), out=g(out, 1))
-    g(out, 1)[...] -= g(m, 3)
 
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
