@@ -627,16 +627,12 @@ class Backend:
         return self._out(y, kind, like)
 
     def _concat_channels(self, parts, n, c, h, w):
-        """Stack k arrays (n, c, h, w) into (n, k*c, h, w). Default: through NumPy-free primitives."""
-        k = len(parts)
-        # (k, n, c, h, w) -> (n, k, c, h, w) by expanding each into a one-hot slot is wasteful;
-        # backends override with a real concat. The default goes through the host.
-        host = np.stack([self._to_numpy(p) for p in parts], axis=1)
-        return self._from_numpy(np.ascontiguousarray(host.reshape(n, k * c, h, w)))
+        """Stack k arrays (n, c, h, w) into (n, k*c, h, w)."""
+        raise NotImplementedError
 
     def _slice1(self, x, i):
-        """x[:, i] for a 5-D (n, k, ...) array. Default: through the host."""
-        return self._from_numpy(np.ascontiguousarray(self._to_numpy(x)[:, i]))
+        """x[:, i] of a 5-D (n, k, ...) array."""
+        raise NotImplementedError
 
     def loss(self, name: str, input, target, **params):
         """Dispatch by name: mse, l1, smooth_l1, huber, bce, psnr, ssim."""
@@ -669,19 +665,25 @@ def _check_pad_mode(op, hw, pads, mode):
         raise AnyDeviceError(op, "input", hw, "replicate padding needs a non-empty input")
 
 
-def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode="zeros") -> dict:
-    """Validate conv2d arguments (torch's rules) and compute padding and output shape."""
+def _conv_common(op, sx, sw, stride, dilation, groups, weight_layout):
+    """Checks both conv plans share: ranks, stride, dilation, groups; the input as (n, c, h, w)."""
     if len(sx) not in (3, 4):
         raise AnyDeviceError(op, "input", sx, "must be 4-D (N, C, H, W) or 3-D (C, H, W)")
     if len(sw) != 4:
-        raise AnyDeviceError(op, "weight", sw, "must be 4-D (out_channels, in_channels/groups, kH, kW)")
+        raise AnyDeviceError(op, "weight", sw, f"must be 4-D {weight_layout}")
     stride = pair(op, "stride", stride, minimum=1)
     dilation = pair(op, "dilation", dilation, minimum=1)
     if not _is_int(groups) or groups < 1:
         raise AnyDeviceError(op, "groups", groups, "must be a positive int")
-    _check_choice(op, "padding_mode", padding_mode, PADDING_MODES)
     unbatched = len(sx) == 3
-    n, c, h, w = (1,) + tuple(sx) if unbatched else tuple(sx)
+    return stride, dilation, unbatched, ((1,) + tuple(sx) if unbatched else tuple(sx))
+
+
+def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode="zeros") -> dict:
+    """Validate conv2d arguments (torch's rules) and compute padding and output shape."""
+    stride, dilation, unbatched, (n, c, h, w) = _conv_common(
+        op, sx, sw, stride, dilation, groups, "(out_channels, in_channels/groups, kH, kW)")
+    _check_choice(op, "padding_mode", padding_mode, PADDING_MODES)
     cout, cin_g, kh, kw = sw
     if cout % groups:
         raise AnyDeviceError(op, "groups", groups, f"must divide out_channels={cout}")
@@ -723,22 +725,14 @@ def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode=
 
 
 def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, groups, dilation) -> dict:
-    if len(sx) not in (3, 4):
-        raise AnyDeviceError(op, "input", sx, "must be 4-D (N, C, H, W) or 3-D (C, H, W)")
-    if len(sw) != 4:
-        raise AnyDeviceError(op, "weight", sw, "must be 4-D (in_channels, out_channels/groups, kH, kW)")
-    stride = pair(op, "stride", stride, minimum=1)
-    dilation = pair(op, "dilation", dilation, minimum=1)
+    stride, dilation, unbatched, (n, c, h, w) = _conv_common(
+        op, sx, sw, stride, dilation, groups, "(in_channels, out_channels/groups, kH, kW)")
     padding = pair(op, "padding", padding, minimum=0)
     output_padding = pair(op, "output_padding", output_padding, minimum=0)
-    if not _is_int(groups) or groups < 1:
-        raise AnyDeviceError(op, "groups", groups, "must be a positive int")
     for i in range(2):
         if output_padding[i] >= stride[i] and output_padding[i] >= dilation[i]:
             raise AnyDeviceError(op, "output_padding", output_padding,
                                  f"must be smaller than either stride {stride} or dilation {dilation}")
-    unbatched = len(sx) == 3
-    n, c, h, w = (1,) + tuple(sx) if unbatched else tuple(sx)
     cin, cout_g, kh, kw = sw
     if c % groups:
         raise AnyDeviceError(op, "groups", groups, f"must divide in_channels={c}")
