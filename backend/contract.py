@@ -38,6 +38,30 @@ REDUCTIONS = ("mean", "sum", "none")
 
 _FLOAT32 = np.dtype(np.float32)
 
+#: op codes of the unary kernels, shared by kernels/elementwise.cl (OpenCL) and kernels/misc_cuda.cu
+UNARY_KERNEL_CODES = {"abs": 0, "neg": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6,
+                      "tanh": 7, "gelu": 8, "gelu_tanh": 9, "silu": 10, "elu": 11, "leaky_relu": 12,
+                      "softplus": 13, "clamp": 14}
+
+
+def unary_kernel_args(op: str, p: dict) -> tuple[int, float, float, int, int]:
+    """(code, p0, p1, has_min, has_max) for the unary kernels, from checked unary parameters."""
+    p0 = p1 = 0.0
+    has_min = has_max = 0
+    if op == "gelu" and p.get("approximate", "none") == "tanh":
+        op = "gelu_tanh"
+    elif op == "elu":
+        p0 = p["alpha"]
+    elif op == "leaky_relu":
+        p0 = p["negative_slope"]
+    elif op == "softplus":
+        p0, p1 = p["beta"], p["threshold"]
+    elif op == "clamp":
+        has_min, has_max = int(p["min"] is not None), int(p["max"] is not None)
+        p0 = p["min"] if has_min else 0.0
+        p1 = p["max"] if has_max else 0.0
+    return UNARY_KERNEL_CODES[op], p0, p1, has_min, has_max
+
 
 def workspace_budget_bytes() -> int:
     """Largest scratch buffer (im2col columns and the like) one op may allocate at once."""

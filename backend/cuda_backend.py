@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import Backend
+from .contract import UNARY_KERNEL_CODES, Backend, unary_kernel_args
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 INSTALL_HINT = "CuPy not installed (pip install cupy-cuda12x)"
@@ -82,9 +82,7 @@ OWN_MODES = (
     dict(IS_GEMM=0, CONV_TRANSPOSED=0), dict(IS_GEMM=0, CONV_TRANSPOSED=1),
 )
 #: unary op codes of misc_cuda.cu
-UNARY_CODES = {"abs": 0, "neg": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6, "tanh": 7,
-               "gelu": 8, "gelu_tanh": 9, "silu": 10, "elu": 11, "leaky_relu": 12, "softplus": 13,
-               "clamp": 14}
+UNARY_CODES = UNARY_KERNEL_CODES
 BLOCK = 256
 #: convs with at most this many output channels per group use the direct kernel
 DIRECT_MAX_COUT_G = 4
@@ -536,24 +534,10 @@ class CudaBackend(Backend):
         y = self._empty(x.shape)
         if y.size == 0:
             return y
-        p0 = p1 = 0.0
-        flags = 0
-        if op == "gelu" and p.get("approximate") == "tanh":
-            op = "gelu_tanh"
-        elif op == "elu":
-            p0 = p["alpha"]
-        elif op == "leaky_relu":
-            p0 = p["negative_slope"]
-        elif op == "softplus":
-            p0, p1 = p["beta"], p["threshold"]
-        elif op == "clamp":
-            if p["min"] is not None:
-                p0, flags = p["min"], flags | 1
-            if p["max"] is not None:
-                p1, flags = p["max"], flags | 2
+        code, p0, p1, has_min, has_max = unary_kernel_args(op, p)
         self._launch_1d(self._misc("ad_unary"), y.size,
-                        (x, y, np.int64(y.size), np.int32(UNARY_CODES[op]), np.float32(p0), np.float32(p1),
-                         np.int32(flags)))
+                        (x, y, np.int64(y.size), np.int32(code), np.float32(p0), np.float32(p1),
+                         np.int32(has_min | has_max << 1)))
         return y
 
     def _binary(self, op, a, b):

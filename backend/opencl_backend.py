@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import Backend, workspace_budget_bytes
+from .contract import UNARY_KERNEL_CODES, Backend, unary_kernel_args, workspace_budget_bytes
 
 log = logging.getLogger("anydevice")
 
@@ -48,9 +48,7 @@ F32 = np.float32
 _MAGIC = b"ADCL1\n"
 TUNE_BUDGET_S = 10.0
 
-UNARY_CODES = {"abs": 0, "neg": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6,
-               "tanh": 7, "gelu": 8, "silu": 10, "elu": 11, "leaky_relu": 12, "softplus": 13,
-               "clamp": 14}
+UNARY_CODES = UNARY_KERNEL_CODES
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "minimum": 5, "maximum": 6}
 PAD_CODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
 
@@ -734,21 +732,7 @@ class OpenCLBackend(Backend):
         n = x.size
         if n == 0:
             return out
-        code = UNARY_CODES[op]
-        p0 = p1 = 0.0
-        f0 = f1 = 0
-        if op == "gelu" and p.get("approximate", "none") == "tanh":
-            code = 9
-        elif op == "elu":
-            p0 = p["alpha"]
-        elif op == "leaky_relu":
-            p0 = p["negative_slope"]
-        elif op == "softplus":
-            p0, p1 = p["beta"], p["threshold"]
-        elif op == "clamp":
-            f0, f1 = int(p["min"] is not None), int(p["max"] is not None)
-            p0 = p["min"] if f0 else 0.0
-            p1 = p["max"] if f1 else 0.0
+        code, p0, p1, f0, f1 = unary_kernel_args(op, p)
         g, l, chunk = self._flat_geometry(n)
         self._run("unary", g, l, x.buffer, x.offset, out.buffer, 0, n, chunk, code, p0, p1, f0, f1)
         return out
