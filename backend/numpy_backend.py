@@ -282,7 +282,7 @@ class NumpyBackend(Backend):
         nt = threads.num_threads()
         cob = max(1, -(-Coutg * N * G // nt) // (N * G)) if N * G < nt else Coutg
         per_row = 4 * cob * KH * KW * W
-        rows = max(1, min(H, CHUNK_BYTES // max(1, per_row)))
+        rows = max(1, min(H, 4 * CHUNK_BYTES // max(1, per_row)))  # 4x: fewer, larger col2im adds
         tasks = [(n, g, c0, min(Coutg, c0 + cob)) for n in range(N) for g in range(G)
                  for c0 in range(0, Coutg, cob)]
 
