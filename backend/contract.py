@@ -104,7 +104,7 @@ def broadcast_shapes(op: str, a: Sequence[int], b: Sequence[int], names=("input"
 
 def normalize_dims(op: str, dim, ndim: int, arg: str = "dim") -> tuple[int, ...]:
     """torch's dim argument (None, int or sequence) as a sorted tuple of non-negative axes."""
-    if dim is None:
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):  # torch: [] means all dims
         return tuple(range(ndim))
     dims = [dim] if _is_int(dim) else list(dim) if isinstance(dim, (tuple, list)) else None
     if dims is None or not all(_is_int(d) for d in dims):
@@ -327,9 +327,10 @@ class Backend:
                                  f"last dim must equal in_features={sw[-1]} of weight {sw}")
         if b is not None:
             sb = self._shape(b)
-            out_f = sw[0] if len(sw) == 2 else ()
-            if len(sw) == 2 and sb not in ((out_f,), ()):
-                raise AnyDeviceError(op, "bias", sb, f"must have shape ({out_f},)")
+            if len(sw) == 2 and sb not in ((sw[0],), ()):
+                raise AnyDeviceError(op, "bias", sb, f"must have shape ({sw[0]},)")
+            if len(sw) == 1:
+                broadcast_shapes(op, sx[:-1], sb, ("output", "bias"))
         y = self._linear(x, w, b)
         return self._out(y, kind, like)
 
@@ -444,12 +445,15 @@ class Backend:
         kind, like, x = self._inputs(op, input=input)
         if dim is None or not _is_int(dim):
             raise AnyDeviceError(op, "dim", dim, "must be an int")
-        (d,) = normalize_dims(op, dim, len(self._shape(x)))
-        return self._out(self._softmax(x, d), kind, like)
+        dims = normalize_dims(op, dim, len(self._shape(x)))
+        return self._out(self._softmax(x, dims[0] if dims else 0), kind, like)
 
     def _softmax(self, x, d):
-        if len(self._shape(x)) == 0:
+        shape = self._shape(x)
+        if len(shape) == 0:  # a 0-d softmax is 1 (NaN stays NaN)
             return self._binary("add", self._binary("mul", x, 0.0), 1.0)
+        if math.prod(shape) == 0:
+            return self._binary("add", x, 0.0)  # empty in, empty out
         m = self._reduce("max", x, (d,), True)
         e = self._unary("exp", self._binary("sub", x, m))
         return self._binary("div", e, self._reduce("sum", e, (d,), True))
@@ -572,8 +576,9 @@ class Backend:
         op = "binary_cross_entropy"
         _check_choice(op, "reduction", reduction, REDUCTIONS)
         kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
-        lo = float(self._to_numpy(self._reduce("min", a, tuple(range(len(self._shape(a)))), False)))
-        hi = float(self._to_numpy(self._reduce("max", a, tuple(range(len(self._shape(a)))), False)))
+        empty = math.prod(self._shape(a)) == 0
+        lo = 0.0 if empty else float(self._to_numpy(self._reduce("min", a, tuple(range(len(self._shape(a)))), False)))
+        hi = 0.0 if empty else float(self._to_numpy(self._reduce("max", a, tuple(range(len(self._shape(a)))), False)))
         if lo < 0 or hi > 1:  # NaN passes, as in torch
             raise AnyDeviceError(op, "input", (lo, hi), "all elements must be between 0 and 1 (min, max shown)")
         log_a = self._unary("clamp", self._unary("log", a), min=-100.0, max=None)
@@ -717,10 +722,12 @@ def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode=
         raise AnyDeviceError(op, "weight", tuple(sw),
                              f"expects {cin_g * groups} input channels (in_channels/groups={cin_g}, "
                              f"groups={groups}) but input has {c} channels")
-    if kh < 1 or kw < 1 or cout < 1:
+    if kh < 1 or kw < 1 or cout < 1 or cin_g < 1:
         raise AnyDeviceError(op, "weight", tuple(sw), "has an empty dimension")
     if sb is not None and tuple(sb) != (cout,):
         raise AnyDeviceError(op, "bias", tuple(sb), f"must have shape ({cout},)")
+    if c < 1 or h < 1 or w < 1:
+        raise AnyDeviceError(op, "input", tuple(sx), "has no channels or an empty image (only the batch may be 0)")
     if isinstance(padding, str):
         if padding == "valid":
             pads = (0, 0, 0, 0)
@@ -763,8 +770,10 @@ def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, group
     if cin != c:
         raise AnyDeviceError(op, "weight", tuple(sw),
                              f"expects {cin} input channels (weight.shape[0]) but input has {c}")
-    if kh < 1 or kw < 1 or cout_g < 1:
+    if kh < 1 or kw < 1 or cout_g < 1 or cin < 1:
         raise AnyDeviceError(op, "weight", tuple(sw), "has an empty dimension")
+    if h < 1 or w < 1:
+        raise AnyDeviceError(op, "input", tuple(sx), "has an empty image (only the batch may be 0)")
     cout = cout_g * groups
     if sb is not None and tuple(sb) != (cout,):
         raise AnyDeviceError(op, "bias", tuple(sb), f"must have shape ({cout},)")

@@ -152,6 +152,8 @@ class NumpyBackend(Backend):
         G = groups
         Coutg = Cout // G
         out = np.empty((N, Cout, OH, OW), F32)
+        if out.size == 0:
+            return out
         sN, sC, sH, sW = x.strides
         if Cg == 1 and Coutg == 1:
             self._depthwise(x, w, bias, out, stride, dilation)
@@ -276,6 +278,8 @@ class NumpyBackend(Backend):
         HC = max((H - 1) * sh + dh * (KH - 1) + 1, ph + OH)
         WC = max((W - 1) * sw + dw * (KW - 1) + 1, pw + OW)
         out = np.empty((N, Coutg * G, OH, OW), F32)
+        if out.size == 0:
+            return out
         wg = np.ascontiguousarray(w).reshape(G, Cing, Coutg * KH * KW)
         # tasks: (image, group, block of output channels), at least one per thread; inside a task
         # the input rows go in chunks whose columns fit in L2, accumulated into the task's canvas
@@ -365,8 +369,11 @@ class NumpyBackend(Backend):
     def _reduce(self, op, x, dims, keepdim):
         if op == "sum":
             y = np.sum(x, axis=dims, dtype=np.float64, keepdims=keepdim)
-        elif op == "mean":
-            y = np.mean(x, axis=dims, dtype=np.float64, keepdims=keepdim)
+        elif op == "mean":  # sum / count: an empty mean is NaN as in torch, without NumPy's warning
+            count = math.prod(x.shape[d] for d in dims)
+            with np.errstate(all="ignore"):
+                y = np.sum(x, axis=dims, dtype=np.float64, keepdims=keepdim) / count if count else \
+                    np.full(np.sum(x, axis=dims, keepdims=keepdim).shape, np.nan)
         elif op == "max":
             y = np.max(x, axis=dims, keepdims=keepdim)
         else:

@@ -6,6 +6,8 @@ backend's device; CPU inputs are moved there and results moved back to the input
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .contract import Backend
 
 #: registry name -> torch device type
@@ -98,6 +100,8 @@ class TorchBackend(Backend):
 
     # ---- conversion -------------------------------------------------------------------------
     def _from_numpy(self, a):
+        if any(st < 0 for st in a.strides):  # torch takes no negative strides (np.flip views)
+            a = np.ascontiguousarray(a)
         return self.torch.as_tensor(a, device=self.dev)
 
     def _from_torch(self, t):
@@ -134,6 +138,8 @@ class TorchBackend(Backend):
         return self.torch.mm(a, b)
 
     def _linear(self, x, w, b):
+        if w.dim() == 1:  # F.linear refuses a 1-D weight with a bias: the generic matmul + add path
+            return super()._linear(x, w, b)
         return self.F.linear(x, w, b)
 
     def _pad(self, x, pads, mode):

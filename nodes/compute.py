@@ -1,6 +1,8 @@
 """The compute nodes: Linear, Conv2D, Activation, Loss, TensorOps. Thin adapters over ``backend``."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -339,6 +341,8 @@ class AnyDeviceConv2D(PackNode):
         eh, ew = dilation * (kh - 1) + 1, dilation * (kw - 1) + 1
         sized = kernel_source == "random" or (kernel_source == "preset" and preset in P.SIZED_KERNELS)
         size_arg = "kernel_size" if sized else karg
+        if n == 0:
+            raise NodeError(node, "input", f"shape {tuple(x.shape)}", "is an empty batch: there is nothing to filter")
         pbar = Progress(n)
         t = Timer()
         outs = []
@@ -350,9 +354,11 @@ class AnyDeviceConv2D(PackNode):
             else:
                 pad = (padding_size, padding_size)
             for i in range(n):
-                outs.append(cpu_f32(be.conv_transpose2d(x[i:i + 1], weight, bvec, stride=stride, padding=pad,
-                                                        output_padding=output_padding, groups=g,
-                                                        dilation=dilation)))
+                yi = be.conv_transpose2d(x[i:i + 1], weight, bvec, stride=stride, padding=pad,
+                                         output_padding=output_padding, groups=g, dilation=dilation)
+                if padding == "same":  # an even dilated kernel leaves one extra row/column: crop it
+                    yi = cpu_f32(yi)[..., :max(1, h * stride), :max(1, w_ * stride)].contiguous()
+                outs.append(cpu_f32(yi))
                 pbar.step()
         else:
             if padding == "same":
@@ -528,7 +534,7 @@ class AnyDeviceLoss(PackNode):
         value = float(be.loss(loss, p, q, **params))
         pbar.step()
         d = be.abs(be.sub(p, q))
-        peak = float(be.max(d))
+        peak = float(be.max(d)) if math.prod(tuple(d.shape)) else 0.0
         if peak > 0:
             d = be.div(d, peak)
         ms = t.ms(be)

@@ -400,7 +400,7 @@ class AnyDeviceTensorToImage(PackNode):
 
     def _run(self, tensor, mode="auto", normalize=False, layout="NCHW"):
         node = self.DISPLAY
-        x = _tensor_arg(tensor, node)
+        x = x_in = _tensor_arg(tensor, node)
         if layout == "NHWC" and x.ndim == 4:
             x = x.permute(0, 3, 1, 2)
         elif layout == "NHWC" and x.ndim == 3:
@@ -424,6 +424,8 @@ class AnyDeviceTensorToImage(PackNode):
         if x.shape[1] == 1:
             x = x.expand(-1, 3, -1, -1)
         out = x.permute(0, 2, 3, 1).contiguous()
+        if out.untyped_storage().data_ptr() == x_in.untyped_storage().data_ptr():  # never a view of the (cached) input
+            out = out.clone()
         ms = t.ms(be)
         ui = badge(be, ms, shape=list(out.shape)) if be is not None else _host_badge(ms, shape=list(out.shape))
         return {"ui": ui, "result": (out,)}

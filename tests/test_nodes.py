@@ -627,3 +627,35 @@ def test_backend_errors_are_prefixed_with_the_node():
     with pytest.raises(B.AnyDeviceError) as e:
         res("AnyDeviceLoss", prediction=image() * 3, target=image(), loss="bce")
     assert str(e.value).startswith("Loss (AnyDevice): binary_cross_entropy: argument 'input'")
+
+
+# ---------------------------------------------------------------------------------------------
+# edge cases found in review
+def test_conv2d_empty_batch_is_a_clear_error():
+    with pytest.raises(B.AnyDeviceError, match=r"Conv2D \(AnyDevice\).*'input'.*empty batch"):
+        N["AnyDeviceConv2D"]().run(input=torch.rand(0, 8, 8, 3), device=dev("numpy"))
+
+
+def test_tensor_to_image_nhwc_never_returns_the_input():
+    src = {"tensor": torch.rand(2, 5, 6, 3)}
+    keep = src["tensor"].clone()
+    out = res("AnyDeviceTensorToImage", tensor=src, layout="NHWC")[0]
+    assert out.untyped_storage().data_ptr() != src["tensor"].untyped_storage().data_ptr()
+    out.add_(1.0)
+    assert torch.equal(src["tensor"], keep)
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_transposed_same_keeps_the_size(k):
+    out = res("AnyDeviceConv2D", input=image(1, 8, 8), preset="box_blur", kernel_size=k, padding="same",
+              transposed=True, device=dev("numpy"))[0]
+    assert tuple(out.shape) == (1, 8, 8, 3)
+
+
+def test_loss_on_empty_and_0d_inputs():
+    r = res("AnyDeviceLoss", prediction={"tensor": torch.zeros(0, 3)}, target={"tensor": torch.zeros(0, 3)},
+            loss="mse", device=dev("numpy"))
+    assert np.isnan(r[0])
+    r = res("AnyDeviceActivation", input={"tensor": torch.tensor(2.0)}, activation="softmax", dim=0,
+            device=dev("numpy"))
+    assert float(r[0]["tensor"]) == 1.0

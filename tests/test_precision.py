@@ -555,3 +555,21 @@ def test_no_op_writes_into_inputs(backend_target, as_torch):
                 assert not np.shares_memory(o, i), "a result shares memory with an input"
             if isinstance(o, torch.Tensor) and isinstance(i, torch.Tensor):
                 assert o.data_ptr() != i.data_ptr() or o.numel() == 0, "a result shares memory with an input"
+
+
+def test_edge_shapes_like_torch(backend_target):
+    """0-d, empty and negative-stride inputs (found in review) behave as in torch."""
+    be = backend_target
+    assert float(np.asarray(be.to_numpy(be.softmax(np.float32(2.0) * np.ones((), np.float32), 0)))) == 1.0
+    assert be.softmax(np.zeros((3, 0, 4), np.float32), 1).shape == (3, 0, 4)
+    assert np.isnan(float(np.asarray(be.binary_cross_entropy(np.zeros(0, np.float32), np.zeros(0, np.float32)))))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for dim in ([], ()):  # torch reads an empty dim list as "all dims"
+        y = be.sum(x, dim)
+        assert y.shape == () and float(y) == 15.0
+    assert be.conv2d(np.zeros((0, 2, 5, 5), np.float32), np.ones((4, 2, 3, 3), np.float32)).shape == (0, 4, 3, 3)
+    assert be.conv_transpose2d(np.zeros((0, 4, 4, 5), np.float32), np.ones((4, 3, 3, 3), np.float32)).shape == (0, 3, 6, 7)
+    flipped = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::-1]
+    np.testing.assert_array_equal(be.relu(flipped), flipped)
+    np.testing.assert_array_equal(be.linear(np.ones((3, 4), np.float32), np.ones(4, np.float32), np.float32(1.0) * np.ones((), np.float32)),
+                                  np.full(3, 5.0, np.float32))

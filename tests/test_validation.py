@@ -56,6 +56,11 @@ CASES = [
     (lambda be: be.pad(X, (1, -1, 0, 0)), "pad", "pad", "negative"),
     (lambda be: be.conv2d(np.zeros((1, 2, 3), np.complex64), W), "conv2d", "input", "complex"),
     (lambda be: be.conv2d("picture", W), "conv2d", "input", "NumPy array"),
+    (lambda be: be.conv2d(np.zeros((2, 0, 5, 5), np.float32), np.zeros((4, 0, 3, 3), np.float32)), "conv2d", "weight", "empty"),
+    (lambda be: be.conv2d(np.zeros((1, 4, 0, 5), np.float32), W, padding=1), "conv2d", "input", "empty image"),
+    (lambda be: be.conv_transpose2d(np.zeros((2, 0, 4, 5), np.float32), np.zeros((0, 3, 3, 3), np.float32)),
+     "conv_transpose2d", "weight", "empty"),
+    (lambda be: be.linear(np.ones((3, 4), np.float32), np.ones(4, np.float32), np.ones(5, np.float32)), "linear", "bias", "broadcast"),
 ]
 
 
