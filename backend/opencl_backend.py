@@ -437,8 +437,8 @@ SIGS = {
     "im2col_pack": [None, _L, None] + [_I] * 16,
     "conv2d_direct": [None, _L, None, _L, None, _L, None, _I] + [_I] * 17,
     "conv_t2d_direct": [None, _L, None, _L, None, _L, None, _I] + [_I] * 17,
-    "wino_filter": [None, _L, None, _I, _I],
-    "wino_in": [None, _L, None] + [_I] * 9,
+    "wino_filter": [None, _L, None, _I, _I, None],
+    "wino_in": [None, _L, None] + [_I] * 9 + [None],
     "wino_out": [None, _I, _L, None, _L, None, _I] + [_I] * 7,
     "gemm_gpu": [_I, _I, _I, None, _L, _I, _I, _L, None, _L, _I, _I, _L, None, _L, _I, _L, None, _I, _I, _L],
     "conv2d_gpu": [None, _L, None, _L, None, _L, None, _I] + [_I] * 16,
@@ -940,8 +940,8 @@ class OpenCLBackend(Backend):
                       params=self.tunables("conv2d_gpu.cl"))
             return out
         path = self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
-        if path == "winograd" and self._all_finite(x) and self._all_finite(w):
-            return self._conv2d_winograd(x, w, bias, out, pt, pl)
+        if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl):
+            return out
         if path == "winograd":  # Inf/NaN: Winograd's transforms mix a tile (Inf - Inf = NaN)
             path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
         if path == "direct":
@@ -995,7 +995,11 @@ class OpenCLBackend(Backend):
     def _conv2d_winograd(self, x, w, bias, out, pt, pl):
         """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
         panels, input transform straight into packed-B panels (tile chunks within the workspace
-        budget), 16 batched gemm_cpu products, output transform adding the bias."""
+        budget), 16 batched gemm_cpu products, output transform adding the bias.
+
+        The two transforms also flag an Inf/NaN among the values they read (a transformed sum that is
+        not finite; a finite overflow flags too); returns False then, and the caller recomputes ``out``
+        on an exact path. One 4-byte read-back at the end replaces separate finiteness passes."""
         N, C, H, W = x.shape
         Cout = w.shape[0]
         _, _, OH, OW = out.shape
@@ -1007,8 +1011,10 @@ class OpenCLBackend(Backend):
         mt = -(-Cout // mr)
         cpu_l = (1, 1)
         Up = self._empty((16, mt * mr * C))
+        flag = self._empty((1,))
+        self.cl.enqueue_fill_buffer(self.queue, flag.buffer, np.int32(0), 0, 4)
         self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset, Up.buffer, Cout, C,
-                  params=wparams)
+                  flag.buffer, params=wparams)
         hb = int(bias is not None)
         bbuf = bias.buffer if hb else out.buffer
         per_tile = 4 * 16 * (C + Cout)
@@ -1019,14 +1025,16 @@ class OpenCLBackend(Backend):
             nt = -(-ntl // 32)
             Vp = self._empty((16, nt * 32 * C))
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, pt, pl, th, tw, t0, ntl, params=wparams)
+                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, params=wparams)
             Mb = self._empty((16, Cout, ntl))
             self._run("gemm_cpu", (-(-Cout // (mr * msub)), nt, 16), (1, 1, 1),
                       Cout, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
                       Mb.buffer, 0, ntl, Cout * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
             self._run("wino_out", (-(-nt // WINO_OB), Cout), cpu_l, Mb.buffer, ntl, Cout * ntl,
                       out.buffer, 0, bbuf, hb, Cout, OH, OW, th, tw, t0, ntl, params=wparams)
-        return out
+        bad = np.zeros(1, np.int32)
+        self.cl.enqueue_copy(self.queue, bad, flag.buffer, is_blocking=True)
+        return not bad[0]
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
         N, C, H, W = x.shape

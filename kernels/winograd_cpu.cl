@@ -31,7 +31,7 @@
 #endif
 
 __kernel void wino_filter(__global const float *w, const long w_off, __global float *Up,
-                          const int Cout, const int Cin)
+                          const int Cout, const int Cin, __global int *bad)
 {
     /* vectorised over the MR output channels of the panel (lanes past MR or Cout are zero) */
     const int c0 = get_global_id(0) * PK, mt = get_global_id(1);
@@ -43,6 +43,7 @@ __kernel void wino_filter(__global const float *w, const long w_off, __global fl
     __global float *dst = Up + (long)mt * Cin * MR;
     const __global float *wb = w + w_off + (long)mt * MR * Cin * 9;
     const long rs = (long)Cin * 9;
+    float16 acc = 0.0f;  /* sum of every transformed value: not finite iff an Inf/NaN was read (or overflow) */
     for (int ci = c0; ci < c1; ci++) {
         float gs[9][16];
         for (int k = 0; k < 9; k++)
@@ -63,6 +64,7 @@ __kernel void wino_filter(__global const float *w, const long w_off, __global fl
             u[1] = 0.5f * ((h0 + h2) + h1);
             u[2] = 0.5f * ((h0 + h2) - h1);
             u[3] = h2;
+            acc += (u[0] + u[1]) + (u[2] + u[3]);
             for (int b = 0; b < 4; b++) {
                 __global float *ob = o + (4 * a + b) * estride;
                 float us[16];
@@ -74,6 +76,7 @@ __kernel void wino_filter(__global const float *w, const long w_off, __global fl
             }
         }
     }
+    if (!all(isfinite(acc))) bad[0] = 1;
 }
 
 /* Bt = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] */
@@ -81,7 +84,7 @@ __kernel void wino_filter(__global const float *w, const long w_off, __global fl
 
 __kernel void wino_in(__global const float *x, const long x_off, __global float *Vp,
                       const int C, const int H, const int W, const int pt, const int pl,
-                      const int th, const int tw, const int t0, const int ntl)
+                      const int th, const int tw, const int t0, const int ntl, __global int *bad)
 {
     /* int offsets: the backend only takes this path for inputs below 2^31 elements */
     const int c0 = get_global_id(0) * PK, nt = get_global_id(1);
@@ -113,6 +116,7 @@ __kernel void wino_in(__global const float *x, const long x_off, __global float 
         if (++tx == tw) { tx = 0; if (++ty == th) { ty = 0; n++; } }
     }
     __global float *dst = Vp + (long)nt * C * TN;
+    float16 acc = 0.0f;  /* sum of every transformed value: not finite iff an Inf/NaN was read (or overflow) */
     for (int ci = c0; ci < c1; ci++) {
         const __global float *xc = x + ci * HW;
         float d[4][4][TN];
@@ -133,10 +137,13 @@ __kernel void wino_in(__global const float *x, const long x_off, __global float 
             for (int b = 0; b < 4; b++) BT(v[0][b], v[1][b], v[2][b], v[3][b], q[0][b], q[1][b], q[2][b], q[3][b])
             for (int a = 0; a < 4; a++) BT(q[a][0], q[a][1], q[a][2], q[a][3], v[a][0], v[a][1], v[a][2], v[a][3])
             __global float *o = dst + (long)ci * TN + 16 * h;
-            for (int a = 0; a < 4; a++)
+            for (int a = 0; a < 4; a++) {
+                acc += (v[a][0] + v[a][1]) + (v[a][2] + v[a][3]);
                 for (int b = 0; b < 4; b++) vstore16(v[a][b], 0, o + (4 * a + b) * estride);
+            }
         }
     }
+    if (!all(isfinite(acc))) bad[0] = 1;
 }
 
 /* At = [1 1 1 0; 0 1 -1 -1] */
