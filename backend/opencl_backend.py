@@ -944,6 +944,8 @@ class OpenCLBackend(Backend):
             return out
         if path == "winograd":  # Inf/NaN: Winograd's transforms mix a tile (Inf - Inf = NaN)
             path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
+        if path == "direct" and not self._all_finite(w):
+            path = "gemm"  # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); im2col does too
         if path == "direct":
             ncob = -(-CoutG // 8)
             self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),

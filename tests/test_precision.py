@@ -509,6 +509,14 @@ def test_nan_inf_propagate_like_torch(backend_target):
     kb[1, 2, 0, 0] = np.inf
     _same_specials(be.conv2d(big[:, :, :, :5], kb), F.conv2d(torch.from_numpy(big[:, :, :, :5]), torch.from_numpy(kb)),
                    F.conv2d(t64(big[:, :, :, :5]), t64(kb)))
+    # Inf/NaN in the weights with zero padding: torch (float64) multiplies them by the padded zeros
+    for c, k, p in [(3, 3, 1), (8, 5, 2), (32, 3, 1)]:
+        for bad in (np.nan, -np.inf, np.inf):
+            xi = rand(rng, 1, c, 12, 11)
+            wi = rand(rng, 4, c, k, k)
+            wi[1, 0, 0, 0] = bad
+            _same_specials(be.conv2d(xi, wi, padding=p), F.conv2d(torch.from_numpy(xi), torch.from_numpy(wi), padding=p),
+                           F.conv2d(t64(xi), t64(wi), padding=p))
     _same_specials(be.matmul(x, other.T), t32 @ torch.from_numpy(other).T, t64_ @ torch.from_numpy(other).double().T)
     for sl in (slice(2, 5), slice(0, 3), slice(3, 6)):
         _same_specials(be.softmax(x[:, sl], -1), F.softmax(t32[:, sl], -1), F.softmax(t64_[:, sl], -1))
