@@ -129,7 +129,14 @@ def _number(op: str, arg: str, value, *, allow_none=False):
 
 
 def conv_output_size(size: int, k: int, stride: int, pad_total: int, dilation: int) -> int:
+    """Output length of a conv along one dim (torch's formula); pad_total = both sides."""
     return (size + pad_total - dilation * (k - 1) - 1) // stride + 1
+
+
+def conv_transpose_output_size(size: int, k: int, stride: int, padding: int, output_padding: int,
+                               dilation: int) -> int:
+    """Output length of a transposed conv along one dim (torch's formula)."""
+    return (size - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
 
 
 def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
@@ -749,8 +756,8 @@ def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode=
         raise AnyDeviceError(op, "weight", tuple(sw),
                              f"kernel {kh}x{kw} (dilated {eh}x{ew}) is larger than the padded input "
                              f"{hp}x{wp}")
-    oh = (hp - eh) // stride[0] + 1
-    ow = (wp - ew) // stride[1] + 1
+    oh = conv_output_size(h, kh, stride[0], pads[0] + pads[1], dilation[0])
+    ow = conv_output_size(w, kw, stride[1], pads[2] + pads[3], dilation[1])
     out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
     return dict(stride=stride, dilation=dilation, pads=pads, out_shape=out_shape, unbatched=unbatched)
 
@@ -777,8 +784,8 @@ def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, group
     cout = cout_g * groups
     if sb is not None and tuple(sb) != (cout,):
         raise AnyDeviceError(op, "bias", tuple(sb), f"must have shape ({cout},)")
-    oh = (h - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kh - 1) + output_padding[0] + 1
-    ow = (w - 1) * stride[1] - 2 * padding[1] + dilation[1] * (kw - 1) + output_padding[1] + 1
+    oh = conv_transpose_output_size(h, kh, stride[0], padding[0], output_padding[0], dilation[0])
+    ow = conv_transpose_output_size(w, kw, stride[1], padding[1], output_padding[1], dilation[1])
     if oh < 1 or ow < 1:
         raise AnyDeviceError(op, "padding", padding, f"leaves an empty output ({oh}x{ow})")
     out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import UNARY_KERNEL_CODES, Backend, unary_kernel_args
+from .contract import (UNARY_KERNEL_CODES, Backend, conv_output_size, conv_transpose_output_size,
+                       unary_kernel_args)
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 INSTALL_HINT = "CuPy not installed (pip install cupy-cuda12x)"
@@ -424,8 +425,8 @@ class CudaBackend(Backend):
         Cout, CinG, KH, KW = w.shape
         (sh, sw), (dh, dw), G = stride, dilation, groups
         t, b_, l, r = pads
-        OH = (H + t + b_ - dh * (KH - 1) - 1) // sh + 1
-        OW = (W + l + r - dw * (KW - 1) - 1) // sw + 1
+        OH = conv_output_size(H, KH, sh, t + b_, dh)
+        OW = conv_output_size(W, KW, sw, l + r, dw)
         y = self._empty((N, Cout, OH, OW))
         if y.size == 0:
             return y
@@ -445,8 +446,8 @@ class CudaBackend(Backend):
         N, C, H, W = x.shape
         _, CoutG, KH, KW = w.shape
         (sh, sw), (ph, pw), (dh, dw), G = stride, padding, dilation, groups
-        OH = (H - 1) * sh - 2 * ph + dh * (KH - 1) + output_padding[0] + 1
-        OW = (W - 1) * sw - 2 * pw + dw * (KW - 1) + output_padding[1] + 1
+        OH = conv_transpose_output_size(H, KH, sh, ph, output_padding[0], dh)
+        OW = conv_transpose_output_size(W, KW, sw, pw, output_padding[1], dw)
         Cout = CoutG * G
         y = self._empty((N, Cout, OH, OW))
         if y.size == 0:

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import threads
-from .contract import Backend, workspace_budget_bytes
+from .contract import Backend, conv_output_size, conv_transpose_output_size, workspace_budget_bytes
 
 F32 = np.float32
 #: bytes of im2col columns one task gathers at a time (about half of L2)
@@ -147,8 +147,8 @@ class NumpyBackend(Backend):
         Cout, Cg, KH, KW = w.shape
         sh, sw = stride
         dh, dw = dilation
-        OH = (H - dh * (KH - 1) - 1) // sh + 1
-        OW = (W - dw * (KW - 1) - 1) // sw + 1
+        OH = conv_output_size(H, KH, sh, 0, dh)
+        OW = conv_output_size(W, KW, sw, 0, dw)
         G = groups
         Coutg = Cout // G
         out = np.empty((N, Cout, OH, OW), F32)
@@ -272,8 +272,8 @@ class NumpyBackend(Backend):
         sh, sw = stride
         ph, pw = padding
         dh, dw = dilation
-        OH = (H - 1) * sh - 2 * ph + dh * (KH - 1) + output_padding[0] + 1
-        OW = (W - 1) * sw - 2 * pw + dw * (KW - 1) + output_padding[1] + 1
+        OH = conv_transpose_output_size(H, KH, sh, ph, output_padding[0], dh)
+        OW = conv_transpose_output_size(W, KW, sw, pw, output_padding[1], dw)
         # full canvas, before cropping `padding` from each side
         HC = max((H - 1) * sh + dh * (KH - 1) + 1, ph + OH)
         WC = max((W - 1) * sw + dw * (KW - 1) + 1, pw + OW)

@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import UNARY_KERNEL_CODES, Backend, unary_kernel_args, workspace_budget_bytes
+from .contract import (UNARY_KERNEL_CODES, Backend, conv_output_size, conv_transpose_output_size,
+                       unary_kernel_args, workspace_budget_bytes)
 
 log = logging.getLogger("anydevice")
 
@@ -921,8 +922,8 @@ class OpenCLBackend(Backend):
         sh, sw = stride
         dh, dw = dilation
         pt, pb, pl, pr = pads
-        OH = (H + pt + pb - dh * (KH - 1) - 1) // sh + 1
-        OW = (W + pl + pr - dw * (KW - 1) - 1) // sw + 1
+        OH = conv_output_size(H, KH, sh, pt + pb, dh)
+        OW = conv_output_size(W, KW, sw, pl + pr, dw)
         G = groups
         CoutG = Cout // G
         out = self._empty((N, Cout, OH, OW))
@@ -1046,8 +1047,8 @@ class OpenCLBackend(Backend):
         sh, sw = stride
         ph, pw = padding
         dh, dw = dilation
-        OH = (H - 1) * sh - 2 * ph + dh * (KH - 1) + output_padding[0] + 1
-        OW = (W - 1) * sw - 2 * pw + dw * (KW - 1) + output_padding[1] + 1
+        OH = conv_transpose_output_size(H, KH, sh, ph, output_padding[0], dh)
+        OW = conv_transpose_output_size(W, KW, sw, pw, output_padding[1], dw)
         out = self._empty((N, CoutG * G, OH, OW))
         if out.size == 0:
             return out
