@@ -32,6 +32,7 @@ class Case:
     kw: dict
     flops: float
     per_call_us: bool = False  # report microseconds per call instead of GFLOPS
+    gpu_only: bool = False     # only measured on GPU backends (too slow to be useful on a CPU)
 
 
 def _conv_flops(x, w, stride=1, padding=0, groups=1):
@@ -55,6 +56,7 @@ CASES = [
     Case("matmul 1024", "matmul", (1024, 1024), (1024, 1024), {}, 2 * 1024 ** 3),
     Case("matmul 2000", "matmul", (2000, 2000), (2000, 2000), {}, 2 * 2000 ** 3),
     Case("matmul 2048", "matmul", (2048, 2048), (2048, 2048), {}, 2 * 2048 ** 3),
+    Case("matmul 4096", "matmul", (4096, 4096), (4096, 4096), {}, 2 * 4096 ** 3, gpu_only=True),
     Case("conv 32x512x7x7 * 512x512x3x3 p1", "conv2d", (32, 512, 7, 7), (512, 512, 3, 3), {"padding": 1},
          _conv_flops((32, 512, 7, 7), (512, 512, 3, 3), 1, 1)),
     Case("conv 32x16x7x7 * 1x16x3x3 p1", "conv2d", (32, 16, 7, 7), (1, 16, 3, 3), {"padding": 1},
@@ -66,6 +68,13 @@ CASES = [
     Case("conv_transpose 1x16x256^2 * 16x8x4x4 s2 p1", "conv_transpose2d", (1, 16, 256, 256), (16, 8, 4, 4),
          {"stride": 2, "padding": 1}, _convt_flops((1, 16, 256, 256), (16, 8, 4, 4))),
     Case("matmul 4x4 (per call)", "matmul", (4, 4), (4, 4), {}, 2 * 4 ** 3, per_call_us=True),
+]
+#: the seed document's six convs (input 32x512x7x7, weights 512x512xkxk), measured on GPUs
+SEED_CONVS = [(3, 1, 0), (3, 1, 1), (3, 2, 1), (1, 1, 0), (1, 2, 0), (7, 2, 3)]
+CASES += [
+    Case(f"seed conv k{k} s{s} p{p}", "conv2d", (32, 512, 7, 7), (512, 512, k, k), {"stride": s, "padding": p},
+         _conv_flops((32, 512, 7, 7), (512, 512, k, k), s, p), gpu_only=True)
+    for k, s, p in SEED_CONVS if (k, s, p) != (3, 1, 1)  # k3 s1 p1 is the "conv 32x512" case above
 ]
 
 
@@ -167,22 +176,39 @@ def add_arguments(p) -> None:
                    help="only cases whose name contains this text (repeatable)")
     p.add_argument("--quick", action="store_true", help="short timing budget per case")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    p.add_argument("--tf32", action="store_true",
+                   help="allow TF32 tensor cores on both sides (PyTorch's allow_tf32 switches and "
+                        "ANYDEVICE_ALLOW_TF32=1); by default both compute in full FP32")
+
+
+def set_tf32(on: bool) -> None:
+    """FP32 against FP32 (default) or TF32 against TF32: PyTorch's switches and the pack's own."""
+    import os
+    import torch
+    os.environ["ANYDEVICE_ALLOW_TF32"] = "1" if on else "0"
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
 
 
 def main(args) -> int:
     import torch
     from . import get_backend, list_backends
+    tf32 = bool(getattr(args, "tf32", False))
+    set_tf32(tf32)
     names = args.backend or [i.name for i in list_backends() if i.available]
     cases = [c for c in CASES if not args.case or any(s in c.name for s in args.case)]
     budget = 0.25 if args.quick else 0.8
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; ratio = torch time / backend "
-          f"time, same run, alternating blocks (> 1: backend faster)")
+          f"time, same run, alternating blocks (> 1: backend faster); {'TF32' if tf32 else 'FP32'} on both sides")
     rows = []
     failures = 0
     for name in names:
         be = get_backend(name)
         print(f"\n{be.name}: {be.device}", flush=True)
+        on_gpu = _torch_device_for(be).type != "cpu"
         for case in cases:
+            if case.gpu_only and not on_gpu:
+                continue
             try:
                 row = bench_case(be, case, budget)
             except Exception as exc:  # report and go on: one failing case must not hide the others

@@ -63,6 +63,12 @@ def unary_kernel_args(op: str, p: dict) -> tuple[int, float, float, int, int]:
     return UNARY_KERNEL_CODES[op], p0, p1, has_min, has_max
 
 
+def tf32_allowed() -> bool:
+    """ANYDEVICE_ALLOW_TF32=1: GEMMs and convs may use TF32 tensor cores (off by default, so every
+    backend computes in full FP32, like torch.backends.cuda.matmul.allow_tf32 = False)."""
+    return os.environ.get("ANYDEVICE_ALLOW_TF32", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 def workspace_budget_bytes() -> int:
     """Largest scratch buffer (im2col columns and the like) one op may allocate at once."""
     return int(float(os.environ.get("ANYDEVICE_WORKSPACE_MB", "256")) * 2**20)

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .contract import (UNARY_KERNEL_CODES, Backend, conv_output_size, conv_transpose_output_size,
-                       unary_kernel_args)
+                       tf32_allowed, unary_kernel_args)
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 INSTALL_HINT = "CuPy not installed (pip install cupy-cuda12x)"
@@ -76,18 +76,42 @@ TILES = {
     "sm_89": {"portable": [_P_L, _P_M, _P_S], "own": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
     "sm_90": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_M, _O_S], "tf32": [_T_L, _T_M, _T_S]},
 }
-#: own-kernel modes (build options besides the tile) the backend compiles
+#: own-kernel modes (build options besides the tile) the backend compiles; VEC_A / VEC_B (16-byte
+#: loads) are added when the operands allow them (``_vec_ok``)
 OWN_MODES = (
     dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0),
     dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=1),
+    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0, VEC_A=1, VEC_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0, VEC_A=1),
+    dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0, VEC_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1, VEC_A=1),
     dict(IS_GEMM=0, CONV_TRANSPOSED=0), dict(IS_GEMM=0, CONV_TRANSPOSED=1),
+    dict(IS_GEMM=0, CONV_TRANSPOSED=0, VEC_A=1), dict(IS_GEMM=0, CONV_TRANSPOSED=1, VEC_A=1),
 )
+#: split K over at most this many slices when the output tiles alone do not fill the GPU
+MAX_KSPLIT = 8
 #: unary op codes of misc_cuda.cu
 UNARY_CODES = UNARY_KERNEL_CODES
 BLOCK = 256
 #: convs with at most this many output channels per group use the direct kernel
 DIRECT_MAX_COUT_G = 4
 GRID_YZ_MAX = 65535
+
+
+def vec_fits(cfg: dict, which: str) -> bool:
+    """Whether a tile can load operand ``which`` ("A" or "B") as 16-byte vectors: every thread
+    loads whole vectors (ad_conv_gemm's VEC_A / VEC_B #error conditions)."""
+    threads = (cfg["TILE_M"] // cfg["WPT_M"]) * (cfg["TILE_N"] // cfg["WPT_N"])
+    if which == "A":
+        return cfg["TILE_K"] % 4 == 0 and (cfg["TILE_M"] * cfg["TILE_K"]) % (4 * threads) == 0
+    return cfg["TILE_N"] % 4 == 0 and (cfg["TILE_N"] * cfg["TILE_K"]) % (4 * threads) == 0
+
+
+def mode_fits(cfg: dict, mode: dict) -> bool:
+    return (not mode.get("VEC_A") or vec_fits(cfg, "A")) and (not mode.get("VEC_B") or vec_fits(cfg, "B"))
+
+
+def _mode_macros(mode: dict) -> dict:
+    """Build options of one own-kernel mode: VEC_A/VEC_B only when set (so the older cache keys hold)."""
+    return {k: v for k, v in mode.items() if not (k in ("VEC_A", "VEC_B") and not v)}
 
 
 def _tiles_for(arch: str) -> dict:
@@ -109,7 +133,8 @@ def shipped_configs() -> dict[str, list[dict]]:
                 add(fname, dict(cfg))
         for cfg in table["own"] + table["tf32"]:
             for mode in OWN_MODES:
-                add(OWN_GEMM[0], {**cfg, **mode})
+                if mode_fits(cfg, mode):
+                    add(OWN_GEMM[0], {**cfg, **_mode_macros(mode)})
     add(MISC, {"BLOCK": BLOCK})
     return out
 
@@ -188,10 +213,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ANYDEVICE_CACHE_DIR") or Path.home() / ".cache" / "anydevice")
 
 
-def _tf32_requested() -> bool:
-    return os.environ.get("ANYDEVICE_ALLOW_TF32", "0").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _cdiv(a, b):
     return -(-a // b)
 
@@ -215,7 +236,7 @@ class CudaBackend(Backend):
         self.arch = "hip" if self.hip else f"sm_{self.cc[0]}{self.cc[1]}"
         self.sm_count = int(props["multiProcessorCount"])
         self.native_types = (cp.ndarray,)
-        self.tf32 = _tf32_requested() and not self.hip and self.cc >= (8, 0)
+        self.tf32 = tf32_allowed() and not self.hip and self.cc >= (8, 0)
         self._tiles = _tiles_for(self.arch)
         self._mods: dict = {}
         self._lock = threading.RLock()
@@ -292,7 +313,7 @@ class CudaBackend(Backend):
         torch = sys.modules["torch"]
         if like.device.type == "cuda":
             self._enter()
-            t = torch.from_dlpack(self.cp.ascontiguousarray(x))
+            t = torch.from_dlpack(self._contig(x))
             return t if t.device == like.device else t.to(like.device)
         return torch.from_numpy(np.ascontiguousarray(self._to_numpy(x)))
 
@@ -319,8 +340,11 @@ class CudaBackend(Backend):
             with self._lock:
                 fn = self._mods.get(key)
                 if fn is None:
-                    opts = build_options(macros)
-                    mod = self.cp.RawModule(code=kernel_source(fname), options=opts)
+                    mkey = (fname, key[2])  # one module per source and build options, any kernel of it
+                    mod = self._mods.get(mkey)
+                    if mod is None:
+                        mod = self.cp.RawModule(code=kernel_source(fname), options=build_options(macros))
+                        self._mods[mkey] = mod
                     fn = mod.get_function(kname)
                     self._mods[key] = fn
         return fn
@@ -341,14 +365,19 @@ class CudaBackend(Backend):
         return self._dummy
 
     def _contig(self, x):
-        return self.cp.ascontiguousarray(x, dtype=self.cp.float32)
+        y = self.cp.ascontiguousarray(x, dtype=self.cp.float32)
+        return y if y.shape == x.shape else y.reshape(x.shape)  # CuPy makes 0-d arrays 1-d
 
     # ---- tile choice ------------------------------------------------------------------------
     def _family(self, op: str) -> str:
+        """tf32 (when allowed), else the own FP32 kernel; ANYDEVICE_CUDA_FAMILY=portable runs the
+        shared OpenCL/CUDA GPU-family kernels instead (measured on an H100: half the speed)."""
         if self.tf32 and self._tiles.get("tf32"):
             return "tf32"
-        fname = PORTABLE[op][0]
-        return "portable" if (KERNELS_DIR / fname).exists() else "own"
+        if os.environ.get("ANYDEVICE_CUDA_FAMILY", "").strip().lower() == "portable" \
+                and (KERNELS_DIR / PORTABLE[op][0]).exists():
+            return "portable"
+        return "own"
 
     def _choose(self, family: str, op: str, M: int, N: int, Z: int) -> dict:
         tuned = self._tuned.get(f"{family}:{op}:{_size_class(M, N, Z)}")
@@ -360,6 +389,57 @@ class CudaBackend(Backend):
             if _cdiv(M, bm) * _cdiv(N, bn) * Z >= self.sm_count:
                 return cfg
         return cands[-1]
+
+    def _ksplit(self, cfg: dict, M: int, N: int, Z: int, K: int) -> int:
+        """K slices for the own kernel: 1 when the output tiles fill the GPU, else the count that
+        best fills whole waves of groups (each slice at least 4 k steps); env ANYDEVICE_CUDA_KSPLIT
+        forces it."""
+        forced = os.environ.get("ANYDEVICE_CUDA_KSPLIT", "").strip()
+        steps = _cdiv(K, cfg["TILE_K"])
+        if forced.isdigit() and int(forced) >= 1:
+            return max(1, min(int(forced), steps))
+        blocks = _cdiv(M, cfg["TILE_M"]) * _cdiv(N, cfg["TILE_N"]) * Z
+        threads = (cfg["TILE_M"] // cfg["WPT_M"]) * (cfg["TILE_N"] // cfg["WPT_N"])
+        per_sm = max(1, min(2048 // threads, 65536 // (threads * min(255, 2 * cfg["WPT_M"] * cfg["WPT_N"] + 48))))
+        slots = self.sm_count * per_sm
+        if blocks >= slots:
+            return 1
+        best, best_t = 1, None
+        for ks in range(1, min(MAX_KSPLIT, steps // 4) + 1):
+            # time ~ waves of groups x work per group, plus the reduction pass
+            t = _cdiv(blocks * ks, slots) / ks + (0.05 if ks > 1 else 0.0)
+            if best_t is None or t < best_t - 1e-9:
+                best, best_t = ks, t
+        return best
+
+    def _own_launch(self, macros: dict, cfg: dict, M: int, N: int, K: int, Z: int, args_a: tuple,
+                    args_b: tuple, c_args: tuple, bias, conv: tuple, out, gemm_out: tuple, ksplit: int):
+        """Launch ad_conv_gemm over Z problems (grid z chunks), split over K when ksplit > 1 (then
+        into a workspace, and ad_splitk_reduce writes ``out``)."""
+        cp = self.cp
+        i32, i64 = np.int32, np.int64
+        fn = self._function(OWN_GEMM[0], OWN_GEMM[1], macros)
+        block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+        kchunk = _cdiv(_cdiv(K, ksplit), cfg["TILE_K"]) * cfg["TILE_K"]
+        ksplit = _cdiv(K, kchunk) if K else 1
+        per = max(1, GRID_YZ_MAX // ksplit)
+        for z0 in range(0, Z, per):
+            z1 = min(Z, z0 + per)
+            a, sam, sak, a_bs = args_a(z0)
+            b, sbk, sbn, b_bs = args_b(z0)
+            c, ldc, c_bs, bs = c_args(z0)
+            ws = c if ksplit == 1 else cp.empty((z1 - z0) * ksplit * M * N, dtype=cp.float32)
+            grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), (z1 - z0) * ksplit)
+            fn(grid, block, (i32(M), i32(N), i32(K), a, i32(sam), i32(sak), i64(a_bs),
+                             b, i32(sbk), i32(sbn), i64(b_bs), ws, i32(ldc), i64(c_bs),
+                             bs, i32(bias is not None), *(i32(v) for v in conv), i32(ksplit), i32(kchunk)))
+            if ksplit > 1:
+                red = self._function(OWN_GEMM[0], "ad_splitk_reduce", macros)
+                is_gemm, OHW, Cout = gemm_out
+                self._launch_1d(red, (z1 - z0) * M * N,
+                                (ws, c, bs, i32(bias is not None), i32(ksplit), i32(z1 - z0), i32(M), i32(N),
+                                 i32(ldc), i64(c_bs), i32(is_gemm), i32(OHW), i32(Cout)))
+        return out
 
     # ---- matmul -----------------------------------------------------------------------------
     def _bmm(self, a, b):
@@ -374,7 +454,7 @@ class CudaBackend(Backend):
             return y.reshape(B, M, N)
         return self._gemm(a, b)
 
-    def _gemm(self, a, b, cfg=None, family=None):
+    def _gemm(self, a, b, cfg=None, family=None, ksplit=None):
         """(Ba, M, K) @ (Bb, K, N), Ba/Bb in {1, B}, any strides (copied only when neither layout)."""
         cp = self.cp
         Ba, M, K = a.shape
@@ -388,33 +468,31 @@ class CudaBackend(Backend):
         b_bs = sb[0] if Bb > 1 else 0
         c = self._empty((B, M, N))
         cfg = cfg or self._choose(family, "gemm", M, N, B)
+        if own:
+            ta, tb = int(sa[2] != 1), int(sb[2] != 1)
+            vec_a = int(not ta and vec_fits(cfg, "A") and _vec_ok(a, sa[1], a_bs, K))
+            vec_b = int(not tb and vec_fits(cfg, "B") and _vec_ok(b, sb[1], b_bs, N))
+            macros = {**cfg, **_mode_macros(dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb, VEC_A=vec_a, VEC_B=vec_b))}
+            return self._own_launch(macros, cfg, M, N, K, B,
+                                    lambda z: (a[z:] if Ba > 1 else a, sa[1], sa[2], a_bs),
+                                    lambda z: (b[z:] if Bb > 1 else b, sb[1], sb[2], b_bs),
+                                    lambda z: (c[z:], N, M * N, self._null()),
+                                    None, (0,) * 15, c, (1, 1, 1), ksplit or self._ksplit(cfg, M, N, B, K))
         for z0 in range(0, B, GRID_YZ_MAX):
             z1 = min(B, z0 + GRID_YZ_MAX)
             az = a[z0:z1] if Ba > 1 else a
             bz = b[z0:z1] if Bb > 1 else b
             cz = c[z0:z1]
-            if own:
-                macros = {**cfg, "IS_GEMM": 1, "TRANS_A": int(sa[2] != 1), "TRANS_B": int(sb[2] != 1)}
-                fn = self._function(OWN_GEMM[0], OWN_GEMM[1], macros)
-                grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), z1 - z0)
-                block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
-                i32, i64 = np.int32, np.int64
-                fn(grid, block, (i32(M), i32(N), i32(K),
-                                 az, i32(sa[1]), i32(sa[2]), i64(a_bs),
-                                 bz, i32(sb[1]), i32(sb[2]), i64(b_bs),
-                                 cz, i32(N), i64(M * N), self._null(), i32(0),
-                                 *([i32(0)] * 15)))
-            else:
-                fname, kname = PORTABLE["gemm"]
-                fn = self._function(fname, kname, cfg)
-                grid = (_cdiv(N, cfg["BN"]), _cdiv(M, cfg["BM"]), z1 - z0)
-                block = (cfg["BN"] // cfg["TN"], cfg["BM"] // cfg["TM"], 1)
-                i32, i64 = np.int32, np.int64
-                fn(grid, block, (i32(M), i32(N), i32(K),
-                                 az, i64(0), i32(sa[1]), i32(sa[2]), i64(a_bs),
-                                 bz, i64(0), i32(sb[1]), i32(sb[2]), i64(b_bs),
-                                 cz, i64(0), i32(N), i64(M * N),
-                                 self._null(), i32(0), i32(1 << 30), i64(0)))
+            fname, kname = PORTABLE["gemm"]
+            fn = self._function(fname, kname, cfg)
+            grid = (_cdiv(N, cfg["BN"]), _cdiv(M, cfg["BM"]), z1 - z0)
+            block = (cfg["BN"] // cfg["TN"], cfg["BM"] // cfg["TM"], 1)
+            i32, i64 = np.int32, np.int64
+            fn(grid, block, (i32(M), i32(N), i32(K),
+                             az, i64(0), i32(sa[1]), i32(sa[2]), i64(a_bs),
+                             bz, i64(0), i32(sb[1]), i32(sb[2]), i64(b_bs),
+                             cz, i64(0), i32(N), i64(M * N),
+                             self._null(), i32(0), i32(1 << 30), i64(0)))
         return c
 
     # ---- convolution ------------------------------------------------------------------------
@@ -492,27 +570,23 @@ class CudaBackend(Backend):
                                                    "sh", "sw", "ph", "pw", "dh", "dw"))))
         return y
 
-    def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None):
-        i32, i64 = np.int32, np.int64
+    def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None):
         M, Ntot, K = g["CoutG"], g["N"] * g["OH"] * g["OW"], g["CinG"] * g["KH"] * g["KW"]
         G = g["G"]
         cfg = cfg or self._choose(family, "conv_transpose2d" if transposed else "conv2d", M, Ntot, G)
-        fn = self._function(OWN_GEMM[0], OWN_GEMM[1], {**cfg, "IS_GEMM": 0, "CONV_TRANSPOSED": int(transposed)})
-        block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+        vec_a = int(vec_fits(cfg, "A") and K % 4 == 0 and (M * K) % 4 == 0 and w.data.ptr % 16 == 0)
+        macros = {**cfg, **_mode_macros(dict(IS_GEMM=0, CONV_TRANSPOSED=int(transposed), VEC_A=vec_a))}
         HW, P = g["H"] * g["W"], g["OH"] * g["OW"]
-        for g0 in range(0, G, GRID_YZ_MAX):
-            gz = min(G, g0 + GRID_YZ_MAX) - g0
-            # views starting at group g0 (the kernel indexes from these pointers with full strides)
-            xs = x.reshape(-1)[g0 * g["CinG"] * HW:]
-            ws = w.reshape(-1)[g0 * M * K:]
-            ys = y.reshape(-1)[g0 * M * P:]
-            bs = self._null() if bias is None else bias[g0 * M:]
-            grid = (_cdiv(Ntot, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), gz)
-            fn(grid, block, (i32(M), i32(Ntot), i32(K), ws, i32(K), i32(1), i64(M * K),
-                             xs, i32(0), i32(0), i64(0), ys, i32(0), i64(0), bs, i32(bias is not None),
-                             *(i32(g[k]) for k in ("C", "H", "W", "CinG", "KH", "KW", "sh", "sw", "ph", "pw",
-                                                   "dh", "dw", "OH", "OW", "Cout"))))
-        return y
+        ks = ksplit or self._ksplit(cfg, M, Ntot, G, K)
+        conv = tuple(g[k] for k in ("C", "H", "W", "CinG", "KH", "KW", "sh", "sw", "ph", "pw",
+                                    "dh", "dw", "OH", "OW", "Cout"))
+        # views starting at group g0 (the kernel indexes from these pointers with full strides)
+        return self._own_launch(
+            macros, cfg, M, Ntot, K, G,
+            lambda g0: (w.reshape(-1)[g0 * M * K:], K, 1, M * K),
+            lambda g0: (x.reshape(-1)[g0 * g["CinG"] * HW:], 0, 0, 0),
+            lambda g0: (y.reshape(-1)[g0 * M * P:], 0, 0, self._null() if bias is None else bias[g0 * M:]),
+            bias, conv, y, (0, P, g["Cout"]), ks)
 
     # ---- elementwise ------------------------------------------------------------------------
     def _pad(self, x, pads, mode):
@@ -636,6 +710,12 @@ class CudaBackend(Backend):
         except OSError:
             pass
         return results
+
+
+def _vec_ok(x, row_stride: int, batch_stride: int, inner: int) -> bool:
+    """16-byte loads along the unit-stride dim: aligned base, row/batch strides and length all
+    multiples of 4 floats."""
+    return x.data.ptr % 16 == 0 and row_stride % 4 == 0 and batch_stride % 4 == 0 and inner % 4 == 0
 
 
 def _size_class(M, N, Z) -> str:

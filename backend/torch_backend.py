@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .contract import Backend
+from .contract import Backend, tf32_allowed
 
 #: registry name -> torch device type
 DEVICE_TYPES = {"cpu": "cpu", "cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps",
@@ -84,6 +84,30 @@ class TorchBackend(Backend):
         self.f32 = torch.float32
         ok, _, names = _probe(name)
         self._desc = names[index] if ok and index < len(names) else str(self.dev)
+        # PyTorch lets cuDNN convs use TF32 by default (and ComfyUI may turn it on for matmuls):
+        # the pack computes in FP32 unless ANYDEVICE_ALLOW_TF32=1 says otherwise
+        self.tf32 = tf32_allowed()
+
+    class _FP32:
+        """Within: cuDNN / cuBLAS in full FP32 (TF32 off), the caller's switches restored after."""
+
+        def __init__(self, torch):
+            self.b = torch.backends
+
+        def __enter__(self):
+            self.saved = (self.b.cudnn.allow_tf32, self.b.cuda.matmul.allow_tf32)
+            self.b.cudnn.allow_tf32 = False
+            self.b.cuda.matmul.allow_tf32 = False
+
+        def __exit__(self, *exc):
+            self.b.cudnn.allow_tf32, self.b.cuda.matmul.allow_tf32 = self.saved
+            return False
+
+    def _precision(self):
+        import contextlib
+        if self.dev.type != "cuda" or self.tf32:
+            return contextlib.nullcontext()
+        return self._FP32(self.torch)
 
     @property
     def device(self) -> str:
@@ -132,15 +156,18 @@ class TorchBackend(Backend):
 
     # ---- compute ----------------------------------------------------------------------------
     def _bmm(self, a, b):
-        return self.torch.matmul(a, b)
+        with self._precision():
+            return self.torch.matmul(a, b)
 
     def _mm(self, a, b):
-        return self.torch.mm(a, b)
+        with self._precision():
+            return self.torch.mm(a, b)
 
     def _linear(self, x, w, b):
         if w.dim() == 1:  # F.linear refuses a 1-D weight with a bias: the generic matmul + add path
             return super()._linear(x, w, b)
-        return self.F.linear(x, w, b)
+        with self._precision():
+            return self.F.linear(x, w, b)
 
     def _pad(self, x, pads, mode):
         t, b, l, r = pads
@@ -149,13 +176,15 @@ class TorchBackend(Backend):
 
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
         t, b, l, r = pads
-        if t == b and l == r:
-            return self.F.conv2d(x, w, bias, stride, (t, l), dilation, groups)
-        x = self.F.pad(x, (l, r, t, b))
-        return self.F.conv2d(x, w, bias, stride, 0, dilation, groups)
+        with self._precision():
+            if t == b and l == r:
+                return self.F.conv2d(x, w, bias, stride, (t, l), dilation, groups)
+            x = self.F.pad(x, (l, r, t, b))
+            return self.F.conv2d(x, w, bias, stride, 0, dilation, groups)
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
-        return self.F.conv_transpose2d(x, w, bias, stride, padding, output_padding, groups, dilation)
+        with self._precision():
+            return self.F.conv_transpose2d(x, w, bias, stride, padding, output_padding, groups, dilation)
 
     def _unary(self, op, x, **p):
         torch, F = self.torch, self.F

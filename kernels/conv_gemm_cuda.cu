@@ -14,7 +14,8 @@
  *                     B, sbk, sbn, sb_batch,          B(k, n) (GEMM mode only)
  *                     C, ldc, sc_batch,               C(m, n) = C[z*sc_batch + m*ldc + n] (GEMM mode)
  *                     bias, has_bias,                 conv mode: bias[z*M + m]
- *                     Cin, H, W, Cg, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, Cout)
+ *                     Cin, H, W, Cg, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, Cout,
+ *                     ksplit, kchunk)
  *   C = A @ B for each z. GEMM mode (IS_GEMM=1): z is the batch index.
  *   Conv mode (IS_GEMM=0): z is the group g, A the group's weights (M = Cout/groups rows,
  *   K = Cg*KH*KW), B the virtual im2col matrix of the input x (N = batch*OH*OW columns, gathered
@@ -22,13 +23,25 @@
  *   CONV_TRANSPOSED=1: conv_transpose2d as the same implicit GEMM: A the group's weights
  *   re-laid out as (Cout/groups, Cg*KH*KW), B(k, p) the input pixel that tap k maps onto output
  *   pixel p (zero where the stride skips it); sh/sw/ph/pw/dh/dw are the transposed conv's.
- * launch: groups (ceil(N/TILE_N), ceil(M/TILE_M), batch or groups),
+ *   Split K (ksplit > 1): group z' = z*ksplit + s sums k in [s*kchunk, (s+1)*kchunk) (kchunk a
+ *   multiple of TILE_K) and writes its partial C(m, n) plainly to C[(z'*M + m)*N + n] (C is then a
+ *   workspace of batch*ksplit*M*N floats); ad_splitk_reduce adds the slices in a fixed order (no
+ *   atomics: results are the same on every run), the bias, and writes the real layout. It fills
+ *   the GPU when M*N is small against K (the seed convs: 512 x 1568 outputs, K = 4608).
+ * launch: groups (ceil(N/TILE_N), ceil(M/TILE_M), (batch or groups) * ksplit),
  *         group size (TILE_N/WPT_N, TILE_M/WPT_M).
  * macros: TILE_M, TILE_N, TILE_K, WPT_M, WPT_N, SMEM_PAD, TRANS_A (A stored k-major: sam > sak),
  *         TRANS_B (B stored n-major, GEMM mode), IS_GEMM, CONV_TRANSPOSED, USE_TF32,
+ *         VEC_A (A loaded as 16-byte vectors along k: not TRANS_A, sak == 1, sam, sa_batch and K
+ *         multiples of 4, A 16-byte aligned; the host checks), VEC_B (likewise B along n in GEMM
+ *         mode: not TRANS_B, sbn == 1, sbk, sb_batch and N multiples of 4),
  *         KP (FP32 branch: two-level accumulation, the register partial sums are folded into
  *         register totals every KP values of k, so long K keeps FP32 precision; a multiple of
  *         TILE_K).
+ * Tiles are double-buffered in group-shared memory (one barrier per k step, the next tile's global
+ * loads in flight during the current tile's FMAs). In the FP32 branch a thread whose WPT_M and
+ * WPT_N are multiples of 4 owns 4x4 sub-blocks spread TM*4 rows / TN*4 columns apart, so it reads
+ * its operands from shared memory as 16-byte vectors.
  * The FP32 branch and the loaders are portable: prelude_opencl.h + this file builds as OpenCL C,
  * which is how tests/test_portable_kernels.py exercises them on PoCL.
  */
@@ -68,6 +81,17 @@
 #ifndef KP
 #define KP 128
 #endif
+#ifndef VEC_A
+#define VEC_A 0
+#endif
+#ifndef VEC_B
+#define VEC_B 0
+#endif
+#if (WPT_M % 4 == 0) && (WPT_N % 4 == 0)
+#define VEC_SMEM 1
+#else
+#define VEC_SMEM 0
+#endif
 
 #define TM (TILE_M / WPT_M)           /* threads along m */
 #define TN (TILE_N / WPT_N)           /* threads along n */
@@ -80,6 +104,15 @@
 #endif
 #if (KP % TILE_K) || (KP < TILE_K)
 #error "ad_conv_gemm: KP must be a multiple of TILE_K"
+#endif
+#if VEC_A && (TRANS_A || ((TILE_M * TILE_K) % (4 * NT)) || (TILE_K % 4))
+#error "ad_conv_gemm: VEC_A needs k-contiguous A and TILE_M*TILE_K a multiple of 4 threads' vectors"
+#endif
+#if VEC_B && (!IS_GEMM || TRANS_B || ((TILE_N * TILE_K) % (4 * NT)) || (TILE_N % 4))
+#error "ad_conv_gemm: VEC_B needs GEMM mode, n-contiguous B and TILE_N*TILE_K a multiple of 4 threads' vectors"
+#endif
+#if ((TILE_M + SMEM_PAD) % 4) || ((TILE_N + SMEM_PAD) % 4)
+#error "ad_conv_gemm: TILE_M + SMEM_PAD and TILE_N + SMEM_PAD must be multiples of 4"
 #endif
 #if TRANS_A
 #if NT % TILE_M
@@ -144,14 +177,17 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
                          const int Cin, const int H, const int W, const int Cg,
                          const int KH, const int KW, const int sh, const int sw,
                          const int ph, const int pw, const int dh, const int dw,
-                         const int OH, const int OW, const int Cout)
+                         const int OH, const int OW, const int Cout,
+                         const int ksplit, const int kchunk)
 {
-    LOCAL float As[TILE_K][TILE_M + SMEM_PAD];
-    LOCAL float Bs[TILE_K][TILE_N + SMEM_PAD];
+    LOCAL ALIGN16 float As[2][TILE_K][TILE_M + SMEM_PAD];
+    LOCAL ALIGN16 float Bs[2][TILE_K][TILE_N + SMEM_PAD];
     const int tid = LID1 * TN + LID0;
     const int m0 = GRP1 * TILE_M;
     const int n0 = GRP0 * TILE_N;
-    const int z = GRP2;
+    const int z = GRP2 / ksplit;                 /* batch index (GEMM) or group (conv) */
+    const int kbeg = (GRP2 - z * ksplit) * kchunk;
+    const int kend = min(K, kbeg + kchunk);
     A += (OFF_T)z * sa_batch;
 #if IS_GEMM
     B += (OFF_T)z * sb_batch;
@@ -177,30 +213,84 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #endif
 
     float ra[A_LOADS], rb[B_LOADS];
-#define LOAD_TILES(k0)                                                                        \
+#if VEC_A
+    /* vector i of this thread: rows am, k ak..ak+3 (kend is a multiple of 4: all in or all out) */
+#define A_VPOS(i, am, ak) { const int v_ = tid + (i) * NT; ak = (v_ % (TILE_K / 4)) * 4; am = v_ / (TILE_K / 4); }
+#define LOAD_A(k0)                                                                            \
+    for (int i = 0; i < A_LOADS / 4; i++) {                                                     \
+        int am, ak;                                                                             \
+        A_VPOS(i, am, ak);                                                                      \
+        const int gm = m0 + am, gk = (k0) + ak;                                                 \
+        float4 v = MAKE4(0.0f, 0.0f, 0.0f, 0.0f);                                               \
+        if (gm < M && gk < kend) v = LD4(A + (OFF_T)gm * sam + gk);                            \
+        ra[4 * i] = v.x; ra[4 * i + 1] = v.y; ra[4 * i + 2] = v.z; ra[4 * i + 3] = v.w;         \
+    }
+#define STORE_A(buf)                                                                          \
+    for (int i = 0; i < A_LOADS / 4; i++) {                                                     \
+        int am, ak;                                                                             \
+        A_VPOS(i, am, ak);                                                                      \
+        for (int e = 0; e < 4; e++) As[buf][ak + e][am] = ra[4 * i + e];                        \
+    }
+#else
+#define LOAD_A(k0)                                                                            \
     for (int i = 0; i < A_LOADS; i++) {                                                         \
         int am, ak;                                                                             \
         A_POS(i, tid, am, ak);                                                                  \
         const int gm = m0 + am, gk = (k0) + ak;                                                 \
-        ra[i] = (gm < M && gk < K) ? A[(OFF_T)gm * sam + (OFF_T)gk * sak] : 0.0f;             \
-    }                                                                                           \
+        ra[i] = (gm < M && gk < kend) ? A[(OFF_T)gm * sam + (OFF_T)gk * sak] : 0.0f;          \
+    }
+#define STORE_A(buf)                                                                          \
+    for (int i = 0; i < A_LOADS; i++) {                                                         \
+        int am, ak;                                                                             \
+        A_POS(i, tid, am, ak);                                                                  \
+        As[buf][ak][am] = ra[i];                                                                \
+    }
+#endif
+#if VEC_B
+#define B_VPOS(i, bk, bn) { const int v_ = tid + (i) * NT; bn = (v_ % (TILE_N / 4)) * 4; bk = v_ / (TILE_N / 4); }
+#define LOAD_BT(k0)                                                                           \
+    for (int i = 0; i < B_LOADS / 4; i++) {                                                     \
+        int bk, bn;                                                                             \
+        B_VPOS(i, bk, bn);                                                                      \
+        const int gk = (k0) + bk, gn = n0 + bn;                                                 \
+        float4 v = MAKE4(0.0f, 0.0f, 0.0f, 0.0f);                                               \
+        if (gk < kend && gn < N) v = LD4(B + (OFF_T)gk * sbk + gn);                            \
+        rb[4 * i] = v.x; rb[4 * i + 1] = v.y; rb[4 * i + 2] = v.z; rb[4 * i + 3] = v.w;         \
+    }
+#define STORE_B(buf)                                                                          \
+    for (int i = 0; i < B_LOADS / 4; i++) {                                                     \
+        int bk, bn;                                                                             \
+        B_VPOS(i, bk, bn);                                                                      \
+        ST4(&Bs[buf][bk][bn], MAKE4(rb[4 * i], rb[4 * i + 1], rb[4 * i + 2], rb[4 * i + 3]));  \
+    }
+#else
+#define LOAD_BT(k0)                                                                           \
     for (int i = 0; i < B_LOADS; i++) {                                                         \
         int bk, bn;                                                                             \
         B_POS(i, tid, bk, bn);                                                                  \
         const int gk = (k0) + bk;                                                               \
         LOAD_B(i, gk, bn);                                                                      \
     }
+#define STORE_B(buf)                                                                          \
+    for (int i = 0; i < B_LOADS; i++) {                                                         \
+        int bk, bn;                                                                             \
+        B_POS(i, tid, bk, bn);                                                                  \
+        Bs[buf][bk][bn] = rb[i];                                                                \
+    }
+#endif
+#define LOAD_TILES(k0) LOAD_A(k0) LOAD_BT(k0)
+#define STORE_TILES(buf) STORE_A(buf) STORE_B(buf)
 #if IS_GEMM
 #define LOAD_B(i, gk, bn)                                                                      \
     {                                                                                           \
         const int gn = n0 + (bn);                                                               \
-        rb[i] = ((gk) < K && gn < N) ? B[(OFF_T)(gk) * sbk + (OFF_T)gn * sbn] : 0.0f;         \
+        rb[i] = ((gk) < kend && gn < N) ? B[(OFF_T)(gk) * sbk + (OFF_T)gn * sbn] : 0.0f;      \
     }
 #else
 #define LOAD_B(i, gk, bn)                                                                      \
     {                                                                                           \
         float v = 0.0f;                                                                         \
-        if (pvalid && (gk) < K) {                                                               \
+        if (pvalid && (gk) < kend) {                                                            \
             const int c = (gk) / KHW;                                                           \
             const int rs = (gk) - c * KHW;                                                      \
             const int r = rs / KW;                                                              \
@@ -228,17 +318,6 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
     }
 #endif
 #endif
-#define STORE_TILES()                                                                         \
-    for (int i = 0; i < A_LOADS; i++) {                                                         \
-        int am, ak;                                                                             \
-        A_POS(i, tid, am, ak);                                                                  \
-        As[ak][am] = ra[i];                                                                     \
-    }                                                                                           \
-    for (int i = 0; i < B_LOADS; i++) {                                                         \
-        int bk, bn;                                                                             \
-        B_POS(i, tid, bk, bn);                                                                  \
-        Bs[bk][bn] = rb[i];                                                                     \
-    }
 
 #if defined(ANYDEVICE_CUDA) && USE_TF32
     const int lane = tid & 31;
@@ -265,11 +344,12 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
     int since = 0;
 #endif
 
-    LOAD_TILES(0)
-    STORE_TILES()
+    int cur = 0;
+    LOAD_TILES(kbeg)
+    STORE_TILES(0)
     BARRIER();
-    for (int k0 = 0; k0 < K; k0 += TILE_K) {
-        const int more = k0 + TILE_K < K;
+    for (int k0 = kbeg; k0 < kend; k0 += TILE_K) {
+        const int more = k0 + TILE_K < kend;
         if (more) {
             LOAD_TILES(k0 + TILE_K)
         }
@@ -280,16 +360,16 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
             for (int i = 0; i < MI; i++) {
                 const int mr = wm0 + i * 16 + gq;
-                af[i][0] = ad_to_tf32(As[kk + tq][mr]);
-                af[i][1] = ad_to_tf32(As[kk + tq][mr + 8]);
-                af[i][2] = ad_to_tf32(As[kk + tq + 4][mr]);
-                af[i][3] = ad_to_tf32(As[kk + tq + 4][mr + 8]);
+                af[i][0] = ad_to_tf32(As[cur][kk + tq][mr]);
+                af[i][1] = ad_to_tf32(As[cur][kk + tq][mr + 8]);
+                af[i][2] = ad_to_tf32(As[cur][kk + tq + 4][mr]);
+                af[i][3] = ad_to_tf32(As[cur][kk + tq + 4][mr + 8]);
             }
 #pragma unroll
             for (int j = 0; j < NI; j++) {
                 const int nc = wn0 + j * 8 + gq;
-                bf[j][0] = ad_to_tf32(Bs[kk + tq][nc]);
-                bf[j][1] = ad_to_tf32(Bs[kk + tq + 4][nc]);
+                bf[j][0] = ad_to_tf32(Bs[cur][kk + tq][nc]);
+                bf[j][1] = ad_to_tf32(Bs[cur][kk + tq + 4][nc]);
             }
 #pragma unroll
             for (int i = 0; i < MI; i++)
@@ -300,10 +380,23 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
         for (int kk = 0; kk < TILE_K; kk++) {
             float a[WPT_M], b[WPT_N];
+#if VEC_SMEM
 #pragma unroll
-            for (int i = 0; i < WPT_M; i++) a[i] = As[kk][ty + i * TM];
+            for (int i = 0; i < WPT_M / 4; i++) {
+                const float4 v = LD4(&As[cur][kk][i * (4 * TM) + ty * 4]);
+                a[4 * i] = v.x; a[4 * i + 1] = v.y; a[4 * i + 2] = v.z; a[4 * i + 3] = v.w;
+            }
 #pragma unroll
-            for (int j = 0; j < WPT_N; j++) b[j] = Bs[kk][tx + j * TN];
+            for (int j = 0; j < WPT_N / 4; j++) {
+                const float4 v = LD4(&Bs[cur][kk][j * (4 * TN) + tx * 4]);
+                b[4 * j] = v.x; b[4 * j + 1] = v.y; b[4 * j + 2] = v.z; b[4 * j + 3] = v.w;
+            }
+#else
+#pragma unroll
+            for (int i = 0; i < WPT_M; i++) a[i] = As[cur][kk][ty + i * TM];
+#pragma unroll
+            for (int j = 0; j < WPT_N; j++) b[j] = Bs[cur][kk][tx + j * TN];
+#endif
 #pragma unroll
             for (int i = 0; i < WPT_M; i++)
 #pragma unroll
@@ -318,14 +411,14 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
                 for (int j = 0; j < WPT_N; j++) { tot[i][j] += acc[i][j]; acc[i][j] = 0.0f; }
         }
 #endif
-        BARRIER();
         if (more) {
-            STORE_TILES()
+            STORE_TILES(cur ^ 1)
         }
         BARRIER();
+        cur ^= 1;
     }
 
-    /* ---- epilogue: C(m, n) (+ bias) ---- */
+    /* ---- epilogue: C(m, n) (+ bias), or this k slice's partial sums ---- */
 #if defined(ANYDEVICE_CUDA) && USE_TF32
 #define OUT_M(i, e) (m0 + wm0 + (i) * 16 + gq + ((e) >> 1) * 8)
 #define OUT_N(j, e) (n0 + wn0 + (j) * 8 + tq * 2 + ((e) & 1))
@@ -334,13 +427,31 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #define EPI_J NI
 #define EPI_E 4
 #else
+#if VEC_SMEM
+#define OUT_M(i, e) (m0 + ((i) >> 2) * (4 * TM) + ty * 4 + ((i) & 3))
+#define OUT_N(j, e) (n0 + ((j) >> 2) * (4 * TN) + tx * 4 + ((j) & 3))
+#else
 #define OUT_M(i, e) (m0 + ty + (i) * TM)
 #define OUT_N(j, e) (n0 + tx + (j) * TN)
+#endif
 #define ACC(i, j, e) (tot[i][j] + acc[i][j])
 #define EPI_I WPT_M
 #define EPI_J WPT_N
 #define EPI_E 1
 #endif
+    if (ksplit > 1) {
+        GLOBAL float* ws = C + (OFF_T)GRP2 * M * N;
+#pragma unroll
+        for (int i = 0; i < EPI_I; i++)
+#pragma unroll
+            for (int j = 0; j < EPI_J; j++)
+#pragma unroll
+                for (int e = 0; e < EPI_E; e++) {
+                    const int gm = OUT_M(i, e), gn = OUT_N(j, e);
+                    if (gm < M && gn < N) ws[(OFF_T)gm * N + gn] = ACC(i, j, e);
+                }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < EPI_I; i++)
 #pragma unroll
@@ -360,4 +471,35 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #endif
                 }
             }
+}
+
+/* kernel ad_splitk_reduce(ws, C, bias, has_bias, ksplit, Z, M, N, ldc, sc_batch, is_gemm, OHW, Cout)
+ *   C(z, m, n) = sum over s < ksplit, in order, of ws[((z*ksplit + s)*M + m)*N + n], written as
+ *   ad_conv_gemm's epilogue writes it: GEMM C[z*sc_batch + m*ldc + n]; conv (z = group)
+ *   C[(img*Cout + z*M + m)*OHW + q] + bias[z*M + m] with n = img*OHW + q.
+ *   launch: 1-D, any geometry (grid-stride loop). */
+KERNEL void ad_splitk_reduce(const GLOBAL float* RESTRICT ws, GLOBAL float* RESTRICT C,
+                             const GLOBAL float* RESTRICT bias, const int has_bias, const int ksplit,
+                             const int Z, const int M, const int N, const int ldc, const OFF_T sc_batch,
+                             const int is_gemm, const int OHW, const int Cout)
+{
+    const OFF_T MN = (OFF_T)M * N;
+    const OFF_T total = (OFF_T)Z * MN;
+    for (OFF_T idx = (OFF_T)GID0; idx < total; idx += (OFF_T)NGRP0 * LSZ0) {
+        const OFF_T zz = idx / MN;
+        const OFF_T r = idx - zz * MN;
+        const int m = (int)(r / N);
+        const int n = (int)(r - (OFF_T)m * N);
+        const GLOBAL float* src = ws + zz * ksplit * MN + r;
+        float s = 0.0f;
+        for (int k = 0; k < ksplit; k++) s += src[(OFF_T)k * MN];
+        if (is_gemm) {
+            C[zz * sc_batch + (OFF_T)m * ldc + n] = s;
+        } else {
+            const int img = n / OHW;
+            const int q = n - img * OHW;
+            const OFF_T co = zz * M + m;
+            C[((OFF_T)img * Cout + co) * OHW + q] = s + (has_bias ? bias[co] : 0.0f);
+        }
+    }
 }

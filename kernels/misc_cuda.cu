@@ -178,8 +178,8 @@ KERNEL void ad_direct_conv(const GLOBAL float* RESTRICT x, const GLOBAL float* R
                     if (ih * sh != ihn || ih >= H) continue;
                 } else {
                     ih = oh * sh - ph + kh * dh;
-                    if (ih < 0 || ih >= H) continue;
                 }
+                const int row_in = transposed || (ih >= 0 && ih < H);
                 for (int kw = 0; kw < KW; kw++) {
                     int iw;
                     if (transposed) {
@@ -188,8 +188,13 @@ KERNEL void ad_direct_conv(const GLOBAL float* RESTRICT x, const GLOBAL float* R
                         iw = iwn / sw;
                         if (iw * sw != iwn || iw >= W) continue;
                     } else {
+                        /* a tap on the zero padding still multiplies its weight by 0, as torch
+                         * does: an Inf/NaN weight makes NaN there too */
                         iw = ow * sw - pw + kw * dw;
-                        if (iw < 0 || iw >= W) continue;
+                        if (!row_in || iw < 0 || iw >= W) {
+                            acc = FMA(0.0f, wp[kh * KW + kw], acc);
+                            continue;
+                        }
                     }
                     acc = FMA(xp[(OFF_T)ih * W + iw], wp[kh * KW + kw], acc);
                 }

@@ -25,3 +25,8 @@
 #define GID2 ((int)(blockIdx.z * blockDim.z + threadIdx.z))
 #define FMA(a, b, c) fmaf((a), (b), (c))
 #define OFF_T long long
+/* 16-byte vectors: LD4/ST4 load/store four floats at a 16-byte-aligned address */
+#define LD4(p) (*(const float4*)(p))
+#define ST4(p, v) (*(float4*)(p) = (v))
+#define MAKE4(a, b, c, d) make_float4((a), (b), (c), (d))
+#define ALIGN16 __align__(16)

@@ -21,3 +21,8 @@
 #define GID2 ((int)get_global_id(2))
 #define FMA(a, b, c) fma((a), (b), (c))
 #define OFF_T long
+/* 16-byte vectors: LD4/ST4 load/store four floats at a 16-byte-aligned address */
+#define LD4(p) vload4(0, (p))
+#define ST4(p, v) vstore4((v), 0, (p))
+#define MAKE4(a, b, c, d) ((float4)((a), (b), (c), (d)))
+#define ALIGN16 __attribute__((aligned(16)))

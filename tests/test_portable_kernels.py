@@ -35,15 +35,16 @@ i32, i64, f32 = np.int32, np.int64, np.float32
 CFG_S = cb.TILES["default"]["own"][-1]
 CFG_M = cb.TILES["default"]["own"][1]
 CONFIGS = {"64x64x16": CFG_S, "128x64x8": CFG_M}
-GEMM_MODES = [m for m in cb.OWN_MODES if m["IS_GEMM"] == 1]
-CONV_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 0)
-CONVT_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 1)
+GEMM_MODES = [m for m in cb.OWN_MODES if m["IS_GEMM"] == 1 and not (m.get("VEC_A") or m.get("VEC_B"))]
+CONV_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 0 and not m.get("VEC_A"))
+CONVT_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 1 and not m.get("VEC_A"))
 MISC_MACROS = {"BLOCK": cb.BLOCK}
 
 CONV_GEMM_SIG = ([i32] * 3 + [None, i32, i32, i64] + [None, i32, i32, i64] + [None, i32, i64]
-                 + [None, i32] + [i32] * 15)
+                 + [None, i32] + [i32] * 15 + [i32, i32])
 SIGS = {
     "ad_conv_gemm": CONV_GEMM_SIG,
+    "ad_splitk_reduce": [None, None, None] + [i32] * 6 + [i64] + [i32] * 3,
     "ad_pad": [None, None] + [i32] * 8,
     "ad_unary": [None, None, i64, i32, f32, f32, i32],
     "ad_direct_conv": [None, None, None, i32, None] + [i32] * 18,
@@ -126,20 +127,37 @@ def _t(a):
 
 
 # ---- ad_conv_gemm ------------------------------------------------------------------------------
+def _split(K, ksplit, cfg):
+    """(ksplit, kchunk) as CudaBackend._own_launch computes them."""
+    kchunk = _cdiv(_cdiv(K, ksplit), cfg["TILE_K"]) * cfg["TILE_K"]
+    return _cdiv(K, kchunk), kchunk
+
+
+def _reduce(run, macros, ws, c, bias, ksplit, Z, M, N, ldc, c_bs, is_gemm, OHW, Cout):
+    red = run.kernel("conv_gemm_cuda.cu", "ad_splitk_reduce", macros)
+    launch_1d(run, red, Z * M * N, ws, c, bias if bias is not None else run.null(), int(bias is not None),
+              ksplit, Z, M, N, ldc, c_bs, is_gemm, OHW, Cout)
+
+
 def own_gemm(run, a_store, b_store, trans_a, trans_b, M, N, K, batch, a_batched, b_batched, cfg,
-             extra=None):
+             extra=None, ksplit=1):
     """C (batch, M, N) = A @ B as the backend launches it; a_store/b_store the stored arrays
-    ((Ba, M, K) or, TRANS_A, (Ba, K, M); (Bb, K, N) or, TRANS_B, (Bb, N, K))."""
+    ((Ba, M, K) or, TRANS_A, (Ba, K, M); (Bb, K, N) or, TRANS_B, (Bb, N, K)); ksplit > 1 splits K
+    into a workspace reduced by ad_splitk_reduce."""
     macros = {**cfg, "IS_GEMM": 1, "TRANS_A": int(trans_a), "TRANS_B": int(trans_b), **(extra or {})}
     k = run.kernel("conv_gemm_cuda.cu", "ad_conv_gemm", macros)
     sam, sak = (1, M) if trans_a else (K, 1)
     sbk, sbn = (1, K) if trans_b else (N, 1)
     a, b = run.buf(a_store), run.buf(b_store)
     c = run.buf(nbytes=batch * M * N * 4)
-    groups = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), batch)
+    ksplit, kchunk = _split(K, ksplit, cfg)
+    ws = c if ksplit == 1 else run.buf(nbytes=batch * ksplit * M * N * 4)
+    groups = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), batch * ksplit)
     group = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
     run.launch(k, groups, group, M, N, K, a, sam, sak, M * K if a_batched else 0,
-               b, sbk, sbn, K * N if b_batched else 0, c, N, M * N, run.null(), 0, *([0] * 15))
+               b, sbk, sbn, K * N if b_batched else 0, ws, N, M * N, run.null(), 0, *([0] * 15), ksplit, kchunk)
+    if ksplit > 1:
+        _reduce(run, macros, ws, c, None, ksplit, batch, M, N, N, M * N, 1, 1, 1)
     return run.read(c, (batch, M, N))
 
 
@@ -171,7 +189,8 @@ def test_conv_gemm_gemm_mode(run, mode, cfg_name):
     print(f"ad_conv_gemm GEMM {mode} {cfg_name}: max err {worst:.2e}")
 
 
-def own_conv(run, x, w, bias, stride, pads, dilation, groups, cfg, transposed=False, output_padding=(0, 0)):
+def own_conv(run, x, w, bias, stride, pads, dilation, groups, cfg, transposed=False, output_padding=(0, 0),
+             ksplit=1, vec_a=False):
     """conv2d (pads = top, bottom, left, right) or conv_transpose2d (pads = ph, ph, pw, pw) through
     ad_conv_gemm exactly as CudaBackend._own_conv launches it."""
     N, C, H, W = x.shape
@@ -193,14 +212,20 @@ def own_conv(run, x, w, bias, stride, pads, dilation, groups, cfg, transposed=Fa
         OW = (W + l + r - dw * (KW - 1) - 1) // sw + 1
     M, Ntot, K = CoutG, N * OH * OW, CinG * KH * KW
     mode = CONVT_MODE if transposed else CONV_MODE
-    k = run.kernel("conv_gemm_cuda.cu", "ad_conv_gemm", {**cfg, **mode})
+    macros = {**cfg, **mode, **({"VEC_A": 1} if vec_a else {})}
+    k = run.kernel("conv_gemm_cuda.cu", "ad_conv_gemm", macros)
     xb, wb = run.buf(x), run.buf(w)
     yb = run.buf(nbytes=N * Cout * OH * OW * 4)
     bb = run.null() if bias is None else run.buf(bias)
-    groups_ = (_cdiv(Ntot, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), G)
+    ksplit, kchunk = _split(K, ksplit, cfg)
+    ws = yb if ksplit == 1 else run.buf(nbytes=G * ksplit * M * Ntot * 4)
+    groups_ = (_cdiv(Ntot, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), G * ksplit)
     group = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
-    run.launch(k, groups_, group, M, Ntot, K, wb, K, 1, M * K, xb, 0, 0, 0, yb, 0, 0,
-               bb, int(bias is not None), C, H, W, CinG, KH, KW, sh, sw, t, l, dh, dw, OH, OW, Cout)
+    run.launch(k, groups_, group, M, Ntot, K, wb, K, 1, M * K, xb, 0, 0, 0, ws, 0, 0,
+               bb, int(bias is not None), C, H, W, CinG, KH, KW, sh, sw, t, l, dh, dw, OH, OW, Cout,
+               ksplit, kchunk)
+    if ksplit > 1:
+        _reduce(run, macros, ws, yb, None if bias is None else bb, ksplit, G, M, Ntot, 0, 0, 0, OH * OW, Cout)
     return run.read(yb, (N, Cout, OH, OW))
 
 
@@ -292,6 +317,59 @@ def test_conv_gemm_long_k_two_level_accumulation(run):
     print(f"ad_conv_gemm K=4608: conv {err:.2e}, GEMM {err_g:.2e} (one accumulator: {err_one:.2e})")
     assert err <= TOL and err_g <= TOL, (err, err_g)
     assert err_one > err_g  # the fold is what the precision comes from
+
+
+VEC_MODES = [m for m in cb.OWN_MODES if m["IS_GEMM"] == 1 and (m.get("VEC_A") or m.get("VEC_B"))]
+
+
+@pytest.mark.parametrize("cfg_name,mode", [(c, m) for c in CONFIGS for m in VEC_MODES if cb.mode_fits(CONFIGS[c], m)],
+                         ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{x}" for k, x in v.items() if k != "IS_GEMM"))
+def test_conv_gemm_vector_loads(run, cfg_name, mode):
+    """VEC_A / VEC_B (16-byte loads along the unit-stride dim; K and N multiples of 4 as the
+    backend requires), with sizes past whole tiles and a shared (batch stride 0) operand."""
+    cfg = CONFIGS[cfg_name]
+    assert _shipped("conv_gemm_cuda.cu", {**cfg, **mode})
+    rng = np.random.default_rng(6)
+    for M, N, K, batch, ab, bb in [(37, 44, 28, 1, True, True), (130, 68, 132, 2, True, False),
+                                   (5, 132, 20, 2, False, True)]:
+        A = rng.standard_normal((batch if ab else 1, M, K)).astype(np.float32)
+        B = rng.standard_normal((batch if bb else 1, K, N)).astype(np.float32)
+        a_store = A.transpose(0, 2, 1) if mode["TRANS_A"] else A
+        b_store = B.transpose(0, 2, 1) if mode["TRANS_B"] else B
+        extra = {k: v for k, v in mode.items() if k.startswith("VEC")}
+        C = own_gemm(run, a_store, b_store, mode["TRANS_A"], mode["TRANS_B"], M, N, K, batch, ab, bb, cfg,
+                     extra=extra)
+        err = _rel(C, torch.matmul(_t(A), _t(B)).expand(batch, M, N))
+        assert err <= TOL, (mode, M, N, K, err)
+
+
+@pytest.mark.parametrize("ksplit", [2, 3, 5])
+def test_conv_gemm_split_k(run, ksplit):
+    """Split K: each slice into the workspace, ad_splitk_reduce sums them in order (+ bias) into
+    the GEMM layout or the conv's NCHW, for a GEMM (K not a multiple of the slice) and convs with
+    groups, bias and the transposed mode."""
+    rng = np.random.default_rng(7 + ksplit)
+    M, N, K, batch = 70, 45, 203, 2
+    A = rng.standard_normal((batch, M, K)).astype(np.float32)
+    B = rng.standard_normal((batch, K, N)).astype(np.float32)
+    C = own_gemm(run, A, B, 0, 0, M, N, K, batch, True, True, CFG_M, ksplit=ksplit)
+    assert _rel(C, torch.matmul(_t(A), _t(B))) <= TOL
+    for xs, cout, (kh, kw), stride, pads, dil, g, has_b in CONV_CASES[:2] + CONV_CASES[3:]:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal((cout, xs[1] // g, kh, kw)).astype(np.float32)
+        b = rng.standard_normal(cout).astype(np.float32) if has_b else None
+        vec = (xs[1] // g * kh * kw) % 4 == 0 and cb.vec_fits(CFG_S, "A")
+        y = own_conv(run, x, w, b, stride, pads, dil, g, CFG_S, ksplit=ksplit, vec_a=vec)
+        err = _rel(y, _ref_conv(x, w, b, stride, pads, dil, g))
+        assert err <= TOL, (xs, cout, kh, kw, ksplit, err)
+    xs, coutg, (kh, kw), stride, pad, opad, dil, g, has_b = CONVT_CASES[1]
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((xs[1], coutg, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(coutg * g).astype(np.float32)
+    y = own_conv(run, x, w, b, stride, (pad[0], pad[0], pad[1], pad[1]), dil, g, CFG_M, transposed=True,
+                 output_padding=opad, ksplit=ksplit)
+    ref = F.conv_transpose2d(_t(x), _t(w), _t(b), stride, pad, opad, g, dil)
+    assert _rel(y, ref) <= TOL
 
 
 # ---- misc_cuda.cu --------------------------------------------------------------------------------

@@ -1,0 +1,201 @@
+"""GPU session helper: every kernel family and tile of the CUDA backend against cuDNN/cuBLAS.
+
+Run on a machine with a CUDA GPU (the device tool's machine), from the repository root, with the
+pack importable as ``anydevice``::
+
+    python3 tools/gpu_probe.py [--quick] [--json FILE]
+
+For the seed convs (32x512x7x7 * 512x512xkxk) and square GEMMs it times, with CUDA events (median
+of repeated launches after warm-up), each family the backend can run (``portable``: the shared
+OpenCL/CUDA kernels; ``own``: kernels/conv_gemm_cuda.cu in FP32; ``tf32``: its tensor-core
+branch) with every tile in the backend's table, and PyTorch (cuDNN / cuBLAS) with TF32 off and on.
+Every variant's result is checked against float64 on the GPU (relative Frobenius error), so a
+fast but wrong variant shows as such. Prints one table; used to choose the default family and
+tiles (the answer goes into ``TILES`` in backend/cuda_backend.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_pack():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("anydevice", ROOT / "__init__.py",
+                                                  submodule_search_locations=[str(ROOT)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["anydevice"] = mod
+    spec.loader.exec_module(mod)
+
+
+def _tag(cfg):
+    return ",".join(f"{k}={v}" for k, v in cfg.items() if k != "USE_TF32")
+
+
+def variants(be, cb, families):
+    """(family, cfg, ksplit or 0 for the backend's choice) to time."""
+    out = []
+    for family in families:
+        if family == "own":
+            cfgs = [dict(TILE_M=m, TILE_N=n, TILE_K=k, WPT_M=wm, WPT_N=wn) for m, n, k, wm, wn in SWEEP]
+            for cfg in cfgs:
+                out += [(family, cfg, 0)] + [(family, cfg, ks) for ks in KSPLITS]
+        else:
+            out += [(family, cfg, 0) for cfg in be._tiles.get(family) or []]
+    return out
+
+
+def _time(cp, fn, reps):
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    out = []
+    for _ in range(reps):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        out.append(cp.cuda.get_elapsed_time(e0, e1))
+    return statistics.median(out)
+
+
+#: own FP32 tiles swept besides the backend's table (TILE_M, TILE_N, TILE_K, WPT_M, WPT_N)
+SWEEP = [(128, 128, 8, 8, 8), (128, 128, 16, 8, 8), (128, 64, 8, 8, 4), (128, 64, 16, 8, 4),
+         (64, 128, 8, 4, 8), (64, 64, 16, 4, 4), (64, 64, 8, 4, 4)]
+KSPLITS = (1, 2, 3, 4, 6, 8)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--only", default="", help="comma list: gemm,seed")
+    ap.add_argument("--families", default="own,tf32", help="comma list of portable,own,tf32")
+    args = ap.parse_args(argv)
+    _load_pack()
+    import torch
+    import torch.nn.functional as F
+    from anydevice.backend import cuda_backend as cb
+
+    be = cb.create("cuda", 0)
+    cp = be.cp
+    reps = 7 if args.quick else 25
+    print(f"{be.device}; arch {be.arch}; {be.sm_count} SMs; torch {torch.__version__}; cupy {cp.__version__}")
+    rows = []
+
+    def rec(case, variant, ms, flops, err):
+        rows.append(dict(case=case, variant=variant, ms=ms, tflops=flops / ms / 1e9 if ms else 0.0, err=err))
+        print(f"{case:<26}{variant:<58}{ms:>9.3f} ms{flops / ms / 1e9 if ms else 0:>8.2f} TF  err {err:.2e}",
+              flush=True)
+
+    def relerr(y, ref):
+        y = torch.as_tensor(y, device="cuda").double() if not isinstance(y, torch.Tensor) else y.double()
+        return float((y - ref).norm() / ref.norm())
+
+    only = set(filter(None, args.only.split(",")))
+    families = [f for f in args.families.split(",") if f]
+    # ---- GEMM ----------------------------------------------------------------------------------
+    if not only or "gemm" in only:
+        for n in ([1024, 4096] if args.quick else [1024, 2048, 4096]):
+            case = f"gemm {n}"
+            flops = 2.0 * n ** 3
+            ta = torch.randn(n, n, device="cuda")
+            tb = torch.randn(n, n, device="cuda")
+            ref = ta.double() @ tb.double()
+            for tf in (False, True):
+                torch.backends.cuda.matmul.allow_tf32 = tf
+                ms = _time(cp, lambda: torch.mm(ta, tb), reps)
+                rec(case, f"torch cuBLAS {'TF32' if tf else 'FP32'}", ms, flops, relerr(torch.mm(ta, tb), ref))
+            torch.backends.cuda.matmul.allow_tf32 = False
+            a = cp.from_dlpack(ta).reshape(1, n, n)
+            b = cp.from_dlpack(tb).reshape(1, n, n)
+            for family, cfg, ks in variants(be, cb, families):
+                tag = f"{family} {_tag(cfg)} ks{ks}"
+                try:
+                    fn = lambda: be._gemm(a, b, cfg=cfg, family=family, **({"ksplit": ks} if ks else {}))  # noqa: E731
+                    y = fn()
+                    ms = _time(cp, fn, reps)
+                    rec(case, tag, ms, flops, relerr(y[0], ref))
+                except Exception as exc:
+                    print(f"{case:<26}{tag:<58} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+                    traceback.print_exc(limit=3)
+            try:
+                fn = lambda: be.matmul(a[0], b[0])  # noqa: E731
+                ms = _time(cp, fn, reps)
+                rec(case, "backend.matmul (default choice)", ms, flops, relerr(fn(), ref))
+            except Exception as exc:
+                print(f"{case:<26}default FAILED {type(exc).__name__}: {exc}")
+                traceback.print_exc(limit=4)
+    # ---- seed convs ----------------------------------------------------------------------------
+    if not only or "seed" in only:
+        seeds = [(3, 1, 0), (3, 1, 1), (3, 2, 1), (1, 1, 0), (1, 2, 0), (7, 2, 3)]
+        for k, s, p in seeds:
+            case = f"seed k{k} s{s} p{p}"
+            g_ = torch.Generator(device="cuda").manual_seed(k * 100 + s * 10 + p)
+            tx = torch.randn(32, 512, 7, 7, device="cuda", generator=g_)
+            tw = torch.randn(512, 512, k, k, device="cuda", generator=g_) / (512 * k * k) ** 0.5
+            ref = F.conv2d(tx.double(), tw.double(), stride=s, padding=p)
+            OH = (7 + 2 * p - k) // s + 1
+            flops = 2.0 * 32 * 512 * OH * OH * 512 * k * k
+            for tf in (False, True):
+                torch.backends.cudnn.allow_tf32 = tf
+                ms = _time(cp, lambda: F.conv2d(tx, tw, stride=s, padding=p), reps)
+                rec(case, f"torch cuDNN {'TF32' if tf else 'FP32'}", ms, flops,
+                    relerr(F.conv2d(tx, tw, stride=s, padding=p), ref))
+            torch.backends.cudnn.allow_tf32 = False
+            x = cp.from_dlpack(tx)
+            w = cp.from_dlpack(tw)
+            geo = dict(N=32, C=512, H=7, W=7, Cout=512, CinG=512, CoutG=512, KH=k, KW=k, OH=OH, OW=OH,
+                       sh=s, sw=s, ph=p, pw=p, dh=1, dw=1, G=1)
+            for family, cfg, ks in variants(be, cb, families):
+                tag = f"{family} {_tag(cfg)} ks{ks}"
+                y = be._empty((32, 512, OH, OH))
+                try:
+                    if family == "portable":
+                        fn = lambda: be._portable_conv("conv2d", x, w, None, y, geo, cfg=cfg)  # noqa: E731
+                    else:
+                        fn = lambda: be._own_conv(x, w, None, y, geo, 0, family, cfg=cfg, ksplit=ks)  # noqa: E731
+                    y.fill(float("nan"))
+                    fn()
+                    err = relerr(y, ref)
+                    ms = _time(cp, fn, reps)
+                    rec(case, tag, ms, flops, err)
+                except Exception as exc:
+                    print(f"{case:<26}{tag:<58} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+                    traceback.print_exc(limit=3)
+            try:
+                fn = lambda: be.conv2d(x, w, None, stride=s, padding=p)  # noqa: E731
+                ms = _time(cp, fn, reps)
+                rec(case, "backend.conv2d (default choice)", ms, flops, relerr(fn(), ref))
+            except Exception as exc:
+                print(f"{case:<26}default FAILED {type(exc).__name__}: {exc}")
+                traceback.print_exc(limit=4)
+    # ---- summary: best own variant vs torch FP32 / TF32 ------------------------------------------
+    print("\nsummary (ratio = torch ms / best own ms; > 1: ours faster)")
+    for case in dict.fromkeys(r["case"] for r in rows):
+        rs = [r for r in rows if r["case"] == case]
+        for mode in ("FP32", "TF32"):
+            t = [r for r in rs if r["variant"].startswith("torch") and r["variant"].endswith(mode)]
+            fam = ("tf32",) if mode == "TF32" else ("portable", "own", "backend.matmul", "backend.conv2d")
+            lim = 5e-3 if mode == "TF32" else 1e-5
+            own = [r for r in rs if r["variant"].split(" ")[0] in fam and r["err"] <= lim]
+            if t and own:
+                best = min(own, key=lambda r: r["ms"])
+                print(f"{case:<26}{mode}  torch {t[0]['ms']:.3f} ms  best {best['ms']:.3f} ms "
+                      f"({best['variant']})  ratio {t[0]['ms'] / best['ms']:.2f}")
+                d = [r for r in rs if r["variant"].startswith("backend.")]
+                if d and mode == "FP32":
+                    print(f"{case:<26}FP32  default choice {d[0]['ms']:.3f} ms ratio {t[0]['ms'] / d[0]['ms']:.2f} "
+                          f"err {d[0]['err']:.1e}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

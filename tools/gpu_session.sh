@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (the device tool): set-up, then the steps named as arguments.
+#   bash tools/gpu_session.sh env cudatests probe bench full opencl
+# Logs go to $OUT (or ./gpu-out). The pack is made importable as `anydevice` through a link;
+# pyopencl comes from wheels carried in .whl/ (the machine has no registry).
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 ANYDEVICE_CACHE_DIR=/tmp/adcache
+mkdir -p /tmp/p && ln -sfn "$PWD" /tmp/p/anydevice
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >/dev/null 2>&1 || echo "wheel install failed"
+  export PYTHONPATH=/tmp/p:/tmp/site
+else
+  export PYTHONPATH=/tmp/p
+fi
+# NVIDIA's OpenCL driver: register it with the ICD loader if the driver ships it
+lib=$(ldconfig -p | grep -o '/[^ ]*libnvidia-opencl.so.1' | head -1)
+[ -z "$lib" ] && lib=$(find / -xdev -name 'libnvidia-opencl.so*' 2>/dev/null | head -1)
+if [ -n "$lib" ]; then mkdir -p /etc/OpenCL/vendors; echo "$lib" > /etc/OpenCL/vendors/nvidia.icd; fi
+T=${T:-}
+for step in "$@"; do
+  echo "=================== $step ($(date +%T))"
+  case $step in
+    env)
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+      python3 -c "import sys,torch,cupy,numpy; print(sys.version.split()[0], 'torch', torch.__version__, torch.version.cuda, 'cupy', cupy.__version__, 'numpy', numpy.__version__)"
+      echo "opencl lib: ${lib:-none}"; ls /etc/OpenCL/vendors 2>/dev/null
+      python3 -c "import pyopencl as cl; [print(p.name, p.version, [d.name for d in p.get_devices()]) for p in cl.get_platforms()]" 2>&1 | tail -3
+      python3 -m anydevice devices --all 2>&1 | tee "$OUT/devices.txt" ;;
+    cudatests)
+      timeout 300 python3 -m pytest -q -rfEs --timeout 120 -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/test_cuda.log" | tail -60 ;;
+    probe)
+      timeout 300 python3 tools/gpu_probe.py ${PROBE_ARGS:-} --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.log" | tail -80 ;;
+    bench)
+      timeout 300 python3 -m anydevice bench --backend ${BENCH_BACKENDS:-cuda} --json "$OUT/bench_fp32.json" 2>&1 | tee "$OUT/bench_fp32.log" | tail -40 ;;
+    benchtf32)
+      timeout 300 python3 -m anydevice bench --tf32 --backend ${BENCH_BACKENDS:-cuda} --json "$OUT/bench_tf32.json" 2>&1 | tee "$OUT/bench_tf32.log" | tail -40 ;;
+    benchocl)
+      timeout 300 python3 -m anydevice bench --backend opencl --json "$OUT/bench_opencl.json" 2>&1 | tee "$OUT/bench_opencl.log" | tail -30 ;;
+    full)
+      timeout ${FULL_TIMEOUT:-500} python3 -m pytest -q -rfE --timeout 180 -n ${NPROC:-8} -p no:cacheprovider ${T} 2>&1 | tee "$OUT/full.log" | tail -60 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
