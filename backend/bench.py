@@ -100,6 +100,8 @@ def _torch_device_for(be):
         return dev
     if be.name in ("cuda", "rocm") and torch.cuda.is_available():
         return torch.device("cuda", getattr(be, "index", 0))
+    if be.name == "opencl" and not getattr(be, "is_cpu_device", True) and torch.cuda.is_available():
+        return torch.device("cuda", 0)  # an OpenCL GPU next to a CUDA/ROCm PyTorch: compare on the GPU
     return torch.device("cpu")
 
 

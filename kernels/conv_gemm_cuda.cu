@@ -210,6 +210,28 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
     const int iw0 = (pq - poh * OW) * sw - pw;
 #endif
     const GLOBAL float* xb = B + ((OFF_T)pimg * Cin + (OFF_T)z * Cg) * H * W;
+    /* the k of each of this thread's B loads, as (channel, kernel row, kernel column): divided
+     * out once here, then advanced by TILE_K per step with two carries (no divisions) */
+    int gc[B_LOADS], gr[B_LOADS], gs[B_LOADS];
+    for (int i = 0; i < B_LOADS; i++) {
+        int bk, bn;
+        B_POS(i, tid, bk, bn);
+        const int k = kbeg + bk;
+        gc[i] = k / KHW;
+        gr[i] = (k - gc[i] * KHW) / KW;
+        gs[i] = k - gc[i] * KHW - gr[i] * KW;
+    }
+    const int step_c = TILE_K / KHW;
+    const int step_r = (TILE_K - step_c * KHW) / KW;
+    const int step_s = TILE_K - step_c * KHW - step_r * KW;
+#define ADVANCE_B()                                                                           \
+    for (int i = 0; i < B_LOADS; i++) {                                                         \
+        gs[i] += step_s;                                                                        \
+        if (gs[i] >= KW) { gs[i] -= KW; gr[i]++; }                                              \
+        gr[i] += step_r;                                                                        \
+        if (gr[i] >= KH) { gr[i] -= KH; gc[i]++; }                                              \
+        gc[i] += step_c;                                                                        \
+    }
 #endif
 
     float ra[A_LOADS], rb[B_LOADS];
@@ -291,10 +313,8 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
     {                                                                                           \
         float v = 0.0f;                                                                         \
         if (pvalid && (gk) < kend) {                                                            \
-            const int c = (gk) / KHW;                                                           \
-            const int rs = (gk) - c * KHW;                                                      \
-            const int r = rs / KW;                                                              \
-            GATHER_HW(r, rs - r * KW)                                                           \
+            const int c = gc[i];                                                                \
+            GATHER_HW(gr[i], gs[i])                                                             \
         }                                                                                       \
         rb[i] = v;                                                                              \
     }
@@ -351,6 +371,9 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
     for (int k0 = kbeg; k0 < kend; k0 += TILE_K) {
         const int more = k0 + TILE_K < kend;
         if (more) {
+#if !IS_GEMM
+            ADVANCE_B()
+#endif
             LOAD_TILES(k0 + TILE_K)
         }
 #if defined(ANYDEVICE_CUDA) && USE_TF32

@@ -34,7 +34,8 @@ i32, i64, f32 = np.int32, np.int64, np.float32
 #: 64x64x16 4x4 tile and the 128x64x8 8x4 one (TILE_K 8, non-square per-thread block)
 CFG_S = cb.TILES["default"]["own"][-1]
 CFG_M = cb.TILES["default"]["own"][1]
-CONFIGS = {"64x64x16": CFG_S, "128x64x8": CFG_M}
+CFG_L = cb.TILES["default"]["own"][0]
+CONFIGS = {"64x64x16": CFG_S, "128x64x8": CFG_M, "128x64x16": CFG_L}
 GEMM_MODES = [m for m in cb.OWN_MODES if m["IS_GEMM"] == 1 and not (m.get("VEC_A") or m.get("VEC_B"))]
 CONV_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 0 and not m.get("VEC_A"))
 CONVT_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 1 and not m.get("VEC_A"))

@@ -17,6 +17,14 @@ from hypothesis import strategies as st
 from anydevice.backend import AnyDeviceError, conv2d_plan, conv_transpose2d_plan
 
 TOL = 1e-6
+#: PyTorch's vendor libraries on a GPU (cuDNN) are not held to 1e-6: on an H100 cuDNN's own FP32
+#: seed convs measured 1.05e-6..2.1e-6 against float64 (TF32 off). The pack's own kernels are.
+VENDOR_GPU_TOL = 5e-6
+
+
+def tol_for(be) -> float:
+    dev = getattr(be, "dev", None)
+    return VENDOR_GPU_TOL if be.kind == "vendor" and dev is not None and dev.type != "cpu" else TOL
 HYP = settings(max_examples=int(__import__("os").environ.get("ANYDEVICE_HYPOTHESIS_EXAMPLES", "25")),
                deadline=None, derandomize=True, print_blob=True,
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
@@ -39,9 +47,9 @@ def relerr(y, ref) -> float:
     return float(num / den)
 
 
-def check(y, ref, what=""):
+def check(y, ref, what="", tol=TOL):
     err = relerr(y, ref)
-    assert err <= TOL, f"{what}: normwise relative error {err:.3g} > {TOL}"
+    assert err <= tol, f"{what}: normwise relative error {err:.3g} > {tol}"
     return err
 
 
@@ -78,7 +86,7 @@ def seed_case(k, s, p):
 def test_conv2d_seed_cases(backend_target, k, s, p):
     x, w, b, ref = seed_case(k, s, p)
     y = backend_target.conv2d(x, w, b, stride=s, padding=p)
-    check(y, ref, f"conv2d k{k} s{s} p{p}")
+    check(y, ref, f"conv2d k{k} s{s} p{p}", tol_for(backend_target))
 
 
 MANY_CHANNELS = [  # (x shape, weight shape, stride, padding, groups): big-K paths (Winograd, im2col)

@@ -66,9 +66,8 @@ def _time(cp, fn, reps):
 
 
 #: own FP32 tiles swept besides the backend's table (TILE_M, TILE_N, TILE_K, WPT_M, WPT_N)
-SWEEP = [(128, 128, 8, 8, 8), (128, 128, 16, 8, 8), (128, 64, 8, 8, 4), (128, 64, 16, 8, 4),
-         (64, 128, 8, 4, 8), (64, 64, 16, 4, 4), (64, 64, 8, 4, 4)]
-KSPLITS = (1, 2, 3, 4, 6, 8)
+SWEEP = [(128, 64, 16, 8, 4), (128, 64, 8, 8, 4), (64, 128, 16, 4, 8), (64, 64, 16, 4, 4), (128, 128, 8, 8, 8)]
+KSPLITS = (1, 2, 4, 8)
 
 
 def main(argv=None):

@@ -31,15 +31,30 @@ for step in "$@"; do
     cudatests)
       timeout 300 python3 -m pytest -q -rfEs --timeout 120 -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/test_cuda.log" | tail -60 ;;
     probe)
-      timeout 300 python3 tools/gpu_probe.py ${PROBE_ARGS:-} --json "$OUT/probe.json" 2>&1 | tee "$OUT/probe.log" | tail -80 ;;
+      timeout 300 python3 tools/gpu_probe.py ${PROBE_ARGS:-} --json "$OUT/probe.json" 2>&1 | tee /tmp/probe.log | tail -80 ;;
     bench)
-      timeout 300 python3 -m anydevice bench --backend ${BENCH_BACKENDS:-cuda} --json "$OUT/bench_fp32.json" 2>&1 | tee "$OUT/bench_fp32.log" | tail -40 ;;
+      timeout 300 python3 -m anydevice bench --backend ${BENCH_BACKENDS:-cuda} --json "$OUT/bench_fp32.json" 2>&1 | tee /tmp/bench_fp32.log | tail -40 ;;
     benchtf32)
-      timeout 300 python3 -m anydevice bench --tf32 --backend ${BENCH_BACKENDS:-cuda} --json "$OUT/bench_tf32.json" 2>&1 | tee "$OUT/bench_tf32.log" | tail -40 ;;
+      timeout 300 python3 -m anydevice bench --tf32 --backend ${BENCH_BACKENDS:-cuda} --json "$OUT/bench_tf32.json" 2>&1 | tee /tmp/bench_tf32.log | tail -40 ;;
     benchocl)
-      timeout 300 python3 -m anydevice bench --backend opencl --json "$OUT/bench_opencl.json" 2>&1 | tee "$OUT/bench_opencl.log" | tail -30 ;;
+      timeout 300 python3 -m anydevice bench --backend opencl --json "$OUT/bench_opencl.json" 2>&1 | tee /tmp/bench_opencl.log | tail -30 ;;
     full)
       timeout ${FULL_TIMEOUT:-500} python3 -m pytest -q -rfE --timeout 180 -n ${NPROC:-8} -p no:cacheprovider ${T} 2>&1 | tee "$OUT/full.log" | tail -60 ;;
+    ncu)
+      cat > /tmp/ncu_one.py <<'PY'
+import sys; sys.path.insert(0, "/tmp/p")
+import cupy as cp
+from anydevice.backend import cuda_backend as cb
+be = cb.create("cuda", 0)
+a = cp.random.standard_normal((4096, 4096), dtype=cp.float32); b = cp.random.standard_normal((4096, 4096), dtype=cp.float32)
+x = cp.random.standard_normal((32, 512, 7, 7), dtype=cp.float32); w = cp.random.standard_normal((512, 512, 1, 1), dtype=cp.float32)
+for _ in range(2):
+    be.matmul(a, b); be.conv2d(x, w)
+cp.cuda.Device().synchronize()
+PY
+      timeout 200 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section LaunchStats --section MemoryWorkloadAnalysis -k regex:ad_conv_gemm --launch-skip 2 -c 2 \
+        python3 /tmp/ncu_one.py > "$OUT/ncu.txt" 2>&1; tail -150 "$OUT/ncu.txt" | grep -v "^ *$" | cut -c1-120 ;;
     *) echo "unknown step $step" ;;
   esac
 done
