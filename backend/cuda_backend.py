@@ -61,23 +61,33 @@ MISC = "misc_cuda.cu"
 _P_L = dict(BM=128, BN=64, BK=16, TM=8, TN=4, KP=128)    # portable: 256 threads, 8x4 per thread
 _P_M = dict(BM=64, BN=64, BK=16, TM=4, TN=4, KP=128)     # the file's defaults
 _P_S = dict(BM=32, BN=64, BK=16, TM=2, TN=4, KP=128)
-# own FP32: measured on an H100 (tools/gpu_probe.py) 128x64x16 with 8x4 per thread is the fastest
-# on every GEMM and seed conv (two groups per SM; the 8x8 tile's registers allow only one)
+# own FP32, measured on an H100 (tools/gpu_probe.py): 128x64 tiles with 8x4 per thread are the
+# fastest (two groups per SM; an 8x8 thread tile's registers allow only one), TILE_K 16 for GEMMs
+# and 8 for convs (half the im2col gathers per step); 64x64x16 where 128x64 leaves SMs idle and K
+# is too short to split. ``_plan`` picks tile and K split per problem from these.
 _O_L = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4)
 _O_M = dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=4)
 _O_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4)
+_O_X = dict(TILE_M=128, TILE_N=128, TILE_K=8, WPT_M=8, WPT_N=8)
 _T_L = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, SMEM_PAD=8, USE_TF32=1)
 _T_M = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
 _T_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
 
-#: arch ("sm_80", ...; "default" for any other) -> family -> candidate configs
+#: arch ("sm_80", ...; "default" for any other) -> family -> candidate configs. "own" serves
+#: GEMMs, "own_conv" convolutions (both FP32); "tf32" both, when TF32 is allowed.
 TILES = {
-    "default": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_M, _O_S], "tf32": []},
-    "sm_80": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_M, _O_S], "tf32": [_T_L, _T_M, _T_S]},
-    "sm_86": {"portable": [_P_L, _P_M, _P_S], "own": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
-    "sm_89": {"portable": [_P_L, _P_M, _P_S], "own": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
-    "sm_90": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_M, _O_S], "tf32": [_T_L, _T_M, _T_S]},
+    "default": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": []},
+    "sm_80": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S, _O_X], "own_conv": [_O_M, _O_S],
+              "tf32": [_T_L, _T_M, _T_S]},
+    "sm_86": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
+    "sm_89": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
+    "sm_90": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S],
+              "tf32": [_T_L, _T_M, _T_S]},
 }
+#: relative FMA throughput of a thread tile (WPT_M, WPT_N) against 8x4, from the H100 sweep
+TILE_EFFICIENCY = {(8, 4): 1.0, (4, 4): 0.8, (8, 8): 0.9, (4, 8): 0.8}
+#: a K slice is at least this long (shorter slices lost to their fixed costs on the H100)
+MIN_KSLICE = 512
 #: own-kernel modes (build options besides the tile) the backend compiles; VEC_A / VEC_B (16-byte
 #: loads) are added when the operands allow them (``_vec_ok``)
 OWN_MODES = (
@@ -133,7 +143,7 @@ def shipped_configs() -> dict[str, list[dict]]:
         for cfg in table["portable"]:
             for fname, _ in PORTABLE.values():
                 add(fname, dict(cfg))
-        for cfg in table["own"] + table["tf32"]:
+        for cfg in table["own"] + table["own_conv"] + table["tf32"]:
             for mode in OWN_MODES:
                 if mode_fits(cfg, mode):
                     add(OWN_GEMM[0], {**cfg, **_mode_macros(mode)})
@@ -393,27 +403,43 @@ class CudaBackend(Backend):
                 return cfg
         return cands[-1]
 
+    def _cands(self, family: str, op: str, M: int, N: int, Z: int) -> list:
+        """Candidate tiles of the own kernel for an op: a tune() winner alone, else the table's."""
+        tuned = self._tuned.get(f"{family}:{op}:{_size_class(M, N, Z)}")
+        key = "own_conv" if family == "own" and op != "gemm" else family
+        cands = self._tiles.get(key) or TILES["default"][key]
+        return [tuned] if tuned and tuned in cands else list(cands)
+
     def _ksplit(self, cfg: dict, M: int, N: int, Z: int, K: int) -> int:
-        """K slices for the own kernel: 1 when the output tiles fill the GPU, else the count that
-        best fills whole waves of groups (each slice at least 4 k steps); env ANYDEVICE_CUDA_KSPLIT
-        forces it."""
+        """K slices for one tile (``_plan`` with a single candidate)."""
+        return self._plan([cfg], M, N, Z, K)[1]
+
+    def _plan(self, cands: list, M: int, N: int, Z: int, K: int) -> tuple[dict, int]:
+        """(tile, K slices) for the own kernel: the pair with the least modelled time, where time
+        = waves of groups (groups per SM from the tile's registers) x one group's FMAs / the
+        tile's measured efficiency, plus the split's reduction pass. Slices are at least
+        MIN_KSLICE long. ANYDEVICE_CUDA_KSPLIT=n forces the split."""
         forced = os.environ.get("ANYDEVICE_CUDA_KSPLIT", "").strip()
-        steps = _cdiv(K, cfg["TILE_K"])
-        if forced.isdigit() and int(forced) >= 1:
-            return max(1, min(int(forced), steps))
-        blocks = _cdiv(M, cfg["TILE_M"]) * _cdiv(N, cfg["TILE_N"]) * Z
-        threads = (cfg["TILE_M"] // cfg["WPT_M"]) * (cfg["TILE_N"] // cfg["WPT_N"])
-        per_sm = max(1, min(2048 // threads, 65536 // (threads * min(255, 2 * cfg["WPT_M"] * cfg["WPT_N"] + 48))))
-        slots = self.sm_count * per_sm
-        if blocks >= slots:
-            return 1
-        best, best_t = 1, None
-        for ks in range(1, min(MAX_KSPLIT, steps // 4) + 1):
-            # time ~ waves of groups x work per group, plus the reduction pass
-            t = _cdiv(blocks * ks, slots) / ks + (0.05 if ks > 1 else 0.0)
-            if best_t is None or t < best_t - 1e-9:
-                best, best_t = ks, t
-        return best
+        best = None
+        for cfg in cands:
+            tm, tn, tk = cfg["TILE_M"], cfg["TILE_N"], cfg["TILE_K"]
+            blocks = _cdiv(M, tm) * _cdiv(N, tn) * Z
+            threads = (tm // cfg["WPT_M"]) * (tn // cfg["WPT_N"])
+            regs = min(255, 2 * cfg["WPT_M"] * cfg["WPT_N"] + 64)  # acc + tot + operands, as compiled
+            slots = self.sm_count * max(1, min(2048 // threads, 65536 // (threads * regs)))
+            eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"]), 0.8)
+            if forced.isdigit() and int(forced) >= 1:
+                splits = [max(1, min(int(forced), _cdiv(K, tk)))]
+            else:
+                splits = range(1, max(1, min(MAX_KSPLIT, K // MIN_KSLICE)) + 1)
+            for ks in splits:
+                kslice = _cdiv(_cdiv(K, ks), tk) * tk
+                t = _cdiv(blocks * ks, slots) * tm * tn * kslice / eff
+                if ks > 1:
+                    t += 16.0 * M * N * Z * ks / slots  # workspace write + ordered reduction
+                if best is None or t < best[0] * 0.999:
+                    best = (t, cfg, ks)
+        return best[1], best[2]
 
     def _own_launch(self, macros: dict, cfg: dict, M: int, N: int, K: int, Z: int, args_a: tuple,
                     args_b: tuple, c_args: tuple, bias, conv: tuple, out, gemm_out: tuple, ksplit: int):
@@ -470,8 +496,10 @@ class CudaBackend(Backend):
         a_bs = sa[0] if Ba > 1 else 0
         b_bs = sb[0] if Bb > 1 else 0
         c = self._empty((B, M, N))
-        cfg = cfg or self._choose(family, "gemm", M, N, B)
         if own:
+            if cfg is None:
+                cfg, ks = self._plan(self._cands(family, "gemm", M, N, B), M, N, B, K)
+                ksplit = ksplit or ks
             ta, tb = int(sa[2] != 1), int(sb[2] != 1)
             vec_a = int(not ta and vec_fits(cfg, "A") and _vec_ok(a, sa[1], a_bs, K))
             vec_b = int(not tb and vec_fits(cfg, "B") and _vec_ok(b, sb[1], b_bs, N))
@@ -481,6 +509,7 @@ class CudaBackend(Backend):
                                     lambda z: (b[z:] if Bb > 1 else b, sb[1], sb[2], b_bs),
                                     lambda z: (c[z:], N, M * N, self._null()),
                                     None, (0,) * 15, c, (1, 1, 1), ksplit or self._ksplit(cfg, M, N, B, K))
+        cfg = cfg or self._choose(family, "gemm", M, N, B)
         for z0 in range(0, B, GRID_YZ_MAX):
             z1 = min(B, z0 + GRID_YZ_MAX)
             az = a[z0:z1] if Ba > 1 else a
@@ -576,7 +605,10 @@ class CudaBackend(Backend):
     def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None):
         M, Ntot, K = g["CoutG"], g["N"] * g["OH"] * g["OW"], g["CinG"] * g["KH"] * g["KW"]
         G = g["G"]
-        cfg = cfg or self._choose(family, "conv_transpose2d" if transposed else "conv2d", M, Ntot, G)
+        if cfg is None:
+            op = "conv_transpose2d" if transposed else "conv2d"
+            cfg, ks = self._plan(self._cands(family, op, M, Ntot, G), M, Ntot, G, K)
+            ksplit = ksplit or ks
         vec_a = int(vec_fits(cfg, "A") and K % 4 == 0 and (M * K) % 4 == 0 and w.data.ptr % 16 == 0)
         macros = {**cfg, **_mode_macros(dict(IS_GEMM=0, CONV_TRANSPOSED=int(transposed), VEC_A=vec_a))}
         HW, P = g["H"] * g["W"], g["OH"] * g["OW"]
@@ -686,7 +718,7 @@ class CudaBackend(Backend):
                     run = lambda cfg: self._own_conv(x, w, None, y, g, 0, family, cfg=cfg)  # noqa: E731
                     key = f"{family}:conv2d:{_size_class(ws[0], xs[0] * OH * OW, 1)}"
             best = None
-            for cfg in self._tiles[family]:
+            for cfg in self._tiles["own_conv" if family == "own" and spec[0] != "gemm" else family]:
                 try:
                     run(cfg)
                     self.synchronize()
