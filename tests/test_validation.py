@@ -126,6 +126,11 @@ def test_env_override_and_auto(monkeypatch):
     monkeypatch.setattr(registry, "_auto", None)
     monkeypatch.delenv("ANYDEVICE_BACKEND")
     best = next(i for i in backend.list_backends() if i.available)
+    # the best by priority, except that PyTorch's CUDA path goes before the own CUDA kernels
+    want = "torch-cuda" if best.name == "cuda" and best.kind == "own" else best.name
+    assert backend.get_backend().name == want
+    monkeypatch.setattr(registry, "_auto", None)
+    monkeypatch.setenv("ANYDEVICE_PREFER_OWN", "1")
     assert backend.get_backend().name == best.name
     monkeypatch.setattr(registry, "_auto", None)
 

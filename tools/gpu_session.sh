@@ -40,6 +40,26 @@ for step in "$@"; do
       timeout 300 python3 -m anydevice bench --backend opencl --json "$OUT/bench_opencl.json" 2>&1 | tee /tmp/bench_opencl.log | tail -30 ;;
     full)
       timeout ${FULL_TIMEOUT:-500} python3 -m pytest -q -rfE --timeout 180 -n ${NPROC:-8} -p no:cacheprovider ${T} 2>&1 | tee "$OUT/full.log" | tail -60 ;;
+    prof)
+      cat > /tmp/prof_one.py <<'PY'
+import cProfile, pstats, sys, time; sys.path.insert(0, "/tmp/p")
+import numpy as np, cupy as cp
+from anydevice.backend import get_backend
+be = get_backend("cuda")
+a = be.to_device(np.random.rand(4, 4).astype(np.float32)); b = be.to_device(np.random.rand(4, 4).astype(np.float32))
+x = be.to_device(np.random.rand(32, 512, 7, 7).astype(np.float32)); w = be.to_device(np.random.rand(512, 512, 1, 1).astype(np.float32))
+for _ in range(50): be.matmul(a, b); be.conv2d(x, w)
+be.synchronize()
+for label, fn in (("matmul 4x4", lambda: be.matmul(a, b)), ("conv k1", lambda: be.conv2d(x, w)),
+                  ("relu", lambda: be.relu(a)), ("sync", lambda: None)):
+    t0 = time.perf_counter()
+    for _ in range(2000): fn(); be.synchronize()
+    print(f"{label}: {(time.perf_counter() - t0) / 2000 * 1e6:.1f} us per call + sync")
+pr = cProfile.Profile(); pr.enable()
+for _ in range(2000): be.matmul(a, b); be.synchronize()
+pr.disable(); pstats.Stats(pr).sort_stats("tottime").print_stats(28)
+PY
+      timeout 120 python3 /tmp/prof_one.py 2>&1 | tee "$OUT/prof.txt" | cut -c1-150 | head -70 ;;
     ncu)
       cat > /tmp/ncu_one.py <<'PY'
 import sys; sys.path.insert(0, "/tmp/p")
