@@ -254,6 +254,11 @@ class CudaBackend(Backend):
         self._lock = threading.RLock()
         self._streams: dict = {}
         self._tuned = self._load_tuned()
+        self._plan_cache: dict = {}
+        self._arg_cache: dict = {}
+        # read once (per-call os.environ lookups showed in the host-side profile)
+        self._forced_ksplit = os.environ.get("ANYDEVICE_CUDA_KSPLIT", "").strip()
+        self._family_env = os.environ.get("ANYDEVICE_CUDA_FAMILY", "").strip().lower()
         self._dummy = None
         os.environ.setdefault("CUPY_CACHE_DIR", str(cache_dir() / "cupy"))
         self._enter()
@@ -387,8 +392,7 @@ class CudaBackend(Backend):
         shared OpenCL/CUDA GPU-family kernels instead (measured on an H100: half the speed)."""
         if self.tf32 and self._tiles.get("tf32"):
             return "tf32"
-        if os.environ.get("ANYDEVICE_CUDA_FAMILY", "").strip().lower() == "portable" \
-                and (KERNELS_DIR / PORTABLE[op][0]).exists():
+        if self._family_env == "portable" and (KERNELS_DIR / PORTABLE[op][0]).exists():
             return "portable"
         return "own"
 
@@ -419,7 +423,11 @@ class CudaBackend(Backend):
         = waves of groups (groups per SM from the tile's registers) x one group's FMAs / the
         tile's measured efficiency, plus the split's reduction pass. Slices are at least
         MIN_KSLICE long. ANYDEVICE_CUDA_KSPLIT=n forces the split."""
-        forced = os.environ.get("ANYDEVICE_CUDA_KSPLIT", "").strip()
+        pkey = (tuple(map(id, cands)), M, N, Z, K)
+        hit = self._plan_cache.get(pkey)
+        if hit is not None:
+            return hit
+        forced = self._forced_ksplit
         best = None
         for cfg in cands:
             tm, tn, tk = cfg["TILE_M"], cfg["TILE_N"], cfg["TILE_K"]
@@ -439,6 +447,9 @@ class CudaBackend(Backend):
                     t += 16.0 * M * N * Z * ks / slots  # workspace write + ordered reduction
                 if best is None or t < best[0] * 0.999:
                     best = (t, cfg, ks)
+        if len(self._plan_cache) > 4096:
+            self._plan_cache.clear()
+        self._plan_cache[pkey] = (best[1], best[2])
         return best[1], best[2]
 
     def _own_launch(self, macros: dict, cfg: dict, M: int, N: int, K: int, Z: int, args_a: tuple,
@@ -459,9 +470,19 @@ class CudaBackend(Backend):
             c, ldc, c_bs, bs = c_args(z0)
             ws = c if ksplit == 1 else cp.empty((z1 - z0) * ksplit * M * N, dtype=cp.float32)
             grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), (z1 - z0) * ksplit)
-            fn(grid, block, (i32(M), i32(N), i32(K), a, i32(sam), i32(sak), i64(a_bs),
-                             b, i32(sbk), i32(sbn), i64(b_bs), ws, i32(ldc), i64(c_bs),
-                             bs, i32(bias is not None), *(i32(v) for v in conv), i32(ksplit), i32(kchunk)))
+            # the scalar arguments as NumPy scalars, built once per geometry (per-call host cost)
+            key = (M, N, K, sam, sak, a_bs, sbk, sbn, b_bs, ldc, c_bs, bias is not None, conv, ksplit, kchunk)
+            tpl = self._arg_cache.get(key)
+            if tpl is None:
+                tpl = [i32(M), i32(N), i32(K), None, i32(sam), i32(sak), i64(a_bs),
+                       None, i32(sbk), i32(sbn), i64(b_bs), None, i32(ldc), i64(c_bs),
+                       None, i32(bias is not None), *(i32(v) for v in conv), i32(ksplit), i32(kchunk)]
+                if len(self._arg_cache) > 4096:
+                    self._arg_cache.clear()
+                self._arg_cache[key] = tpl
+            args = list(tpl)
+            args[3], args[7], args[11], args[14] = a, b, ws, bs
+            fn(grid, block, tuple(args))
             if ksplit > 1:
                 red = self._function(OWN_GEMM[0], "ad_splitk_reduce", macros)
                 is_gemm, OHW, Cout = gemm_out
@@ -734,6 +755,7 @@ class CudaBackend(Backend):
             if best:
                 results[key] = best[1]
         self._tuned.update(results)
+        self._plan_cache.clear()
         path = cache_dir() / CACHE_NAME
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
