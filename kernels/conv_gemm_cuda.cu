@@ -235,6 +235,13 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #endif
 
     float ra[A_LOADS], rb[B_LOADS];
+/* vector i of a thread's staged loads: r[4i..4i+3] = the 16 bytes at ptr, or zeros when !ok */
+#define LOAD4_INTO(r, i, ok, ptr)                                                              \
+    {                                                                                           \
+        float4 v_ = MAKE4(0.0f, 0.0f, 0.0f, 0.0f);                                              \
+        if (ok) v_ = LD4(ptr);                                                                  \
+        r[4 * (i)] = v_.x; r[4 * (i) + 1] = v_.y; r[4 * (i) + 2] = v_.z; r[4 * (i) + 3] = v_.w; \
+    }
 #if VEC_A
     /* vector i of this thread: rows am, k ak..ak+3 (kend is a multiple of 4: all in or all out) */
 #define A_VPOS(i, am, ak) { const int v_ = tid + (i) * NT; ak = (v_ % (TILE_K / 4)) * 4; am = v_ / (TILE_K / 4); }
@@ -243,9 +250,7 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
         int am, ak;                                                                             \
         A_VPOS(i, am, ak);                                                                      \
         const int gm = m0 + am, gk = (k0) + ak;                                                 \
-        float4 v = MAKE4(0.0f, 0.0f, 0.0f, 0.0f);                                               \
-        if (gm < M && gk < kend) v = LD4(A + (OFF_T)gm * sam + gk);                            \
-        ra[4 * i] = v.x; ra[4 * i + 1] = v.y; ra[4 * i + 2] = v.z; ra[4 * i + 3] = v.w;         \
+        LOAD4_INTO(ra, i, gm < M && gk < kend, A + (OFF_T)gm * sam + gk)                        \
     }
 #define STORE_A(buf)                                                                          \
     for (int i = 0; i < A_LOADS / 4; i++) {                                                     \
@@ -275,9 +280,7 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
         int bk, bn;                                                                             \
         B_VPOS(i, bk, bn);                                                                      \
         const int gk = (k0) + bk, gn = n0 + bn;                                                 \
-        float4 v = MAKE4(0.0f, 0.0f, 0.0f, 0.0f);                                               \
-        if (gk < kend && gn < N) v = LD4(B + (OFF_T)gk * sbk + gn);                            \
-        rb[4 * i] = v.x; rb[4 * i + 1] = v.y; rb[4 * i + 2] = v.z; rb[4 * i + 3] = v.w;         \
+        LOAD4_INTO(rb, i, gk < kend && gn < N, B + (OFF_T)gk * sbk + gn)                        \
     }
 #define STORE_B(buf)                                                                          \
     for (int i = 0; i < B_LOADS / 4; i++) {                                                     \
