@@ -1,0 +1,54 @@
+"""CUDA / ROCm backend: the pack's own kernels, compiled at run time through CuPy (NVRTC / hipRTC).
+
+Serves the registry names ``cuda`` and ``rocm`` (the registry falls back to PyTorch's path, with
+the reason, when this module says unavailable; ``torch-cuda`` / ``torch-rocm`` always name
+PyTorch/cuDNN). Native arrays are ``cupy.ndarray`` (float32).
+
+* GEMM, conv2d and conv_transpose2d run the shared portable GPU kernels (kernels/gemm_gpu.cl,
+  conv2d_gpu.cl, conv_transpose2d_gpu.cl, the same files the OpenCL backend builds) compiled as
+  ``prelude_cuda.cuh + body`` with ``cupy.RawModule(code=..., options=("-DNAME=v", ...))``.
+  Convolutions with few output channels per group (depthwise, SSIM's blur) use a direct kernel
+  (kernels/misc_cuda.cu). With ``ANYDEVICE_ALLOW_TF32=1`` (off by default, like
+  ``torch.backends.cuda.matmul.allow_tf32``) on sm_80+ GEMM and convs use the TF32 tensor-core
+  branch of kernels/conv_gemm_cuda.cu (``#if defined(ANYDEVICE_CUDA) && USE_TF32``), which is
+  also the fallback when a portable file is missing.
+* Pad and unary ops are kernels of kernels/misc_cuda.cu; binary ops (broadcasting), concat and
+  reductions (float64 accumulation for sum/mean) are CuPy's own kernels.
+* torch tensors on the GPU come in and go out through DLPack (zero copy, never through the host);
+  every op runs on PyTorch's current stream of the device (CuPy's current stream is set to it), so
+  work queued by ComfyUI on a side stream is ordered correctly.
+* Tile configurations: per compute capability defaults (``TILES``), chosen per problem size so the
+  grid fills the GPU; ``CudaBackend.tune()`` times the candidates and stores the winners in
+  ``$ANYDEVICE_CACHE_DIR/cuda_tiles.json`` (default ~/.cache/anydevice), read back at start.
+  Compiled kernels go to CuPy's on-disk kernel cache (``CUPY_CACHE_DIR``, by default
+  ``$ANYDEVICE_CACHE_DIR/cupy``); memory comes from CuPy's memory pool.
+
+This module imports without CuPy (``probe`` says why it is unavailable; the CI compile check
+reads ``shipped_configs`` and ``kernel_source`` from here).
+
+Layout: ``tiles.py`` (tile tables, modes, shipped configurations, source assembly; no CuPy
+needed), ``device.py`` (probe, ``create``), ``backend.py`` (the device object: streams, DLPack,
+conversion, elementwise, reductions, tuning), ``linalg.py`` (GEMM and convolutions: the plan
+model and the launches). Kernel signatures and the tuning store are the shared runtime's.
+"""
+from __future__ import annotations
+
+from .device import _describe, create, probe
+from .tiles import (BLOCK, CACHE_NAME, DIRECT_MAX_COUT_G, GRID_YZ_MAX, INSTALL_HINT, KERNELS_DIR, MAX_KSPLIT,
+                    MIN_KSLICE, MISC, OWN_GEMM, OWN_MODES, PORTABLE, TILE_EFFICIENCY, TILES, UNARY_CODES, _O_L,
+                    _O_M, _O_S, _O_X, _P_L, _P_M, _P_S, _T_L, _T_M, _T_S, build_options, kernel_source, mode_fits,
+                    shipped_configs, vec_fits)
+
+__all__ = ["BLOCK", "CACHE_NAME", "DIRECT_MAX_COUT_G", "GRID_YZ_MAX", "INSTALL_HINT", "KERNELS_DIR", "MAX_KSPLIT",
+           "MIN_KSLICE", "MISC", "OWN_GEMM", "OWN_MODES", "PORTABLE", "TILE_EFFICIENCY", "TILES", "UNARY_CODES",
+           "_O_L", "_O_M", "_O_S", "_O_X", "_P_L", "_P_M", "_P_S", "_T_L", "_T_M", "_T_S", "build_options",
+           "kernel_source", "mode_fits", "shipped_configs", "vec_fits", "_describe", "create", "probe",
+           "CudaBackend"]
+
+
+def __getattr__(name):
+    # CudaBackend is imported on first use: the package (and the CI compile check) loads without CuPy
+    if name == "CudaBackend":
+        from .backend import CudaBackend
+        return CudaBackend
+    raise AttributeError(name)

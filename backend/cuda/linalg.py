@@ -1,0 +1,266 @@
+"""The CUDA backend's GEMM and convolutions, as a mixin of CudaBackend: the own kernel
+(kernels/conv_gemm_cuda.cu) with tile and K split chosen per problem, the shared portable kernels
+(``ANYDEVICE_CUDA_FAMILY=portable``) and the direct kernel for few output channels per group."""
+from __future__ import annotations
+
+
+from ..contract import conv_output_size, conv_transpose_output_size
+from ..runtime import pack_args
+from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, KERNELS_DIR, MAX_KSPLIT, MIN_KSLICE, OWN_GEMM, PORTABLE,
+                    TILE_EFFICIENCY, TILES, _cdiv, _mode_macros, _size_class, _strided, _vec_ok, vec_fits)
+
+
+class CudaLinalg:
+    """GEMM / conv ops of CudaBackend (uses its cp, _function, _empty, _null, _launch_1d, tables)."""
+
+    # ---- tile choice ------------------------------------------------------------------------
+    def _family(self, op: str) -> str:
+        """tf32 (when allowed), else the own FP32 kernel; ANYDEVICE_CUDA_FAMILY=portable runs the
+        shared OpenCL/CUDA GPU-family kernels instead (measured on an H100: half the speed)."""
+        if self.tf32 and self._tiles.get("tf32"):
+            return "tf32"
+        if self._family_env == "portable" and (KERNELS_DIR / PORTABLE[op][0]).exists():
+            return "portable"
+        return "own"
+
+    def _choose(self, family: str, op: str, M: int, N: int, Z: int) -> dict:
+        tuned = self._tuned.get(f"{family}:{op}:{_size_class(M, N, Z)}")
+        cands = self._tiles[family] or TILES["default"][family]
+        if tuned and tuned in cands:
+            return tuned
+        for cfg in cands:
+            bm, bn = (cfg["BM"], cfg["BN"]) if family == "portable" else (cfg["TILE_M"], cfg["TILE_N"])
+            if _cdiv(M, bm) * _cdiv(N, bn) * Z >= self.sm_count:
+                return cfg
+        return cands[-1]
+
+    def _cands(self, family: str, op: str, M: int, N: int, Z: int) -> list:
+        """Candidate tiles of the own kernel for an op: a tune() winner alone, else the table's."""
+        tuned = self._tuned.get(f"{family}:{op}:{_size_class(M, N, Z)}")
+        key = "own_conv" if family == "own" and op != "gemm" else family
+        cands = self._tiles.get(key) or TILES["default"][key]
+        return [tuned] if tuned and tuned in cands else list(cands)
+
+    def _ksplit(self, cfg: dict, M: int, N: int, Z: int, K: int) -> int:
+        """K slices for one tile (``_plan`` with a single candidate)."""
+        return self._plan([cfg], M, N, Z, K)[1]
+
+    def _plan(self, cands: list, M: int, N: int, Z: int, K: int) -> tuple[dict, int]:
+        """(tile, K slices) for the own kernel: the pair with the least modelled time, where time
+        = waves of groups (groups per SM from the tile's registers) x one group's FMAs / the
+        tile's measured efficiency, plus the split's reduction pass. Slices are at least
+        MIN_KSLICE long. ANYDEVICE_CUDA_KSPLIT=n forces the split."""
+        pkey = (tuple(map(id, cands)), M, N, Z, K)
+        hit = self._plan_cache.get(pkey)
+        if hit is not None:
+            return hit
+        forced = self._forced_ksplit
+        best = None
+        for cfg in cands:
+            tm, tn, tk = cfg["TILE_M"], cfg["TILE_N"], cfg["TILE_K"]
+            blocks = _cdiv(M, tm) * _cdiv(N, tn) * Z
+            threads = (tm // cfg["WPT_M"]) * (tn // cfg["WPT_N"])
+            regs = min(255, 2 * cfg["WPT_M"] * cfg["WPT_N"] + 64)  # acc + tot + operands, as compiled
+            slots = self.sm_count * max(1, min(2048 // threads, 65536 // (threads * regs)))
+            eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"]), 0.8)
+            if forced.isdigit() and int(forced) >= 1:
+                splits = [max(1, min(int(forced), _cdiv(K, tk)))]
+            else:
+                splits = range(1, max(1, min(MAX_KSPLIT, K // MIN_KSLICE)) + 1)
+            for ks in splits:
+                kslice = _cdiv(_cdiv(K, ks), tk) * tk
+                t = _cdiv(blocks * ks, slots) * tm * tn * kslice / eff
+                if ks > 1:
+                    t += 16.0 * M * N * Z * ks / slots  # workspace write + ordered reduction
+                if best is None or t < best[0] * 0.999:
+                    best = (t, cfg, ks)
+        if len(self._plan_cache) > 4096:
+            self._plan_cache.clear()
+        self._plan_cache[pkey] = (best[1], best[2])
+        return best[1], best[2]
+
+    def _own_launch(self, macros: dict, cfg: dict, M: int, N: int, K: int, Z: int, args_a: tuple,
+                    args_b: tuple, c_args: tuple, bias, conv: tuple, out, gemm_out: tuple, ksplit: int):
+        """Launch ad_conv_gemm over Z problems (grid z chunks), split over K when ksplit > 1 (then
+        into a workspace, and ad_splitk_reduce writes ``out``)."""
+        cp = self.cp
+        fn = self._function(OWN_GEMM[0], OWN_GEMM[1], macros)
+        block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+        kchunk = _cdiv(_cdiv(K, ksplit), cfg["TILE_K"]) * cfg["TILE_K"]
+        ksplit = _cdiv(K, kchunk) if K else 1
+        per = max(1, GRID_YZ_MAX // ksplit)
+        for z0 in range(0, Z, per):
+            z1 = min(Z, z0 + per)
+            a, sam, sak, a_bs = args_a(z0)
+            b, sbk, sbn, b_bs = args_b(z0)
+            c, ldc, c_bs, bs = c_args(z0)
+            ws = c if ksplit == 1 else cp.empty((z1 - z0) * ksplit * M * N, dtype=cp.float32)
+            grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), (z1 - z0) * ksplit)
+            # the scalar arguments as NumPy scalars, built once per geometry (per-call host cost)
+            key = (M, N, K, sam, sak, a_bs, sbk, sbn, b_bs, ldc, c_bs, bias is not None, conv, ksplit, kchunk)
+            tpl = self._arg_cache.get(key)
+            if tpl is None:
+                tpl = list(pack_args(OWN_GEMM[1], (M, N, K, None, sam, sak, a_bs, None, sbk, sbn, b_bs, None, ldc,
+                                                   c_bs, None, bias is not None, *conv, ksplit, kchunk)))
+                if len(self._arg_cache) > 4096:
+                    self._arg_cache.clear()
+                self._arg_cache[key] = tpl
+            args = list(tpl)
+            args[3], args[7], args[11], args[14] = a, b, ws, bs
+            fn(grid, block, tuple(args))
+            if ksplit > 1:
+                red = self._function(OWN_GEMM[0], "ad_splitk_reduce", macros)
+                is_gemm, OHW, Cout = gemm_out
+                self._launch_1d(red, (z1 - z0) * M * N,
+                                pack_args("ad_splitk_reduce", (ws, c, bs, bias is not None, ksplit, z1 - z0, M, N,
+                                                               ldc, c_bs, is_gemm, OHW, Cout)))
+        return out
+
+    # ---- matmul -----------------------------------------------------------------------------
+    def _bmm(self, a, b):
+        cp = self.cp
+        Ba, M, K = a.shape
+        Bb, _, N = b.shape
+        B = max(Ba, Bb)
+        if B * M * N == 0 or K == 0:
+            return cp.zeros((B, M, N), dtype=cp.float32)
+        if Bb == 1 and Ba > 1 and a.flags.c_contiguous:  # one GEMM with the batch folded into M
+            y = self._gemm(a.reshape(1, Ba * M, K), b)
+            return y.reshape(B, M, N)
+        return self._gemm(a, b)
+
+    def _gemm(self, a, b, cfg=None, family=None, ksplit=None):
+        """(Ba, M, K) @ (Bb, K, N), Ba/Bb in {1, B}, any strides (copied only when neither layout)."""
+        cp = self.cp
+        Ba, M, K = a.shape
+        Bb, _, N = b.shape
+        B = max(Ba, Bb)
+        family = family or self._family("gemm")
+        own = family != "portable"
+        a, sa = _strided(cp, a, own)
+        b, sb = _strided(cp, b, own)
+        a_bs = sa[0] if Ba > 1 else 0
+        b_bs = sb[0] if Bb > 1 else 0
+        c = self._empty((B, M, N))
+        if own:
+            if cfg is None:
+                cfg, ks = self._plan(self._cands(family, "gemm", M, N, B), M, N, B, K)
+                ksplit = ksplit or ks
+            ta, tb = int(sa[2] != 1), int(sb[2] != 1)
+            vec_a = int(not ta and vec_fits(cfg, "A") and _vec_ok(a, sa[1], a_bs, K))
+            vec_b = int(not tb and vec_fits(cfg, "B") and _vec_ok(b, sb[1], b_bs, N))
+            macros = {**cfg, **_mode_macros(dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb, VEC_A=vec_a, VEC_B=vec_b))}
+            return self._own_launch(macros, cfg, M, N, K, B,
+                                    lambda z: (a[z:] if Ba > 1 else a, sa[1], sa[2], a_bs),
+                                    lambda z: (b[z:] if Bb > 1 else b, sb[1], sb[2], b_bs),
+                                    lambda z: (c[z:], N, M * N, self._null()),
+                                    None, (0,) * 15, c, (1, 1, 1), ksplit or self._ksplit(cfg, M, N, B, K))
+        cfg = cfg or self._choose(family, "gemm", M, N, B)
+        for z0 in range(0, B, GRID_YZ_MAX):
+            z1 = min(B, z0 + GRID_YZ_MAX)
+            az = a[z0:z1] if Ba > 1 else a
+            bz = b[z0:z1] if Bb > 1 else b
+            cz = c[z0:z1]
+            fname, kname = PORTABLE["gemm"]
+            fn = self._function(fname, kname, cfg)
+            grid = (_cdiv(N, cfg["BN"]), _cdiv(M, cfg["BM"]), z1 - z0)
+            block = (cfg["BN"] // cfg["TN"], cfg["BM"] // cfg["TM"], 1)
+            fn(grid, block, pack_args(kname, (M, N, K, az, 0, sa[1], sa[2], a_bs, bz, 0, sb[1], sb[2], b_bs,
+                                              cz, 0, N, M * N, self._null(), 0, 1 << 30, 0)))
+        return c
+
+    # ---- convolution ------------------------------------------------------------------------
+    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        x, w = self._contig(x), self._contig(w)
+        bias = None if bias is None else self._contig(bias)
+        N, C, H, W = x.shape
+        Cout, CinG, KH, KW = w.shape
+        (sh, sw), (dh, dw), G = stride, dilation, groups
+        t, b_, l, r = pads
+        OH = conv_output_size(H, KH, sh, t + b_, dh)
+        OW = conv_output_size(W, KW, sw, l + r, dw)
+        y = self._empty((N, Cout, OH, OW))
+        if y.size == 0:
+            return y
+        CoutG = Cout // G
+        geo = dict(N=N, C=C, H=H, W=W, Cout=Cout, CinG=CinG, CoutG=CoutG, KH=KH, KW=KW, OH=OH, OW=OW,
+                   sh=sh, sw=sw, ph=t, pw=l, dh=dh, dw=dw, G=G)
+        if CoutG <= DIRECT_MAX_COUT_G:
+            return self._direct(x, w, bias, y, geo, transposed=0)
+        family = self._family("conv2d")
+        if family == "portable":
+            return self._portable_conv("conv2d", x, w, bias, y, geo)
+        return self._own_conv(x, w, bias, y, geo, transposed=0, family=family)
+
+    def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
+        x, w = self._contig(x), self._contig(w)
+        bias = None if bias is None else self._contig(bias)
+        N, C, H, W = x.shape
+        _, CoutG, KH, KW = w.shape
+        (sh, sw), (ph, pw), (dh, dw), G = stride, padding, dilation, groups
+        OH = conv_transpose_output_size(H, KH, sh, ph, output_padding[0], dh)
+        OW = conv_transpose_output_size(W, KW, sw, pw, output_padding[1], dw)
+        Cout = CoutG * G
+        y = self._empty((N, Cout, OH, OW))
+        if y.size == 0:
+            return y
+        geo = dict(N=N, C=C, H=H, W=W, Cout=Cout, CinG=C // G, CoutG=CoutG, KH=KH, KW=KW, OH=OH, OW=OW,
+                   sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, G=G)
+        if CoutG <= DIRECT_MAX_COUT_G:
+            return self._direct(x, w, bias, y, geo, transposed=1)
+        family = self._family("conv_transpose2d")
+        if family == "portable":
+            return self._portable_conv("conv_transpose2d", x, w, bias, y, geo)
+        # own kernel: weights re-laid out as (G, CoutG, CinG*KH*KW)
+        wt = self.cp.ascontiguousarray(
+            w.reshape(G, C // G, CoutG, KH * KW).transpose(0, 2, 1, 3)).reshape(Cout, C // G, KH, KW)
+        return self._own_conv(x, wt, bias, y, geo, transposed=1, family=family)
+
+    def _direct(self, x, w, bias, y, g, transposed):
+        fn = self._misc("ad_direct_conv")
+        args = pack_args("ad_direct_conv", (
+            x, w, self._null() if bias is None else bias, bias is not None, y,
+            *(g[k] for k in ("N", "C", "H", "W", "Cout", "CinG", "CoutG", "KH", "KW", "OH", "OW",
+                             "sh", "sw", "ph", "pw", "dh", "dw")), transposed))
+        self._launch_1d(fn, y.size, args)
+        return y
+
+    def _portable_conv(self, op, x, w, bias, y, g, cfg=None):
+        P = g["OH"] * g["OW"]
+        N, G = g["N"], g["G"]
+        cfg = cfg or self._choose("portable", op, g["CoutG"], P, N * G)
+        fname, kname = PORTABLE[op]
+        fn = self._function(fname, kname, cfg)
+        per = max(1, GRID_YZ_MAX // G)  # images per launch (grid z = images * groups)
+        block = (cfg["BN"] // cfg["TN"], cfg["BM"] // cfg["TM"], 1)
+        b = self._null() if bias is None else bias
+        for n0 in range(0, N, per):
+            nb = min(N, n0 + per) - n0
+            grid = (_cdiv(P, cfg["BN"]), _cdiv(g["CoutG"], cfg["BM"]), nb * G)
+            fn(grid, block, pack_args(kname, (
+                x, n0 * g["C"] * g["H"] * g["W"], w, 0, y, n0 * g["Cout"] * P, b, bias is not None,
+                *(g[k] for k in ("C", "H", "W", "CoutG", "CinG", "KH", "KW", "G", "OH", "OW",
+                                 "sh", "sw", "ph", "pw", "dh", "dw")))))
+        return y
+
+    def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None):
+        M, Ntot, K = g["CoutG"], g["N"] * g["OH"] * g["OW"], g["CinG"] * g["KH"] * g["KW"]
+        G = g["G"]
+        if cfg is None:
+            op = "conv_transpose2d" if transposed else "conv2d"
+            cfg, ks = self._plan(self._cands(family, op, M, Ntot, G), M, Ntot, G, K)
+            ksplit = ksplit or ks
+        vec_a = int(vec_fits(cfg, "A") and K % 4 == 0 and (M * K) % 4 == 0 and w.data.ptr % 16 == 0)
+        macros = {**cfg, **_mode_macros(dict(IS_GEMM=0, CONV_TRANSPOSED=int(transposed), VEC_A=vec_a))}
+        HW, P = g["H"] * g["W"], g["OH"] * g["OW"]
+        ks = ksplit or self._ksplit(cfg, M, Ntot, G, K)
+        conv = tuple(g[k] for k in ("C", "H", "W", "CinG", "KH", "KW", "sh", "sw", "ph", "pw",
+                                    "dh", "dw", "OH", "OW", "Cout"))
+        # views starting at group g0 (the kernel indexes from these pointers with full strides)
+        return self._own_launch(
+            macros, cfg, M, Ntot, K, G,
+            lambda g0: (w.reshape(-1)[g0 * M * K:], K, 1, M * K),
+            lambda g0: (x.reshape(-1)[g0 * g["CinG"] * HW:], 0, 0, 0),
+            lambda g0: (y.reshape(-1)[g0 * M * P:], 0, 0, self._null() if bias is None else bias[g0 * M:]),
+            bias, conv, y, (0, P, g["Cout"]), ks)
+

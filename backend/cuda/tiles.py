@@ -1,0 +1,169 @@
+"""The CUDA kernel's configurations: tile tables per architecture (measured on an H100), the
+kernel modes, which configurations ship (the CI compile check builds them all), how a source is
+assembled and the problem-size helpers. Imports without CuPy."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..contract import UNARY_KERNEL_CODES
+
+KERNELS_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
+INSTALL_HINT = "CuPy not installed (pip install cupy-cuda12x)"
+CACHE_NAME = "cuda_tiles.json"
+
+#: portable GPU-family kernels shared with OpenCL: op -> (file, kernel name)
+PORTABLE = {
+    "gemm": ("gemm_gpu.cl", "gemm_gpu"),
+    "conv2d": ("conv2d_gpu.cl", "conv2d_gpu"),
+    "conv_transpose2d": ("conv_transpose2d_gpu.cl", "conv_transpose2d_gpu"),
+}
+OWN_GEMM = ("conv_gemm_cuda.cu", "ad_conv_gemm")
+MISC = "misc_cuda.cu"
+
+# ---- tile configurations ------------------------------------------------------------------
+# Candidates per architecture, largest tile first; at run time the largest whose grid has at
+# least one group per SM is taken (unless tune() stored a winner). The CI compile check builds
+# every configuration listed here (and fails on register spills).
+_P_L = dict(BM=128, BN=64, BK=16, TM=8, TN=4, KP=128)    # portable: 256 threads, 8x4 per thread
+_P_M = dict(BM=64, BN=64, BK=16, TM=4, TN=4, KP=128)     # the file's defaults
+_P_S = dict(BM=32, BN=64, BK=16, TM=2, TN=4, KP=128)
+# own FP32, measured on an H100 (tools/gpu_probe.py): 128x64 tiles with 8x4 per thread are the
+# fastest (two groups per SM; an 8x8 thread tile's registers allow only one), TILE_K 16 for GEMMs
+# and 8 for convs (half the im2col gathers per step); 64x64x16 where 128x64 leaves SMs idle and K
+# is too short to split. ``_plan`` picks tile and K split per problem from these.
+_O_L = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4)
+_O_M = dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=4)
+_O_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4)
+_O_X = dict(TILE_M=128, TILE_N=128, TILE_K=8, WPT_M=8, WPT_N=8)
+_T_L = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, SMEM_PAD=8, USE_TF32=1)
+_T_M = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
+_T_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
+
+#: arch ("sm_80", ...; "default" for any other) -> family -> candidate configs. "own" serves
+#: GEMMs, "own_conv" convolutions (both FP32); "tf32" both, when TF32 is allowed.
+TILES = {
+    "default": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": []},
+    "sm_80": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S, _O_X], "own_conv": [_O_M, _O_S],
+              "tf32": [_T_L, _T_M, _T_S]},
+    "sm_86": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
+    "sm_89": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
+    "sm_90": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S],
+              "tf32": [_T_L, _T_M, _T_S]},
+}
+#: relative FMA throughput of a thread tile (WPT_M, WPT_N) against 8x4, from the H100 sweep
+TILE_EFFICIENCY = {(8, 4): 1.0, (4, 4): 0.8, (8, 8): 0.9, (4, 8): 0.8}
+#: a K slice is at least this long (shorter slices lost to their fixed costs on the H100)
+MIN_KSLICE = 512
+#: own-kernel modes (build options besides the tile) the backend compiles; VEC_A / VEC_B (16-byte
+#: loads) are added when the operands allow them (``_vec_ok``)
+OWN_MODES = (
+    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0),
+    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=1),
+    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0, VEC_A=1, VEC_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0, VEC_A=1),
+    dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0, VEC_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1, VEC_A=1),
+    dict(IS_GEMM=0, CONV_TRANSPOSED=0), dict(IS_GEMM=0, CONV_TRANSPOSED=1),
+    dict(IS_GEMM=0, CONV_TRANSPOSED=0, VEC_A=1), dict(IS_GEMM=0, CONV_TRANSPOSED=1, VEC_A=1),
+)
+#: split K over at most this many slices when the output tiles alone do not fill the GPU
+MAX_KSPLIT = 8
+#: unary op codes of misc_cuda.cu
+UNARY_CODES = UNARY_KERNEL_CODES
+BLOCK = 256
+#: convs with at most this many output channels per group use the direct kernel
+DIRECT_MAX_COUT_G = 4
+GRID_YZ_MAX = 65535
+
+
+def vec_fits(cfg: dict, which: str) -> bool:
+    """Whether a tile can load operand ``which`` ("A" or "B") as 16-byte vectors: every thread
+    loads whole vectors (ad_conv_gemm's VEC_A / VEC_B #error conditions)."""
+    threads = (cfg["TILE_M"] // cfg["WPT_M"]) * (cfg["TILE_N"] // cfg["WPT_N"])
+    if which == "A":
+        return cfg["TILE_K"] % 4 == 0 and (cfg["TILE_M"] * cfg["TILE_K"]) % (4 * threads) == 0
+    return cfg["TILE_N"] % 4 == 0 and (cfg["TILE_N"] * cfg["TILE_K"]) % (4 * threads) == 0
+
+
+def mode_fits(cfg: dict, mode: dict) -> bool:
+    return (not mode.get("VEC_A") or vec_fits(cfg, "A")) and (not mode.get("VEC_B") or vec_fits(cfg, "B"))
+
+
+def _mode_macros(mode: dict) -> dict:
+    """Build options of one own-kernel mode: VEC_A/VEC_B only when set (so the older cache keys hold)."""
+    return {k: v for k, v in mode.items() if not (k in ("VEC_A", "VEC_B") and not v)}
+
+
+def _tiles_for(arch: str) -> dict:
+    return TILES.get(arch, TILES["default"])
+
+
+def shipped_configs() -> dict[str, list[dict]]:
+    """Every (file -> list of -D macro sets) this backend may compile, for the CI compile check."""
+    out: dict[str, list[dict]] = {}
+
+    def add(fname, cfg):
+        lst = out.setdefault(fname, [])
+        if cfg not in lst:
+            lst.append(cfg)
+
+    for table in TILES.values():
+        for cfg in table["portable"]:
+            for fname, _ in PORTABLE.values():
+                add(fname, dict(cfg))
+        for cfg in table["own"] + table["own_conv"] + table["tf32"]:
+            for mode in OWN_MODES:
+                if mode_fits(cfg, mode):
+                    add(OWN_GEMM[0], {**cfg, **_mode_macros(mode)})
+    add(MISC, {"BLOCK": BLOCK})
+    return out
+
+
+def kernel_source(fname: str, kernels_dir: Path | str | None = None) -> str:
+    """What is compiled for ``fname``: prelude_cuda.cuh + the file (with a #line marker)."""
+    kdir = Path(kernels_dir) if kernels_dir else KERNELS_DIR
+    prelude = (kdir / "prelude_cuda.cuh").read_text()
+    body = (kdir / fname).read_text()
+    return f'{prelude}\n#line 1 "{fname}"\n{body}'
+
+
+def build_options(macros: dict) -> tuple[str, ...]:
+    return tuple(f"-D{k}={v}" for k, v in sorted(macros.items()))
+
+
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _vec_ok(x, row_stride: int, batch_stride: int, inner: int) -> bool:
+    """16-byte loads along the unit-stride dim: aligned base, row/batch strides and length all
+    multiples of 4 floats."""
+    return x.data.ptr % 16 == 0 and row_stride % 4 == 0 and batch_stride % 4 == 0 and inner % 4 == 0
+
+
+def _size_class(M, N, Z) -> str:
+    """Problem-size bucket for tuned tiles: log2 of the output elements per launch, and of M."""
+    return f"{int(math.log2(max(1, M * N * Z)))}:{int(math.log2(max(1, M)))}"
+
+
+def _strided(cp, x, own: bool):
+    """(array, element strides) with the inner two strides usable by the kernels.
+
+    The portable kernels take any non-negative strides; the own kernel needs one of the two inner
+    dims to have unit stride (it picks the matching load layout)."""
+    st = [s // 4 for s in x.strides]
+    ok = all(s >= 0 for s in st) and all(s % 4 == 0 for s in x.strides) and max(st) < 2**31
+    if own:
+        ok = ok and (st[2] == 1 or st[1] == 1 or x.shape[1] == 1 or x.shape[2] == 1)
+    if not ok:
+        x = cp.ascontiguousarray(x)
+        st = [s // 4 for s in x.strides]
+    st = list(st)
+    # size-1 dims may carry any stride; give them the canonical one so layout tests are reliable
+    if x.shape[2] == 1:
+        st[2] = 1
+    elif x.shape[1] == 1:
+        st[1] = 1 if st[2] != 1 else x.shape[2]
+    return x, st
+

@@ -1,0 +1,390 @@
+"""The OpenCL backend's device object and its non-GEMM ops: kernels (through the shared runtime's
+program cache and signature table), allocation and transfers, elementwise ops, pad, reductions.
+GEMM and convolutions are in ``linalg.py``."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+
+import numpy as np
+
+from ..contract import Backend, unary_kernel_args
+from ..runtime import JsonStore
+from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
+from .linalg import LinalgOps
+from .memory import BufferPool, CLArray, _collapse, _contig_strides
+from .params import (BINARY_CODES, DEFAULT_TUNE, F32, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS,
+                     TUNE_BUDGET_S)
+from .programs import ProgramCache
+
+log = logging.getLogger("anydevice")
+
+
+class OpenCLBackend(LinalgOps, Backend):
+    name = "opencl"
+    kind = "own"
+    native_types = (CLArray,)
+
+    def __init__(self, dev, index: int = 0, family: str | None = None):
+        super().__init__(index)
+        cl = _cl()
+        self.cl = cl
+        self.dev = dev
+        fam = (family or os.environ.get("ANYDEVICE_OPENCL_FAMILY", "")).strip().lower()
+        if fam not in ("", "cpu", "gpu"):
+            raise RuntimeError(f"ANYDEVICE_OPENCL_FAMILY={fam!r} must be cpu or gpu")
+        self.family = fam or ("gpu" if _is_gpu(dev) else "cpu")
+        self.is_cpu_device = not _is_gpu(dev)
+        self.ctx = cl.Context([dev])
+        self.queue = cl.CommandQueue(self.ctx, dev)
+        self.programs = ProgramCache(self.ctx, dev)
+        self.compute_units = max(1, int(dev.max_compute_units))
+        limit = min(int(dev.global_mem_size) // 4, 2 << 30)
+        self.pool = BufferPool(self.ctx, limit)
+        self._kernels: dict[tuple, object] = {}
+        self._meta_cache: dict[tuple, object] = {}
+        self._sources: dict[str, str] = {}
+        self._tune = self._tune_store().section(_device_key(dev))
+        self._tune_spent = 0.0
+        self._lock = threading.RLock()
+        self.delegated: list[str] = []  # ops handed to the host (none at present)
+        self._check_device()
+
+    # ---- device check -------------------------------------------------------------------
+    def _check_device(self) -> None:
+        """Build (or load from the disk cache) and run a tiny kernel; a failure marks the device."""
+        cl = self.cl
+        try:
+            prg = self.programs.build(PROBE_SRC, "")
+            k = cl.Kernel(prg, "probe_kernel")
+            host = np.arange(4, dtype=F32)
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+            k.set_args(buf)
+            cl.enqueue_nd_range_kernel(self.queue, k, (4,), None)
+            out = np.empty(4, F32)
+            cl.enqueue_copy(self.queue, out, buf, is_blocking=True)
+            if not np.array_equal(out, 2 * host + 1):
+                raise RuntimeError(f"test kernel computed {out.tolist()} instead of {(2 * host + 1).tolist()}")
+        except Exception as exc:
+            reason = f"kernel build check failed on {_describe(self.dev)}: {exc}"
+            _record_check(self.dev, False, reason)
+            raise RuntimeError(reason) from None
+        if not _checks().section(_device_key(self.dev)).get("ok"):
+            _record_check(self.dev, True, "")
+
+    # ---- description ---------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return f"{_describe(self.dev)} [{self.family} kernel family]"
+
+    def synchronize(self) -> None:
+        self.queue.finish()
+
+    @staticmethod
+    def _tune_store() -> JsonStore:
+        return JsonStore(cache_root() / "tune.json")
+
+    # ---- kernels ---------------------------------------------------------------------------
+    def _source(self, fname: str, portable: bool) -> str:
+        src = self._sources.get(fname)
+        if src is None:
+            src = (KERNEL_DIR / fname).read_text()
+            if portable:
+                src = (KERNEL_DIR / "prelude_opencl.h").read_text() + "\n" + src
+            self._sources[fname] = src
+        return src
+
+    def tunables(self, fname: str, shape_class: str = "") -> dict:
+        """Build-time tunables: defaults, overridden by stored tuning results for this device."""
+        params = dict(DEFAULT_TUNE.get(fname, {}))
+        key = f"{fname}:{shape_class}"
+        if (shape_class and key not in self._tune and fname == "gemm_cpu.cl"
+                and os.environ.get("ANYDEVICE_OPENCL_TUNE", "0") not in ("0", "", "false", "no")):
+            self._autotune_gemm_cpu(shape_class)
+        params.update(self._tune.get(fname, {}))
+        params.update(self._tune.get(key, {}))
+        return params
+
+    def _autotune_gemm_cpu(self, shape_class: str) -> None:
+        """Time a few gemm_cpu variants on a problem of this shape class (<= TUNE_BUDGET_S in all,
+        shared by every class tuned in this process); store the winner on disk."""
+        key = f"gemm_cpu.cl:{shape_class}"
+        self._tune[key] = {}  # no recursion, and a failure is not retried
+        left = TUNE_BUDGET_S - self._tune_spent
+        if left <= 0.5:
+            return
+        size = {"s": 64, "m": 512, "l": 1024}
+        M, N, K = (size[c] for c in shape_class)
+        rng = np.random.default_rng(0)
+        a = self._from_numpy(rng.standard_normal((M, K), dtype=np.float32))
+        b = self._from_numpy(rng.standard_normal((K, N), dtype=np.float32))
+        cands = [{}, {"MR": 8, "MSUB": 4, "KC": 128}, {"MR": 14, "MSUB": 2}, {"MSUB": 8},
+                 {"KC": 512, "KP": 256}]
+        t_start = time.perf_counter()
+        best, best_t = None, float("inf")
+        log.info("anydevice opencl: auto-tuning gemm_cpu for shape class %s (budget %.1f s)", shape_class, left)
+        for i, cand in enumerate(cands):
+            if time.perf_counter() - t_start > left:
+                break
+            params = dict(DEFAULT_TUNE["gemm_cpu.cl"], **cand)
+            self._tune[key] = params
+            try:
+                self._gemm(M, N, K, 1, a, 0, K, 1, 0, b, 0, N, 1, 0)
+                self.synchronize()
+                t0 = time.perf_counter()
+                self._gemm(M, N, K, 1, a, 0, K, 1, 0, b, 0, N, 1, 0)
+                self.synchronize()
+                dt = time.perf_counter() - t0
+            except Exception as exc:
+                log.info("anydevice opencl: tune candidate %s failed: %s", cand, exc)
+                continue
+            log.info("anydevice opencl: tune %d/%d %s: %.2f GFLOPS", i + 1, len(cands), params,
+                     2.0 * M * N * K / dt / 1e9)
+            if dt < best_t:
+                best, best_t = params, dt
+        self._tune_spent += time.perf_counter() - t_start
+        self._tune[key] = best or {}
+        if best:
+            self._tune_store().update(_device_key(self.dev), {key: best})
+            log.info("anydevice opencl: tuned %s -> %s", key, best)
+
+    def _kernel(self, name: str, params: dict | None = None):
+        fname, portable = KFILES[name]
+        if params is None:
+            params = DEFAULT_TUNE.get(fname, {})
+        key = (name, tuple(sorted(params.items())))
+        k = self._kernels.get(key)
+        if k is None:
+            opts = " ".join(f"-D{a}={b}" for a, b in sorted(params.items()))
+            prg = self.programs.build(self._source(fname, portable), opts)
+            k = self.cl.Kernel(prg, name)
+            k.set_scalar_arg_dtypes(SIGS[name])
+            self._kernels[key] = k
+        return k
+
+    def _run(self, name, gsize, lsize, *args, params=None):
+        if any(g == 0 for g in gsize):
+            return
+        with self._lock:  # a Kernel's arguments are shared state
+            k = self._kernel(name, params)
+            k(self.queue, gsize, lsize, *args)
+
+    def _meta(self, values) -> object:
+        key = tuple(int(v) for v in values)
+        buf = self._meta_cache.get(key)
+        if buf is None:
+            if len(self._meta_cache) > 512:
+                self._meta_cache.clear()
+            arr = np.asarray(key, dtype=np.int64)
+            cl = self.cl
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=arr)
+            self._meta_cache[key] = buf
+        return buf
+
+    def _flat_geometry(self, n: int):
+        """(global size, local size, chunk) for the flat elementwise kernels."""
+        if self.is_cpu_device:
+            chunk = max(4096, -(-n // (8 * self.compute_units)))
+            return (-(-n // chunk),), (1,), chunk
+        return (-(-n // 256) * 256,), (256,), 1
+
+    # ---- allocation / conversion --------------------------------------------------------
+    def _empty(self, shape) -> CLArray:
+        shape = tuple(int(s) for s in shape)
+        return CLArray(shape, self.pool.alloc(4 * max(1, math.prod(shape))), 0)
+
+    def _from_numpy(self, a):
+        a = np.asarray(a, dtype=F32, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+        out = self._empty(a.shape)
+        if a.size:
+            self.cl.enqueue_copy(self.queue, out.buffer, a, is_blocking=True)
+        return out
+
+    def _to_numpy(self, x):
+        out = np.empty(x.shape, F32)
+        if out.size:
+            self.cl.enqueue_copy(self.queue, out, x.buffer, src_offset=4 * x.offset, is_blocking=True)
+        return out
+
+    def _shape(self, x):
+        return x.shape
+
+    def _reshape(self, x, shape):
+        shape = tuple(int(s) for s in shape)
+        if math.prod(shape) != x.size:
+            raise ValueError(f"cannot reshape {x.shape} to {shape}")
+        return CLArray(shape, x.block, x.offset)
+
+    def _copy_strided(self, src: CLArray, s_off, shape, sstr, dst: CLArray, d_off, dstr):
+        n = math.prod(shape)
+        if n == 0:
+            return
+        shape2, (s2, d2) = _collapse(shape, sstr, dstr)
+        if len(shape2) == 1 and s2[0] == 1 and d2[0] == 1:
+            self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, byte_count=4 * n,
+                                 src_offset=4 * s_off, dst_offset=4 * d_off)
+            return
+        meta = self._meta((len(shape2),) + shape2 + s2 + d2)
+        g, l, chunk = self._flat_geometry(n)
+        self._run("copy_nd", g, l, src.buffer, s_off, dst.buffer, d_off, n, chunk, meta)
+
+    def _permute(self, x, axes):
+        axes = tuple(int(a) for a in axes)
+        if axes == tuple(range(len(axes))):
+            return x
+        st = _contig_strides(x.shape)
+        shape = tuple(x.shape[a] for a in axes)
+        out = self._empty(shape)
+        self._copy_strided(x, x.offset, shape, tuple(st[a] for a in axes), out, 0, _contig_strides(shape))
+        return out
+
+    def _expand(self, x, shape):
+        shape = tuple(int(s) for s in shape)
+        if shape == x.shape:
+            return x
+        src_shape = (1,) * (len(shape) - x.ndim) + x.shape
+        st = _contig_strides(src_shape)
+        sstr = tuple(0 if (s == 1 and t != 1) else st[i] for i, (s, t) in enumerate(zip(src_shape, shape)))
+        out = self._empty(shape)
+        self._copy_strided(x, x.offset, shape, sstr, out, 0, _contig_strides(shape))
+        return out
+
+    def _concat_channels(self, parts, n, c, h, w):
+        k = len(parts)
+        out = self._empty((n, k * c, h, w))
+        inner = c * h * w
+        for i, p in enumerate(parts):
+            self._copy_strided(p, p.offset, (n, inner), (inner, 1), out, i * inner, (k * inner, 1))
+        return out
+
+    def _slice1(self, x, i):
+        n, k = x.shape[:2]
+        rest = x.shape[2:]
+        inner = math.prod(rest)
+        if n == 1:
+            return CLArray((1,) + rest, x.block, x.offset + i * inner)
+        out = self._empty((n,) + rest)
+        self._copy_strided(x, x.offset + i * inner, (n, inner), (k * inner, 1), out, 0, (inner, 1))
+        return out
+
+    def _fill(self, out: CLArray, value: float = 0.0):
+        if out.size:
+            self.cl.enqueue_fill_buffer(self.queue, out.buffer, np.float32(value), 4 * out.offset, 4 * out.size)
+
+    # ---- elementwise ------------------------------------------------------------------------
+    def _unary(self, op, x, **p):
+        out = self._empty(x.shape)
+        n = x.size
+        if n == 0:
+            return out
+        code, p0, p1, f0, f1 = unary_kernel_args(op, p)
+        g, l, chunk = self._flat_geometry(n)
+        self._run("unary", g, l, x.buffer, x.offset, out.buffer, 0, n, chunk, code, p0, p1, f0, f1)
+        return out
+
+    def _binary(self, op, a, b):
+        code = BINARY_CODES[op]
+        if not isinstance(a, CLArray) or not isinstance(b, CLArray):
+            t = b if isinstance(b, CLArray) else a
+            out = self._empty(t.shape)
+            n = t.size
+            if n:
+                g, l, chunk = self._flat_geometry(n)
+                if isinstance(a, CLArray):
+                    self._run("binary_flat", g, l, a.buffer, a.offset, a.buffer, a.offset, out.buffer, 0,
+                              n, chunk, code, 2, 0.0, float(b))
+                else:
+                    self._run("binary_flat", g, l, b.buffer, b.offset, b.buffer, b.offset, out.buffer, 0,
+                              n, chunk, code, 1, float(a), 0.0)
+            return out
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        out = self._empty(shape)
+        n = out.size
+        if n == 0:
+            return out
+        g, l, chunk = self._flat_geometry(n)
+        if a.shape == b.shape:
+            self._run("binary_flat", g, l, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0,
+                      n, chunk, code, 0, 0.0, 0.0)
+            return out
+
+        def bstrides(s):
+            s = (1,) * (len(shape) - len(s)) + s
+            st = _contig_strides(s)
+            return tuple(0 if (d == 1 and t != 1) else st[i] for i, (d, t) in enumerate(zip(s, shape)))
+        shape2, (sa, sb, _) = _collapse(shape, bstrides(a.shape), bstrides(b.shape), _contig_strides(shape))
+        meta = self._meta((len(shape2),) + shape2 + sa + sb)
+        self._run("binary_nd", g, l, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0, n, chunk, code, meta)
+        return out
+
+    # ---- padding ----------------------------------------------------------------------------
+    def _pad(self, x, pads, mode):
+        t, bo, l, r = pads
+        lead = x.shape[:-2]
+        H, W = x.shape[-2:]
+        OH, OW = H + t + bo, W + l + r
+        out = self._empty(lead + (OH, OW))
+        P = math.prod(lead)
+        if out.size == 0:
+            return out
+        self._run("pad2d", (OH, P), (1, 1) if self.is_cpu_device else None, x.buffer, x.offset, out.buffer, 0,
+                  H, W, OH, OW, t, l, PAD_CODES[mode])
+        return out
+
+    # ---- reductions -----------------------------------------------------------------------
+    def _reduce_pass(self, x: CLArray, O, R, I, opcode, scale) -> CLArray:
+        """x viewed (O, R, I) -> (O, I)."""
+        parts = 1
+        if O * I < 4 * self.compute_units and R >= 16384:
+            parts = min(256, -(-R // 4096))
+        L = -(-R // parts)
+        cpu = self.is_cpu_device
+        lsz = (1, 1) if cpu else None
+        if parts == 1:
+            out = self._empty((O, I))
+            self._run("reduce_ori", (I, O), lsz, x.buffer, x.offset, out.buffer, 0, O, R, I, 1, max(L, 1),
+                      opcode, scale)
+            return out
+        tmp = self._empty((O, parts, I))
+        self._run("reduce_ori", (I, O * parts), lsz, x.buffer, x.offset, tmp.buffer, 0, O, R, I, parts, L,
+                  opcode, 1.0)
+        out = self._empty((O, I))
+        self._run("reduce_ori", (I, O), lsz, tmp.buffer, 0, out.buffer, 0, O, parts, I, 1, parts, opcode, scale)
+        return out
+
+    def _reduce(self, op, x, dims, keepdim):
+        shape = x.shape
+        if len(dims) == 0:
+            out = self._empty(shape)
+            self._copy_strided(x, x.offset, shape, _contig_strides(shape), out, 0, _contig_strides(shape))
+            return out
+        out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape)) if keepdim else \
+            tuple(s for i, s in enumerate(shape) if i not in dims)
+        count = math.prod(shape[d] for d in dims)
+        opcode = {"sum": 0, "mean": 0, "max": 1, "min": 2}[op]
+        if math.prod(out_shape) == 0:
+            return self._empty(out_shape)
+        # runs of consecutive reduced dims, reduced from the last run to the first
+        runs = []
+        for d in sorted(dims):
+            if runs and runs[-1][1] == d:
+                runs[-1][1] = d + 1
+            else:
+                runs.append([d, d + 1])
+        cur = x
+        cur_shape = list(shape)
+        for ri, (s, e) in enumerate(reversed(runs)):
+            O = math.prod(cur_shape[:s])
+            R = math.prod(cur_shape[s:e])
+            I = math.prod(cur_shape[e:])
+            last = ri == len(runs) - 1
+            scale = (1.0 / count if count else float("inf")) if (op == "mean" and last) else 1.0
+            if R == 0 and op == "mean":
+                scale = float("nan")
+            cur = self._reduce_pass(cur, O, R, I, opcode, scale)
+            cur_shape = cur_shape[:s] + [1] * (e - s) + cur_shape[e:]
+        return self._reshape(cur, out_shape)
+

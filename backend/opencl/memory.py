@@ -1,0 +1,132 @@
+"""OpenCL device arrays (``CLArray``: shape + pooled buffer + element offset, C-contiguous) and
+the size-bucketed buffer pool they come from."""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from .device import _cl
+
+
+class _Block:
+    """One pooled buffer; goes back to the pool when the last array referencing it is dropped."""
+    __slots__ = ("buf", "nbytes", "pool")
+
+    def __init__(self, buf, nbytes, pool):
+        self.buf, self.nbytes, self.pool = buf, nbytes, pool
+
+    def __del__(self):
+        pool = self.pool
+        if pool is not None:
+            try:
+                pool.release(self.buf, self.nbytes)
+            except Exception:
+                pass
+
+
+class BufferPool:
+    """Size-bucketed free lists of cl.Buffer. A buffer is only here while no _Block holds it."""
+
+    def __init__(self, ctx, limit_bytes: int):
+        self.ctx = ctx
+        self.limit = limit_bytes
+        self.free: dict[int, list] = {}
+        self.pooled = 0
+        self.hits = 0
+        self.misses = 0
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def bucket(nbytes: int) -> int:
+        nbytes = max(64, int(nbytes))
+        if nbytes <= 4096:
+            return 1 << (nbytes - 1).bit_length()
+        step = 1 << max(12, (nbytes - 1).bit_length() - 3)  # 8 buckets per power of two
+        return -(-nbytes // step) * step
+
+    def alloc(self, nbytes: int) -> _Block:
+        size = self.bucket(nbytes)
+        with self.lock:
+            lst = self.free.get(size)
+            if lst:
+                buf = lst.pop()
+                self.pooled -= size
+                self.hits += 1
+                return _Block(buf, size, self)
+            self.misses += 1
+        cl = _cl()
+        try:
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+        except Exception:
+            self.clear()
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+        return _Block(buf, size, self)
+
+    def release(self, buf, size: int) -> None:
+        with self.lock:
+            if self.pooled + size <= self.limit:
+                self.free.setdefault(size, []).append(buf)
+                self.pooled += size
+                return
+        buf.release()
+
+    def clear(self) -> None:
+        with self.lock:
+            for lst in self.free.values():
+                for b in lst:
+                    b.release()
+            self.free.clear()
+            self.pooled = 0
+
+
+class CLArray:
+    """A C-contiguous float32 array in an OpenCL buffer (read-only once made; ops never write it)."""
+    __slots__ = ("shape", "block", "offset", "size", "__weakref__")
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, shape, block: _Block, offset: int = 0):
+        self.shape = tuple(int(s) for s in shape)
+        self.block = block
+        self.offset = int(offset)
+        self.size = math.prod(self.shape)
+
+    @property
+    def buffer(self):
+        return self.block.buf
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.size
+
+    def __repr__(self):
+        return f"CLArray(shape={self.shape}, offset={self.offset})"
+
+
+def _contig_strides(shape):
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return tuple(reversed(out))
+
+
+def _collapse(shape, *stride_sets):
+    """Drop size-1 dims and merge dims that are contiguous in every stride set."""
+    dims = [(s, [st[i] for st in stride_sets]) for i, s in enumerate(shape) if s != 1]
+    if not dims:
+        return (1,), [(1,) for _ in stride_sets]
+    out = [dims[0]]
+    for s, st in dims[1:]:
+        ps, pst = out[-1]
+        if all(pst[j] == st[j] * s for j in range(len(st))):
+            out[-1] = (ps * s, st)
+        else:
+            out.append((s, st))
+    shape2 = tuple(s for s, _ in out)
+    return shape2, [tuple(st[j] for _, st in out) for j in range(len(stride_sets))]

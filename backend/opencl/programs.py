@@ -1,0 +1,80 @@
+"""Built OpenCL programs: in memory, and as binaries in the shared runtime's BinaryStore (keyed by
+device, driver, source and options; a corrupt entry is rebuilt)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+
+from ..runtime import BinaryStore, program_digest
+from .device import _cl, _device_key, cache_root
+
+log = logging.getLogger("anydevice")
+
+
+class ProgramCache:
+    """Built programs, in memory and on disk (binary keyed by device, driver, source, options)."""
+
+    def __init__(self, ctx, dev):
+        self.ctx, self.dev = ctx, dev
+        self.key = _device_key(dev)
+        self.mem: dict[str, object] = {}
+        self.stats = {"disk_hits": 0, "builds": 0, "rebuilt_corrupt": 0}
+        self.lock = threading.Lock()
+
+    def path_for(self, digest: str):
+        return self.store().path_for(digest)
+
+    def store(self) -> BinaryStore:
+        return BinaryStore(cache_root() / "programs")
+
+    def digest(self, source: str, options: str) -> str:
+        return program_digest(self.key, source, options)
+
+    def build(self, source: str, options: str = ""):
+        cl = _cl()
+        d = self.digest(source, options)
+        with self.lock:
+            if d in self.mem:
+                return self.mem[d]
+            store = self.store()
+            prg = None
+            existed = store.path_for(d).exists()
+            payload = store.load(d)
+            if payload is None and existed:
+                self.stats["rebuilt_corrupt"] += 1
+            if payload is not None:
+                try:
+                    low = cl._cl._Program(self.ctx, [self.dev], [payload])
+                    low.build(options.encode(), [self.dev])
+                    prg = cl.Program(low)
+                    self.stats["disk_hits"] += 1
+                except Exception as exc:
+                    log.debug("opencl: cached binary %s did not load (%s); rebuilding", d[:10], exc)
+                    self.stats["rebuilt_corrupt"] += 1
+                    store.drop(d)
+                    prg = None
+            if prg is None:
+                t0 = time.perf_counter()
+                low = cl._cl._Program(self.ctx, source)
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        low.build(options.encode(), [self.dev])
+                except Exception as exc:
+                    try:
+                        blog = low.get_build_info(self.dev, cl.program_build_info.LOG)
+                    except Exception:
+                        blog = ""
+                    raise RuntimeError(f"OpenCL build failed: {exc}\n{blog}".strip()) from None
+                self.stats["builds"] += 1
+                log.debug("opencl: built program %s in %.2f s", d[:10], time.perf_counter() - t0)
+                prg = cl.Program(low)
+                try:
+                    store.save(d, bytes(low.get_info(cl.program_info.BINARIES)[0] or b""))
+                except Exception as exc:
+                    log.debug("opencl: could not store program binary: %s", exc)
+            self.mem[d] = prg
+            return prg
+

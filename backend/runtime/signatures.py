@@ -1,0 +1,82 @@
+"""One typed description of every kernel's arguments, and the launch helpers built from it.
+
+Each kernel is ``KernelSig(file, types)`` where ``types`` spells its arguments in order:
+``b`` a buffer (OpenCL ``cl.Buffer`` / CUDA device array), ``i`` int32, ``l`` int64 (``OFF_T``
+offsets and sizes), ``f`` float32. The OpenCL backend gets its ``set_scalar_arg_dtypes`` list from
+it (``cl_scalar_dtypes``), the CUDA backend its argument tuple (``pack_args``), and the PoCL test
+harness of the CUDA kernels both: a kernel launched by two backends is described once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_NP = {"i": np.int32, "l": np.int64, "f": np.float32}
+
+
+@dataclass(frozen=True)
+class KernelSig:
+    file: str
+    types: str   # one letter per argument: b (buffer), i (int32), l (int64), f (float32)
+
+    def __post_init__(self):
+        bad = set(self.types) - set("bilf")
+        if bad:
+            raise ValueError(f"kernel signature {self.types!r}: unknown argument types {sorted(bad)}")
+
+    @property
+    def nargs(self) -> int:
+        return len(self.types)
+
+
+def _s(file: str, *parts: str) -> KernelSig:
+    return KernelSig(file, "".join(p.replace(" ", "") for p in parts))
+
+
+#: kernel name -> signature. Portable kernels (built for OpenCL and CUDA) and backend-only ones.
+KERNELS: dict[str, KernelSig] = {
+    # OpenCL elementwise / reductions (kernels/elementwise.cl)
+    "probe_kernel": _s("", "b"),
+    "unary": _s("elementwise.cl", "b l b l l l i f f i i"),
+    "binary_flat": _s("elementwise.cl", "b l b l b l l l i i f f"),
+    "binary_nd": _s("elementwise.cl", "b l b l b l l l i b"),
+    "copy_nd": _s("elementwise.cl", "b l b l l l b"),
+    "pad2d": _s("elementwise.cl", "b l b l i i i i i i i"),
+    "reduce_ori": _s("elementwise.cl", "b l b l l l l l l i f"),
+    "gemm_small": _s("elementwise.cl", "i i i b l i i l b l i i l b l b i i"),
+    # OpenCL CPU family
+    "pack_a": _s("gemm_cpu.cl", "i i b l i i l b"),
+    "pack_b": _s("gemm_cpu.cl", "i i b l i i l b"),
+    "gemm_cpu": _s("gemm_cpu.cl", "i i i b l b l b l i l b i i i l i"),
+    "im2col_pack": _s("conv_cpu.cl", "b l b", "i" * 16),
+    "conv2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17),
+    "conv_t2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17),
+    "wino_filter": _s("winograd_cpu.cl", "b l b i i b"),
+    "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b"),
+    "wino_out": _s("winograd_cpu.cl", "b i l b l b i", "i" * 7),
+    # portable GPU family (OpenCL GPUs and CUDA)
+    "gemm_gpu": _s("gemm_gpu.cl", "i i i b l i i l b l i i l b l i l b i i l"),
+    "conv2d_gpu": _s("conv2d_gpu.cl", "b l b l b l b i", "i" * 16),
+    "conv_transpose2d_gpu": _s("conv_transpose2d_gpu.cl", "b l b l b l b i", "i" * 16),
+    # CUDA backend kernels (also built as OpenCL by the PoCL tests)
+    "ad_conv_gemm": _s("conv_gemm_cuda.cu", "i i i b i i l b i i l b i l b i", "i" * 15, "i i"),
+    "ad_splitk_reduce": _s("conv_gemm_cuda.cu", "b b b i i i i i i l i i i"),
+    "ad_pad": _s("misc_cuda.cu", "b b", "i" * 8),
+    "ad_unary": _s("misc_cuda.cu", "b b l i f f i"),
+    "ad_direct_conv": _s("misc_cuda.cu", "b b b i b", "i" * 18),
+}
+
+
+def cl_scalar_dtypes(name: str) -> list:
+    """pyopencl's ``set_scalar_arg_dtypes`` list for a kernel (None for buffers)."""
+    return [None if t == "b" else _NP[t] for t in KERNELS[name].types]
+
+
+def pack_args(name: str, args) -> tuple:
+    """A CUDA launch's argument tuple: scalars as the NumPy types the kernel declares, buffers as
+    given. Raises ValueError naming the kernel when the count is wrong."""
+    types = KERNELS[name].types
+    if len(args) != len(types):
+        raise ValueError(f"kernel {name} takes {len(types)} arguments, got {len(args)}")
+    return tuple(a if t == "b" else _NP[t](a) for t, a in zip(types, args))
