@@ -37,10 +37,7 @@
  *         mode: not TRANS_B, sbn == 1, sbk, sb_batch and N multiples of 4),
  *         KP (FP32 branch: two-level accumulation, the register partial sums are folded into
  *         register totals every KP values of k, so long K keeps FP32 precision; a multiple of
- *         TILE_K), TOT_SMEM (FP32 branch: keep those totals in group-shared memory, one column
- *         per thread, instead of registers: frees WPT_M*WPT_N registers for larger thread tiles),
- *         MIN_GROUPS (CUDA: __launch_bounds__(threads, MIN_GROUPS), caps registers so that many
- *         groups fit on an SM; 0: no bound).
+ *         TILE_K).
  * Tiles are double-buffered in group-shared memory (one barrier per k step, the next tile's global
  * loads in flight during the current tile's FMAs). In the FP32 branch a thread whose WPT_M and
  * WPT_N are multiples of 4 owns 4x4 sub-blocks spread TM*4 rows / TN*4 columns apart, so it reads
@@ -86,12 +83,6 @@
 #endif
 #ifndef VEC_A
 #define VEC_A 0
-#endif
-#ifndef TOT_SMEM
-#define TOT_SMEM 0
-#endif
-#ifndef MIN_GROUPS
-#define MIN_GROUPS 0
 #endif
 #ifndef VEC_B
 #define VEC_B 0
@@ -178,12 +169,7 @@ DEVICE_FN void ad_mma_tf32(float* d, const unsigned int* a, const unsigned int* 
 }
 #endif
 
-#if defined(ANYDEVICE_CUDA) && MIN_GROUPS > 0
-#define AD_BOUNDS __launch_bounds__(NT, MIN_GROUPS)
-#else
-#define AD_BOUNDS
-#endif
-KERNEL void AD_BOUNDS ad_conv_gemm(const int M, const int N, const int K,
+KERNEL void ad_conv_gemm(const int M, const int N, const int K,
                          const GLOBAL float* RESTRICT A, const int sam, const int sak, const OFF_T sa_batch,
                          const GLOBAL float* RESTRICT B, const int sbk, const int sbn, const OFF_T sb_batch,
                          GLOBAL float* RESTRICT C, const int ldc, const OFF_T sc_batch,
@@ -373,17 +359,11 @@ KERNEL void AD_BOUNDS ad_conv_gemm(const int M, const int N, const int K,
 #else
     const int tx = LID0, ty = LID1;
     float acc[WPT_M][WPT_N];          /* partial sums of the current KP block of k */
-#if TOT_SMEM
-    LOCAL float Ts[WPT_M * WPT_N][NT];  /* sum of the folded blocks: this thread's column tid */
-#define TOT(i, j) Ts[(i) * WPT_N + (j)][tid]
-#else
     float tot[WPT_M][WPT_N];          /* sum of the folded blocks */
-#define TOT(i, j) tot[i][j]
-#endif
 #pragma unroll
     for (int i = 0; i < WPT_M; i++)
 #pragma unroll
-        for (int j = 0; j < WPT_N; j++) { acc[i][j] = 0.0f; TOT(i, j) = 0.0f; }
+        for (int j = 0; j < WPT_N; j++) { acc[i][j] = 0.0f; tot[i][j] = 0.0f; }
     int since = 0;
 #endif
 
@@ -454,7 +434,7 @@ KERNEL void AD_BOUNDS ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
             for (int i = 0; i < WPT_M; i++)
 #pragma unroll
-                for (int j = 0; j < WPT_N; j++) { TOT(i, j) += acc[i][j]; acc[i][j] = 0.0f; }
+                for (int j = 0; j < WPT_N; j++) { tot[i][j] += acc[i][j]; acc[i][j] = 0.0f; }
         }
 #endif
         if (more) {
@@ -480,7 +460,7 @@ KERNEL void AD_BOUNDS ad_conv_gemm(const int M, const int N, const int K,
 #define OUT_M(i, e) (m0 + ty + (i) * TM)
 #define OUT_N(j, e) (n0 + tx + (j) * TN)
 #endif
-#define ACC(i, j, e) (TOT(i, j) + acc[i][j])
+#define ACC(i, j, e) (tot[i][j] + acc[i][j])
 #define EPI_I WPT_M
 #define EPI_J WPT_N
 #define EPI_E 1

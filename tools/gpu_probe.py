@@ -43,7 +43,7 @@ def variants(be, cb, families):
     out = []
     for family in families:
         if family == "own":
-            cfgs = [dict(c) for c in SWEEP]
+            cfgs = [dict(TILE_M=m, TILE_N=n, TILE_K=k, WPT_M=wm, WPT_N=wn) for m, n, k, wm, wn in SWEEP]
             for cfg in cfgs:
                 out += [(family, cfg, 0)] + [(family, cfg, ks) for ks in KSPLITS]
         else:
@@ -66,14 +66,8 @@ def _time(cp, fn, reps):
 
 
 #: own FP32 tiles swept besides the backend's table (TILE_M, TILE_N, TILE_K, WPT_M, WPT_N)
-SWEEP = [dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4),
-         dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=4),
-         dict(TILE_M=64, TILE_N=128, TILE_K=8, WPT_M=8, WPT_N=8, TOT_SMEM=1),
-         dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=8, TOT_SMEM=1),
-         dict(TILE_M=64, TILE_N=128, TILE_K=8, WPT_M=8, WPT_N=8, TOT_SMEM=1, MIN_GROUPS=4),
-         dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=8, TOT_SMEM=1, MIN_GROUPS=4),
-         dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=4, TOT_SMEM=1, MIN_GROUPS=3)]
-KSPLITS = (1,)
+SWEEP = [(128, 64, 16, 8, 4), (128, 64, 8, 8, 4), (64, 128, 16, 4, 8), (64, 64, 16, 4, 4), (128, 128, 8, 8, 8)]
+KSPLITS = (1, 2, 4, 8)
 
 
 def main(argv=None):
