@@ -5,7 +5,7 @@ called), so tests import ``anydevice.backend`` and ``anydevice.nodes`` exactly a
 pack: a package with relative imports.
 
 ``backend_target`` is the fixture every precision test takes: one parameter per backend available
-on this machine, plus the extra variants a backend module offers through ``test_variants()`` (e.g.
+on this machine, plus the extra variants listed in ``VARIANTS`` here (e.g.
 the OpenCL GPU kernel family forced on a CPU device). ``ANYDEVICE_TEST_BACKENDS=numpy,cpu`` limits
 the list.
 """
@@ -34,7 +34,16 @@ def _load_pack():
 
 _load_pack()
 from anydevice import backend as _backend  # noqa: E402
-from anydevice.backend import registry as _registry  # noqa: E402
+
+
+def _opencl_gpu_family():
+    from anydevice.backend import opencl_backend
+    return opencl_backend.create("opencl", 0, family="gpu")
+
+
+#: extra test targets per backend: the OpenCL GPU kernel family forced on whatever device is there
+#: (on PoCL that is how the portable GPU kernels are tested without a GPU)
+VARIANTS = {"opencl": [("opencl-gpu-family", _opencl_gpu_family)]}
 
 
 def _targets():
@@ -45,8 +54,7 @@ def _targets():
         if not info.available:
             continue
         out.append((info.name, lambda n=info.name: _backend.get_backend(n)))
-        mod = _registry._import(info.module)
-        for vid, factory in getattr(mod, "test_variants", lambda: [])():
+        for vid, factory in VARIANTS.get(info.name, []):
             out.append((vid, factory))
     if only:
         out = [t for t in out if t[0] in only or t[0].split("-")[0] in only]

@@ -50,7 +50,6 @@ class OpenCLBackend(LinalgOps, Backend):
         self._tune = self._tune_store().section(_device_key(dev))
         self._tune_spent = 0.0
         self._lock = threading.RLock()
-        self.delegated: list[str] = []  # ops handed to the host (none at present)
         self._check_device()
 
     # ---- device check -------------------------------------------------------------------

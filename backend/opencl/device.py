@@ -117,8 +117,3 @@ def create(name: str = "opencl", index: int = 0, family: str | None = None):
         raise RuntimeError(f"OpenCL device index {index} out of range ({len(good)} usable)")
     from .backend import OpenCLBackend
     return OpenCLBackend(good[index][2], index=index, family=family)
-
-
-def test_variants():
-    """Extra test targets: the same device forced onto the GPU kernel family."""
-    return [("opencl-gpu-family", lambda: create("opencl", 0, family="gpu"))]
