@@ -1,8 +1,6 @@
 """The package's one exception type."""
 from __future__ import annotations
 
-from typing import Callable
-
 
 class AnyDeviceError(ValueError):
     """Bad input or an unusable backend.
@@ -28,17 +26,20 @@ class AnyDeviceError(ValueError):
         super().__init__(self.message(op, arg, value, reason))
 
     def message(self, op: str, arg: str | None, value, reason: str) -> str:
-        """The message for these parts (``reason`` with its ``{name}`` references filled in)."""
-        reason = self.fill(reason, lambda name, shape: f"'{name}' (shape {tuple(shape)})")
+        """The message for these parts (``reason`` with its references filled in)."""
+        reason = self.fill(reason)
         if arg is None:
             return f"{op}: {reason}"
         return f"{op}: {self.noun} '{arg}' = {short(value)}: {reason}"
 
-    def fill(self, reason: str, ref: Callable[[str, tuple], str]) -> str:
-        """``reason`` with each ``{name}`` in ``refs`` replaced by ``ref(name, shape)``."""
+    def fill(self, reason: str, names: dict | None = None) -> str:
+        """``reason`` with each ``{arg}`` it refers to written as ``'name' (text)``: from ``names``
+        (arg -> (name, text)) where it has the argument, else the argument's own name and shape."""
         if not self.refs:
             return reason
-        return reason.format_map({name: ref(name, shape) for name, shape in self.refs.items()})
+        names = names or {}
+        return reason.format_map({a: "'{}' ({})".format(*names.get(a, (a, f"shape {tuple(shape)}")))
+                                  for a, shape in self.refs.items()})
 
 
 def short(value) -> str:

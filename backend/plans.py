@@ -164,7 +164,10 @@ def linear_shapes(op: str, sx, sw, sb) -> None:
     if len(sw) not in (1, 2):
         raise AnyDeviceError(op, "weight", sw, "must be 1-D or 2-D (out_features, in_features)")
     if len(sx) == 0 or sx[-1] != sw[-1]:
-        raise AnyDeviceError(op, "input", sx, f"last dim must equal in_features={sw[-1]} of weight {sw}")
+        has = f"has {sx[-1]}" if sx else "is 0-d"
+        raise AnyDeviceError(op, "input", sx, f"last dim must equal in_features={sw[-1]} of weight {sw}",
+                             refs={"input": sx},
+                             alt=("weight", sw, f"expects {sw[-1]} input channels (in_features) but {{input}} {has}"))
     if sb is not None:
         sb = tuple(sb)
         if len(sw) == 2 and sb not in ((sw[0],), ()):
@@ -199,9 +202,10 @@ def _check_pad_mode(op, hw, pads, mode, arg="padding", value=None):
     h, w = hw
     value = pads if value is None else value
     if mode == "reflect" and (max(t, b) >= h or max(l, r) >= w):
-        raise AnyDeviceError(op, arg, value, f"reflect padding must be smaller than the input ({h}x{w})")
+        raise AnyDeviceError(op, arg, value, f"reflect padding of {max(pads)} needs an input larger than {h}x{w}")
     if mode == "circular" and (max(t, b) > h or max(l, r) > w):
-        raise AnyDeviceError(op, arg, value, f"circular padding must not exceed the input ({h}x{w})")
+        raise AnyDeviceError(op, arg, value, f"circular padding of {max(pads)} needs an input of at least "
+                                             f"{max(t, b)}x{max(l, r)}, not {h}x{w}")
     if mode == "replicate" and (h == 0 or w == 0):
         raise AnyDeviceError(op, "input", tuple(hw), "replicate padding needs a non-empty input")
 

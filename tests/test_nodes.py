@@ -2,6 +2,7 @@
 rule, no input mutation, and every bad input named in the issue."""
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import types
@@ -514,22 +515,43 @@ def test_progress_bar_used_when_comfy_present(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # bad input: VALIDATE_INPUTS (widget values) and execution errors, each naming node, input, value
 # ---------------------------------------------------------------------------------------------
+def _validate(cls_name, **kw):
+    """What validation says about these widget values before anything runs, as in ComfyUI: the checks
+    against INPUT_TYPES (min, max, combo; the headless runner's check_widgets stands in for ComfyUI's)
+    for the widgets VALIDATE_INPUTS does not take, then VALIDATE_INPUTS with only those it takes."""
+    cls = N[cls_name]
+    takes = inspect.getfullargspec(cls.VALIDATE_INPUTS).args[1:] if hasattr(cls, "VALIDATE_INPUTS") else []
+    r = common.check_widgets(cls, {k: v for k, v in kw.items() if k not in takes})
+    if r is True and takes:
+        r = cls.VALIDATE_INPUTS(**{k: v for k, v in kw.items() if k in takes})
+    return r
+
+
 def _msg(cls_name, **kw):
-    r = N[cls_name].VALIDATE_INPUTS(**kw)
+    r = _validate(cls_name, **kw)
     assert isinstance(r, str), f"{cls_name} accepted {kw}"
     assert r.startswith(N[cls_name].DISPLAY + ": input '")
     return r
 
 
+def _err(cls_name, **kw) -> str:
+    """The message of the error running the node with these inputs raises."""
+    with pytest.raises(common.NodeError) as e:
+        res(cls_name, **kw)
+    assert str(e.value).startswith(N[cls_name].DISPLAY + ": input '")
+    return str(e.value)
+
+
 @pytest.mark.parametrize("text,why", [("1 2 3\n4 5", "ragged"), ("1 2\n3 x", "'x'"), ("", "empty"),
                                       ("1 nan", "finite")])
 def test_bad_matrix_text(text, why):
-    m = _msg("AnyDeviceConv2D", kernel_source="text", kernel_text=text)
+    # checked when the source uses the text (a check at validation would flag kernel_source too)
+    m = _err("AnyDeviceConv2D", input=image(), kernel_source="text", kernel_text=text)
     assert "kernel_text" in m and why in m
-    m = _msg("AnyDeviceLinear", source="text", matrix=text)
+    m = _err("AnyDeviceLinear", input=image(), source="text", matrix=text)
     assert "'matrix'" in m and why in m
     if text:
-        assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(kernel_source="preset", kernel_text=text) is True
+        assert _validate("AnyDeviceConv2D", kernel_source="preset", kernel_text=text) is True
     with pytest.raises(common.NodeError, match="Conv2D \\(AnyDevice\\): input 'kernel_text'"):
         res("AnyDeviceConv2D", input=image(), kernel_source="text", kernel_text=text)
 
@@ -541,16 +563,17 @@ def test_bad_widgets_through_the_api():
     assert "'padding_size' = -1" in m
     m = _msg("AnyDeviceConv2D", dilation=0)
     assert "'dilation' = 0" in m
-    m = _msg("AnyDeviceConv2D", transposed=True, stride=1, dilation=1, output_padding=1)
+    # rules between widgets are checked at run time, naming the one widget at fault
+    m = _err("AnyDeviceConv2D", input=image(), transposed=True, stride=1, dilation=1, output_padding=1)
     assert "output_padding" in m
-    assert "'window_size' = 4" in _msg("AnyDeviceLoss", window_size=4)
+    assert "'window_size' = 4" in _err("AnyDeviceLoss", prediction=image(), target=image(), loss="ssim",
+                                       window_size=4)
     assert "'dims'" in _msg("AnyDeviceTensorOps", dims="1, a")
-    assert "'shape'" in _msg("AnyDeviceTensorSource", mode="zeros", shape="2, -1")
-    assert "'shape'" in _msg("AnyDeviceTensorSource", mode="zeros", shape="100000, 100000, 100")
+    assert "'shape'" in _err("AnyDeviceTensorSource", mode="zeros", shape="2, -1")
+    assert "'shape'" in _err("AnyDeviceTensorSource", mode="zeros", shape="100000, 100000, 100")
     assert "'source' = 'nope'" in _msg("AnyDeviceLinear", source="nope")
-    assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(stride=None, padding_size=None) is True  # linked inputs
-    assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(stride=2, padding_size=3, kernel_source="text",
-                                                 kernel_text="1 2;3 4") is True
+    assert _validate("AnyDeviceConv2D", stride=None, padding_size=None) is True  # linked inputs
+    assert _validate("AnyDeviceConv2D", stride=2, padding_size=3, kernel_source="text", kernel_text="1 2;3 4") is True
     # and at execution time too (a runner that skips validation)
     with pytest.raises(common.NodeError, match="input 'stride' = 0"):
         res("AnyDeviceConv2D", input=image(), stride=0)
@@ -602,7 +625,7 @@ def test_unavailable_device():
 
 def test_unknown_device_and_auto():
     assert "unknown backend" in _msg("AnyDeviceDeviceSelect", device="quantum")
-    assert N["AnyDeviceDeviceSelect"].VALIDATE_INPUTS(device="auto") is True
+    assert _validate("AnyDeviceDeviceSelect", device="auto") is True
     d = res("AnyDeviceDeviceSelect", device="auto")[0]
     out = run("AnyDeviceConv2D", input=image(), device=d)
     assert out["ui"]["anydevice"][0]["backend"] == common.load_time_backend_name().split(":")[0]
@@ -626,7 +649,9 @@ def test_backend_errors_are_prefixed_with_the_node():
     assert str(e.value).startswith("Activation (AnyDevice): input 'dim' = 5")
     with pytest.raises(B.AnyDeviceError) as e:
         res("AnyDeviceLoss", prediction=image() * 3, target=image(), loss="bce")
-    assert str(e.value).startswith("Loss (AnyDevice): binary_cross_entropy: argument 'input'")
+    # names the node's input (was "Loss (AnyDevice): binary_cross_entropy: argument 'input' = (min, max)")
+    assert str(e.value).startswith("Loss (AnyDevice): input 'prediction' = 'IMAGE of shape (1, 24, 20, 3)'")
+    assert "between 0 and 1 (found min" in str(e.value)
 
 
 # ---------------------------------------------------------------------------------------------
