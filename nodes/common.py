@@ -71,7 +71,7 @@ def restate(node: str, exc: AnyDeviceError, table: dict[str, tuple[str, Any]]) -
     argument: the window of an ssim rather than the images it does not fit); the other arguments
     its reason refers to are named the same way. An argument the node does not set keeps the
     backend's message behind the node's name."""
-    for arg, value, reason in ([exc.alt] if exc.alt else []) + [(exc.arg, exc.value, exc.reason)]:
+    for arg, _value, reason in ([exc.alt] if exc.alt else []) + [(exc.arg, exc.value, exc.reason)]:
         if arg in table:
             name, shown = table[arg]
             err = NodeError(node, name, shown, exc.fill(reason, {
@@ -443,14 +443,15 @@ class PackNode:
     DISPLAY = "AnyDevice node"
     FUNCTION = "run"
     CATEGORY = CATEGORY
-    #: op argument -> the node input that sets it; ``_run`` may repoint one for a call in ``self.sets``
-    #: (an input name, or (input name, value shown) where the input holds more than the argument)
+    #: the table a backend error is restated with: op argument -> the node input that sets it. ``run``
+    #: copies it to ``self.arg_inputs``, where ``_run`` may point an argument at another input for the
+    #: call, by name or as (input name, value shown) where the input holds more than the argument
     ARGS: dict[str, str] = {}
     #: log and show on the node how many NaN and Inf values its outputs hold
     WARN_NONFINITE = False
 
     def run(self, **kwargs):
-        self.sets = dict(self.ARGS)
+        self.arg_inputs = dict(self.ARGS)
         try:
             out = self._run(**kwargs)
         except NodeError:
@@ -466,7 +467,7 @@ class PackNode:
         call = inspect.signature(self._run).bind_partial(**kwargs)
         call.apply_defaults()
         return {arg: where if isinstance(where, tuple) else (where, describe(call.arguments.get(where)))
-                for arg, where in self.sets.items()}
+                for arg, where in self.arg_inputs.items()}
 
     def _warn_nonfinite(self, out: dict) -> None:
         """NaN and Inf stay (PyTorch semantics) but are said: a log line and the badge's ``warning``."""

@@ -128,7 +128,7 @@ class AnyDeviceLinear(ComputeNode):
                 raise NodeError(node, "weights", tuple(w.shape), "a Linear weight must be 2-D (out, in)")
         else:
             raise NodeError(node, "source", source, "must be preset, random, text or weights")
-        self.sets["weight"] = (warg, f"W of shape {tuple(w.shape)}")
+        self.arg_inputs["weight"] = (warg, f"W of shape {tuple(w.shape)}")
         try:
             extra = parse_vector(bias)
         except ValueError as exc:
@@ -140,7 +140,7 @@ class AnyDeviceLinear(ComputeNode):
             extra = np.broadcast_to(extra, (out_f,)).astype(np.float32)
             b = extra if b is None else (np.asarray(b, np.float32) + extra)
         if source == "weights" and b is not None:
-            self.sets["bias"] = ("weights", f"bias of shape {np.asarray(b).shape}")
+            self.arg_inputs["bias"] = ("weights", f"bias of shape {np.asarray(b).shape}")
         if kind == "MASK" and out_f != 1:
             raise NodeError(node, warg, f"W of shape {tuple(w.shape)}", "a MASK has 1 channel, so W needs 1 output row")
         pbar = Progress(1)
@@ -269,10 +269,10 @@ class AnyDeviceConv2D(ComputeNode):
         size_arg = "kernel_size" if sized else karg
         # the backend's arguments that no widget sets one to one, for this call
         pad_arg = "padding_size" if padding == "explicit" else size_arg
-        self.sets.update(weight=size_arg, padding=pad_arg, pad=pad_arg,
+        self.arg_inputs.update(weight=size_arg, padding=pad_arg, pad=pad_arg,
                          groups="groups" if channel_mode == "grouped" else "channel_mode")
         if wbias is not None:
-            self.sets["bias"] = ("weights", f"bias of shape {tuple(np.shape(wbias))}")
+            self.arg_inputs["bias"] = ("weights", f"bias of shape {tuple(np.shape(wbias))}")
         k = int(kernel_size)
         if channel_mode == "depthwise":
             g = c
@@ -535,7 +535,7 @@ class AnyDeviceTensorOps(ComputeNode):
             if b is None:
                 if op == "matmul":
                     raise NodeError(node, "b", None, "matmul needs a tensor on input 'b'")
-                self.sets["other"] = "scalar"
+                self.arg_inputs["other"] = "scalar"
                 y = be.binary(_BIN_MAP.get(op, op), raw(a, ka), float(scalar))
                 out = wrap_native(y, ka, a)
             else:
