@@ -19,22 +19,16 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import Sequence
 
 import numpy as np
 
 from .errors import AnyDeviceError
-
-UNARY_OPS = (
-    "abs", "neg", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "gelu", "silu", "elu",
-    "leaky_relu", "softplus", "clamp",
-)
-BINARY_OPS = ("add", "sub", "mul", "div", "pow", "minimum", "maximum")
-REDUCE_OPS = ("sum", "mean", "max", "min")
-ACTIVATIONS = ("relu", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "tanh", "softplus", "softmax")
-LOSSES = ("mse", "l1", "smooth_l1", "huber", "bce", "psnr", "ssim")
-PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
-REDUCTIONS = ("mean", "sum", "none")
+# argument checks and shape plans live in plans.py; the names other modules import from here stay here
+from .plans import (  # noqa: F401
+    ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, REDUCTIONS, UNARY_OPS, _check_unary_params,
+    bce_range, broadcast_shapes, check_reduction, check_size, conv2d_plan, conv_output_size,
+    conv_transpose2d_plan, conv_transpose_output_size, known, linear_shapes, loss_threshold, matmul_plan,
+    normalize_dims, pad_plan, pair, pair_shapes, positive, reduce_dims, softmax_dim, ssim_args, ssim_shape)
 
 _FLOAT32 = np.dtype(np.float32)
 
@@ -77,72 +71,6 @@ def workspace_budget_bytes() -> int:
 def max_tensor_bytes() -> int:
     """Largest single result an op may produce; beyond it the op is refused, not OOM-killed."""
     return int(float(os.environ.get("ANYDEVICE_MAX_TENSOR_MB", "8192")) * 2**20)
-
-
-# ----------------------------------------------------------------------------------------------
-# argument checking helpers (shared by every backend; also used by the nodes)
-# ----------------------------------------------------------------------------------------------
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def pair(op: str, arg: str, value, *, minimum: int | None = None) -> tuple[int, int]:
-    """An int or a 2-sequence of ints, as torch's _pair, checked against ``minimum``."""
-    if _is_int(value):
-        out = (int(value), int(value))
-    elif isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(_is_int(v) for v in value):
-        out = (int(value[0]), int(value[-1]))
-    else:
-        raise AnyDeviceError(op, arg, value, "must be an int or a pair of ints")
-    if minimum is not None and min(out) < minimum:
-        what = "positive" if minimum == 1 else f">= {minimum}"
-        raise AnyDeviceError(op, arg, value, f"must be {what}")
-    return out
-
-
-def broadcast_shapes(op: str, a: Sequence[int], b: Sequence[int], names=("input", "other")) -> tuple:
-    try:
-        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
-    except ValueError:
-        raise AnyDeviceError(op, names[1], tuple(b),
-                             f"shape does not broadcast with {names[0]} shape {tuple(a)}") from None
-
-
-def normalize_dims(op: str, dim, ndim: int, arg: str = "dim") -> tuple[int, ...]:
-    """torch's dim argument (None, int or sequence) as a sorted tuple of non-negative axes."""
-    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):  # torch: [] means all dims
-        return tuple(range(ndim))
-    dims = [dim] if _is_int(dim) else list(dim) if isinstance(dim, (tuple, list)) else None
-    if dims is None or not all(_is_int(d) for d in dims):
-        raise AnyDeviceError(op, arg, dim, "must be None, an int or a sequence of ints")
-    rank = max(ndim, 1)
-    out = []
-    for d in dims:
-        if not -rank <= d < rank:
-            raise AnyDeviceError(op, arg, dim, f"out of range for a tensor with {ndim} dims")
-        out.append(int(d) % rank)
-    if len(set(out)) != len(out):
-        raise AnyDeviceError(op, arg, dim, "names a dim twice")
-    return tuple(sorted(out)) if ndim else ()
-
-
-def _number(op: str, arg: str, value, *, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise AnyDeviceError(op, arg, value, "must be a number")
-    return float(value)
-
-
-def conv_output_size(size: int, k: int, stride: int, pad_total: int, dilation: int) -> int:
-    """Output length of a conv along one dim (torch's formula); pad_total = both sides."""
-    return (size + pad_total - dilation * (k - 1) - 1) // stride + 1
-
-
-def conv_transpose_output_size(size: int, k: int, stride: int, padding: int, output_padding: int,
-                               dilation: int) -> int:
-    """Output length of a transposed conv along one dim (torch's formula)."""
-    return (size - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
 
 
 def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
@@ -282,11 +210,7 @@ class Backend:
         return y
 
     def _check_size(self, op: str, shape) -> None:
-        nbytes = 4 * math.prod(shape)
-        if nbytes > max_tensor_bytes():
-            raise AnyDeviceError(op, "output", tuple(shape),
-                                 f"result would need {nbytes / 2**30:.1f} GiB, over the limit "
-                                 f"ANYDEVICE_MAX_TENSOR_MB={max_tensor_bytes() // 2**20}")
+        check_size(op, shape, max_tensor_bytes())
 
     # ---- matmul / linear ------------------------------------------------------------------
     def matmul(self, input, other):
@@ -300,25 +224,14 @@ class Backend:
         if len(sa) == 2 and len(sb) == 2 and sa[1] == sb[0]:  # fast path: plain 2-D product
             self._check_size(op, (sa[0], sb[1]))
             return self._mm(a, b)
-        if len(sa) == 0 or len(sb) == 0:
-            raise AnyDeviceError(op, "input" if len(sa) == 0 else "other", sa if len(sa) == 0 else sb,
-                                 "both arguments need at least 1 dimension")
-        a_vec, b_vec = len(sa) == 1, len(sb) == 1
-        sa2 = (1,) + sa if a_vec else sa
-        sb2 = sb + (1,) if b_vec else sb
-        if sa2[-1] != sb2[-2]:
-            raise AnyDeviceError(op, "other", sb,
-                                 f"inner dimensions do not match: input {sa} has {sa2[-1]} columns, "
-                                 f"other has {sb2[-2]} rows")
-        batch = broadcast_shapes(op, sa2[:-2], sb2[:-2])
-        M, N = sa2[-2], sb2[-1]
-        self._check_size(op, batch + (M, N))
+        plan = matmul_plan(op, sa, sb)
+        batch = plan.batch
+        self._check_size(op, batch + (plan.M, plan.N))
         B = math.prod(batch)
-        a3 = self._batch3(a, sa2, batch, B)
-        b3 = self._batch3(b, sb2, batch, B)
+        a3 = self._batch3(a, plan.a_shape, batch, B)
+        b3 = self._batch3(b, plan.b_shape, batch, B)
         y = self._bmm(a3, b3)
-        out_shape = batch + ((M,) if not a_vec else ()) + ((N,) if not b_vec else ())
-        return self._reshape(y, out_shape)
+        return self._reshape(y, plan.out_shape)
 
     def _batch3(self, x, shape2, batch, B):
         own = shape2[:-2]
@@ -332,18 +245,7 @@ class Backend:
         """torch.nn.functional.linear: y = input @ weight.T + bias."""
         op = "linear"
         kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
-        sx, sw = self._shape(x), self._shape(w)
-        if len(sw) not in (1, 2):
-            raise AnyDeviceError(op, "weight", sw, "must be 1-D or 2-D (out_features, in_features)")
-        if len(sx) == 0 or sx[-1] != sw[-1]:
-            raise AnyDeviceError(op, "input", sx,
-                                 f"last dim must equal in_features={sw[-1]} of weight {sw}")
-        if b is not None:
-            sb = self._shape(b)
-            if len(sw) == 2 and sb not in ((sw[0],), ()):
-                raise AnyDeviceError(op, "bias", sb, f"must have shape ({sw[0]},)")
-            if len(sw) == 1:
-                broadcast_shapes(op, sx[:-1], sb, ("output", "bias"))
+        linear_shapes(op, self._shape(x), self._shape(w), None if b is None else self._shape(b))
         y = self._linear(x, w, b)
         return self._out(y, kind, like)
 
@@ -366,15 +268,15 @@ class Backend:
         kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
         plan = conv2d_plan(op, self._shape(x), self._shape(w), None if b is None else self._shape(b),
                            stride, padding, dilation, groups, padding_mode)
-        self._check_size(op, plan["out_shape"])
-        unbatched = plan["unbatched"]
+        self._check_size(op, plan.out_shape)
+        unbatched = plan.unbatched
         if unbatched:
             x = self._reshape(x, (1,) + self._shape(x))
-        pads = plan["pads"]
+        pads = plan.pads
         if padding_mode != "zeros" and any(pads):
             x = self._pad(x, pads, padding_mode)
             pads = (0, 0, 0, 0)
-        y = self._conv2d(x, w, b, plan["stride"], pads, plan["dilation"], groups)
+        y = self._conv2d(x, w, b, plan.stride, pads, plan.dilation, groups)
         if unbatched:
             y = self._reshape(y, self._shape(y)[1:])
         return self._out(y, kind, like)
@@ -387,12 +289,12 @@ class Backend:
         plan = conv_transpose2d_plan(op, self._shape(x), self._shape(w),
                                      None if b is None else self._shape(b),
                                      stride, padding, output_padding, groups, dilation)
-        self._check_size(op, plan["out_shape"])
-        if plan["unbatched"]:
+        self._check_size(op, plan.out_shape)
+        if plan.unbatched:
             x = self._reshape(x, (1,) + self._shape(x))
-        y = self._conv_transpose2d(x, w, b, plan["stride"], plan["padding"], plan["output_padding"],
-                                   plan["dilation"], groups)
-        if plan["unbatched"]:
+        y = self._conv_transpose2d(x, w, b, plan.stride, plan.padding, plan.output_padding,
+                                   plan.dilation, groups)
+        if plan.unbatched:
             y = self._reshape(y, self._shape(y)[1:])
         return self._out(y, kind, like)
 
@@ -402,28 +304,17 @@ class Backend:
         Modes: constant (zeros), reflect, replicate, circular."""
         op = "pad"
         kind, like, x = self._inputs(op, input=input)
-        if not (isinstance(pad, (tuple, list)) and len(pad) in (2, 4) and all(_is_int(p) for p in pad)):
-            raise AnyDeviceError(op, "pad", pad, "must be (left, right) or (left, right, top, bottom) ints")
-        if min(pad) < 0:
-            raise AnyDeviceError(op, "pad", pad, "negative padding (cropping) is not supported")
-        l, r, t, bo = (tuple(pad) + (0, 0))[:4]
-        mode = {"constant": "zeros"}.get(mode, mode)
-        if mode not in PADDING_MODES:
-            raise AnyDeviceError(op, "mode", mode, "must be constant, reflect, replicate or circular")
         shape = self._shape(x)
-        if len(shape) < 2:
-            raise AnyDeviceError(op, "input", shape, "needs at least 2 dims")
-        _check_pad_mode(op, shape[-2:], (t, bo, l, r), mode)
+        pads, mode = pad_plan(op, shape, pad, mode)
         lead = shape[:-2]
         x4 = self._reshape(x, (math.prod(lead), 1) + shape[-2:])
-        y = self._pad(x4, (t, bo, l, r), mode)
+        y = self._pad(x4, pads, mode)
         y = self._reshape(y, lead + self._shape(y)[-2:])
         return self._out(y, kind, like)
 
     # ---- elementwise ------------------------------------------------------------------------
     def unary(self, op: str, input, **params):
-        if op not in UNARY_OPS:
-            raise AnyDeviceError("unary", "op", op, f"unknown op; choose one of {', '.join(UNARY_OPS)}")
+        known("unary", "op", op, UNARY_OPS, "op")
         params = _check_unary_params(op, params)
         kind, like, x = self._inputs(op, input=input)
         return self._out(self._unary(op, x, **params), kind, like)
@@ -456,10 +347,7 @@ class Backend:
     def softmax(self, input, dim=-1):
         op = "softmax"
         kind, like, x = self._inputs(op, input=input)
-        if dim is None or not _is_int(dim):
-            raise AnyDeviceError(op, "dim", dim, "must be an int")
-        dims = normalize_dims(op, dim, len(self._shape(x)))
-        return self._out(self._softmax(x, dims[0] if dims else 0), kind, like)
+        return self._out(self._softmax(x, softmax_dim(op, dim, len(self._shape(x)))), kind, like)
 
     def _softmax(self, x, d):
         shape = self._shape(x)
@@ -473,16 +361,13 @@ class Backend:
 
     def activation(self, name: str, input, **params):
         """Dispatch by name: relu, leaky_relu, elu, gelu, silu, sigmoid, tanh, softplus, softmax."""
-        if name not in ACTIVATIONS:
-            raise AnyDeviceError("activation", "name", name,
-                                 f"unknown activation; choose one of {', '.join(ACTIVATIONS)}")
+        known("activation", "name", name, ACTIVATIONS, "activation")
         if name == "softmax":
             return self.softmax(input, **params)
         return self.unary(name, input, **params)
 
     def binary(self, op: str, input, other):
-        if op not in BINARY_OPS:
-            raise AnyDeviceError("binary", "op", op, f"unknown op; choose one of {', '.join(BINARY_OPS)}")
+        known("binary", "op", op, BINARY_OPS, "op")
         a_scalar, b_scalar = _is_scalar(input), _is_scalar(other)
         if a_scalar and b_scalar:
             raise AnyDeviceError(op, "input", input, "at least one argument must be a tensor")
@@ -508,13 +393,9 @@ class Backend:
 
     # ---- reductions -------------------------------------------------------------------------
     def reduce(self, op: str, input, dim=None, keepdim=False):
-        if op not in REDUCE_OPS:
-            raise AnyDeviceError("reduce", "op", op, f"unknown reduction; choose one of {', '.join(REDUCE_OPS)}")
+        known("reduce", "op", op, REDUCE_OPS, "reduction")
         kind, like, x = self._inputs(op, input=input)
-        shape = self._shape(x)
-        dims = normalize_dims(op, dim, len(shape))
-        if op in ("max", "min") and any(shape[d] == 0 for d in dims):
-            raise AnyDeviceError(op, "input", shape, "cannot take max/min over an empty dim")
+        dims = reduce_dims(op, self._shape(x), dim)
         return self._out(self._reduce(op, x, dims, bool(keepdim)), kind, like)
 
     def sum(self, input, dim=None, keepdim=False): return self.reduce("sum", input, dim, keepdim)
@@ -531,10 +412,7 @@ class Backend:
     # ---- losses and image metrics -------------------------------------------------------
     def _pair_inputs(self, op, input, target, same_shape=False):
         kind, like, a, b = self._inputs(op, input=input, target=target)
-        sa, sb = self._shape(a), self._shape(b)
-        if same_shape and sa != sb:
-            raise AnyDeviceError(op, "target", sb, f"must have the same shape as input {sa}")
-        broadcast_shapes(op, sa, sb, ("input", "target"))
+        pair_shapes(op, self._shape(a), self._shape(b), same_shape)
         return kind, like, a, b
 
     def _reduction(self, op, x, reduction):
@@ -545,23 +423,20 @@ class Backend:
         return x
 
     def mse_loss(self, input, target, reduction="mean"):
-        _check_choice("mse_loss", "reduction", reduction, REDUCTIONS)
+        check_reduction("mse_loss", reduction)
         kind, like, a, b = self._pair_inputs("mse_loss", input, target)
         d = self._binary("sub", a, b)
         return self._out(self._reduction("mse_loss", self._binary("mul", d, d), reduction), kind, like)
 
     def l1_loss(self, input, target, reduction="mean"):
-        _check_choice("l1_loss", "reduction", reduction, REDUCTIONS)
+        check_reduction("l1_loss", reduction)
         kind, like, a, b = self._pair_inputs("l1_loss", input, target)
         d = self._unary("abs", self._binary("sub", a, b))
         return self._out(self._reduction("l1_loss", d, reduction), kind, like)
 
     def smooth_l1_loss(self, input, target, reduction="mean", beta=1.0):
         op = "smooth_l1_loss"
-        _check_choice(op, "reduction", reduction, REDUCTIONS)
-        beta = _number(op, "beta", beta)
-        if beta < 0:
-            raise AnyDeviceError(op, "beta", beta, "must be >= 0")
+        beta = loss_threshold(op, "beta", beta, reduction)
         kind, like, a, b = self._pair_inputs(op, input, target)
         ad = self._unary("abs", self._binary("sub", a, b))
         if beta == 0:
@@ -574,10 +449,7 @@ class Backend:
 
     def huber_loss(self, input, target, reduction="mean", delta=1.0):
         op = "huber_loss"
-        _check_choice(op, "reduction", reduction, REDUCTIONS)
-        delta = _number(op, "delta", delta)
-        if delta <= 0:
-            raise AnyDeviceError(op, "delta", delta, "must be positive")
+        delta = loss_threshold(op, "delta", delta, reduction)
         kind, like, a, b = self._pair_inputs(op, input, target)
         ad = self._unary("abs", self._binary("sub", a, b))
         m = self._binary("minimum", ad, delta)  # 0.5 m^2 + delta (|d| - m)
@@ -587,13 +459,12 @@ class Backend:
 
     def binary_cross_entropy(self, input, target, weight=None, reduction="mean"):
         op = "binary_cross_entropy"
-        _check_choice(op, "reduction", reduction, REDUCTIONS)
+        check_reduction(op, reduction)
         kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
         empty = math.prod(self._shape(a)) == 0
         lo = 0.0 if empty else float(self._to_numpy(self._reduce("min", a, tuple(range(len(self._shape(a)))), False)))
         hi = 0.0 if empty else float(self._to_numpy(self._reduce("max", a, tuple(range(len(self._shape(a)))), False)))
-        if lo < 0 or hi > 1:  # NaN passes, as in torch
-            raise AnyDeviceError(op, "input", (lo, hi), "all elements must be between 0 and 1 (min, max shown)")
+        bce_range(op, self._shape(a), lo, hi)
         log_a = self._unary("clamp", self._unary("log", a), min=-100.0, max=None)
         log_1a = self._unary("clamp", self._unary("log", self._binary("sub", 1.0, a)), min=-100.0, max=None)
         # -(t * log(x) + (1 - t) * log(1 - x))
@@ -608,9 +479,7 @@ class Backend:
     def psnr(self, input, target, data_range=1.0):
         """Peak signal-to-noise ratio in dB over the whole tensor: 10 log10(range^2 / mse)."""
         op = "psnr"
-        data_range = _number(op, "data_range", data_range)
-        if data_range <= 0:
-            raise AnyDeviceError(op, "data_range", data_range, "must be positive")
+        data_range = positive(op, "data_range", data_range)
         kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
         d = self._binary("sub", a, b)
         mse = self._reduction(op, self._binary("mul", d, d), "mean")
@@ -624,22 +493,9 @@ class Backend:
 
         input/target are (N, C, H, W), (C, H, W) or (H, W)."""
         op = "ssim"
-        data_range = _number(op, "data_range", data_range)
-        sigma = _number(op, "sigma", sigma)
-        if data_range <= 0:
-            raise AnyDeviceError(op, "data_range", data_range, "must be positive")
-        if not _is_int(window_size) or window_size < 1 or window_size % 2 == 0:
-            raise AnyDeviceError(op, "window_size", window_size, "must be a positive odd int")
-        if sigma <= 0:
-            raise AnyDeviceError(op, "sigma", sigma, "must be positive")
+        data_range, sigma = ssim_args(op, data_range, window_size, sigma)
         kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
-        shape = self._shape(a)
-        if len(shape) not in (2, 3, 4):
-            raise AnyDeviceError(op, "input", shape, "must be (N, C, H, W), (C, H, W) or (H, W)")
-        if min(shape[-2:]) < window_size:
-            raise AnyDeviceError(op, "input", shape,
-                                 f"height and width must be at least window_size={window_size}")
-        shape4 = (1,) * (4 - len(shape)) + shape
+        shape4 = ssim_shape(op, self._shape(a), window_size)
         n, c, h, w = shape4
         a, b = self._reshape(a, shape4), self._reshape(b, shape4)
         # stack x, y, x*x, y*y, x*y on the channel dim and blur all 5C channels at once
@@ -681,145 +537,8 @@ class Backend:
         table = {"mse": self.mse_loss, "l1": self.l1_loss, "smooth_l1": self.smooth_l1_loss,
                  "huber": self.huber_loss, "bce": self.binary_cross_entropy, "psnr": self.psnr,
                  "ssim": self.ssim}
-        if name not in table:
-            raise AnyDeviceError("loss", "name", name, f"unknown loss; choose one of {', '.join(LOSSES)}")
+        known("loss", "name", name, LOSSES, "loss")
         return table[name](input, target, **params)
-
-
-# ----------------------------------------------------------------------------------------------
-# plans: validated parameters and output shapes, shared by all backends (and the nodes)
-# ----------------------------------------------------------------------------------------------
-def _check_choice(op, arg, value, choices):
-    if value not in choices:
-        raise AnyDeviceError(op, arg, value, f"must be one of {', '.join(map(str, choices))}")
-
-
-def _check_pad_mode(op, hw, pads, mode):
-    t, b, l, r = pads
-    h, w = hw
-    if mode == "reflect" and (max(t, b) >= h or max(l, r) >= w):
-        raise AnyDeviceError(op, "padding", pads,
-                             f"reflect padding must be smaller than the input size {tuple(hw)}")
-    if mode == "circular" and (max(t, b) > h or max(l, r) > w):
-        raise AnyDeviceError(op, "padding", pads,
-                             f"circular padding must not exceed the input size {tuple(hw)}")
-    if mode == "replicate" and (h == 0 or w == 0):
-        raise AnyDeviceError(op, "input", hw, "replicate padding needs a non-empty input")
-
-
-def _conv_common(op, sx, sw, stride, dilation, groups, weight_layout):
-    """Checks both conv plans share: ranks, stride, dilation, groups; the input as (n, c, h, w)."""
-    if len(sx) not in (3, 4):
-        raise AnyDeviceError(op, "input", sx, "must be 4-D (N, C, H, W) or 3-D (C, H, W)")
-    if len(sw) != 4:
-        raise AnyDeviceError(op, "weight", sw, f"must be 4-D {weight_layout}")
-    stride = pair(op, "stride", stride, minimum=1)
-    dilation = pair(op, "dilation", dilation, minimum=1)
-    if not _is_int(groups) or groups < 1:
-        raise AnyDeviceError(op, "groups", groups, "must be a positive int")
-    unbatched = len(sx) == 3
-    return stride, dilation, unbatched, ((1,) + tuple(sx) if unbatched else tuple(sx))
-
-
-def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode="zeros") -> dict:
-    """Validate conv2d arguments (torch's rules) and compute padding and output shape."""
-    stride, dilation, unbatched, (n, c, h, w) = _conv_common(
-        op, sx, sw, stride, dilation, groups, "(out_channels, in_channels/groups, kH, kW)")
-    _check_choice(op, "padding_mode", padding_mode, PADDING_MODES)
-    cout, cin_g, kh, kw = sw
-    if cout % groups:
-        raise AnyDeviceError(op, "groups", groups, f"must divide out_channels={cout}")
-    if c % groups:
-        raise AnyDeviceError(op, "groups", groups, f"must divide in_channels={c}")
-    if cin_g * groups != c:
-        raise AnyDeviceError(op, "weight", tuple(sw),
-                             f"expects {cin_g * groups} input channels (in_channels/groups={cin_g}, "
-                             f"groups={groups}) but input has {c} channels")
-    if kh < 1 or kw < 1 or cout < 1 or cin_g < 1:
-        raise AnyDeviceError(op, "weight", tuple(sw), "has an empty dimension")
-    if sb is not None and tuple(sb) != (cout,):
-        raise AnyDeviceError(op, "bias", tuple(sb), f"must have shape ({cout},)")
-    if c < 1 or h < 1 or w < 1:
-        raise AnyDeviceError(op, "input", tuple(sx), "has no channels or an empty image (only the batch may be 0)")
-    if isinstance(padding, str):
-        if padding == "valid":
-            pads = (0, 0, 0, 0)
-        elif padding == "same":
-            if stride != (1, 1):
-                raise AnyDeviceError(op, "padding", padding, "'same' is not supported for strided convolutions")
-            th, tw = dilation[0] * (kh - 1), dilation[1] * (kw - 1)
-            pads = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
-        else:
-            raise AnyDeviceError(op, "padding", padding, "must be an int, a pair, 'same' or 'valid'")
-    else:
-        ph, pw = pair(op, "padding", padding, minimum=0)
-        pads = (ph, ph, pw, pw)
-    if padding_mode != "zeros":
-        _check_pad_mode(op, (h, w), pads, padding_mode)
-    eh, ew = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
-    hp, wp = h + pads[0] + pads[1], w + pads[2] + pads[3]
-    if eh > hp or ew > wp:
-        raise AnyDeviceError(op, "weight", tuple(sw),
-                             f"kernel {kh}x{kw} (dilated {eh}x{ew}) is larger than the padded input "
-                             f"{hp}x{wp}")
-    oh = conv_output_size(h, kh, stride[0], pads[0] + pads[1], dilation[0])
-    ow = conv_output_size(w, kw, stride[1], pads[2] + pads[3], dilation[1])
-    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
-    return dict(stride=stride, dilation=dilation, pads=pads, out_shape=out_shape, unbatched=unbatched)
-
-
-def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, groups, dilation) -> dict:
-    stride, dilation, unbatched, (n, c, h, w) = _conv_common(
-        op, sx, sw, stride, dilation, groups, "(in_channels, out_channels/groups, kH, kW)")
-    padding = pair(op, "padding", padding, minimum=0)
-    output_padding = pair(op, "output_padding", output_padding, minimum=0)
-    for i in range(2):
-        if output_padding[i] >= stride[i] and output_padding[i] >= dilation[i]:
-            raise AnyDeviceError(op, "output_padding", output_padding,
-                                 f"must be smaller than either stride {stride} or dilation {dilation}")
-    cin, cout_g, kh, kw = sw
-    if c % groups:
-        raise AnyDeviceError(op, "groups", groups, f"must divide in_channels={c}")
-    if cin != c:
-        raise AnyDeviceError(op, "weight", tuple(sw),
-                             f"expects {cin} input channels (weight.shape[0]) but input has {c}")
-    if kh < 1 or kw < 1 or cout_g < 1 or cin < 1:
-        raise AnyDeviceError(op, "weight", tuple(sw), "has an empty dimension")
-    if h < 1 or w < 1:
-        raise AnyDeviceError(op, "input", tuple(sx), "has an empty image (only the batch may be 0)")
-    cout = cout_g * groups
-    if sb is not None and tuple(sb) != (cout,):
-        raise AnyDeviceError(op, "bias", tuple(sb), f"must have shape ({cout},)")
-    oh = conv_transpose_output_size(h, kh, stride[0], padding[0], output_padding[0], dilation[0])
-    ow = conv_transpose_output_size(w, kw, stride[1], padding[1], output_padding[1], dilation[1])
-    if oh < 1 or ow < 1:
-        raise AnyDeviceError(op, "padding", padding, f"leaves an empty output ({oh}x{ow})")
-    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
-    return dict(stride=stride, dilation=dilation, padding=padding, output_padding=output_padding,
-                out_shape=out_shape, unbatched=unbatched)
-
-
-def _check_unary_params(op, params):
-    allowed = {
-        "gelu": {"approximate": "none"}, "elu": {"alpha": 1.0}, "leaky_relu": {"negative_slope": 0.01},
-        "softplus": {"beta": 1.0, "threshold": 20.0}, "clamp": {"min": None, "max": None},
-    }.get(op, {})
-    for k in params:
-        if k not in allowed:
-            raise AnyDeviceError(op, k, params[k], f"unknown parameter; {op} takes {', '.join(allowed) or 'none'}")
-    out = dict(allowed)
-    out.update(params)
-    if op == "gelu":
-        _check_choice(op, "approximate", out["approximate"], ("none", "tanh"))
-    elif op == "clamp":
-        out["min"] = _number(op, "min", out["min"], allow_none=True)
-        out["max"] = _number(op, "max", out["max"], allow_none=True)
-        if out["min"] is None and out["max"] is None:
-            raise AnyDeviceError(op, "min", None, "at least one of min and max must be given")
-    else:
-        for k in out:
-            out[k] = _number(op, k, out[k])
-    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ Nothing here does math: every number a node computes goes through ``backend``.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import re
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from ..backend import AnyDeviceError, get_backend, list_backends
+from ..backend.errors import short
 from ..backend import registry as _registry
 
 log = logging.getLogger("anydevice")
@@ -56,23 +58,56 @@ DEVICE_INPUT = (DEVICE, {"tooltip": "Backend to run on, from a DeviceSelect (Any
 
 
 class NodeError(AnyDeviceError):
-    """An error that names the node, the input and the value."""
+    """An error that names the node, the input (a widget or a socket) and the value."""
 
-    def __init__(self, node: str, arg: str | None = None, value=None, reason: str = ""):
-        super().__init__(node, arg, value, reason)
-        if arg is not None:  # "input" reads better than "argument" for a node
-            self.args = (str(self).replace(f"{node}: argument '", f"{node}: input '", 1),)
-
-    def __str__(self):
-        return self.args[0] if self.args else super().__str__()
+    noun = "input"
 
 
-def rethrow(node: str, exc: Exception) -> NodeError:
-    """A backend AnyDeviceError with the node's display name in front (keeps op/arg/value)."""
-    err = NodeError(node, None, None, str(exc))
-    err.arg, err.value = getattr(exc, "arg", None), getattr(exc, "value", None)
-    err.backend_op = getattr(exc, "op", None)
+def restate(node: str, exc: AnyDeviceError, table: dict[str, tuple[str, Any]]) -> NodeError:
+    """A backend error said in the node's words, from its parts (never by editing its text).
+
+    ``table`` maps the op's arguments to ``(node input, value shown)``. The error names the input
+    that sets the argument at fault (the error's alternative side first, when the node sets that
+    argument: the window of an ssim rather than the images it does not fit); the other arguments
+    its reason refers to are named the same way. An argument the node does not set keeps the
+    backend's message behind the node's name."""
+    for arg, _value, reason in ([exc.alt] if exc.alt else []) + [(exc.arg, exc.value, exc.reason)]:
+        if arg in table:
+            name, shown = table[arg]
+            err = NodeError(node, name, shown, exc.fill(reason, {
+                a: (n, v if isinstance(v, str) else short(v)) for a, (n, v) in table.items()}))
+            break
+    else:
+        err = NodeError(node, None, None, str(exc))
+        err.arg, err.value = exc.arg, exc.value
+    err.backend_op = exc.op
     return err
+
+
+def describe(value):
+    """An input's value as an error shows it: data as its kind and shape, other values as they are."""
+    if isinstance(value, dict) and torch.is_tensor(value.get("weight")):
+        return f"weight of shape {tuple(value['weight'].shape)}"
+    if torch.is_tensor(value) or isinstance(value, dict):
+        try:
+            kind = kind_of(value, "", "")
+        except NodeError:
+            return value
+        return f"{kind} of shape {tuple(raw(value, kind).shape)}"
+    return value
+
+
+def nonfinite_counts(value) -> tuple[int, int]:
+    """(NaN count, Inf count) of an output (a tensor, a LATENT/TENSOR dict or a number); the
+    nodes' outputs are CPU tensors, so this is one pass where they are, without a copy."""
+    if isinstance(value, dict):
+        value = value.get("samples", value.get("tensor"))
+    if isinstance(value, float):
+        value = torch.tensor(value)
+    if not torch.is_tensor(value) or not value.is_floating_point() or bool(torch.isfinite(value).all()):
+        return 0, 0
+    nan = int(torch.isnan(value).sum())
+    return nan, int(torch.isinf(value).sum())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,8 +303,11 @@ def parse_ints(text: str, what: str = "value", allow_empty: bool = True) -> tupl
 
 
 # ---------------------------------------------------------------------------------------------
-# widget validation (VALIDATE_INPUTS turns off ComfyUI's own min/max/combo checks for the
-# inputs it names, so the nodes repeat them here with messages that name node, input, value)
+# widget values: ComfyUI checks them against INPUT_TYPES (min, max, combo lists) before it runs a
+# node, and skips that for the inputs a VALIDATE_INPUTS declares; so the nodes' VALIDATE_INPUTS
+# declare only text widgets that have no such check. The nodes never call check_widgets: it is
+# the headless runner's stand-in for ComfyUI's own checks (runner.validate), generic over
+# INPUT_TYPES, with messages that name node, input and value.
 # ---------------------------------------------------------------------------------------------
 def check_widgets(cls, values: dict) -> str | bool:
     spec = {}
@@ -334,26 +372,8 @@ def device_choices() -> tuple[list[str], dict[str, str]]:
     return names, status
 
 
-def device_problem(name) -> str | None:
-    """None if ``name`` can run here, else the reason it cannot."""
-    if name in (None, "auto"):
-        return None
-    if not isinstance(name, str):
-        return "must be a backend name such as 'numpy' or 'cpu'"
-    base, _, idx = name.partition(":")
-    info = next((i for i in list_backends(include_aliases=True) if i.name == base), None)
-    if info is None:
-        known = ", ".join(i.name for i in list_backends(include_aliases=True))
-        return f"unknown backend; known: {known}"
-    if not info.available:
-        return f"unavailable: {info.reason}"
-    if idx and (not idx.isdigit() or int(idx) >= max(1, len(info.devices))):
-        return f"device index out of range ({len(info.devices)} device(s))"
-    return None
-
-
 def resolve_backend(device, node: str):
-    """The backend for an optional DEVICE input value."""
+    """The backend for an optional DEVICE input value (the registry says why a name cannot run)."""
     name = None
     if isinstance(device, dict):
         name = device.get("name")
@@ -363,9 +383,6 @@ def resolve_backend(device, node: str):
         raise NodeError(node, "device", type(device).__name__, "must come from a DeviceSelect (AnyDevice) node")
     if name in (None, "auto"):
         name = load_time_backend_name()
-    why = device_problem(name)
-    if why:
-        raise NodeError(node, "device", name, why)
     try:
         return get_backend(name)
     except AnyDeviceError as exc:
@@ -420,19 +437,51 @@ def shape_str(t) -> str:
 # base class
 # ---------------------------------------------------------------------------------------------
 class PackNode:
-    """V1 node base: ``run`` wraps ``_run`` so every backend error names this node."""
+    """V1 node base: ``run`` wraps ``_run`` so every backend error names this node, the input at
+    fault and its value, and (``WARN_NONFINITE``) NaN or Inf in the outputs are reported."""
 
     DISPLAY = "AnyDevice node"
     FUNCTION = "run"
     CATEGORY = CATEGORY
+    #: the table a backend error is restated with: op argument -> the node input that sets it. ``run``
+    #: copies it to ``self.arg_inputs``, where ``_run`` may point an argument at another input for the
+    #: call, by name or as (input name, value shown) where the input holds more than the argument
+    ARGS: dict[str, str] = {}
+    #: log and show on the node how many NaN and Inf values its outputs hold
+    WARN_NONFINITE = False
 
     def run(self, **kwargs):
+        self.arg_inputs = dict(self.ARGS)
         try:
-            return self._run(**kwargs)
+            out = self._run(**kwargs)
         except NodeError:
             raise
         except AnyDeviceError as exc:
-            raise rethrow(self.DISPLAY, exc) from exc
+            raise restate(self.DISPLAY, exc, self._table(kwargs)) from exc
+        if self.WARN_NONFINITE:
+            self._warn_nonfinite(out)
+        return out
+
+    def _table(self, kwargs) -> dict[str, tuple[str, Any]]:
+        """op argument -> (input, value shown) for this call (inputs not given take their defaults)."""
+        call = inspect.signature(self._run).bind_partial(**kwargs)
+        call.apply_defaults()
+        return {arg: where if isinstance(where, tuple) else (where, describe(call.arguments.get(where)))
+                for arg, where in self.arg_inputs.items()}
+
+    def _warn_nonfinite(self, out: dict) -> None:
+        """NaN and Inf stay (PyTorch semantics) but are said: a log line and the badge's ``warning``."""
+        names = self.RETURN_NAMES
+        found = []
+        for name, value in zip(names, out["result"]):
+            nan, inf = nonfinite_counts(value)
+            if nan or inf:
+                what = "output" if len(names) == 1 else f"output '{name}'"
+                found.append(f"{what} has {nan:,} NaN and {inf:,} Inf values")
+        if found:
+            text = "; ".join(found)
+            log.warning("%s: %s", self.DISPLAY, text)
+            out["ui"]["anydevice"][0]["warning"] = text
 
     def _run(self, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError

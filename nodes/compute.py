@@ -6,11 +6,12 @@ import math
 import numpy as np
 import torch
 
-from ..backend import ACTIVATIONS
+from ..backend import ACTIVATIONS, LOSSES
+from ..backend.plans import check_groups, normalize_dims, pair, same_pads
 from . import presets as P
 from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge,
-                     channels_last, check_widgets, cpu_f32, from_nchw, kind_of, parse_ints, parse_matrix,
-                     parse_vector, preview_image, raw, resolve_backend, to_nchw, wrap_native)
+                     channels_last, cpu_f32, from_nchw, kind_of, parse_ints, parse_matrix, parse_vector,
+                     preview_image, raw, resolve_backend, to_nchw, wrap_native)
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 _DATA_TIP = "An IMAGE, MASK, LATENT or TENSOR; the output is of the same type."
@@ -32,6 +33,13 @@ def _kernel_ui(w: np.ndarray, label: str, limit: int = 8) -> dict:
     return {"label": label, "shape": list(w.shape), "slices": out}
 
 
+class ComputeNode(PackNode):
+    """A node whose outputs the backend computed: NaN and Inf in them are reported."""
+
+    CATEGORY = "AnyDevice/nn"
+    WARN_NONFINITE = True
+
+
 def _weights_value(weights, node: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     if weights is None:
         raise NodeError(node, "weights", None, "source is 'weights' but no WEIGHTS input is connected")
@@ -41,9 +49,9 @@ def _weights_value(weights, node: str) -> tuple[torch.Tensor, torch.Tensor | Non
 
 
 # =================================================================================================
-class AnyDeviceLinear(PackNode):
+class AnyDeviceLinear(ComputeNode):
     DISPLAY = "Linear (AnyDevice)"
-    CATEGORY = "AnyDevice/nn"
+    ARGS = {"input": "input", "bias": "bias"}
     DESCRIPTION = ("y = x @ W.T + b. On a TENSOR it acts on the last dim; on an IMAGE, MASK or LATENT it "
                    "acts on each pixel's channels (a colour matrix). W comes from a preset (grayscale, "
                    "sepia, ...), seeded random init, a matrix typed as text, or a WEIGHTS input.")
@@ -82,15 +90,9 @@ class AnyDeviceLinear(PackNode):
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, source=None, matrix=None, bias=None, out_features=None, init_seed=None):
-        ok = check_widgets(cls, {"source": source, "out_features": out_features, "init_seed": init_seed})
-        if ok is not True:
-            return ok
-        if source == "text" and matrix is not None:
-            try:
-                parse_matrix(matrix)
-            except ValueError as exc:
-                return cls.fail("matrix", matrix, str(exc))
+    def VALIDATE_INPUTS(cls, bias=None):
+        """Only the widget checked here (ComfyUI flags each input VALIDATE_INPUTS takes, and checks
+        the others against INPUT_TYPES itself); matrix is checked when it is used."""
         if bias is not None:
             try:
                 parse_vector(bias)
@@ -126,10 +128,7 @@ class AnyDeviceLinear(PackNode):
                 raise NodeError(node, "weights", tuple(w.shape), "a Linear weight must be 2-D (out, in)")
         else:
             raise NodeError(node, "source", source, "must be preset, random, text or weights")
-        if w.shape[1] != in_f:
-            raise NodeError(node, warg, f"W of shape {tuple(w.shape)}",
-                            f"expects {w.shape[1]} input channels but 'input' ({kind} {tuple(raw(input, kind).shape)})"
-                            f" has {in_f}")
+        self.arg_inputs["weight"] = (warg, f"W of shape {tuple(w.shape)}")
         try:
             extra = parse_vector(bias)
         except ValueError as exc:
@@ -140,8 +139,8 @@ class AnyDeviceLinear(PackNode):
                 raise NodeError(node, "bias", bias, f"needs 1 or {out_f} numbers (one per output), got {extra.size}")
             extra = np.broadcast_to(extra, (out_f,)).astype(np.float32)
             b = extra if b is None else (np.asarray(b, np.float32) + extra)
-        if b is not None and np.asarray(b).shape != (out_f,):
-            raise NodeError(node, "weights", f"bias of shape {np.asarray(b).shape}", f"must have shape ({out_f},)")
+        if source == "weights" and b is not None:
+            self.arg_inputs["bias"] = ("weights", f"bias of shape {np.asarray(b).shape}")
         if kind == "MASK" and out_f != 1:
             raise NodeError(node, warg, f"W of shape {tuple(w.shape)}", "a MASK has 1 channel, so W needs 1 output row")
         pbar = Progress(1)
@@ -157,9 +156,8 @@ class AnyDeviceLinear(PackNode):
 
 
 # =================================================================================================
-class AnyDeviceConv2D(PackNode):
+class AnyDeviceConv2D(ComputeNode):
     DISPLAY = "Conv2D (AnyDevice)"
-    CATEGORY = "AnyDevice/nn"
     DESCRIPTION = ("2-D convolution (PyTorch conv2d / conv_transpose2d semantics) of an IMAGE, MASK, LATENT "
                    "or TENSOR. Kernel from a preset (blur, gaussian, sharpen, sobel, laplacian, emboss), a matrix "
                    "typed as text, seeded random init or a WEIGHTS input. 'depthwise' applies the kernel to each "
@@ -225,26 +223,10 @@ class AnyDeviceConv2D(PackNode):
             },
         }
 
-    @classmethod
-    def VALIDATE_INPUTS(cls, kernel_source=None, kernel_text=None, kernel_size=None, sigma=None, stride=None,
-                        padding_size=None, dilation=None, groups=None, out_channels=None, output_padding=None,
-                        transposed=None):
-        vals = {"kernel_source": kernel_source, "kernel_size": kernel_size, "sigma": sigma, "stride": stride,
-                "padding_size": padding_size, "dilation": dilation, "groups": groups,
-                "out_channels": out_channels, "output_padding": output_padding}
-        ok = check_widgets(cls, vals)
-        if ok is not True:
-            return ok
-        if kernel_source == "text" and kernel_text is not None:
-            try:
-                parse_matrix(kernel_text)
-            except ValueError as exc:
-                return cls.fail("kernel_text", kernel_text, str(exc))
-        if transposed and output_padding is not None and stride is not None and dilation is not None:
-            if output_padding >= stride and output_padding >= dilation:
-                return cls.fail("output_padding", output_padding,
-                                f"must be smaller than stride ({stride}) or dilation ({dilation})")
-        return True
+    # no VALIDATE_INPUTS: ComfyUI checks the widgets against INPUT_TYPES; the kernel text and the
+    # arguments the backend checks are checked at run time, naming the widget at fault
+    ARGS = {"input": "input", "stride": "stride", "dilation": "dilation", "groups": "groups",
+            "output_padding": "output_padding", "padding_mode": "padding_mode", "mode": "padding_mode"}
 
     def _kernel(self, kernel_source, preset, kernel_size, sigma, kernel_text, init_seed, weights):
         """(2-D kernel or None, 4-D weight or None, bias or None, label, input name)."""
@@ -280,12 +262,17 @@ class AnyDeviceConv2D(PackNode):
         kind = kind_of(input, node, "input")
         x = to_nchw(input, kind, node, "input")
         n, c, h, w_ = (int(s) for s in x.shape)
-        for name, v, lo in (("stride", stride, 1), ("dilation", dilation, 1), ("padding_size", padding_size, 0),
-                            ("groups", groups, 1), ("output_padding", output_padding, 0)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise NodeError(node, name, v, f"must be an integer >= {lo}")
+        op = "conv_transpose2d" if transposed else "conv2d"
         k2, w4, wbias, label, karg = self._kernel(kernel_source, preset, kernel_size, sigma, kernel_text, init_seed,
                                                   weights)
+        sized = kernel_source == "random" or (kernel_source == "preset" and preset in P.SIZED_KERNELS)
+        size_arg = "kernel_size" if sized else karg
+        # the backend's arguments that no widget sets one to one, for this call
+        pad_arg = "padding_size" if padding == "explicit" else size_arg
+        self.arg_inputs.update(weight=size_arg, padding=pad_arg, pad=pad_arg,
+                         groups="groups" if channel_mode == "grouped" else "channel_mode")
+        if wbias is not None:
+            self.arg_inputs["bias"] = ("weights", f"bias of shape {tuple(np.shape(wbias))}")
         k = int(kernel_size)
         if channel_mode == "depthwise":
             g = c
@@ -296,13 +283,9 @@ class AnyDeviceConv2D(PackNode):
             else:
                 weight = P.seeded_uniform(init_seed, (c, 1, k, k), k * k)
         elif channel_mode == "grouped":
-            g = int(groups)
-            if c % g:
-                raise NodeError(node, "groups", g, f"must divide the input's {c} channels ({kind} "
-                                                   f"{tuple(raw(input, kind).shape)})")
-            oc = int(out_channels)
-            if oc % g:
-                raise NodeError(node, "groups", g, f"must divide out_channels={oc}")
+            g, oc = groups, int(out_channels)
+            check_groups(op, g, c)  # before the weight's shape is made from them
+            check_groups(op, g, oc, "out_channels={}")
             if w4 is not None:
                 weight = w4
             elif transposed:
@@ -316,78 +299,41 @@ class AnyDeviceConv2D(PackNode):
         else:
             raise NodeError(node, "channel_mode", channel_mode, "must be depthwise or grouped")
         weight = np.asarray(weight, np.float32)
-        # channel agreement between the input and the kernel, said in the node's words
-        if transposed:
-            if weight.shape[0] != c:
-                raise NodeError(node, karg, f"weight of shape {weight.shape}",
-                                f"expects {weight.shape[0]} input channels but 'input' has {c}")
-            cout = weight.shape[1] * g
-        else:
-            if weight.shape[1] * g != c or weight.shape[0] % g:
-                raise NodeError(node, karg, f"weight of shape {weight.shape}",
-                                f"expects {weight.shape[1] * g} input channels (groups={g}) but 'input' has {c}")
-            cout = weight.shape[0]
-        kh, kw = weight.shape[-2:]
-        bvec = None
-        if wbias is not None:
-            bvec = np.asarray(wbias, np.float32).reshape(-1)
-            if bvec.size != cout:
-                raise NodeError(node, "weights", f"bias of shape {bvec.shape}", f"must have {cout} values")
+        cout = weight.shape[1] * g if transposed else weight.shape[0]
+        bvec = None if wbias is None else np.asarray(wbias, np.float32).reshape(-1)
         if bias:
             bvec = (np.zeros(cout, np.float32) if bvec is None else bvec) + np.float32(bias)
         mode = padding_mode
         if mode == "auto":
             mode = "zeros" if kind == "TENSOR" else "reflect"
-        eh, ew = dilation * (kh - 1) + 1, dilation * (kw - 1) + 1
-        sized = kernel_source == "random" or (kernel_source == "preset" and preset in P.SIZED_KERNELS)
-        size_arg = "kernel_size" if sized else karg
+        kh, kw = weight.shape[-2:]
+        if padding == "same":
+            pads = same_pads(kh, kw, pair(op, "dilation", dilation, minimum=1))
+        elif padding == "valid":
+            pads = (0, 0, 0, 0)
+        else:
+            ph, pw = pair(op, "padding", padding_size, minimum=0)
+            pads = (ph, ph, pw, pw)
         if n == 0:
             raise NodeError(node, "input", f"shape {tuple(x.shape)}", "is an empty batch: there is nothing to filter")
         pbar = Progress(n)
         t = Timer()
         outs = []
-        if transposed:
-            if padding == "same":
-                pad = (eh - 1) // 2, (ew - 1) // 2
-            elif padding == "valid":
-                pad = (0, 0)
+        for i in range(n):
+            xi = x[i:i + 1]
+            if transposed:  # 'same': the conv2d 'same' amount before; an even kernel's extra row is cropped
+                y = be.conv_transpose2d(xi, weight, bvec, stride=stride, padding=(pads[0], pads[2]),
+                                        output_padding=output_padding, groups=g, dilation=dilation)
+                if padding == "same":
+                    y = cpu_f32(y)[..., :max(1, h * stride), :max(1, w_ * stride)].contiguous()
+            elif pads[0] == pads[1] and pads[2] == pads[3]:
+                y = be.conv2d(xi, weight, bvec, stride=stride, padding=(pads[0], pads[2]), dilation=dilation,
+                              groups=g, padding_mode=mode)
             else:
-                pad = (padding_size, padding_size)
-            for i in range(n):
-                yi = be.conv_transpose2d(x[i:i + 1], weight, bvec, stride=stride, padding=pad,
-                                         output_padding=output_padding, groups=g, dilation=dilation)
-                if padding == "same":  # an even dilated kernel leaves one extra row/column: crop it
-                    yi = cpu_f32(yi)[..., :max(1, h * stride), :max(1, w_ * stride)].contiguous()
-                outs.append(cpu_f32(yi))
-                pbar.step()
-        else:
-            if padding == "same":
-                th, tw = eh - 1, ew - 1
-                pads = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
-            elif padding == "valid":
-                pads = (0, 0, 0, 0)
-            else:
-                pads = (padding_size,) * 4
-            if eh > h + pads[0] + pads[1] or ew > w_ + pads[2] + pads[3]:
-                raise NodeError(node, size_arg, k if size_arg == "kernel_size" else f"{kh}x{kw}",
-                                f"the kernel ({kh}x{kw}, {eh}x{ew} with dilation {dilation}) is larger than the "
-                                f"{'padded ' if any(pads) else ''}input ({h + pads[0] + pads[1]}x"
-                                f"{w_ + pads[2] + pads[3]}); use a smaller kernel or a larger input")
-            if mode == "reflect" and (max(pads[:2]) >= h or max(pads[2:]) >= w_):
-                raise NodeError(node, size_arg, k if size_arg == "kernel_size" else f"{kh}x{kw}",
-                                f"reflect padding of {max(pads)} needs an input larger than {h}x{w_}; use a "
-                                "smaller kernel, padding_mode zeros, or a larger input")
-            sym = pads[0] == pads[1] and pads[2] == pads[3]
-            for i in range(n):
-                xi = x[i:i + 1]
-                if sym:
-                    y = be.conv2d(xi, weight, bvec, stride=stride, padding=(pads[0], pads[2]), dilation=dilation,
-                                  groups=g, padding_mode=mode)
-                else:
-                    xp = be.pad(xi, (pads[2], pads[3], pads[0], pads[1]), "constant" if mode == "zeros" else mode)
-                    y = be.conv2d(xp, weight, bvec, stride=stride, padding=0, dilation=dilation, groups=g)
-                outs.append(cpu_f32(y))
-                pbar.step()
+                xp = be.pad(xi, (pads[2], pads[3], pads[0], pads[1]), "constant" if mode == "zeros" else mode)
+                y = be.conv2d(xp, weight, bvec, stride=stride, padding=0, dilation=dilation, groups=g)
+            outs.append(cpu_f32(y))
+            pbar.step()
         ms = t.ms(be)
         y = outs[0] if n == 1 else torch.cat(outs, 0)
         out = from_nchw(y, kind, input, node, "input")
@@ -398,9 +344,8 @@ class AnyDeviceConv2D(PackNode):
 
 
 # =================================================================================================
-class AnyDeviceActivation(PackNode):
+class AnyDeviceActivation(ComputeNode):
     DISPLAY = "Activation (AnyDevice)"
-    CATEGORY = "AnyDevice/nn"
     DESCRIPTION = ("Element-wise activation (PyTorch semantics): relu, leaky_relu, elu, gelu, silu, sigmoid, tanh, "
                    "softplus, or softmax over a dim.")
     RETURN_TYPES = (ANY,)
@@ -429,6 +374,9 @@ class AnyDeviceActivation(PackNode):
             "optional": {"device": DEVICE_INPUT},
         }
 
+    ARGS = {"input": "input", "name": "activation", "dim": "dim", "negative_slope": "negative_slope",
+            "alpha": "alpha", "approximate": "approximate", "beta": "beta", "threshold": "threshold"}
+
     def _run(self, input, activation="relu", negative_slope=0.01, alpha=1.0, approximate="none", beta=1.0,
              threshold=20.0, dim=-1, device=None):
         node = self.DISPLAY
@@ -437,14 +385,7 @@ class AnyDeviceActivation(PackNode):
         params = {"leaky_relu": {"negative_slope": negative_slope}, "elu": {"alpha": alpha},
                   "gelu": {"approximate": approximate}, "softplus": {"beta": beta, "threshold": threshold},
                   "softmax": {"dim": dim}}.get(activation, {})
-        if activation not in ACTIVATIONS:
-            raise NodeError(node, "activation", activation, f"must be one of {', '.join(ACTIVATIONS)}")
         t = Timer()
-        if activation == "softmax":
-            nd = raw(input, kind).ndim
-            if not -max(nd, 1) <= dim < max(nd, 1):
-                raise NodeError(node, "dim", dim, f"out of range for the {kind} of shape "
-                                                  f"{tuple(raw(input, kind).shape)}")
         y = be.activation(activation, raw(input, kind), **params)
         ms = t.ms(be)
         Progress(1).step()
@@ -453,12 +394,11 @@ class AnyDeviceActivation(PackNode):
 
 
 # =================================================================================================
-LOSS_NAMES = ["mse", "l1", "huber", "smooth_l1", "bce", "psnr", "ssim"]
+LOSS_NAMES = list(LOSSES)
 
 
-class AnyDeviceLoss(PackNode):
+class AnyDeviceLoss(ComputeNode):
     DISPLAY = "Loss (AnyDevice)"
-    CATEGORY = "AnyDevice/nn"
     DESCRIPTION = ("Compares a prediction with a target: mse, l1, huber, smooth_l1, bce (PyTorch semantics, mean "
                    "reduction), PSNR in dB or SSIM. Shows the value on the node and outputs it as a FLOAT, "
                    "plus an error map (|prediction - target|, scaled to its maximum) as an IMAGE.")
@@ -487,15 +427,10 @@ class AnyDeviceLoss(PackNode):
             "optional": {"device": DEVICE_INPUT},
         }
 
-    @classmethod
-    def VALIDATE_INPUTS(cls, loss=None, delta=None, data_range=None, window_size=None, sigma=None):
-        ok = check_widgets(cls, {"loss": loss, "delta": delta, "data_range": data_range,
-                                 "window_size": window_size, "sigma": sigma})
-        if ok is not True:
-            return ok
-        if window_size is not None and window_size % 2 == 0:
-            return cls.fail("window_size", window_size, "must be odd")
-        return True
+    # no VALIDATE_INPUTS: ComfyUI checks the widgets against INPUT_TYPES; the loss's own rules (an odd
+    # window that fits the images, shapes that match) are the backend's, said with these widget names
+    ARGS = {"input": "prediction", "target": "target", "name": "loss", "delta": "delta", "beta": "delta",
+            "data_range": "data_range", "window_size": "window_size", "sigma": "sigma"}
 
     def _run(self, prediction, target, loss="mse", delta=1.0, data_range=1.0, window_size=11, sigma=1.5,
              device=None):
@@ -503,32 +438,14 @@ class AnyDeviceLoss(PackNode):
         be = resolve_backend(device, node)
         kp = kind_of(prediction, node, "prediction")
         kt = kind_of(target, node, "target")
-        if loss not in LOSS_NAMES:
-            raise NodeError(node, "loss", loss, f"must be one of {', '.join(LOSS_NAMES)}")
         typed = kp != "TENSOR" and kt != "TENSOR"
         if typed or loss == "ssim":
             p = to_nchw(prediction, kp, node, "prediction")
             q = to_nchw(target, kt, node, "target")
         else:
             p, q = raw(prediction, kp), raw(target, kt)
-        sp, sq = tuple(p.shape), tuple(q.shape)
-        if loss in ("bce", "psnr", "ssim"):
-            if sp != sq:
-                raise NodeError(node, "target", f"{kt} of shape {tuple(raw(target, kt).shape)}",
-                                f"{loss} needs the same shape as 'prediction' ({kp} of shape "
-                                f"{tuple(raw(prediction, kp).shape)})")
-        else:
-            try:
-                np.broadcast_shapes(sp, sq)
-            except ValueError:
-                raise NodeError(node, "target", f"{kt} of shape {tuple(raw(target, kt).shape)}",
-                                f"does not broadcast with 'prediction' ({kp} of shape "
-                                f"{tuple(raw(prediction, kp).shape)})") from None
         params = {"huber": {"delta": delta}, "smooth_l1": {"beta": delta}, "psnr": {"data_range": data_range},
                   "ssim": {"data_range": data_range, "window_size": window_size, "sigma": sigma}}.get(loss, {})
-        if loss == "ssim" and min(sp[-2:]) < window_size:
-            raise NodeError(node, "window_size", window_size,
-                            f"is larger than the images ({sp[-2]}x{sp[-1]}); use a smaller window")
         pbar = Progress(2)
         t = Timer()
         value = float(be.loss(loss, p, q, **params))
@@ -557,7 +474,7 @@ _BIN_MAP = {"min": "minimum", "max": "maximum"}
 _RED_MAP = {"reduce_sum": "sum", "reduce_mean": "mean", "reduce_max": "max", "reduce_min": "min"}
 
 
-class AnyDeviceTensorOps(PackNode):
+class AnyDeviceTensorOps(ComputeNode):
     DISPLAY = "Tensor Ops (AnyDevice)"
     CATEGORY = "AnyDevice/tensor"
     DESCRIPTION = ("Tensor maths with PyTorch broadcasting: add, sub, mul, div, pow, min, max, matmul against input "
@@ -590,18 +507,17 @@ class AnyDeviceTensorOps(PackNode):
             },
         }
 
+    ARGS = {"input": "a", "other": "b", "dim": "dims", "min": "clamp_min", "max": "clamp_max"}
+
     @classmethod
-    def VALIDATE_INPUTS(cls, op=None, dims=None, clamp_min=None, clamp_max=None):
-        ok = check_widgets(cls, {"op": op, "clamp_min": clamp_min, "clamp_max": clamp_max})
-        if ok is not True:
-            return ok
+    def VALIDATE_INPUTS(cls, dims=None):
+        """Only the widget checked here (ComfyUI flags each input VALIDATE_INPUTS takes, and checks
+        the others against INPUT_TYPES itself); clamp_min <= clamp_max is checked for clamp at run time."""
         if dims is not None:
             try:
                 parse_ints(dims, "dims")
             except ValueError as exc:
                 return cls.fail("dims", dims, str(exc))
-        if op == "clamp" and clamp_min is not None and clamp_max is not None and clamp_min > clamp_max:
-            return cls.fail("clamp_min", clamp_min, f"is larger than clamp_max ({clamp_max})")
         return True
 
     def _run(self, a, op="add", scalar=1.0, clamp_min=0.0, clamp_max=1.0, dims="", keepdim=True, b=None,
@@ -619,6 +535,7 @@ class AnyDeviceTensorOps(PackNode):
             if b is None:
                 if op == "matmul":
                     raise NodeError(node, "b", None, "matmul needs a tensor on input 'b'")
+                self.arg_inputs["other"] = "scalar"
                 y = be.binary(_BIN_MAP.get(op, op), raw(a, ka), float(scalar))
                 out = wrap_native(y, ka, a)
             else:
@@ -629,12 +546,6 @@ class AnyDeviceTensorOps(PackNode):
                 if op == "matmul":
                     y = be.matmul(xa, xb)
                 else:
-                    try:
-                        np.broadcast_shapes(tuple(xa.shape), tuple(xb.shape))
-                    except ValueError:
-                        raise NodeError(node, "b", f"{kb} of shape {tuple(raw(b, kb).shape)}",
-                                        f"does not broadcast with 'a' ({ka} of shape {tuple(raw(a, ka).shape)})"
-                                        ) from None
                     y = be.binary(_BIN_MAP.get(op, op), xa, xb)
                 out = from_nchw(y, ka, a, node, "a") if canon else wrap_native(y, ka, a)
         elif op in UNARY:
@@ -653,7 +564,7 @@ class AnyDeviceTensorOps(PackNode):
         elif op in REDUCE:
             x = raw(a, ka)
             y = be.reduce(_RED_MAP[op], x, dim, keepdim=bool(keepdim))
-            axes = {d % max(x.ndim, 1) for d in dim} if dim is not None else set(range(x.ndim))
+            axes = normalize_dims(op, dim, x.ndim)
             want = [1 if i in axes else s for i, s in enumerate(x.shape)] if keepdim else \
                 [s for i, s in enumerate(x.shape) if i not in axes]
             y = cpu_f32(y).reshape(want)  # some backends give a 0-d result as [1]

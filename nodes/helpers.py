@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from . import presets as P
-from .common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
-                     check_widgets, cpu_f32, device_choices, device_problem, kind_of, load_time_backend_name,
-                     parse_ints, parse_matrix, parse_vector, raw, resolve_backend, shape_str, to_nchw)
+from .common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge, cpu_f32,
+                     device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix, parse_vector, raw,
+                     resolve_backend, shape_str, to_nchw)
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32: a typo in a shape must not take the machine down
@@ -46,13 +46,12 @@ class AnyDeviceDeviceSelect(PackNode):
 
     @classmethod
     def VALIDATE_INPUTS(cls, device=None):
-        if device is None:
-            return True
-        names, _ = device_choices()
-        why = device_problem(device)
-        if why is None and device not in names:
-            why = f"not one of {', '.join(names)}"
-        return True if why is None else cls.fail("device", device, why)
+        """The one widget: whether the backend can run here is the registry's answer."""
+        try:
+            resolve_backend(device, cls.DISPLAY)
+        except NodeError as exc:
+            return str(exc)
+        return True
 
     def _run(self, device="auto"):
         t = Timer()
@@ -100,24 +99,7 @@ class AnyDeviceTensorSource(PackNode):
             "optional": {"image": ("IMAGE", {"tooltip": "Source for image mode; becomes [B, C, H, W]."})},
         }
 
-    @classmethod
-    def VALIDATE_INPUTS(cls, mode=None, shape=None, text=None, seed=None):
-        ok = check_widgets(cls, {"mode": mode, "seed": seed})
-        if ok is not True:
-            return ok
-        if mode in ("random_normal", "random_uniform", "zeros", "ones") and shape is not None:
-            try:
-                why = _check_shape(parse_ints(shape, "shape"))
-            except ValueError as exc:
-                why = str(exc)
-            if why:
-                return cls.fail("shape", shape, why)
-        if mode == "text" and text is not None:
-            try:
-                parse_matrix(text)
-            except ValueError as exc:
-                return cls.fail("text", text, str(exc))
-        return True
+    # no VALIDATE_INPUTS: shape and text are checked when the mode uses them, naming the widget
 
     def _run(self, mode="random_normal", shape="1, 3, 64, 64", seed=0, text="", image=None):
         node = self.DISPLAY
@@ -219,22 +201,9 @@ class AnyDeviceWeights(PackNode):
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, source=None, shape=None, matrix=None, bias=None, init_seed=None):
-        ok = check_widgets(cls, {"source": source, "init_seed": init_seed})
-        if ok is not True:
-            return ok
-        if source == "random" and shape is not None:
-            try:
-                why = _check_shape(parse_ints(shape, "shape"))
-            except ValueError as exc:
-                why = str(exc)
-            if why:
-                return cls.fail("shape", shape, why)
-        if source == "text" and matrix is not None:
-            try:
-                parse_matrix(matrix)
-            except ValueError as exc:
-                return cls.fail("matrix", matrix, str(exc))
+    def VALIDATE_INPUTS(cls, bias=None):
+        """Only the widget checked here (ComfyUI flags each input VALIDATE_INPUTS takes); shape and
+        matrix are checked when the source uses them."""
         if bias is not None and bias.strip() != "random":
             try:
                 parse_vector(bias)

@@ -2,6 +2,7 @@
 rule, no input mutation, and every bad input named in the issue."""
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import types
@@ -514,22 +515,43 @@ def test_progress_bar_used_when_comfy_present(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # bad input: VALIDATE_INPUTS (widget values) and execution errors, each naming node, input, value
 # ---------------------------------------------------------------------------------------------
+def _validate(cls_name, **kw):
+    """What validation says about these widget values before anything runs, as in ComfyUI: the checks
+    against INPUT_TYPES (min, max, combo; the headless runner's check_widgets stands in for ComfyUI's)
+    for the widgets VALIDATE_INPUTS does not take, then VALIDATE_INPUTS with only those it takes."""
+    cls = N[cls_name]
+    takes = inspect.getfullargspec(cls.VALIDATE_INPUTS).args[1:] if hasattr(cls, "VALIDATE_INPUTS") else []
+    r = common.check_widgets(cls, {k: v for k, v in kw.items() if k not in takes})
+    if r is True and takes:
+        r = cls.VALIDATE_INPUTS(**{k: v for k, v in kw.items() if k in takes})
+    return r
+
+
 def _msg(cls_name, **kw):
-    r = N[cls_name].VALIDATE_INPUTS(**kw)
+    r = _validate(cls_name, **kw)
     assert isinstance(r, str), f"{cls_name} accepted {kw}"
     assert r.startswith(N[cls_name].DISPLAY + ": input '")
     return r
 
 
+def _err(cls_name, **kw) -> str:
+    """The message of the error running the node with these inputs raises."""
+    with pytest.raises(common.NodeError) as e:
+        res(cls_name, **kw)
+    assert str(e.value).startswith(N[cls_name].DISPLAY + ": input '")
+    return str(e.value)
+
+
 @pytest.mark.parametrize("text,why", [("1 2 3\n4 5", "ragged"), ("1 2\n3 x", "'x'"), ("", "empty"),
                                       ("1 nan", "finite")])
 def test_bad_matrix_text(text, why):
-    m = _msg("AnyDeviceConv2D", kernel_source="text", kernel_text=text)
+    # checked when the source uses the text (a check at validation would flag kernel_source too)
+    m = _err("AnyDeviceConv2D", input=image(), kernel_source="text", kernel_text=text)
     assert "kernel_text" in m and why in m
-    m = _msg("AnyDeviceLinear", source="text", matrix=text)
+    m = _err("AnyDeviceLinear", input=image(), source="text", matrix=text)
     assert "'matrix'" in m and why in m
     if text:
-        assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(kernel_source="preset", kernel_text=text) is True
+        assert _validate("AnyDeviceConv2D", kernel_source="preset", kernel_text=text) is True
     with pytest.raises(common.NodeError, match="Conv2D \\(AnyDevice\\): input 'kernel_text'"):
         res("AnyDeviceConv2D", input=image(), kernel_source="text", kernel_text=text)
 
@@ -541,16 +563,17 @@ def test_bad_widgets_through_the_api():
     assert "'padding_size' = -1" in m
     m = _msg("AnyDeviceConv2D", dilation=0)
     assert "'dilation' = 0" in m
-    m = _msg("AnyDeviceConv2D", transposed=True, stride=1, dilation=1, output_padding=1)
+    # rules between widgets are checked at run time, naming the one widget at fault
+    m = _err("AnyDeviceConv2D", input=image(), transposed=True, stride=1, dilation=1, output_padding=1)
     assert "output_padding" in m
-    assert "'window_size' = 4" in _msg("AnyDeviceLoss", window_size=4)
+    assert "'window_size' = 4" in _err("AnyDeviceLoss", prediction=image(), target=image(), loss="ssim",
+                                       window_size=4)
     assert "'dims'" in _msg("AnyDeviceTensorOps", dims="1, a")
-    assert "'shape'" in _msg("AnyDeviceTensorSource", mode="zeros", shape="2, -1")
-    assert "'shape'" in _msg("AnyDeviceTensorSource", mode="zeros", shape="100000, 100000, 100")
+    assert "'shape'" in _err("AnyDeviceTensorSource", mode="zeros", shape="2, -1")
+    assert "'shape'" in _err("AnyDeviceTensorSource", mode="zeros", shape="100000, 100000, 100")
     assert "'source' = 'nope'" in _msg("AnyDeviceLinear", source="nope")
-    assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(stride=None, padding_size=None) is True  # linked inputs
-    assert N["AnyDeviceConv2D"].VALIDATE_INPUTS(stride=2, padding_size=3, kernel_source="text",
-                                                 kernel_text="1 2;3 4") is True
+    assert _validate("AnyDeviceConv2D", stride=None, padding_size=None) is True  # linked inputs
+    assert _validate("AnyDeviceConv2D", stride=2, padding_size=3, kernel_source="text", kernel_text="1 2;3 4") is True
     # and at execution time too (a runner that skips validation)
     with pytest.raises(common.NodeError, match="input 'stride' = 0"):
         res("AnyDeviceConv2D", input=image(), stride=0)
@@ -602,7 +625,7 @@ def test_unavailable_device():
 
 def test_unknown_device_and_auto():
     assert "unknown backend" in _msg("AnyDeviceDeviceSelect", device="quantum")
-    assert N["AnyDeviceDeviceSelect"].VALIDATE_INPUTS(device="auto") is True
+    assert _validate("AnyDeviceDeviceSelect", device="auto") is True
     d = res("AnyDeviceDeviceSelect", device="auto")[0]
     out = run("AnyDeviceConv2D", input=image(), device=d)
     assert out["ui"]["anydevice"][0]["backend"] == common.load_time_backend_name().split(":")[0]
@@ -626,7 +649,9 @@ def test_backend_errors_are_prefixed_with_the_node():
     assert str(e.value).startswith("Activation (AnyDevice): input 'dim' = 5")
     with pytest.raises(B.AnyDeviceError) as e:
         res("AnyDeviceLoss", prediction=image() * 3, target=image(), loss="bce")
-    assert str(e.value).startswith("Loss (AnyDevice): binary_cross_entropy: argument 'input'")
+    # names the node's input (was "Loss (AnyDevice): binary_cross_entropy: argument 'input' = (min, max)")
+    assert str(e.value).startswith("Loss (AnyDevice): input 'prediction' = 'IMAGE of shape (1, 24, 20, 3)'")
+    assert "between 0 and 1 (found min" in str(e.value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -659,3 +684,153 @@ def test_loss_on_empty_and_0d_inputs():
     r = res("AnyDeviceActivation", input={"tensor": torch.tensor(2.0)}, activation="softmax", dim=0,
             device=dev("numpy"))
     assert float(r[0]["tensor"]) == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# every rule once: the node's error is the backend's rule, restated with the node's widget names
+# ---------------------------------------------------------------------------------------------
+RULES = [
+    # (node, inputs, backend op and argument at fault, the node's message starts with, and contains)
+    ("AnyDeviceConv2D", dict(input=image(h=6, w=6), preset="gaussian", kernel_size=31),  # reflect limit
+     ("conv2d", "padding"), "input 'kernel_size' = 31: ", "reflect padding of 15 needs an input larger than 6x6"),
+    ("AnyDeviceConv2D", dict(input=image(h=6, w=6), preset="sharpen", padding="explicit", padding_size=6),
+     ("conv2d", "padding"), "input 'padding_size' = 6: ", "reflect padding of 6"),
+    ("AnyDeviceConv2D", dict(input=image(h=6, w=6), preset="box_blur", kernel_size=9, padding="valid"),  # kernel > input
+     ("conv2d", "weight"), "input 'kernel_size' = 9: ", "larger than the padded input 6x6"),
+    ("AnyDeviceConv2D", dict(input=image(h=6, w=6), kernel_source="text", kernel_text="1 2 3 4 5 6 7", padding="valid"),
+     ("conv2d", "weight"), "input 'kernel_text' = '1 2 3 4 5 6 7': ", "larger than the padded input"),
+    ("AnyDeviceConv2D", dict(input=image(h=6, w=6), preset="box_blur", kernel_size=2, padding_mode="reflect",
+                             dilation=11),  # 'same' with an even kernel: padded (5 and 6) before the conv
+     ("pad", "pad"), "input 'kernel_size' = 2: ", "reflect padding of 6 needs an input larger than 6x6"),
+    ("AnyDeviceConv2D", dict(input=image(), kernel_source="random", channel_mode="grouped", groups=2, out_channels=4),
+     ("conv2d", "groups"), "input 'groups' = 2: ", "must divide the input's 3 channels"),
+    ("AnyDeviceConv2D", dict(input=image(), kernel_source="random", channel_mode="grouped", groups=3, out_channels=4,
+                             transposed=True), ("conv_transpose2d", "groups"), "input 'groups' = 3: ", "out_channels=4"),
+    ("AnyDeviceConv2D", dict(input=image(), stride=2, dilation=2, transposed=True, output_padding=2),
+     ("conv_transpose2d", "output_padding"), "input 'output_padding' = 2: ", "smaller than either stride"),
+    ("AnyDeviceLoss", dict(prediction=image(), target=image(h=16, w=16), loss="l1"),
+     ("l1_loss", "target"), "input 'target' = 'IMAGE of shape (1, 16, 16, 3)': ",
+     "does not broadcast with 'prediction' (IMAGE of shape (1, 24, 20, 3))"),
+    ("AnyDeviceLoss", dict(prediction=image(), target=image(b=2), loss="bce"),
+     ("binary_cross_entropy", "target"), "input 'target' = 'IMAGE of shape (2, 24, 20, 3)': ",
+     "same shape as 'prediction' (IMAGE of shape (1, 24, 20, 3))"),
+    ("AnyDeviceLoss", dict(prediction=image(h=8, w=8), target=image(h=8, w=8), loss="ssim", window_size=9),
+     ("ssim", "input"), "input 'window_size' = 9: ", "larger than the height or width of 'prediction'"),
+    ("AnyDeviceLoss", dict(prediction=image(), target=image(), loss="ssim", window_size=6),
+     ("ssim", "window_size"), "input 'window_size' = 6: ", "odd"),
+    ("AnyDeviceLoss", dict(prediction=image(), target=image(), loss="cosine"),
+     ("loss", "name"), "input 'loss' = 'cosine': ", "choose one of mse, l1, huber, smooth_l1, bce, psnr, ssim"),
+    ("AnyDeviceTensorOps", dict(a=image(), op="max", b=torch.rand(1, 5, 20)),
+     ("maximum", "other"), "input 'b' = 'MASK of shape (1, 5, 20)': ",
+     "does not broadcast with 'a' (IMAGE of shape (1, 24, 20, 3))"),
+    ("AnyDeviceTensorOps", dict(a={"tensor": torch.ones(3, 4)}, op="reduce_max", dims="0, -2"),
+     ("max", "dim"), "input 'dims' = '0, -2': ", "names a dim twice"),
+    ("AnyDeviceActivation", dict(input=image(), activation="softmax", dim=-5),
+     ("softmax", "dim"), "input 'dim' = -5: ", "out of range"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(RULES)), ids=[f"{r[0][9:]}-{r[2][0]}-{r[2][1]}" for r in RULES])
+def test_each_rule_lives_in_the_backend_and_names_the_widget(case):
+    node, kw, (op, arg), head, fragment = RULES[case]
+    with pytest.raises(common.NodeError) as e:
+        res(node, device=dev("numpy"), **kw)
+    m = str(e.value)
+    assert m.startswith(f"{N[node].DISPLAY}: {head}"), m
+    assert fragment in m, m
+    cause = e.value.__cause__  # raised by the backend's rule, not by a copy of it in the node
+    assert isinstance(cause, B.AnyDeviceError) and not isinstance(cause, common.NodeError), m
+    assert (cause.op, cause.arg) == (op, arg) and e.value.backend_op == op
+
+
+def test_loss_names_are_the_backends():
+    assert compute.LOSS_NAMES == list(B.LOSSES)
+    assert N["AnyDeviceLoss"].INPUT_TYPES()["required"]["loss"][0] == list(B.LOSSES)
+
+
+def test_no_message_is_rewritten():
+    assert "replace" not in inspect.getsource(common.NodeError)
+    err = common.NodeError("Node (AnyDevice)", "w", 3, "argument 'x' stays as written")
+    assert str(err) == "Node (AnyDevice): input 'w' = 3: argument 'x' stays as written"
+
+
+# ---------------------------------------------------------------------------------------------
+# VALIDATE_INPUTS: ComfyUI flags every input VALIDATE_INPUTS takes with its message, so each takes
+# only the one widget it checks, and none takes a widget ComfyUI checks itself (min/max/combo)
+# ---------------------------------------------------------------------------------------------
+def _comfy_flags(cls, inputs: dict) -> list[tuple[str, str]]:
+    """(input, details) of each custom_validation_failed error ComfyUI's validate_inputs makes."""
+    takes = inspect.getfullargspec(cls.VALIDATE_INPUTS).args[1:]
+    r = cls.VALIDATE_INPUTS(**{k: v for k, v in inputs.items() if k in takes})
+    return [] if r is True else [(x, f"{x} - {r}") for x in takes if x in inputs]
+
+
+def _widgets(cls) -> dict:
+    spec = cls.INPUT_TYPES()
+    return {k: v[1].get("default", v[0][0] if isinstance(v[0], list) else None)
+            for sec in ("required", "optional") for k, v in spec.get(sec, {}).items()
+            if isinstance(v[0], list) or v[0] in ("INT", "FLOAT", "STRING", "BOOLEAN")}
+
+
+@pytest.mark.parametrize("name", sorted(N))
+def test_validate_inputs_takes_one_widget_comfy_does_not_check(name):
+    cls = N[name]
+    if not hasattr(cls, "VALIDATE_INPUTS"):
+        return
+    takes = inspect.getfullargspec(cls.VALIDATE_INPUTS).args[1:]
+    assert len(takes) == 1, takes
+    assert inspect.getfullargspec(cls.VALIDATE_INPUTS).varkw is None  # **kwargs would take every input
+    typ, opts = {**cls.INPUT_TYPES()["required"], **cls.INPUT_TYPES().get("optional", {})}[takes[0]]
+    assert typ == "STRING" or name == "AnyDeviceDeviceSelect", (takes, typ)  # the device list is the registry's
+    assert not {"min", "max"} & set(opts)
+
+
+@pytest.mark.parametrize("name,bad,widget", [
+    ("AnyDeviceConv2D", dict(kernel_source="text", kernel_text="1 2\n3"), None),
+    ("AnyDeviceLinear", dict(bias="0.1 x"), "bias"),
+    ("AnyDeviceTensorOps", dict(dims="1, a"), "dims"),
+    ("AnyDeviceWeights", dict(bias="1 nan"), "bias"),
+    ("AnyDeviceDeviceSelect", dict(device="quantum"), "device"),
+])
+def test_failed_validation_flags_only_the_widget_at_fault(name, bad, widget):
+    cls = N[name]
+    inputs = {**_widgets(cls), **bad}
+    flags = _comfy_flags(cls, inputs) if hasattr(cls, "VALIDATE_INPUTS") else []
+    if widget is None:  # checked when the node runs instead, naming the widget once
+        assert flags == []
+        m = _err(name, input=image(), device=dev("numpy"), **bad)
+        assert m.startswith("Conv2D (AnyDevice): input 'kernel_text' = '1 2\\n3': is ragged")
+        return
+    assert [f[0] for f in flags] == [widget], flags
+    assert f"input '{widget}' = " in flags[0][1]
+
+
+# ---------------------------------------------------------------------------------------------
+# NaN and Inf are kept (PyTorch semantics) but never silent: a log line and the badge's warning
+# ---------------------------------------------------------------------------------------------
+def test_nan_and_inf_outputs_are_reported(caplog, device):
+    x = {"tensor": torch.tensor([[-1.0, 0.0, 1.0, 4.0], [-2.0, 2.0, 0.0, float("nan")]])}
+    with caplog.at_level(logging.WARNING, logger="anydevice"):
+        r = run("AnyDeviceTensorOps", a=x, op="log", device=device)
+    ref = torch.log(x["tensor"])
+    torch.testing.assert_close(r["result"][0]["tensor"], ref, equal_nan=True)  # values unchanged
+    text = "output has 3 NaN and 2 Inf values"
+    assert r["ui"]["anydevice"][0]["warning"] == text
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "anydevice" and rec.levelno == logging.WARNING]
+    assert lines == [f"Tensor Ops (AnyDevice): {text}"]
+
+
+def test_nan_warning_counts_every_output_and_is_absent_when_finite(caplog):
+    img = image(h=64, w=64)
+    img[0, 10, 10, :] = float("nan")
+    with caplog.at_level(logging.WARNING, logger="anydevice"):
+        r = run("AnyDeviceConv2D", input=img, preset="box_blur", kernel_size=3, padding_mode="zeros",
+                device=dev("numpy"))
+    assert r["ui"]["anydevice"][0]["warning"] == "output has 27 NaN and 0 Inf values"  # 3x3 around, 3 channels
+    assert "Conv2D (AnyDevice): output has 27 NaN and 0 Inf values" in caplog.text
+    big = image(h=16, w=16) * 1e30
+    r = run("AnyDeviceLoss", prediction=big, target=-big, loss="mse", device=dev("numpy"))
+    assert r["ui"]["anydevice"][0]["warning"] == "output 'value' has 0 NaN and 1 Inf values"
+    r = run("AnyDeviceConv2D", input=image(), device=dev("numpy"))
+    assert "warning" not in r["ui"]["anydevice"][0]
+    assert common.nonfinite_counts({"samples": torch.tensor([float("inf"), float("-inf"), float("nan")])}) == (1, 2)
