@@ -14,7 +14,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import threads
-from .contract import Backend, conv_output_size, conv_transpose_output_size, workspace_budget_bytes
+from .contract import Backend, workspace_budget_bytes
+from .plans import conv2d_geometry, conv_transpose2d_geometry
 
 F32 = np.float32
 #: bytes of im2col columns one task gathers at a time (about half of L2)
@@ -143,14 +144,8 @@ class NumpyBackend(Backend):
         if any(pads):
             x = self._pad(x, pads, "zeros")
         x = np.ascontiguousarray(x)
-        N, C, H, W = x.shape
-        Cout, Cg, KH, KW = w.shape
-        sh, sw = stride
-        dh, dw = dilation
-        OH = conv_output_size(H, KH, sh, 0, dh)
-        OW = conv_output_size(W, KW, sw, 0, dw)
-        G = groups
-        Coutg = Cout // G
+        N, C, H, W, Cout, Cg, Coutg, KH, KW, OH, OW, sh, sw, *_, dh, dw, G = conv2d_geometry(
+            x.shape, w.shape, stride, (0, 0, 0, 0), dilation, groups)
         out = np.empty((N, Cout, OH, OW), F32)
         if out.size == 0:
             return out
@@ -265,15 +260,8 @@ class NumpyBackend(Backend):
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
         x = np.ascontiguousarray(x)
-        N, Cin, H, W = x.shape
-        _, Coutg, KH, KW = w.shape
-        G = groups
-        Cing = Cin // G
-        sh, sw = stride
-        ph, pw = padding
-        dh, dw = dilation
-        OH = conv_transpose_output_size(H, KH, sh, ph, output_padding[0], dh)
-        OW = conv_transpose_output_size(W, KW, sw, pw, output_padding[1], dw)
+        N, Cin, H, W, _, Cing, Coutg, KH, KW, OH, OW, sh, sw, ph, _, pw, _, dh, dw, G = conv_transpose2d_geometry(
+            x.shape, w.shape, stride, padding, output_padding, dilation, groups)
         # full canvas, before cropping `padding` from each side
         HC = max((H - 1) * sh + dh * (KH - 1) + 1, ph + OH)
         WC = max((W - 1) * sw + dw * (KW - 1) + 1, pw + OW)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -188,6 +188,61 @@ def conv_transpose_output_size(size: int, k: int, stride: int, padding: int, out
                                dilation: int) -> int:
     """Output length of a transposed conv along one dim (torch's formula)."""
     return (size - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
+
+
+class ConvGeometry(NamedTuple):
+    """Every size a conv kernel launch needs, computed once from validated shapes. For a transposed
+    conv, C is the input's channels, CinG = C // G and CoutG comes from the weight (C, CoutG, KH, KW);
+    ph/pw are its padding (pads = (ph, ph, pw, pw))."""
+    N: int
+    C: int
+    H: int
+    W: int
+    Cout: int
+    CinG: int
+    CoutG: int
+    KH: int
+    KW: int
+    OH: int
+    OW: int
+    sh: int
+    sw: int
+    pt: int
+    pb: int
+    pl: int
+    pr: int
+    dh: int
+    dw: int
+    G: int
+
+    @property
+    def ph(self) -> int:
+        return self.pt
+
+    @property
+    def pw(self) -> int:
+        return self.pl
+
+
+def conv2d_geometry(sx, sw, stride, pads, dilation, groups) -> ConvGeometry:
+    """Geometry of conv2d on input shape (N, C, H, W), weight (Cout, C/G, KH, KW), pads (t, b, l, r)."""
+    N, C, H, W = (int(v) for v in sx)
+    Cout, CinG, KH, KW = (int(v) for v in sw)
+    (sh, sw_), (dh, dw), (t, b, l, r) = stride, dilation, pads
+    return ConvGeometry(N, C, H, W, Cout, CinG, Cout // groups, KH, KW,
+                        conv_output_size(H, KH, sh, t + b, dh), conv_output_size(W, KW, sw_, l + r, dw),
+                        sh, sw_, t, b, l, r, dh, dw, groups)
+
+
+def conv_transpose2d_geometry(sx, sw, stride, padding, output_padding, dilation, groups) -> ConvGeometry:
+    """Geometry of conv_transpose2d on input (N, C, H, W), weight (C, CoutG, KH, KW)."""
+    N, C, H, W = (int(v) for v in sx)
+    _, CoutG, KH, KW = (int(v) for v in sw)
+    (sh, sw_), (ph, pw), (dh, dw) = stride, padding, dilation
+    return ConvGeometry(N, C, H, W, CoutG * groups, C // groups, CoutG, KH, KW,
+                        conv_transpose_output_size(H, KH, sh, ph, output_padding[0], dh),
+                        conv_transpose_output_size(W, KW, sw_, pw, output_padding[1], dw),
+                        sh, sw_, ph, ph, pw, pw, dh, dw, groups)
 
 
 def same_pads(kh: int, kw: int, dilation: tuple[int, int]) -> tuple[int, int, int, int]:

@@ -150,8 +150,9 @@ def main(argv=None):
             torch.backends.cudnn.allow_tf32 = False
             x = cp.from_dlpack(tx)
             w = cp.from_dlpack(tw)
-            geo = dict(N=32, C=512, H=7, W=7, Cout=512, CinG=512, CoutG=512, KH=k, KW=k, OH=OH, OW=OH,
-                       sh=s, sw=s, ph=p, pw=p, dh=1, dw=1, G=1)
+            from anydevice.backend.plans import conv2d_geometry
+            geo = {**conv2d_geometry((32, 512, 7, 7), (512, 512, k, k), (s, s), (p, p, p, p), (1, 1), 1)._asdict(),
+                   "ph": p, "pw": p}
             for family, cfg, ks in variants(be, cb, families):
                 tag = f"{family} {_tag(cfg)} ks{ks}"
                 y = be._empty((32, 512, OH, OH))

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ..contract import Backend, tf32_allowed, unary_kernel_args
+from ..plans import conv2d_geometry
 from ..runtime import JsonStore, cache_dir, pack_args
 from .device import _cupy, _describe
 from .linalg import CudaLinalg
@@ -254,11 +255,10 @@ class CudaBackend(CudaLinalg, Backend):
                 _, xs, ws, s, p = spec
                 x = cp.random.standard_normal(xs, dtype=cp.float32)
                 w = cp.random.standard_normal(ws, dtype=cp.float32)
-                OH = (xs[2] + 2 * p - ws[2]) // s + 1
-                OW = (xs[3] + 2 * p - ws[3]) // s + 1
+                geom = conv2d_geometry(xs, ws, (s, s), (p, p, p, p), (1, 1), 1)
+                OH, OW = geom.OH, geom.OW
                 y = self._empty((xs[0], ws[0], OH, OW))
-                g = dict(N=xs[0], C=xs[1], H=xs[2], W=xs[3], Cout=ws[0], CinG=ws[1], CoutG=ws[0], KH=ws[2],
-                         KW=ws[3], OH=OH, OW=OW, sh=s, sw=s, ph=p, pw=p, dh=1, dw=1, G=1)
+                g = {**geom._asdict(), "ph": p, "pw": p}
                 family = self._family("conv2d")
                 if family == "portable":
                     run = lambda cfg: self._portable_conv("conv2d", x, w, None, y, g, cfg=cfg)  # noqa: E731

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 
-from ..contract import conv_output_size, conv_transpose_output_size
+from ..plans import conv2d_geometry, conv_transpose2d_geometry
 from ..runtime import pack_args
 from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, KERNELS_DIR, MAX_KSPLIT, MIN_KSLICE, OWN_GEMM, PORTABLE,
                     TILE_EFFICIENCY, TILES, _cdiv, _mode_macros, _size_class, _strided, _vec_ok, vec_fits)
@@ -171,50 +171,32 @@ class CudaLinalg:
 
     # ---- convolution ------------------------------------------------------------------------
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
-        x, w = self._contig(x), self._contig(w)
-        bias = None if bias is None else self._contig(bias)
-        N, C, H, W = x.shape
-        Cout, CinG, KH, KW = w.shape
-        (sh, sw), (dh, dw), G = stride, dilation, groups
-        t, b_, l, r = pads
-        OH = conv_output_size(H, KH, sh, t + b_, dh)
-        OW = conv_output_size(W, KW, sw, l + r, dw)
-        y = self._empty((N, Cout, OH, OW))
-        if y.size == 0:
-            return y
-        CoutG = Cout // G
-        geo = dict(N=N, C=C, H=H, W=W, Cout=Cout, CinG=CinG, CoutG=CoutG, KH=KH, KW=KW, OH=OH, OW=OW,
-                   sh=sh, sw=sw, ph=t, pw=l, dh=dh, dw=dw, G=G)
-        if CoutG <= DIRECT_MAX_COUT_G:
-            return self._direct(x, w, bias, y, geo, transposed=0)
-        family = self._family("conv2d")
-        if family == "portable":
-            return self._portable_conv("conv2d", x, w, bias, y, geo)
-        return self._own_conv(x, w, bias, y, geo, transposed=0, family=family)
+        return self._conv(x, w, bias, conv2d_geometry(x.shape, w.shape, stride, pads, dilation, groups), 0)
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
+        g = conv_transpose2d_geometry(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
+        return self._conv(x, w, bias, g, 1)
+
+    def _conv(self, x, w, bias, g, transposed: int):
+        """conv2d or conv_transpose2d (transposed=1) of a given geometry: the direct kernel for few
+        output channels per group, else the portable or own implicit-GEMM kernel."""
         x, w = self._contig(x), self._contig(w)
         bias = None if bias is None else self._contig(bias)
-        N, C, H, W = x.shape
-        _, CoutG, KH, KW = w.shape
-        (sh, sw), (ph, pw), (dh, dw), G = stride, padding, dilation, groups
-        OH = conv_transpose_output_size(H, KH, sh, ph, output_padding[0], dh)
-        OW = conv_transpose_output_size(W, KW, sw, pw, output_padding[1], dw)
-        Cout = CoutG * G
-        y = self._empty((N, Cout, OH, OW))
+        y = self._empty((g.N, g.Cout, g.OH, g.OW))
         if y.size == 0:
             return y
-        geo = dict(N=N, C=C, H=H, W=W, Cout=Cout, CinG=C // G, CoutG=CoutG, KH=KH, KW=KW, OH=OH, OW=OW,
-                   sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, G=G)
-        if CoutG <= DIRECT_MAX_COUT_G:
-            return self._direct(x, w, bias, y, geo, transposed=1)
-        family = self._family("conv_transpose2d")
+        geo = {**g._asdict(), "ph": g.pt, "pw": g.pl}
+        if g.CoutG <= DIRECT_MAX_COUT_G:
+            return self._direct(x, w, bias, y, geo, transposed=transposed)
+        op = "conv_transpose2d" if transposed else "conv2d"
+        family = self._family(op)
         if family == "portable":
-            return self._portable_conv("conv_transpose2d", x, w, bias, y, geo)
-        # own kernel: weights re-laid out as (G, CoutG, CinG*KH*KW)
-        wt = self.cp.ascontiguousarray(
-            w.reshape(G, C // G, CoutG, KH * KW).transpose(0, 2, 1, 3)).reshape(Cout, C // G, KH, KW)
-        return self._own_conv(x, wt, bias, y, geo, transposed=1, family=family)
+            return self._portable_conv(op, x, w, bias, y, geo)
+        if transposed:  # own kernel: weights re-laid out as (G, CoutG, CinG*KH*KW)
+            G, C, CoutG, KH, KW = g.G, g.C, g.CoutG, g.KH, g.KW
+            w = self.cp.ascontiguousarray(
+                w.reshape(G, C // G, CoutG, KH * KW).transpose(0, 2, 1, 3)).reshape(g.Cout, C // G, KH, KW)
+        return self._own_conv(x, w, bias, y, geo, transposed=transposed, family=family)
 
     def _direct(self, x, w, bias, y, g, transposed):
         fn = self._misc("ad_direct_conv")

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from ..contract import conv_output_size, conv_transpose_output_size, workspace_budget_bytes
+from ..contract import workspace_budget_bytes
+from ..plans import conv2d_geometry, conv_transpose2d_geometry
 from .memory import CLArray
 from .params import DIRECT_MAX_K, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
 
@@ -89,23 +90,20 @@ class LinalgOps:
         return y if b is None else self._binary("add", y, b)
 
     # ---- convolution --------------------------------------------------------------------
-    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
-        N, C, H, W = x.shape
-        Cout, CinG, KH, KW = w.shape
-        sh, sw = stride
-        dh, dw = dilation
-        pt, pb, pl, pr = pads
-        OH = conv_output_size(H, KH, sh, pt + pb, dh)
-        OW = conv_output_size(W, KW, sw, pl + pr, dw)
-        G = groups
-        CoutG = Cout // G
-        out = self._empty((N, Cout, OH, OW))
-        if out.size == 0:
-            return out
+    def _conv_out(self, g, bias):
+        """(output array, bias at offset 0, has-bias flag, bias buffer or a stand-in) for a conv."""
+        out = self._empty((g.N, g.Cout, g.OH, g.OW))
         if bias is not None and bias.offset:
             bias = self._copy_of(bias)
         hb = int(bias is not None)
-        bbuf = bias.buffer if hb else out.buffer
+        return out, bias, hb, (bias.buffer if hb else out.buffer)
+
+    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        g = conv2d_geometry(x.shape, w.shape, stride, pads, dilation, groups)
+        N, C, H, W, Cout, CinG, CoutG, KH, KW, OH, OW, sh, sw, pt, pb, pl, pr, dh, dw, G = g
+        out, bias, hb, bbuf = self._conv_out(g, bias)
+        if out.size == 0:
+            return out
         K = CinG * KH * KW
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, pl, dh, dw)
         if self.family == "gpu":
@@ -213,22 +211,11 @@ class LinalgOps:
         return not bad[0]
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
-        N, C, H, W = x.shape
-        _, CoutG, KH, KW = w.shape
-        G = groups
-        CinG = C // G
-        sh, sw = stride
-        ph, pw = padding
-        dh, dw = dilation
-        OH = conv_transpose_output_size(H, KH, sh, ph, output_padding[0], dh)
-        OW = conv_transpose_output_size(W, KW, sw, pw, output_padding[1], dw)
-        out = self._empty((N, CoutG * G, OH, OW))
+        g = conv_transpose2d_geometry(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
+        N, C, H, W, _, CinG, CoutG, KH, KW, OH, OW, sh, sw, ph, _, pw, _, dh, dw, G = g
+        out, bias, hb, bbuf = self._conv_out(g, bias)
         if out.size == 0:
             return out
-        if bias is not None and bias.offset:
-            bias = self._copy_of(bias)
-        hb = int(bias is not None)
-        bbuf = bias.buffer if hb else out.buffer
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, ph, pw, dh, dw)
         if self.family == "gpu":
             self._run("conv_transpose2d_gpu", (-(-(OH * OW) // 64) * 16, -(-CoutG // 64) * 16, N * G),
