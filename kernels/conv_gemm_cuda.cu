@@ -242,66 +242,31 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
         if (ok) v_ = LD4(ptr);                                                                  \
         r[4 * (i)] = v_.x; r[4 * (i) + 1] = v_.y; r[4 * (i) + 2] = v_.z; r[4 * (i) + 3] = v_.w; \
     }
+/* for each of a thread's n staged items: POS declares its tile position, then the body runs */
+#define EACH_STAGED(n, POS, ...) for (int i = 0; i < (n); i++) { POS __VA_ARGS__ }
 #if VEC_A
-    /* vector i of this thread: rows am, k ak..ak+3 (kend is a multiple of 4: all in or all out) */
-#define A_VPOS(i, am, ak) { const int v_ = tid + (i) * NT; ak = (v_ % (TILE_K / 4)) * 4; am = v_ / (TILE_K / 4); }
-#define LOAD_A(k0)                                                                            \
-    for (int i = 0; i < A_LOADS / 4; i++) {                                                     \
-        int am, ak;                                                                             \
-        A_VPOS(i, am, ak);                                                                      \
-        const int gm = m0 + am, gk = (k0) + ak;                                                 \
-        LOAD4_INTO(ra, i, gm < M && gk < kend, A + (OFF_T)gm * sam + gk)                        \
-    }
-#define STORE_A(buf)                                                                          \
-    for (int i = 0; i < A_LOADS / 4; i++) {                                                     \
-        int am, ak;                                                                             \
-        A_VPOS(i, am, ak);                                                                      \
-        for (int e = 0; e < 4; e++) As[buf][ak + e][am] = ra[4 * i + e];                        \
-    }
+    /* vector i of this thread: row am, k ak..ak+3 (kend is a multiple of 4: all in or all out) */
+#define A_AT(i) const int v_ = tid + (i) * NT; const int ak = (v_ % (TILE_K / 4)) * 4; const int am = v_ / (TILE_K / 4);
+#define LOAD_A(k0) EACH_STAGED(A_LOADS / 4, A_AT(i), \
+    LOAD4_INTO(ra, i, m0 + am < M && (k0) + ak < kend, A + (OFF_T)(m0 + am) * sam + (k0) + ak))
+#define STORE_A(buf) EACH_STAGED(A_LOADS / 4, A_AT(i), \
+    for (int e = 0; e < 4; e++) As[buf][ak + e][am] = ra[4 * i + e];)
 #else
-#define LOAD_A(k0)                                                                            \
-    for (int i = 0; i < A_LOADS; i++) {                                                         \
-        int am, ak;                                                                             \
-        A_POS(i, tid, am, ak);                                                                  \
-        const int gm = m0 + am, gk = (k0) + ak;                                                 \
-        ra[i] = (gm < M && gk < kend) ? A[(OFF_T)gm * sam + (OFF_T)gk * sak] : 0.0f;          \
-    }
-#define STORE_A(buf)                                                                          \
-    for (int i = 0; i < A_LOADS; i++) {                                                         \
-        int am, ak;                                                                             \
-        A_POS(i, tid, am, ak);                                                                  \
-        As[buf][ak][am] = ra[i];                                                                \
-    }
+#define A_AT(i) int am, ak; A_POS(i, tid, am, ak);
+#define LOAD_A(k0) EACH_STAGED(A_LOADS, A_AT(i), \
+    ra[i] = (m0 + am < M && (k0) + ak < kend) ? A[(OFF_T)(m0 + am) * sam + (OFF_T)((k0) + ak) * sak] : 0.0f;)
+#define STORE_A(buf) EACH_STAGED(A_LOADS, A_AT(i), As[buf][ak][am] = ra[i];)
 #endif
 #if VEC_B
-#define B_VPOS(i, bk, bn) { const int v_ = tid + (i) * NT; bn = (v_ % (TILE_N / 4)) * 4; bk = v_ / (TILE_N / 4); }
-#define LOAD_BT(k0)                                                                           \
-    for (int i = 0; i < B_LOADS / 4; i++) {                                                     \
-        int bk, bn;                                                                             \
-        B_VPOS(i, bk, bn);                                                                      \
-        const int gk = (k0) + bk, gn = n0 + bn;                                                 \
-        LOAD4_INTO(rb, i, gk < kend && gn < N, B + (OFF_T)gk * sbk + gn)                        \
-    }
-#define STORE_B(buf)                                                                          \
-    for (int i = 0; i < B_LOADS / 4; i++) {                                                     \
-        int bk, bn;                                                                             \
-        B_VPOS(i, bk, bn);                                                                      \
-        ST4(&Bs[buf][bk][bn], MAKE4(rb[4 * i], rb[4 * i + 1], rb[4 * i + 2], rb[4 * i + 3]));  \
-    }
+#define B_AT(i) const int v_ = tid + (i) * NT; const int bn = (v_ % (TILE_N / 4)) * 4; const int bk = v_ / (TILE_N / 4);
+#define LOAD_BT(k0) EACH_STAGED(B_LOADS / 4, B_AT(i), \
+    LOAD4_INTO(rb, i, (k0) + bk < kend && n0 + bn < N, B + (OFF_T)((k0) + bk) * sbk + n0 + bn))
+#define STORE_B(buf) EACH_STAGED(B_LOADS / 4, B_AT(i), \
+    ST4(&Bs[buf][bk][bn], MAKE4(rb[4 * i], rb[4 * i + 1], rb[4 * i + 2], rb[4 * i + 3]));)
 #else
-#define LOAD_BT(k0)                                                                           \
-    for (int i = 0; i < B_LOADS; i++) {                                                         \
-        int bk, bn;                                                                             \
-        B_POS(i, tid, bk, bn);                                                                  \
-        const int gk = (k0) + bk;                                                               \
-        LOAD_B(i, gk, bn);                                                                      \
-    }
-#define STORE_B(buf)                                                                          \
-    for (int i = 0; i < B_LOADS; i++) {                                                         \
-        int bk, bn;                                                                             \
-        B_POS(i, tid, bk, bn);                                                                  \
-        Bs[buf][bk][bn] = rb[i];                                                                \
-    }
+#define B_AT(i) int bk, bn; B_POS(i, tid, bk, bn);
+#define LOAD_BT(k0) EACH_STAGED(B_LOADS, B_AT(i), LOAD_B(i, (k0) + bk, bn))
+#define STORE_B(buf) EACH_STAGED(B_LOADS, B_AT(i), Bs[buf][bk][bn] = rb[i];)
 #endif
 #define LOAD_TILES(k0) LOAD_A(k0) LOAD_BT(k0)
 #define STORE_TILES(buf) STORE_A(buf) STORE_B(buf)
