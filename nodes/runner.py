@@ -312,8 +312,7 @@ def load_workflow(path) -> dict:
     if isinstance(data, dict) and "nodes" in data and "links" in data:
         raise WorkflowError(f"{path} is a UI-format workflow; open it in ComfyUI and use "
                             "Workflow > Export (API), or run its twin in example_workflows/api/", 2)
-    if not isinstance(data, dict) or not data or not all(isinstance(v, dict) and "class_type" in v
-                                                         for v in data.values()):
+    if not isinstance(data, dict) or not any(isinstance(v, dict) and "class_type" in v for v in data.values()):
         raise WorkflowError(f"{path} is not an API-format workflow ({{id: {{class_type, inputs}}}})", 2)
     return data
 
@@ -477,9 +476,10 @@ def _check_node(prompt, nid, ctx: _Ctx) -> tuple[_Step, list[str]]:
     vfn = getattr(cls, "VALIDATE_INPUTS", None)
     own = set(inspect.getfullargspec(vfn).args[1:]) if vfn is not None else set()  # ComfyUI skips these
     problems, values, links = [], {}, {}
-    for name in required:
-        if name not in inputs:
-            problems.append(f"{title}: required input '{name}' is missing")
+    missing = [f"'{name}'" for name in required if name not in inputs]
+    if missing:
+        problems.append(f"{title}: required input{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                        f"{'are' if len(missing) > 1 else 'is'} missing")
     for name, v in inputs.items():
         where = f"{title}: input '{name}' = {_short(v)}"
         if _is_link(v):
