@@ -3,8 +3,11 @@
 Runs an API-format workflow (ComfyUI's "Export (API)") made of this pack's nodes plus the core nodes
 LoadImage, SaveImage, PreviewImage, EmptyImage and EmptyLatentImage, without a ComfyUI install.
 Validation and execution follow ComfyUI's rules: only nodes that an output node needs run, in
-dependency order; widget values are checked (VALIDATE_INPUTS, min/max, combos) before anything runs.
-Saved files are named as ComfyUI names them: ``<prefix>_00001_.png``.
+dependency order (found without recursion, so chains of any length run); before anything runs the
+shape of every node, every link (existing node, output index >= 0, matching type) and every widget
+value (converted as ComfyUI converts it, min/max and combos from INPUT_TYPES, VALIDATE_INPUTS) is
+checked, and LoadImage names must stay inside the input folders. Every problem is one line naming
+node id, class, input and value. Saved files are named as ComfyUI names them: ``<prefix>_00001_.png``.
 """
 from __future__ import annotations
 
