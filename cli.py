@@ -1,28 +1,85 @@
-"""The ``anydevice`` command: devices, bench (run comes with the nodes)."""
+"""The ``anydevice`` command: ``devices``, ``bench`` and ``run``.
+
+Every error reaches the user as one line per problem on stderr, ``anydevice[ run]: error: ...``,
+and an exit code (``report_error``); ``-v`` adds the traceback. Only ``bench`` and ``run`` need
+PyTorch, and they are the only commands that import it.
+"""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import os
 import sys
+import traceback
+
+DESCRIPTION = ("Neural-network and tensor ops of the AnyDevice ComfyUI nodes on any device "
+               "(CUDA, ROCm, XPU, MPS, OpenCL, NumPy), without ComfyUI.")
+EPILOG = """\
+settings: the ANYDEVICE_* environment variables (README.md, "Backends"). Every command checks them
+first and refuses a bad value with a message naming the variable; `anydevice devices` still prints
+its table first.
+exit codes: 0 done; 1 a workflow or benchmark failed; 2 a bad command line, setting or workflow file.
+-v/--verbose (before or after the command) adds debug logging and the traceback of an error."""
+
+
+def report_error(prog: str, exc: BaseException, verbose: bool = False) -> int:
+    """Print ``exc`` as one line per problem on stderr (and its traceback when verbose); return
+    the exit code: the exception's ``exit_code`` (2 for settings), else 1."""
+    if verbose:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "torch" and "PyTorch" not in str(exc):
+        from .backend.registry import INSTALL_TORCH
+        text = f"needs PyTorch: {INSTALL_TORCH}"
+    elif isinstance(exc, MemoryError):
+        text = "out of memory"
+    elif isinstance(exc, (ValueError, OSError, ImportError)) or hasattr(exc, "exit_code"):
+        text = str(exc)  # our own errors (AnyDeviceError is a ValueError); the OS's and imports' name what failed
+    else:
+        text = f"{type(exc).__name__}: {exc}" + ("" if verbose else " (-v shows the traceback)")
+    for line in text.splitlines() or [type(exc).__name__]:
+        print(f"{prog}: error: {line}", file=sys.stderr)
+    return int(getattr(exc, "exit_code", 1))
+
+
+def _settings_problems() -> list:
+    """ConfigError for every ANYDEVICE_* variable with a bad value; warns about unknown names."""
+    from .backend import config
+    for name in config.unknown():
+        near = difflib.get_close_matches(name.upper(), list(config.SETTINGS), n=1)
+        hint = f"; did you mean {near[0]}?" if near else " (README.md lists the settings)"
+        print(f"anydevice: warning: {name} is not an AnyDevice setting, ignored{hint}", file=sys.stderr)
+    return config.check()
 
 
 def _cmd_devices(args) -> int:
-    from .backend import auto_name, list_backends
+    from .backend import config, list_backends, registry
+    problems = list(args.settings_problems)
     infos = list_backends(refresh=True, include_aliases=args.all)
-    chosen = auto_name().split(":")[0]
+    chosen = None
+    if not problems:
+        try:
+            chosen = registry.parse_name(registry.auto_name())[0]
+        except config.ConfigError as exc:  # ANYDEVICE_BACKEND names a backend that cannot run here
+            problems.append(exc)
     if args.json:
-        print(json.dumps([i.as_dict() for i in infos], indent=2))
-        return 0
-    print(f"{'':2}{'backend':<11}{'available':<11}{'priority':<9}device / reason")
-    for i in infos:
-        mark = "* " if i.name == chosen else "  "
-        detail = i.device if i.available else i.reason
-        print(f"{mark}{i.name:<11}{('yes' if i.available else 'no'):<11}{i.priority:<9}{detail}")
-        if i.available and i.notes:
-            print(f"{'':33}(note: {i.notes})")
-    print("\n* = chosen automatically (override with ANYDEVICE_BACKEND=name[:index])")
-    return 0
+        print(json.dumps([dict(i.as_dict(), chosen=i.name == chosen) for i in infos], indent=2))
+    else:
+        print(f"{'':2}{'backend':<11}{'available':<11}{'priority':<9}device / reason")
+        for i in infos:
+            mark = "* " if i.name == chosen else "  "
+            detail = i.device if i.available else i.reason
+            print(f"{mark}{i.name:<11}{('yes' if i.available else 'no'):<11}{i.priority:<9}{detail}")
+            if i.available and i.notes:
+                print(f"{'':33}(note: {i.notes})")
+        if chosen:
+            print("\n* = chosen automatically (override with ANYDEVICE_BACKEND=name[:index])")
+        else:
+            print("\nnothing is chosen: a setting is wrong (below)")
+    for exc in problems:
+        report_error("anydevice devices", exc)
+    return 2 if problems else 0
 
 
 def _cmd_bench(args) -> int:
@@ -30,30 +87,78 @@ def _cmd_bench(args) -> int:
     return bench.main(args)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="anydevice", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("devices", help="list every backend with availability or the reason it is unavailable")
+def _cmd_run(args) -> int:
+    from .backend import registry
+    registry.auto_name()  # a backend ANYDEVICE_BACKEND names but that cannot run: say so before the nodes load
+    from .nodes import runner
+    return runner.main(args)
+
+
+def add_run_arguments(parser) -> None:
+    parser.add_argument("workflow", help="API-format workflow JSON (ComfyUI: Workflow > Export (API))")
+    parser.add_argument("--input", metavar="IMAGE", default=None,
+                        help="image file every LoadImage node loads (default: the file each names, looked up next "
+                             "to the workflow, in ./input and in the pack's example_workflows/input)")
+    parser.add_argument("--output-dir", metavar="DIR", default="output",
+                        help="where SaveImage writes (PreviewImage writes to DIR/temp); default ./output")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON summary (backend, times, ui, files) on stdout; everything else goes "
+                             "to stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="debug logging, and the traceback of an error")
+    parser = argparse.ArgumentParser(prog="anydevice", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and the traceback of an error")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{devices,bench,run}")
+    p = sub.add_parser("devices", parents=[verbose], help="every backend: available, its device, or why not",
+                       description="Every backend: available, its device, or the reason it is not; * marks the "
+                                   "automatic choice.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--all", action="store_true", help="also list the torch-* vendor aliases")
     p.set_defaults(func=_cmd_devices)
-    p = sub.add_parser("bench", help="GFLOPS and same-run ratio to PyTorch for each backend")
+    p = sub.add_parser("bench", parents=[verbose], help="speed of each backend against PyTorch (needs PyTorch)",
+                       description="GFLOPS per case and the ratio to PyTorch on the same device, same run.")
     from .backend import bench
     bench.add_arguments(p)
     p.set_defaults(func=_cmd_bench)
-    try:
-        from .nodes import runner  # the headless workflow runner, when present
-    except ImportError:
-        runner = None
-    if runner is not None and hasattr(runner, "add_arguments"):
-        p = sub.add_parser("run", help="run an API-format workflow headless, without ComfyUI")
-        runner.add_arguments(p)
-        p.set_defaults(func=runner.main)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    p = sub.add_parser("run", parents=[verbose], help="run an API-format workflow headless (needs PyTorch)",
+                       description="Run an API-format ComfyUI workflow of this pack's nodes (plus LoadImage, "
+                                   "SaveImage, PreviewImage, EmptyImage, EmptyLatentImage) without ComfyUI.")
+    add_run_arguments(p)
+    p.set_defaults(func=_cmd_run)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    # warnings only: the pack's INFO line at load repeats what `run` prints; -v shows everything
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    return args.func(args)
+    prog = f"anydevice {args.cmd}"
+    try:
+        args.settings_problems = _settings_problems()
+        if args.settings_problems and args.cmd != "devices":  # devices reports them after its table
+            return max(report_error(prog, exc) for exc in args.settings_problems)
+        code = args.func(args)
+        sys.stdout.flush()  # inside the try: a reader that went away is a BrokenPipeError here
+        return code
+    except BrokenPipeError:
+        # `anydevice devices --json | head`: the reader has what it wanted. Point stdout at the
+        # null device so the flush at exit raises nothing, and stop quietly.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place every error becomes one line
+        return report_error(prog, exc, args.verbose)
 
 
 if __name__ == "__main__":

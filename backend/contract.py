@@ -57,20 +57,7 @@ def unary_kernel_args(op: str, p: dict) -> tuple[int, float, float, int, int]:
     return UNARY_KERNEL_CODES[op], p0, p1, has_min, has_max
 
 
-def tf32_allowed() -> bool:
-    """ANYDEVICE_ALLOW_TF32=1: GEMMs and convs may use TF32 tensor cores (off by default, so every
-    backend computes in full FP32, like torch.backends.cuda.matmul.allow_tf32 = False)."""
-    return os.environ.get("ANYDEVICE_ALLOW_TF32", "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def workspace_budget_bytes() -> int:
-    """Largest scratch buffer (im2col columns and the like) one op may allocate at once."""
-    return int(float(os.environ.get("ANYDEVICE_WORKSPACE_MB", "256")) * 2**20)
-
-
-def max_tensor_bytes() -> int:
-    """Largest single result an op may produce; beyond it the op is refused, not OOM-killed."""
-    return int(float(os.environ.get("ANYDEVICE_MAX_TENSOR_MB", "8192")) * 2**20)
+from .config import max_tensor_bytes, tf32_allowed, workspace_budget_bytes  # noqa: E402,F401  (moved; re-exported)
 
 
 def gaussian_window(window_size: int, sigma: float) -> np.ndarray:

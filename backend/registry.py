@@ -15,19 +15,34 @@ CUDA > ROCm > XPU > MPS > OpenCL GPU > OpenCL CPU > NumPy > PyTorch CPU, except 
 PyTorch itself has the NVIDIA GPU (``torch-cuda``) it goes before the pack's own CUDA kernels:
 measured on an H100 (README, speed) cuBLAS/cuDNN are faster on most ops, so the own kernels lead
 only where PyTorch has no CUDA (``ANYDEVICE_PREFER_OWN=1`` puts them first anyway).
-``ANYDEVICE_BACKEND=name[:index]`` overrides it.
+``ANYDEVICE_BACKEND=name[:index]`` overrides it; a value that names no backend, or one that
+cannot run here, is a ``config.ConfigError`` naming the variable (never silently another backend).
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 
+from . import config
 from .errors import AnyDeviceError
 
 log = logging.getLogger("anydevice")
+
+#: what to do where PyTorch is missing (the nodes, `anydevice bench` and the torch backends need it)
+INSTALL_TORCH = ("install PyTorch: pip install torch (a CPU-only build, much smaller: "
+                 "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+#: backend modules that are PyTorch itself: without PyTorch they are skipped with that reason
+TORCH_MODULES = ("torch_backend",)
+
+
+def torch_missing() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is None
+    except (ImportError, ValueError):  # a broken or blocked install
+        return True
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,9 @@ def _import(module: str):
 def _probe_spec(spec: BackendSpec) -> BackendInfo:
     skipped = []
     for module, impl_name in spec.impls:
+        if module in TORCH_MODULES and torch_missing():
+            skipped.append(f"{module}: PyTorch is not installed (pip install torch)")
+            continue
         try:
             mod = _import(module)
         except ModuleNotFoundError as exc:
@@ -134,6 +152,10 @@ def list_backends(refresh: bool = False, include_aliases: bool = False) -> list[
     return sorted(out, key=lambda i: (not i.available, i.priority))
 
 
+def known_names() -> list[str]:
+    return [s.name for s in SPECS]
+
+
 def parse_name(name: str) -> tuple[str, int]:
     base, _, idx = name.strip().partition(":")
     if idx and not idx.isdigit():
@@ -149,7 +171,7 @@ def _auto_order() -> list[BackendInfo]:
     """Available backends in the order the automatic choice tries them."""
     infos = [i for i in list_backends(include_aliases=True) if i.available]
     by_name = {i.name: i for i in infos}
-    prefer_own = os.environ.get("ANYDEVICE_PREFER_OWN", "").strip().lower() in ("1", "true", "yes", "on")
+    prefer_own = config.prefer_own()
     order: list[BackendInfo] = []
     for info in infos:
         alt = by_name.get(VENDOR_FIRST.get(info.name, ""))
@@ -161,14 +183,18 @@ def _auto_order() -> list[BackendInfo]:
 
 
 def auto_name() -> str:
-    """The backend auto picks: ANYDEVICE_BACKEND if set, else the best available."""
+    """The backend auto picks: ANYDEVICE_BACKEND if set, else the best available. A setting that
+    names no backend or one that cannot start here raises config.ConfigError (not cached)."""
     global _auto
     with _lock:
         if _auto is not None:
             return _auto
-        env = os.environ.get("ANYDEVICE_BACKEND", "").strip()
-        if env and env.lower() != "auto":
-            parse_name(env)
+        env = config.backend_override()
+        if env is not None:
+            try:
+                get_backend(env)
+            except AnyDeviceError as exc:
+                raise config.ConfigError("ANYDEVICE_BACKEND", env, exc.reason or str(exc)) from None
             _auto = env
             return _auto
         for info in _auto_order():
@@ -198,7 +224,7 @@ def get_backend(name: str | None = None):
         info = infos.get(base)
         if info is None:
             raise AnyDeviceError("get_backend", "name", name,
-                                 f"unknown backend; known: {', '.join(s.name for s in SPECS)}")
+                                 f"unknown backend; known: {', '.join(known_names())}")
         if not info.available:
             raise AnyDeviceError("get_backend", "name", name, f"backend unavailable: {info.reason}")
         if info.devices and index >= len(info.devices):
@@ -222,6 +248,13 @@ def _spec(name: str) -> BackendSpec:
     return next(s for s in SPECS if s.name == name)
 
 
+def device_text(backend) -> str:
+    """``backend.device`` once: the PyTorch backend's text repeats its " via PyTorch <version>"."""
+    text = str(backend.device)
+    head, sep, tail = text.rpartition(" via ")
+    return head if sep and f" via {tail}" in head else text
+
+
 def describe() -> str:
     """One line: the auto choice and the others, for logs."""
     chosen = auto_name()
@@ -230,4 +263,4 @@ def describe() -> str:
         mark = "*" if info.name == parse_name(chosen)[0] else ""
         parts.append(f"{mark}{info.name}" + ("" if info.available else " (unavailable)"))
     b = get_backend(chosen)
-    return f"using {b.name} on {b.device}; backends: {', '.join(parts)}"
+    return f"using {b.name} on {device_text(b)}; backends: {', '.join(parts)}"

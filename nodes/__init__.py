@@ -7,6 +7,14 @@ from __future__ import annotations
 
 import logging
 
+try:
+    import torch  # noqa: F401  (the nodes pass torch tensors; say so before anything else fails)
+except ModuleNotFoundError as _exc:
+    if _exc.name != "torch":
+        raise
+    from ..backend.registry import INSTALL_TORCH
+    raise ModuleNotFoundError(f"the AnyDevice nodes need PyTorch: {INSTALL_TORCH}", name="torch") from None
+
 from .compute import COMPUTE_NODES
 from .helpers import HELPER_NODES
 
@@ -25,13 +33,15 @@ def log_backend_choice() -> None:
     if _logged:
         return
     _logged = True
+    name = "numpy"
     try:
         from ..backend import describe
         from .common import load_time_backend_name
-        load_time_backend_name()
+        name = load_time_backend_name()
         log.info("AnyDevice: %s", describe())
     except Exception as exc:  # noqa: BLE001 - loading the pack must never fail on this
-        log.warning("AnyDevice: could not pick a backend at load: %s", exc)
+        # e.g. ANYDEVICE_BACKEND naming no backend (config.ConfigError names the variable)
+        log.warning("AnyDevice: %s; nodes without a DEVICE input run on %s", exc, name)
 
 
 log_backend_choice()

@@ -3,13 +3,18 @@
 Runs an API-format workflow (ComfyUI's "Export (API)") made of this pack's nodes plus the core nodes
 LoadImage, SaveImage, PreviewImage, EmptyImage and EmptyLatentImage, without a ComfyUI install.
 Validation and execution follow ComfyUI's rules: only nodes that an output node needs run, in
-dependency order; widget values are checked (VALIDATE_INPUTS, min/max, combos) before anything runs.
-Saved files are named as ComfyUI names them: ``<prefix>_00001_.png``.
+dependency order (found without recursion, so chains of any length run); before anything runs the
+shape of every node, every link (existing node, output index >= 0, matching type) and every widget
+value (converted as ComfyUI converts it, min/max and combos from INPUT_TYPES, VALIDATE_INPUTS) is
+checked, and LoadImage names must stay inside the input folders. Every problem is one line naming
+node id, class, input and value. Saved files are named as ComfyUI names them: ``<prefix>_00001_.png``.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -21,7 +26,8 @@ import numpy as np
 import torch
 
 from . import NODE_CLASS_MAPPINGS as PACK_NODES
-from .common import check_widgets
+from ..backend import config
+from ..backend.errors import _short
 
 log = logging.getLogger("anydevice")
 
@@ -30,20 +36,37 @@ EXAMPLE_INPUTS = PACK_ROOT / "example_workflows" / "input"
 
 
 class WorkflowError(Exception):
-    """A workflow that cannot run here; the message says why (node id, class, input)."""
+    """A workflow that cannot run here: one problem a line, each naming node id, class, input and
+    value. ``exit_code`` 2 for a file that is no workflow, 1 for a workflow that fails validation."""
+
+    def __init__(self, problems, exit_code: int = 1):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+        self.exit_code = exit_code
 
 
 class NodeFailed(Exception):
-    """A node raised while running; the message is "#id <the node's own message>"."""
+    """A node raised while running: "#id Class: the node's own message" (one line)."""
 
-    def __init__(self, node_id: str, class_type: str, exc: Exception):
-        super().__init__(f"#{node_id} {exc}")
+    exit_code = 1
+
+    def __init__(self, node_id: str, class_type: str, exc: BaseException):
+        title = _display(class_type)
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, MemoryError):
+            msg = f"{title}: out of memory"
+        elif not msg.startswith(title):  # the pack's own errors start with the node's name already
+            msg = f"{title}: {msg}" if isinstance(exc, WorkflowError) else f"{title}: {type(exc).__name__}: {msg}"
+        super().__init__(f"#{node_id} {msg}")
         self.node_id, self.class_type, self.original = node_id, class_type, exc
 
 
 # ---------------------------------------------------------------------------------------------
 # the core nodes the runner does itself (with Pillow), matching ComfyUI's behaviour
 # ---------------------------------------------------------------------------------------------
+MAX_RESOLUTION = 16384  # ComfyUI's nodes.MAX_RESOLUTION
+
+
 class _Ctx:
     def __init__(self, output_dir: Path, input_image: Path | None, search: list[Path]):
         self.output_dir = output_dir
@@ -97,9 +120,47 @@ def _save_images(ctx: _Ctx, images, filename_prefix: str, kind: str, folder: Pat
     return {"ui": {"images": results}, "result": ()}
 
 
-class LoadImage:
+def _image_bytes(batch_size, height, width, channels) -> str | None:
+    """None, or why a float32 result of that size is refused (ANYDEVICE_MAX_TENSOR_MB)."""
+    nbytes = batch_size * height * width * channels * 4
+    limit = config.max_tensor_bytes()
+    if nbytes <= limit:
+        return None
+    return (f"inputs batch_size x height x width = {batch_size} x {height} x {width}: {nbytes / 2**20:.0f} MB, "
+            f"over the limit of {limit / 2**20:.0f} MB (ANYDEVICE_MAX_TENSOR_MB)")
+
+
+class _Core:
+    """A ComfyUI core node the runner does itself: INPUT_TYPES as ComfyUI declares it, and
+    ``check(ctx, **inputs)`` for what ComfyUI checks beyond types and ranges (None: fine)."""
+
+    RETURN_TYPES: tuple = ()
+    OUTPUT_NODE = False
+
+    @classmethod
+    def check(cls, ctx: _Ctx, **inputs) -> str | None:
+        return None
+
+
+def _size(default: int, minimum: int, step: int = 1):
+    return ("INT", {"default": default, "min": minimum, "max": MAX_RESOLUTION, "step": step})
+
+
+BATCH = ("INT", {"default": 1, "min": 1, "max": 4096})
+
+
+class LoadImage(_Core):
     RETURN_TYPES = ("IMAGE", "MASK")
-    INPUTS = {"image": "STRING"}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("STRING", {"image_upload": True})}}
+
+    @classmethod
+    def check(cls, ctx: _Ctx, image=None, **_):
+        if ctx.input_image is None and image is not None:
+            _find_input(image, ctx.search)  # raises WorkflowError: outside the folders, or missing
+        return None
 
     def run(self, ctx: _Ctx, image, **_):
         from PIL import Image, ImageOps
@@ -117,28 +178,41 @@ class LoadImage:
         return (out, mask.unsqueeze(0))
 
 
-class SaveImage:
-    RETURN_TYPES = ()
+class SaveImage(_Core):
     OUTPUT_NODE = True
-    INPUTS = {"images": "IMAGE", "filename_prefix": "STRING"}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"})}}
 
     def run(self, ctx: _Ctx, images, filename_prefix="ComfyUI", **_):
         return _save_images(ctx, images, filename_prefix, "output", ctx.output_dir)
 
 
-class PreviewImage:
-    RETURN_TYPES = ()
+class PreviewImage(_Core):
     OUTPUT_NODE = True
-    INPUTS = {"images": "IMAGE"}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",)}}
 
     def run(self, ctx: _Ctx, images, **_):
         prefix = "ComfyUI_temp_" + "".join(random.choice("abcdefghijklmnopqrstupvxyz") for _ in range(5))
         return _save_images(ctx, images, prefix, "temp", ctx.output_dir / "temp")
 
 
-class EmptyImage:
+class EmptyImage(_Core):
     RETURN_TYPES = ("IMAGE",)
-    INPUTS = {"width": "INT", "height": "INT", "batch_size": "INT", "color": "INT"}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"width": _size(512, 1), "height": _size(512, 1), "batch_size": BATCH,
+                             "color": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFF, "step": 1,
+                                               "display": "color"})}}
+
+    @classmethod
+    def check(cls, ctx, width=512, height=512, batch_size=1, **_):
+        return _image_bytes(batch_size, height, width, 3)
 
     def run(self, ctx: _Ctx, width=512, height=512, batch_size=1, color=0, **_):
         r = torch.full([batch_size, height, width, 1], ((color >> 16) & 0xFF) / 0xFF)
@@ -147,9 +221,16 @@ class EmptyImage:
         return (torch.cat((r, g, b), dim=-1),)
 
 
-class EmptyLatentImage:
+class EmptyLatentImage(_Core):
     RETURN_TYPES = ("LATENT",)
-    INPUTS = {"width": "INT", "height": "INT", "batch_size": "INT"}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"width": _size(512, 16, 8), "height": _size(512, 16, 8), "batch_size": BATCH}}
+
+    @classmethod
+    def check(cls, ctx, width=512, height=512, batch_size=1, **_):
+        return _image_bytes(batch_size, height // 8, width // 8, 4)
 
     def run(self, ctx: _Ctx, width=512, height=512, batch_size=1, **_):
         return ({"samples": torch.zeros([batch_size, 4, height // 8, width // 8])},)
@@ -158,128 +239,318 @@ class EmptyLatentImage:
 CORE_NODES = {c.__name__: c for c in (LoadImage, SaveImage, PreviewImage, EmptyImage, EmptyLatentImage)}
 
 
-def _find_input(name: str, search: list[Path]) -> Path:
-    p = Path(name)
-    if p.is_absolute() and p.is_file():
-        return p
+def _node_class(class_type):
+    return PACK_NODES.get(class_type) or CORE_NODES.get(class_type)
+
+
+def _display(class_type) -> str:
+    return getattr(PACK_NODES.get(class_type), "DISPLAY", class_type)
+
+
+def input_folders(workflow_path=None) -> list[Path]:
+    """Where LoadImage names are looked up, each folder once: next to the workflow, its input/
+    and ../input, ./ and ./input, and the pack's example_workflows/input."""
+    folders = []
+    if workflow_path is not None:
+        wd = Path(workflow_path).resolve().parent
+        folders += [wd, wd / "input", wd.parent / "input"]
+    folders += [Path.cwd(), Path.cwd() / "input", EXAMPLE_INPUTS]
+    out = []
+    for d in folders:
+        if d.resolve() not in out:
+            out.append(d.resolve())
+    return out
+
+
+def _find_input(name, search: list[Path]) -> Path:
+    """The file ``name`` names inside one of the input folders. As in ComfyUI, a name may hold
+    subfolders but never leaves its folder: absolute paths, drives and '..' that climb out are
+    refused (``--input PATH`` loads any file)."""
+    where = f"input 'image' = {_short(name)}"
+    if not isinstance(name, str) or not name.strip():
+        raise WorkflowError(f"{where}: must be an image file name")
     for d in search:
-        if (d / name).is_file():
-            return d / name
-    where = ", ".join(str(d) for d in search)
-    raise WorkflowError(f"LoadImage: input 'image' = {name!r}: file not found (looked in {where}); "
+        base = os.path.abspath(d)
+        full = os.path.abspath(os.path.join(base, name))
+        try:
+            inside = os.path.commonpath((base, full)) == base and full != base
+        except ValueError:  # Windows: another drive
+            inside = False
+        if not inside:
+            raise WorkflowError(f"{where}: must name a file inside the input folders (no absolute path, no "
+                                "'..' out of them); pass --input PATH to load another file")
+        if os.path.isfile(full):
+            return Path(full)
+    raise WorkflowError(f"{where}: file not found (looked in {', '.join(str(d) for d in search)}); "
                         "pass --input PATH")
 
 
 # ---------------------------------------------------------------------------------------------
-# loading, validation, execution
+# loading
 # ---------------------------------------------------------------------------------------------
 def load_workflow(path) -> dict:
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    """The API-format prompt in ``path``; WorkflowError (exit code 2) naming the file otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        raise WorkflowError(f"{path}: is a folder, not a workflow file", 2)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise WorkflowError(f"{path}: cannot read the workflow: {exc.strerror or exc}", 2) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise WorkflowError(f"{path}: not a JSON workflow: byte {exc.start} (0x{data[exc.start]:02x}) is not "
+                            "UTF-8 text", 2) from None
+    if not text.strip():
+        raise WorkflowError(f"{path}: the file is empty, not a JSON workflow", 2)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkflowError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", 2) from None
+    except RecursionError:
+        raise WorkflowError(f"{path}: not valid JSON here: nested too deeply", 2) from None
     if isinstance(data, dict) and "prompt" in data and isinstance(data["prompt"], dict):
         data = data["prompt"]
     if isinstance(data, dict) and "nodes" in data and "links" in data:
         raise WorkflowError(f"{path} is a UI-format workflow; open it in ComfyUI and use "
-                            "Workflow > Export (API), or run its twin in example_workflows/api/")
-    if not isinstance(data, dict) or not all(isinstance(v, dict) and "class_type" in v for v in data.values()):
-        raise WorkflowError(f"{path} is not an API-format workflow ({{id: {{class_type, inputs}}}})")
+                            "Workflow > Export (API), or run its twin in example_workflows/api/", 2)
+    if not isinstance(data, dict) or not any(isinstance(v, dict) and "class_type" in v for v in data.values()):
+        raise WorkflowError(f"{path} is not an API-format workflow ({{id: {{class_type, inputs}}}})", 2)
     return data
 
 
-def _title(prompt, nid) -> str:
-    cls = prompt[nid]["class_type"]
-    return f"#{nid} {cls}"
+# ---------------------------------------------------------------------------------------------
+# validation, as ComfyUI's execution.validate_prompt does it
+# ---------------------------------------------------------------------------------------------
+_CONVERT = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
 
 
 def _is_link(v) -> bool:
-    return isinstance(v, list) and len(v) == 2 and isinstance(v[0], (str, int)) and isinstance(v[1], int)
+    """ComfyUI reads every list input value as a link [node_id, output_index]."""
+    return isinstance(v, list)
 
 
 def _is_output(cls) -> bool:
     return getattr(cls, "OUTPUT_NODE", False) is True
 
 
-def validate(prompt: dict) -> list[str]:
-    """Everything wrong with the prompt, as messages; [] when it can run."""
-    errors = []
-    for nid, node in prompt.items():
-        ct = node["class_type"]
-        if ct not in PACK_NODES and ct not in CORE_NODES:
-            errors.append(f"{_title(prompt, nid)}: node '{ct}' needs ComfyUI (the headless runner supports this "
-                          f"pack's nodes and {', '.join(CORE_NODES)}); run this workflow inside ComfyUI")
-    if errors:
-        return errors
-    if not any(_is_output(PACK_NODES.get(n["class_type"]) or CORE_NODES[n["class_type"]]) for n in prompt.values()):
-        return ["the workflow has no output node (SaveImage, PreviewImage, Loss, Tensor Info)"]
+def _spec(cls) -> tuple[dict, dict]:
+    """(every input name -> its INPUT_TYPES entry, the required ones)."""
+    types = cls.INPUT_TYPES()
+    required = dict(types.get("required", {}))
+    return {**required, **types.get("optional", {})}, required
+
+
+def types_match(received, expected) -> bool:
+    """ComfyUI's validate_node_input: equal (honouring a type's own __ne__), a '*' on either side,
+    or comma lists that overlap."""
+    if not received != expected:
+        return True
+    if not isinstance(received, str) or not isinstance(expected, str):
+        return False
+    got = {t.strip() for t in received.split(",")}
+    want = {t.strip() for t in expected.split(",")}
+    return "*" in got or "*" in want or bool(got & want)
+
+
+def _type_name(t) -> str:
+    return "a combo" if isinstance(t, (list, tuple)) else str(t)
+
+
+def check_widget(where: str, entry, value):
+    """(the value as ComfyUI converts it, the problem or None) for a literal input value:
+    INT/FLOAT/STRING/BOOLEAN conversion, min and max, combo membership."""
+    typ = entry[0]
+    opts = entry[1] if len(entry) > 1 and isinstance(entry[1], dict) else {}
+    if isinstance(value, dict) and "__value__" in value:  # a list widget value, wrapped by the frontend
+        value = value["__value__"]
+    if isinstance(typ, (list, tuple)):
+        if value in typ:
+            return value, None
+        shown = ", ".join(map(str, typ[:12])) + (", ..." if len(typ) > 12 else "")
+        return value, f"{where}: must be one of {shown}"
+    convert = _CONVERT.get(typ)
+    if convert is None:
+        return value, None  # a socket type (IMAGE, ...) given a literal: the node says what it needs
     try:
-        needed = _order(prompt)
-    except WorkflowError as exc:
-        return [str(exc)]
-    for nid in needed:  # as ComfyUI: only what an output node needs is validated and run
-        node = prompt[nid]
-        ct = node["class_type"]
-        inputs = node.get("inputs", {})
-        for name, v in inputs.items():
-            if _is_link(v):
-                src = str(v[0])
-                if src not in prompt:
-                    errors.append(f"{_title(prompt, nid)}: input '{name}' links to missing node {src}")
-                    continue
-                scls = PACK_NODES.get(prompt[src]["class_type"]) or CORE_NODES.get(prompt[src]["class_type"])
-                if scls is not None and v[1] >= len(scls.RETURN_TYPES):
-                    errors.append(f"{_title(prompt, nid)}: input '{name}' uses output {v[1]} of node {src}, "
-                                  f"which has {len(scls.RETURN_TYPES)}")
-        if ct in PACK_NODES:
-            cls = PACK_NODES[ct]
-            spec = cls.INPUT_TYPES()
-            for name in spec.get("required", {}):
-                if name not in inputs:
-                    errors.append(f"{_title(prompt, nid)}: required input '{name}' is missing")
-            widgets = {k: v for k, v in inputs.items() if not _is_link(v)}
-            r = check_widgets(cls, widgets)
-            if r is not True:
-                errors.append(f"#{nid} {r}")
-                continue
-            vfn = getattr(cls, "VALIDATE_INPUTS", None)
-            if vfn is not None:
-                import inspect
-                params = inspect.getfullargspec(vfn).args[1:]
-                kw = {k: (None if _is_link(inputs[k]) else inputs[k]) for k in params if k in inputs}
-                r = vfn(**kw)
-                if r is not True:
-                    errors.append(f"#{nid} {r}")
-        else:
-            for name in CORE_NODES[ct].INPUTS:
-                if name not in inputs and name in ("images", "image"):
-                    errors.append(f"{_title(prompt, nid)}: required input '{name}' is missing")
-    return errors
+        value = convert(value)
+    except (TypeError, ValueError, OverflowError):
+        return value, f"{where}: must be {'an' if typ[0] in 'AEIOU' else 'a'} {typ} value"
+    if typ in ("INT", "FLOAT"):
+        if not math.isfinite(value):
+            return value, f"{where}: must be a finite number"
+        if opts.get("min") is not None and value < opts["min"]:
+            return value, f"{where}: must be >= {opts['min']}"
+        if opts.get("max") is not None and value > opts["max"]:
+            return value, f"{where}: must be <= {opts['max']}"
+    return value, None
+
+
+@dataclass
+class _Step:
+    nid: str
+    class_type: str
+    cls: type
+    values: dict   # literal inputs, converted
+    links: dict    # input name -> (source node id, output index)
+
+
+def _structure(prompt) -> tuple[dict, list[str]]:
+    """The prompt with string ids, and what is wrong with its shape (node objects, class_type,
+    inputs), before anything that relies on it."""
+    if not isinstance(prompt, dict) or not prompt:
+        return {}, ["the workflow must be a non-empty object {id: {class_type, inputs}}"]
+    prompt = {str(k): v for k, v in prompt.items()}
+    problems = []
+    for nid, node in prompt.items():
+        if not isinstance(node, dict):
+            problems.append(f"#{nid}: must be an object {{\"class_type\": ..., \"inputs\": {{...}}}}, "
+                            f"got {type(node).__name__}")
+            continue
+        ct = node.get("class_type")
+        if not isinstance(ct, str):
+            problems.append(f"#{nid}: class_type = {_short(ct)}: must be a node class name (a string)")
+        elif _node_class(ct) is None:
+            problems.append(f"#{nid} {ct}: node '{ct}' needs ComfyUI (the headless runner supports this pack's "
+                            f"nodes and {', '.join(CORE_NODES)}); run this workflow inside ComfyUI")
+        elif not isinstance(node.get("inputs", {}), dict):
+            problems.append(f"#{nid} {_display(ct)}: inputs = {_short(node['inputs'])}: must be an object "
+                            "{name: value or [node_id, output_index]}")
+    return prompt, problems
+
+
+def _link_problem(prompt, v) -> str | None:
+    if len(v) != 2:
+        return "a link must be [node_id, output_index]"
+    src, idx = v
+    if isinstance(src, bool) or not isinstance(src, (str, int)) or str(src) not in prompt:
+        return f"links to missing node {_short(src)}"
+    if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+        return "a link's output index must be a whole number >= 0"
+    outputs = _node_class(prompt[str(src)]["class_type"]).RETURN_TYPES
+    if idx >= len(outputs):
+        return f"uses output {idx} of node {src} ({prompt[str(src)]['class_type']}), which has {len(outputs)}"
+    return None
+
+
+def _sources(prompt, nid):
+    """Ids of the existing nodes that ``nid``'s links point at, in input order."""
+    for v in prompt[nid].get("inputs", {}).values():
+        if _is_link(v) and len(v) == 2 and isinstance(v[0], (str, int)) and str(v[0]) in prompt:
+            yield str(v[0])
 
 
 def _order(prompt: dict) -> list[str]:
-    """Nodes the output nodes need, dependencies first (ComfyUI runs nothing else)."""
-    outputs = [nid for nid, n in prompt.items()
-               if _is_output(PACK_NODES.get(n["class_type"]) or CORE_NODES[n["class_type"]])]
-    order, state = [], {}
-
-    def visit(nid, path):
-        if state.get(nid) == 2:
-            return
-        if state.get(nid) == 1:
-            raise WorkflowError(f"the workflow has a cycle through nodes {' -> '.join(path + [nid])}")
-        state[nid] = 1
-        for name, v in prompt[nid].get("inputs", {}).items():
-            if _is_link(v):
-                if str(v[0]) not in prompt:
-                    raise WorkflowError(f"{_title(prompt, nid)}: input '{name}' links to missing node {v[0]}")
-                visit(str(v[0]), path + [nid])
-        state[nid] = 2
-        order.append(nid)
-
-    for nid in sorted(outputs, key=lambda s: (len(s), s)):
-        visit(nid, [])
+    """Nodes the output nodes need, dependencies first (ComfyUI runs nothing else). Iterative, so a
+    chain of any length runs; a cycle is a WorkflowError."""
+    outputs = [nid for nid, n in prompt.items() if _is_output(_node_class(n["class_type"]))]
+    order, state = [], {}  # state: 1 on the current path, 2 done
+    for root in sorted(outputs, key=lambda s: (len(s), s)):
+        if root in state:
+            continue
+        state[root] = 1
+        stack = [(root, _sources(prompt, root))]
+        while stack:
+            nid, pending = stack[-1]
+            for src in pending:
+                if state.get(src) == 1:
+                    path = [n for n, _ in stack]
+                    path = path[path.index(src):] + [src]
+                    raise WorkflowError(f"the workflow has a cycle through nodes {' -> '.join(path)}")
+                if src not in state:
+                    state[src] = 1
+                    stack.append((src, _sources(prompt, src)))
+                    break
+            else:
+                stack.pop()
+                state[nid] = 2
+                order.append(nid)
     return order
 
 
+def _check_node(prompt, nid, ctx: _Ctx) -> tuple[_Step, list[str]]:
+    node = prompt[nid]
+    ct = node["class_type"]
+    cls = _node_class(ct)
+    title = f"#{nid} {_display(ct)}"
+    inputs = node.get("inputs", {})
+    spec, required = _spec(cls)
+    vfn = getattr(cls, "VALIDATE_INPUTS", None)
+    own = set(inspect.getfullargspec(vfn).args[1:]) if vfn is not None else set()  # ComfyUI skips these
+    problems, values, links = [], {}, {}
+    missing = [f"'{name}'" for name in required if name not in inputs]
+    if missing:
+        problems.append(f"{title}: required input{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                        f"{'are' if len(missing) > 1 else 'is'} missing")
+    for name, v in inputs.items():
+        where = f"{title}: input '{name}' = {_short(v)}"
+        if _is_link(v):
+            why = _link_problem(prompt, v)
+            if why is None and name in spec:
+                got = _node_class(prompt[str(v[0])]["class_type"]).RETURN_TYPES[v[1]]
+                if not types_match(got, spec[name][0]):
+                    why = (f"node {v[0]} output {v[1]} is {_type_name(got)}, but this input takes "
+                           f"{_type_name(spec[name][0])}")
+            if why:
+                problems.append(f"{where}: {why}")
+            else:
+                links[name] = (str(v[0]), v[1])
+        elif name in spec and name not in own:
+            v, why = check_widget(where, spec[name], v)
+            if why:
+                problems.append(why)
+            values[name] = v
+        else:
+            values[name] = v
+    step = _Step(nid, ct, cls, values, links)
+    if problems:
+        return step, problems
+    try:
+        if vfn is not None:
+            r = vfn(**{k: (None if k in links else values[k]) for k in own if k in inputs})
+            if r is not True:
+                problems.append(f"#{nid} {r}" if str(r).startswith(_display(ct)) else f"{title}: {r}")
+        if ct in CORE_NODES:
+            r = cls.check(ctx, **values)
+            if r:
+                problems.append(f"{title}: {r}")
+    except WorkflowError as exc:
+        problems += [f"{title}: {p}" for p in exc.problems]
+    except Exception as exc:  # noqa: BLE001 - a node's check that raises is a problem of that node
+        problems.append(str(NodeFailed(nid, ct, exc)))
+    return step, problems
+
+
+def _plan(prompt, ctx: _Ctx) -> list[_Step]:
+    """The steps to run, dependencies first; WorkflowError listing every problem otherwise."""
+    prompt, problems = _structure(prompt)
+    if problems:
+        raise WorkflowError(problems)
+    if not any(_is_output(_node_class(n["class_type"])) for n in prompt.values()):
+        raise WorkflowError("the workflow has no output node (SaveImage, PreviewImage, Loss, Tensor Info)")
+    steps = []
+    for nid in _order(prompt):  # as ComfyUI: only what an output node needs is validated and run
+        step, more = _check_node(prompt, nid, ctx)
+        steps.append(step)
+        problems += more
+    if problems:
+        raise WorkflowError(problems)
+    return steps
+
+
+def validate(prompt: dict, workflow_path=None) -> list[str]:
+    """Everything wrong with the prompt, as one-line messages; [] when it can run."""
+    try:
+        _plan(prompt, _Ctx(Path("output"), None, input_folders(workflow_path)))
+    except WorkflowError as exc:
+        return exc.problems
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# execution
+# ---------------------------------------------------------------------------------------------
 @dataclass
 class RunResult:
     backend: str = ""
@@ -289,112 +560,98 @@ class RunResult:
     saved: list = field(default_factory=list)     # [{path, filename, subfolder, type}]
 
 
+def _output_dir(output_dir) -> Path:
+    d = Path(output_dir or "output")
+    if d.exists() and not d.is_dir():
+        raise WorkflowError(f"output folder {d}: is a file, not a folder", 2)
+    return d.resolve()
+
+
 def run_prompt(prompt: dict, output_dir=None, input_image=None, workflow_path=None, echo=None) -> RunResult:
-    """Validate and run an API-format prompt. Raises WorkflowError (with every problem) or the
-    node's own error (prefixed with the node id)."""
+    """Validate and run an API-format prompt. Raises WorkflowError (with every problem, one a
+    line) or NodeFailed (a node's own error, prefixed with its id and name)."""
     echo = echo or (lambda *_: None)
-    errors = validate(prompt)
-    if errors:
-        raise WorkflowError("the workflow failed validation:\n  " + "\n  ".join(errors))
-    output_dir = Path(output_dir or "output").resolve()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    search = []
-    if workflow_path is not None:
-        wd = Path(workflow_path).resolve().parent
-        search += [wd, wd / "input", wd.parent / "input"]
-    search += [Path.cwd(), Path.cwd() / "input", EXAMPLE_INPUTS]
-    ctx = _Ctx(output_dir, Path(input_image).resolve() if input_image else None, search)
+    output_dir = _output_dir(output_dir)
+    ctx = _Ctx(output_dir, Path(input_image).resolve() if input_image else None, input_folders(workflow_path))
     if ctx.input_image is not None and not ctx.input_image.is_file():
-        raise WorkflowError(f"--input {input_image}: file not found")
+        raise WorkflowError(f"--input {input_image}: file not found", 2)
+    steps = _plan(prompt, ctx)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WorkflowError(f"output folder {output_dir}: cannot create it: {exc.strerror or exc}", 2) from None
     from ..backend import describe
     out = RunResult(backend=describe())
     echo(f"backend: {out.backend}")
-    for nid in _order(prompt):
-        node = prompt[nid]
-        ct = node["class_type"]
-        kwargs = {}
-        for name, v in node.get("inputs", {}).items():
-            kwargs[name] = out.results[str(v[0])][v[1]] if _is_link(v) else v
+    for step in steps:
+        kwargs = dict(step.values)
+        for name, (src, idx) in step.links.items():
+            kwargs[name] = out.results[src][idx]
         t0 = time.perf_counter()
         try:
-            if ct in PACK_NODES:
-                cls = PACK_NODES[ct]
-                spec = cls.INPUT_TYPES()
-                known = {**spec.get("required", {}), **spec.get("optional", {})}
-                r = getattr(cls(), cls.FUNCTION)(**{k: v for k, v in kwargs.items() if k in known})
+            if step.class_type in PACK_NODES:
+                spec, _ = _spec(step.cls)
+                r = getattr(step.cls(), step.cls.FUNCTION)(**{k: v for k, v in kwargs.items() if k in spec})
             else:
-                r = CORE_NODES[ct]().run(ctx, **kwargs)
-        except WorkflowError as exc:
-            raise WorkflowError(f"#{nid}: {exc}") from exc
-        except Exception as exc:
-            raise NodeFailed(nid, ct, exc) from exc
+                r = step.cls().run(ctx, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - every node error is one line naming the node
+            raise NodeFailed(step.nid, step.class_type, exc) from exc
         ms = (time.perf_counter() - t0) * 1000
         if isinstance(r, dict):
-            out.results[nid] = tuple(r.get("result", ()))
+            out.results[step.nid] = tuple(r.get("result", ()))
             if r.get("ui"):
-                out.ui[nid] = r["ui"]
+                out.ui[step.nid] = r["ui"]
         else:
-            out.results[nid] = tuple(r)
-        out.times_ms[nid] = ms
-        title = getattr(PACK_NODES.get(ct), "DISPLAY", ct)
+            out.results[step.nid] = tuple(r)
+        out.times_ms[step.nid] = ms
         badge = (r.get("ui") or {}).get("anydevice", [{}])[0] if isinstance(r, dict) else {}
         where = f" [{badge['backend']}]" if badge.get("backend") else ""
         extra = ""
         if isinstance(r, dict) and r.get("ui", {}).get("text"):
             extra = "  " + "; ".join(r["ui"]["text"])
-        echo(f"  #{nid:<3} {title:<30} {ms:9.2f} ms{where}{extra}")
+        echo(f"  #{step.nid:<3} {_display(step.class_type):<30} {ms:9.2f} ms{where}{extra}")
     out.saved = ctx.saved
     return out
 
 
 # ---------------------------------------------------------------------------------------------
-# command line
+# command line (the arguments are cli.add_run_arguments)
 # ---------------------------------------------------------------------------------------------
-def add_arguments(parser) -> None:
-    parser.add_argument("workflow", help="API-format workflow JSON (ComfyUI: Workflow > Export (API))")
-    parser.add_argument("--input", metavar="IMAGE", default=None,
-                        help="image file every LoadImage node loads (default: the file each names, looked up next "
-                             "to the workflow, in ./input and in the pack's example_workflows/input)")
-    parser.add_argument("--output-dir", metavar="DIR", default="output",
-                        help="where SaveImage writes (PreviewImage writes to DIR/temp); default ./output")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary (backend, times, ui, files) last")
-
-
 def main(args) -> int:
+    """``anydevice run``; ``args`` from the cli's parser, or a list of its arguments. Human lines go
+    to stdout, or to stderr with --json (stdout then holds the JSON alone); errors to stderr."""
+    from ..cli import build_parser, report_error
     if isinstance(args, (list, tuple)):
-        import argparse
-        p = argparse.ArgumentParser(prog="anydevice run", description=__doc__.split("\n")[0])
-        add_arguments(p)
-        args = p.parse_args(list(args))
+        args = build_parser().parse_args(["run", *args])
+    stream = sys.stderr if args.json else sys.stdout
+
+    def echo(text):
+        print(text, file=stream)
+
     try:
         prompt = load_workflow(args.workflow)
-    except (OSError, json.JSONDecodeError, WorkflowError) as exc:
-        print(f"anydevice run: {exc}", file=sys.stderr)
-        return 2
-    print(f"anydevice run {args.workflow}")
-    try:
+        echo(f"anydevice run {args.workflow}")
         res = run_prompt(prompt, output_dir=args.output_dir, input_image=args.input, workflow_path=args.workflow,
-                         echo=print)
-    except WorkflowError as exc:
-        print(f"anydevice run: {exc}", file=sys.stderr)
-        return 1
-    except NodeFailed as exc:  # a node's own error: the message names node, input and value
-        print(f"anydevice run: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"total: {sum(res.times_ms.values()):.1f} ms in {len(res.times_ms)} nodes")
+                         echo=echo)
+    except Exception as exc:  # noqa: BLE001 - one line a problem, the exit code it carries
+        return report_error("anydevice run", exc, getattr(args, "verbose", False))
+    echo(f"total: {sum(res.times_ms.values()):.1f} ms in {len(res.times_ms)} nodes")
     for s in res.saved:
-        print(f"saved: {s['path']}")
-    if getattr(args, "json", False):
-        print(json.dumps({"backend": res.backend, "times_ms": res.times_ms, "ui": _jsonable(res.ui),
-                          "saved": res.saved}))
+        echo(f"saved: {s['path']}")
+    if args.json:
+        print(json.dumps(_jsonable({"backend": res.backend, "times_ms": res.times_ms, "ui": res.ui,
+                                    "saved": res.saved}), allow_nan=False))
     return 0
 
 
 def _jsonable(x):
+    """Plain JSON: NumPy scalars as numbers, non-finite numbers (a PSNR of identical images) as null."""
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     if isinstance(x, (np.floating, np.integer)):
-        return x.item()
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
     return x

@@ -233,7 +233,8 @@ def test_anydevice_run_through_the_cli_entry(tmp_path):
             f"sys.exit(main(['run', {str(API / 'latent_filter.json')!r}, '--output-dir', {str(tmp_path)!r}, '--json']))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    summary = json.loads(p.stdout)  # stdout holds the JSON alone (`anydevice run WF --json | jq`)
+    assert "anydevice run" in p.stderr and "saved: " in p.stderr
     assert summary["saved"][0]["filename"] == "anydevice_latent_00001_.png"
     assert any("info" in ui for ui in summary["ui"].values())
 
@@ -306,3 +307,192 @@ def test_missing_image_file(tmp_path, capsys):
     wf.write_text(json.dumps(prompt))
     assert runner.main([str(wf), "--output-dir", str(tmp_path)]) == 1
     assert "nope.png" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# misuse: every problem is one line naming node id, class, input and value; exit code non-zero
+# ---------------------------------------------------------------------------------------------
+def empty_image(**kw):
+    return {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0, **kw}}
+
+
+def preview(link):
+    return {"class_type": "PreviewImage", "inputs": {"images": link}}
+
+
+def one_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("anydevice run: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def run_wf(tmp_path, prompt, *extra):
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps(prompt))
+    return runner.main([str(wf), "--output-dir", str(tmp_path / "out"), *extra])
+
+
+MISUSE = {
+    "negative link index": ({"1": empty_image(), "2": preview(["1", -5])},
+                            "#2 PreviewImage: input 'images' = ['1', -5]: a link's output index must be"),
+    "link index -1": ({"1": empty_image(), "2": preview(["1", -1])}, "input 'images' = ['1', -1]"),
+    "link index past the outputs": ({"1": empty_image(), "2": preview(["1", 3])},
+                                    "input 'images' = ['1', 3]: uses output 3 of node 1 (EmptyImage), which has 1"),
+    "link to a missing node": ({"2": preview(["9", 0])}, "input 'images' = ['9', 0]: links to missing node '9'"),
+    "link of three": ({"1": empty_image(), "2": preview(["1", 0, 0])}, "a link must be [node_id, output_index]"),
+    "class_type not a string": ({"1": {"class_type": 5, "inputs": {}}},
+                                "#1: class_type = 5: must be a node class name"),
+    "inputs as a list": ({"1": {"class_type": "PreviewImage", "inputs": [1, 2]}},
+                         "#1 PreviewImage: inputs = [1, 2]: must be an object"),
+    "node not an object": ({"1": [1], "2": preview(["1", 0])}, "#1: must be an object"),
+    "width over ComfyUI's max": ({"1": empty_image(width=65536), "2": preview(["1", 0])},
+                                "#1 EmptyImage: input 'width' = 65536: must be <= 16384"),
+    "negative width": ({"1": empty_image(width=-5), "2": preview(["1", 0])},
+                       "#1 EmptyImage: input 'width' = -5: must be >= 1"),
+    "width not a number": ({"1": empty_image(width="wide"), "2": preview(["1", 0])},
+                           "#1 EmptyImage: input 'width' = 'wide': must be an INT value"),
+    "batch over ANYDEVICE_MAX_TENSOR_MB": ({"1": empty_image(width=16384, height=16384, batch_size=64),
+                                           "2": preview(["1", 0])}, "over the limit of 8192 MB (ANYDEVICE_MAX_TENSOR_MB)"),
+    "pack node without its widgets": ({"1": empty_image(), "2": preview(["3", 0]), "3": {
+        "class_type": "AnyDeviceActivation", "inputs": {"input": ["1", 0]}}},
+        "#3 Activation (AnyDevice): required inputs 'activation', 'negative_slope', 'alpha',"),
+    "link of the wrong type": ({"1": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64,
+                                                                                  "batch_size": 1}},
+                                "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0],
+                                                                           "filename_prefix": "x"}}},
+                               "#2 SaveImage: input 'images' = ['1', 0]: node 1 output 0 is LATENT, but this input "
+                               "takes IMAGE"),
+    "required input missing": ({"1": empty_image(), "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0]}}},
+                               "#2 SaveImage: required input 'filename_prefix' is missing"),
+    "cycle": ({"1": {"class_type": "AnyDeviceTensorInfo", "inputs": {"input": ["2", 0]}},
+               "2": {"class_type": "AnyDeviceTensorInfo", "inputs": {"input": ["1", 0]}}},
+              "the workflow has a cycle through nodes"),
+    "absolute image path": ({"1": {"class_type": "LoadImage", "inputs": {"image": str(PHOTO)}}, "2": preview(["1", 0])},
+                            "#1 LoadImage: input 'image' = "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISUSE))
+def test_misuse_is_one_line_naming_the_node(case, tmp_path, capsys):
+    prompt, fragment = MISUSE[case]
+    assert run_wf(tmp_path, prompt) != 0
+    line = one_error_line(capsys.readouterr().err)
+    assert fragment in line, line
+    assert not (tmp_path / "out").exists()  # refused before anything ran or was written
+
+
+def test_combo_checked_against_input_types(tmp_path, capsys):
+    spec = runner.PACK_NODES["AnyDeviceActivation"].INPUT_TYPES()["required"]
+    inputs = {k: v[1]["default"] for k, v in spec.items() if k != "input"}
+    prompt = {"1": empty_image(), "2": {"class_type": "AnyDeviceActivation",
+                                        "inputs": {**inputs, "input": ["1", 0], "activation": "nope"}},
+              "3": preview(["2", 0])}
+    assert run_wf(tmp_path, prompt) == 1
+    assert "#2 Activation (AnyDevice): input 'activation' = 'nope': must be one of relu" in \
+        one_error_line(capsys.readouterr().err)
+
+
+def test_load_image_stays_inside_the_input_folders(tmp_path, capsys):
+    """ComfyUI refuses image names that leave its input folder; so does the runner (no read)."""
+    private = tmp_path / "elsewhere" / "private.png"
+    private.parent.mkdir()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(private)
+    deep = tmp_path / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    for name in ("../../../elsewhere/private.png", "../../../../elsewhere/private.png", "input/../../x.png",
+                 str(private)):
+        wf = deep / "wf.json"
+        wf.write_text(json.dumps({"1": {"class_type": "LoadImage", "inputs": {"image": name}},
+                                  "2": preview(["1", 0])}))
+        assert runner.main([str(wf), "--output-dir", str(tmp_path / "out")]) == 1
+        line = one_error_line(capsys.readouterr().err)
+        assert "#1 LoadImage: input 'image' = '" in line and "must name a file inside the input folders" in line
+    # a subfolder inside an input folder is fine, and --input loads any file
+    (deep / "sub").mkdir()
+    Image.new("RGB", (4, 4)).save(deep / "sub" / "ok.png")
+    wf.write_text(json.dumps({"1": {"class_type": "LoadImage", "inputs": {"image": "sub/ok.png"}},
+                              "2": preview(["1", 0])}))
+    assert runner.main([str(wf), "--output-dir", str(tmp_path / "out")]) == 0
+    assert runner.main([str(wf), "--input", str(private), "--output-dir", str(tmp_path / "out")]) == 0
+
+
+def test_missing_image_lists_each_folder_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the workflow's folder is also the current one
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps({"1": {"class_type": "LoadImage", "inputs": {"image": "nope.png"}},
+                              "2": preview(["1", 0])}))
+    assert runner.main([str(wf)]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    looked = line.split("looked in ")[1].split(")")[0].split(", ")
+    assert len(looked) == len(set(looked)) and str(tmp_path.resolve()) in looked
+
+
+def test_widgets_are_converted_as_comfyui_converts_them(tmp_path):
+    """width "16" is 16 and filename_prefix 5 is "5", as ComfyUI's validation converts them."""
+    res = runner.run_prompt({"1": empty_image(width="16"),
+                             "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": 5}}},
+                            output_dir=tmp_path)
+    assert [s["filename"] for s in res.saved] == ["5_00001_.png"]
+    assert png(res.saved[0]["path"]).shape == (8, 16, 3)
+
+
+def test_a_1500_node_chain_runs(tmp_path):
+    spec = runner.PACK_NODES["AnyDeviceActivation"].INPUT_TYPES()["required"]
+    widgets = {k: v[1]["default"] for k, v in spec.items() if k != "input"}
+    prompt = {"1": empty_image(width=2, height=2, color=0x808080)}
+    for i in range(2, 1502):
+        prompt[str(i)] = {"class_type": "AnyDeviceActivation", "inputs": {**widgets, "input": [str(i - 1), 0],
+                                                                          "device": ["0", 0]}}
+    prompt["0"] = {"class_type": "AnyDeviceDeviceSelect", "inputs": {"device": "numpy"}}
+    prompt["1502"] = {"class_type": "AnyDeviceTensorInfo", "inputs": {"input": ["1501", 0]}}
+    res = runner.run_prompt(prompt, output_dir=tmp_path)
+    assert len(res.results) == 1503
+    assert res.ui["1502"]["info"][0]["max"] == pytest.approx(128 / 255, abs=1e-6)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b'{"1": {"class_type": "EmptyImage" "inputs": {}}}', "not valid JSON: Expecting ',' delimiter at line 1 column"),
+    (b"", "the file is empty, not a JSON workflow"),
+    (b"  \n", "the file is empty, not a JSON workflow"),
+    (b'{"1": "\xff\xfe"}', "not a JSON workflow: byte 7 (0xff) is not UTF-8 text"),
+    (b"[1, 2]", "is not an API-format workflow"),
+    (b"[" * 100000, "not valid JSON"),
+])
+def test_broken_workflow_files_name_the_file(tmp_path, capsys, content, fragment):
+    wf = tmp_path / "broken.json"
+    wf.write_bytes(content)
+    assert runner.main([str(wf)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert str(wf) in line and fragment in line
+
+
+def test_utf8_bom_is_accepted(tmp_path):
+    wf = tmp_path / "bom.json"
+    wf.write_bytes(b"\xef\xbb\xbf" + json.dumps({"1": empty_image(), "2": preview(["1", 0])}).encode())
+    assert runner.main([str(wf), "--output-dir", str(tmp_path / "out")]) == 0
+
+
+def test_output_dir_that_is_a_file(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert runner.main([str(API / "color_grading.json"), "--output-dir", str(afile)]) == 2
+    assert f"output folder {afile}: is a file, not a folder" in one_error_line(capsys.readouterr().err)
+
+
+def test_node_errors_are_one_line_and_verbose_shows_the_traceback(tmp_path, capsys, monkeypatch):
+    def boom(self, ctx, **_):
+        raise RuntimeError("device lost\nsecond line")
+    monkeypatch.setattr(runner.EmptyImage, "run", boom)
+    prompt = {"1": empty_image(), "2": preview(["1", 0])}
+    assert run_wf(tmp_path, prompt) == 1
+    assert one_error_line(capsys.readouterr().err).endswith("#1 EmptyImage: RuntimeError: device lost second line")
+    assert run_wf(tmp_path, prompt, "-v") == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_json_summary_alone_on_stdout(tmp_path, capsys):
+    assert run_wf(tmp_path, {"1": empty_image(), "2": preview(["1", 0])}, "--json") == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["saved"][0]["type"] == "temp"
+    assert "backend: " in err and "saved: " in err
