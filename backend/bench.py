@@ -195,7 +195,6 @@ def set_tf32(on: bool) -> None:
 def main(args) -> int:
     import torch
     from . import get_backend, list_backends
-    from .registry import device_text
     tf32 = bool(getattr(args, "tf32", False))
     set_tf32(tf32)
     names = args.backend or [i.name for i in list_backends() if i.available]
@@ -207,7 +206,7 @@ def main(args) -> int:
     failures = 0
     for name in names:
         be = get_backend(name)
-        print(f"\n{be.name}: {device_text(be)}", flush=True)
+        print(f"\n{be.name}: {be.device}", flush=True)
         on_gpu = _torch_device_for(be).type != "cpu"
         for case in cases:
             if case.gpu_only and not on_gpu:

@@ -248,13 +248,6 @@ def _spec(name: str) -> BackendSpec:
     return next(s for s in SPECS if s.name == name)
 
 
-def device_text(backend) -> str:
-    """``backend.device`` once: the PyTorch backend's text repeats its " via PyTorch <version>"."""
-    text = str(backend.device)
-    head, sep, tail = text.rpartition(" via ")
-    return head if sep and f" via {tail}" in head else text
-
-
 def describe() -> str:
     """One line: the auto choice and the others, for logs."""
     chosen = auto_name()
@@ -263,4 +256,4 @@ def describe() -> str:
         mark = "*" if info.name == parse_name(chosen)[0] else ""
         parts.append(f"{mark}{info.name}" + ("" if info.available else " (unavailable)"))
     b = get_backend(chosen)
-    return f"using {b.name} on {device_text(b)}; backends: {', '.join(parts)}"
+    return f"using {b.name} on {b.device}; backends: {', '.join(parts)}"

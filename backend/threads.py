@@ -46,9 +46,10 @@ _blas = None  # list of threadpoolctl library controllers, or [] when unavailabl
 
 
 def num_threads() -> int:
-    env = os.environ.get("ANYDEVICE_NUM_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
+    from . import config
+    n = config.get("ANYDEVICE_NUM_THREADS")
+    if n:
+        return n
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS, Windows

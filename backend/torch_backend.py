@@ -111,7 +111,8 @@ class TorchBackend(Backend):
 
     @property
     def device(self) -> str:
-        return f"{self._desc} via PyTorch {self.torch.__version__}"
+        # the CPU description already names PyTorch ("CPU via PyTorch 2.x (n threads)")
+        return self._desc if " via PyTorch " in self._desc else f"{self._desc} via PyTorch {self.torch.__version__}"
 
     def synchronize(self):
         t = self.dev.type

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from .. import config
 from ..contract import Backend, tf32_allowed, unary_kernel_args
 from ..plans import conv2d_geometry
 from ..runtime import JsonStore, cache_dir, pack_args
@@ -46,8 +47,8 @@ class CudaBackend(CudaLinalg, Backend):
         self._plan_cache: dict = {}
         self._arg_cache: dict = {}
         # read once (per-call os.environ lookups showed in the host-side profile)
-        self._forced_ksplit = os.environ.get("ANYDEVICE_CUDA_KSPLIT", "").strip()
-        self._family_env = os.environ.get("ANYDEVICE_CUDA_FAMILY", "").strip().lower()
+        self._forced_ksplit = config.get("ANYDEVICE_CUDA_KSPLIT")  # None: chosen per problem
+        self._family_env = config.get("ANYDEVICE_CUDA_FAMILY") or "own"
         self._dummy = None
         os.environ.setdefault("CUPY_CACHE_DIR", str(cache_dir("cupy")))
         self._enter()

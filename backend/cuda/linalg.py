@@ -63,8 +63,8 @@ class CudaLinalg:
             regs = min(255, 2 * cfg["WPT_M"] * cfg["WPT_N"] + 64)  # acc + tot + operands, as compiled
             slots = self.sm_count * max(1, min(2048 // threads, 65536 // (threads * regs)))
             eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"]), 0.8)
-            if forced.isdigit() and int(forced) >= 1:
-                splits = [max(1, min(int(forced), _cdiv(K, tk)))]
+            if forced:
+                splits = [max(1, min(forced, _cdiv(K, tk)))]
             else:
                 splits = range(1, max(1, min(MAX_KSPLIT, K // MIN_KSLICE)) + 1)
             for ks in splits:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 
 import numpy as np
 
+from .. import config
 from ..contract import Backend, unary_kernel_args
 from ..runtime import JsonStore
 from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
@@ -33,9 +33,9 @@ class OpenCLBackend(LinalgOps, Backend):
         cl = _cl()
         self.cl = cl
         self.dev = dev
-        fam = (family or os.environ.get("ANYDEVICE_OPENCL_FAMILY", "")).strip().lower()
+        fam = (family or config.get("ANYDEVICE_OPENCL_FAMILY") or "").strip().lower()
         if fam not in ("", "cpu", "gpu"):
-            raise RuntimeError(f"ANYDEVICE_OPENCL_FAMILY={fam!r} must be cpu or gpu")
+            raise RuntimeError(f"kernel family {fam!r} must be cpu or gpu")
         self.family = fam or ("gpu" if _is_gpu(dev) else "cpu")
         self.is_cpu_device = not _is_gpu(dev)
         self.ctx = cl.Context([dev])
@@ -101,7 +101,7 @@ class OpenCLBackend(LinalgOps, Backend):
         params = dict(DEFAULT_TUNE.get(fname, {}))
         key = f"{fname}:{shape_class}"
         if (shape_class and key not in self._tune and fname == "gemm_cpu.cl"
-                and os.environ.get("ANYDEVICE_OPENCL_TUNE", "0") not in ("0", "", "false", "no")):
+                and config.get("ANYDEVICE_OPENCL_TUNE")):
             self._autotune_gemm_cpu(shape_class)
         params.update(self._tune.get(fname, {}))
         params.update(self._tune.get(key, {}))

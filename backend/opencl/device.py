@@ -2,9 +2,9 @@
 build check remembered on disk, and ``create``."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from .. import config
 from ..runtime import JsonStore, cache_dir
 
 def _cl():
@@ -63,16 +63,14 @@ def _enumerate():
             found.append((pi, di, d))
     if not found:
         raise RuntimeError("OpenCL platform(s) present but no device")
-    env = os.environ.get("ANYDEVICE_OPENCL_DEVICE", "").strip()
-    if env:
-        try:
-            pi, _, di = env.partition(":")
-            pi, di = int(pi), int(di or 0)
-        except ValueError:
-            raise RuntimeError(f"ANYDEVICE_OPENCL_DEVICE={env!r} must be platform:device numbers") from None
-        sel = [f for f in found if f[0] == pi and f[1] == di]
+    try:
+        want = config.get("ANYDEVICE_OPENCL_DEVICE")
+    except config.ConfigError as exc:
+        raise RuntimeError(str(exc)) from None
+    if want is not None:
+        sel = [f for f in found if (f[0], f[1]) == want]
         if not sel:
-            raise RuntimeError(f"ANYDEVICE_OPENCL_DEVICE={env}: no such device "
+            raise RuntimeError(f"ANYDEVICE_OPENCL_DEVICE={want[0]}:{want[1]}: no such device "
                                f"(have {', '.join(f'{a}:{b}' for a, b, _ in found)})")
         return sel
     return sorted(found, key=lambda f: (not _is_gpu(f[2]), f[0], f[1]))

@@ -24,8 +24,9 @@ _STALE_LOCK_S = 30.0
 
 def cache_dir(sub: str = "") -> Path:
     """``ANYDEVICE_CACHE_DIR`` (default ``~/.cache/anydevice``), optionally a sub-folder of it."""
-    base = os.environ.get("ANYDEVICE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "anydevice")
-    return Path(base) / sub if sub else Path(base)
+    from .. import config
+    base = config.get("ANYDEVICE_CACHE_DIR") or Path(os.path.expanduser("~")) / ".cache" / "anydevice"
+    return base / sub if sub else base
 
 
 class _FileLock:
