@@ -41,6 +41,7 @@ import numpy as np
 
 from .contract import (UNARY_KERNEL_CODES, Backend, conv_output_size, conv_transpose_output_size,
                        unary_kernel_args, workspace_budget_bytes)
+from .kernel_source import kernel_source
 
 log = logging.getLogger("anydevice")
 
@@ -541,9 +542,7 @@ class OpenCLBackend(Backend):
     def _source(self, fname: str, portable: bool) -> str:
         src = self._sources.get(fname)
         if src is None:
-            src = (KERNEL_DIR / fname).read_text()
-            if portable:
-                src = (KERNEL_DIR / "prelude_opencl.h").read_text() + "\n" + src
+            src = kernel_source(fname, "opencl", KERNEL_DIR, prelude=portable)
             self._sources[fname] = src
         return src
 
