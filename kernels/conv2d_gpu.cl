@@ -15,13 +15,16 @@
 */
 #include "gemm_tile.h"
 
-KERNEL void conv2d_gpu(const GLOBAL float *RESTRICT x, const OFF_T x_off,
-                       const GLOBAL float *RESTRICT w, const OFF_T w_off,
-                       GLOBAL float *RESTRICT y, const OFF_T y_off,
-                       const GLOBAL float *RESTRICT bias, const int has_bias,
-                       const int C, const int H, const int W, const int CoutG, const int CinG,
-                       const int KH, const int KW, const int G, const int OH, const int OW,
-                       const int sh, const int sw, const int pt, const int pl, const int dh, const int dw)
+/* x[n, g*CinG + ci, ih, iw] (xb: image n, group g), 0 on the zero padding */
+DEVICE_FN float conv2d_gather(const GLOBAL float *xb, const int ci, const int ih, const int iw,
+                              const int H, const int W)
+{
+    return (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xb[((OFF_T)ci * H + ih) * W + iw] : 0.0f;
+}
+#define CONV_GATHER(ci, kh, kw, oh, ow) \
+    conv2d_gather(xb, ci, (oh) * sh - pt + (kh) * dh, (ow) * sw - pl + (kw) * dw, H, W)
+
+KERNEL void conv2d_gpu(CONV_TILE_ARGS(pt, pl))
 {
     CONV_TILE_BEGIN();
     const GLOBAL float *wb = w + w_off + (OFF_T)g * CoutG * K;    /* (CoutG, K) of group g */
@@ -31,19 +34,7 @@ KERNEL void conv2d_gpu(const GLOBAL float *RESTRICT x, const OFF_T x_off,
             const int m = m_blk + mm, k = k0 + kk;
             As[kk][mm] = (m < CoutG && k < K) ? wb[(OFF_T)m * K + k] : 0.0f;
         }
-        FOR_TILE_ELEMS(BN, kk, pp) {
-            const int p = n_blk + pp, k = k0 + kk;
-            float v = 0.0f;
-            if (p < P && k < K) {
-                const int ci = k / KHW, r = k - ci * KHW;
-                const int kh = r / KW, kw = r - kh * KW;
-                const int oh = p / OW, ow = p - oh * OW;
-                const int ih = oh * sh - pt + kh * dh, iw = ow * sw - pl + kw * dw;
-                if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-                    v = xb[((OFF_T)ci * H + ih) * W + iw];
-            }
-            Bs[kk][pp] = v;
-        }
+        CONV_FILL_B(k0)
         GEMM_TILE_STEP();
     }
     CONV_TILE_STORE();

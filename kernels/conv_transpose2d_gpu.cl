@@ -6,24 +6,29 @@
    The GEMM is M = CoutG, N = OH*OW (one image), K = CinG*KH*KW with the invalid taps read as 0.
    Tiles, register microkernel and two-level accumulation: gemm_tile.h.
 
-   kernel conv_transpose2d_gpu(const float *x, OFF_T x_off, const float *w, OFF_T w_off,
-                               float *y, OFF_T y_off, const float *bias, int has_bias,
-                               int C, int H, int W, int CoutG, int CinG, int KH, int KW, int G,
-                               int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw)
-     x (N, C, H, W), w (C, CoutG, KH, KW), y (N, G*CoutG, OH, OW), contiguous float32.
+   kernel conv_transpose2d_gpu(x, x_off, w, w_off, y, y_off, bias, has_bias, C, H, W, CoutG, CinG,
+                               KH, KW, G, OH, OW, sh, sw, ph, pw, dh, dw)
+     as conv2d_gpu (CONV_TILE_ARGS in gemm_tile.h), with w (C, CoutG, KH, KW) and the transposed
+     conv's stride, padding and dilation.
    Launch geometry: groups (ceil(OH*OW/BN), ceil(CoutG/BM), N*G), group size (BN/TN, BM/TM, 1)
                     = (16, 16, 1) with the defaults. GRP2 = n*G + g.
    Tunables (-D): BM, BN, BK, TM, TN, KP (gemm_tile.h).
 */
 #include "gemm_tile.h"
 
-KERNEL void conv_transpose2d_gpu(const GLOBAL float *RESTRICT x, const OFF_T x_off,
-                                 const GLOBAL float *RESTRICT w, const OFF_T w_off,
-                                 GLOBAL float *RESTRICT y, const OFF_T y_off,
-                                 const GLOBAL float *RESTRICT bias, const int has_bias,
-                                 const int C, const int H, const int W, const int CoutG, const int CinG,
-                                 const int KH, const int KW, const int G, const int OH, const int OW,
-                                 const int sh, const int sw, const int ph, const int pw, const int dh, const int dw)
+/* the input pixel that reaches output row/column offset (th, tw) = (oh + ph - kh*dh, ow + pw - kw*dw):
+   (th/sh, tw/sw) where both divisions are exact and inside the input, else none (0) */
+DEVICE_FN float conv_t_gather(const GLOBAL float *xb, const int ci, const int th, const int tw,
+                              const int H, const int W, const int sh, const int sw)
+{
+    if (th < 0 || tw < 0) return 0.0f;
+    const int ih = th / sh, iw = tw / sw;
+    return (ih * sh == th && iw * sw == tw && ih < H && iw < W) ? xb[((OFF_T)ci * H + ih) * W + iw] : 0.0f;
+}
+#define CONV_GATHER(ci, kh, kw, oh, ow) \
+    conv_t_gather(xb, ci, (oh) + ph - (kh) * dh, (ow) + pw - (kw) * dw, H, W, sh, sw)
+
+KERNEL void conv_transpose2d_gpu(CONV_TILE_ARGS(ph, pw))
 {
     CONV_TILE_BEGIN();
     const GLOBAL float *wb = w + w_off + (OFF_T)g * CinG * CoutG * KHW;   /* (CinG, CoutG, KHW) of group g */
@@ -38,22 +43,7 @@ KERNEL void conv_transpose2d_gpu(const GLOBAL float *RESTRICT x, const OFF_T x_o
             }
             As[kk][mm] = v;
         }
-        FOR_TILE_ELEMS(BN, kk, pp) {
-            const int p = n_blk + pp, k = k0 + kk;
-            float v = 0.0f;
-            if (p < P && k < K) {
-                const int ci = k / KHW, r = k - ci * KHW;
-                const int kh = r / KW, kw = r - kh * KW;
-                const int oh = p / OW, ow = p - oh * OW;
-                const int th = oh + ph - kh * dh, tw = ow + pw - kw * dw;
-                if (th >= 0 && tw >= 0) {
-                    const int ih = th / sh, iw = tw / sw;
-                    if (ih * sh == th && iw * sw == tw && ih < H && iw < W)
-                        v = xb[((OFF_T)ci * H + ih) * W + iw];
-                }
-            }
-            Bs[kk][pp] = v;
-        }
+        CONV_FILL_B(k0)
         GEMM_TILE_STEP();
     }
     CONV_TILE_STORE();

@@ -103,10 +103,20 @@
 
 /* ---- the implicit-GEMM convolutions (conv2d_gpu.cl, conv_transpose2d_gpu.cl) ----------------
    M = CoutG (rows: output channels of group g), N = OH*OW (columns: pixels of image n),
-   K = CinG*KH*KW (ci, kh, kw); group index GRP2 = n*G + g. The two kernels have the same
-   arguments, which these macros use by name (x, x_off, y, y_off, bias, has_bias, C, H, W, CoutG,
-   CinG, KH, KW, G, OH, OW). CONV_TILE_BEGIN adds n, g, P, KHW, K and xb (image n, group g's first
-   input channel) to GEMM_TILE_BEGIN's names. */
+   K = CinG*KH*KW (ci, kh, kw); group index GRP2 = n*G + g. Both kernels take CONV_TILE_ARGS
+   (PH, PW name the padding: pt, pl in conv2d_gpu, ph, pw in conv_transpose2d_gpu), which the
+   macros below use by name; CONV_TILE_BEGIN adds n, g, P, KHW, K and xb (image n, group g's
+   first input channel) to GEMM_TILE_BEGIN's names.
+     x (N, C, H, W) at x + x_off, y (N, G*CoutG, OH, OW) at y + y_off, contiguous float32;
+     bias[G*CoutG] added when has_bias; w at w + w_off, laid out as the kernel says. */
+#define CONV_TILE_ARGS(PH, PW)                                                                  \
+    const GLOBAL float *RESTRICT x, const OFF_T x_off, const GLOBAL float *RESTRICT w,          \
+    const OFF_T w_off, GLOBAL float *RESTRICT y, const OFF_T y_off,                             \
+    const GLOBAL float *RESTRICT bias, const int has_bias, const int C, const int H,            \
+    const int W, const int CoutG, const int CinG, const int KH, const int KW, const int G,      \
+    const int OH, const int OW, const int sh, const int sw, const int PH, const int PW,         \
+    const int dh, const int dw
+
 #define CONV_TILE_BEGIN()                                                                       \
     GEMM_TILE_BEGIN();                                                                          \
     const int n = GRP2 / G, g = GRP2 - n * G;                                                   \
@@ -114,6 +124,22 @@
     const int KHW = KH * KW;                                                                    \
     const int K = CinG * KHW;                                                                   \
     const GLOBAL float *xb = x + x_off + ((OFF_T)n * C + (OFF_T)g * CinG) * H * W
+
+/* the B tile: the implicit im2col matrix of image n, group g. CONV_GATHER(ci, kh, kw, oh, ow),
+   defined by the kernel, is the input value tap (ci, kh, kw) brings to output pixel (oh, ow),
+   0 where it falls on the padding or between strides. */
+#define CONV_FILL_B(k0)                                                                         \
+    FOR_TILE_ELEMS(BN, kk, pp) {                                                                \
+        const int p = n_blk + pp, k = (k0) + kk;                                                \
+        float v = 0.0f;                                                                         \
+        if (p < P && k < K) {                                                                   \
+            const int ci = k / KHW, r = k - ci * KHW;                                           \
+            const int kh = r / KW, kw = r - kh * KW;                                            \
+            const int oh = p / OW, ow = p - oh * OW;                                            \
+            v = CONV_GATHER(ci, kh, kw, oh, ow);                                                \
+        }                                                                                       \
+        Bs[kk][pp] = v;                                                                         \
+    }
 
 /* y[n, g*CoutG + m, p] = C(m, p) + bias[g*CoutG + m] (y contiguous (N, G*CoutG, OH, OW)) */
 #define CONV_TILE_STORE()                                                                       \
