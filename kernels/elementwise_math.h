@@ -52,7 +52,9 @@ DEVICE_FN float ad_tanh(const float x)
  * is 1 there), so the result keeps its digits down to float32's denormals */
 DEVICE_FN float ad_mul_sigmoid(const float x, const float t)
 {
-    return t >= -80.0f ? x / (1.0f + AD_EXP(-t)) : x * AD_EXP(t);
+    const int mid = t >= -80.0f;
+    const float e = AD_EXP(mid ? -t : t);    /* one exp: vectorised loops evaluate both sides */
+    return mid ? x / (1.0f + e) : x * e;
 }
 
 /* y = op(x); p0/p1: elu alpha, leaky_relu slope, softplus beta/threshold, clamp min/max (the
