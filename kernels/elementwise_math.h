@@ -92,7 +92,8 @@ DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const f
     }
 }
 
-/* ---- binary ops: codes as BINARY_CODES in backend/opencl_backend.py ------------------------ */
+/* ---- binary ops: codes as BINARY_CODES in backend/opencl_backend.py (used by elementwise.cl;
+ * the CUDA backend's binary ops are CuPy's, whose minimum/maximum propagate NaN alike) ------- */
 #define BOP_ADD 0
 #define BOP_SUB 1
 #define BOP_MUL 2
