@@ -1,118 +1,40 @@
-/* Elementwise, copy, pad and reduction kernels (plain OpenCL C, both families).
+/* Elementwise, copy, pad and reduction kernels (OpenCL C, both kernel families).
 
+   The math (unary ops, binary ops, pad indices) is kernels/elementwise_math.h, shared with the
+   CUDA backend's misc_cuda.cu; this file has the OpenCL backend's launch layouts around it.
    Work split for the flat kernels: work item g handles elements [g*chunk, min(n, g*chunk+chunk)).
-   CPU devices use big chunks (few work items, contiguous runs); GPUs use chunk = 1.
-   NaN propagates as in PyTorch: comparisons are written so a NaN operand wins.
+   CPU devices use big chunks (few work items, contiguous runs); GPUs use chunk = 1. The flat
+   loops are specialised per op (a switch around the loops, the op a constant in each), so each
+   loop body is straight-line code the compiler can vectorise.
 */
+#include "prelude_opencl.h"
+#include "elementwise_math.h"
 
-#define OP_ABS 0
-#define OP_NEG 1
-#define OP_EXP 2
-#define OP_LOG 3
-#define OP_SQRT 4
-#define OP_RELU 5
-#define OP_SIGMOID 6
-#define OP_TANH 7
-#define OP_GELU 8
-#define OP_GELU_TANH 9
-#define OP_SILU 10
-#define OP_ELU 11
-#define OP_LEAKY 12
-#define OP_SOFTPLUS 13
-#define OP_CLAMP 14
+#define UNARY_CASE(OP) \
+    case OP: for (long i = i0; i < i1; i++) y[i] = ad_unary_op(x[i], OP, p0, p1, flags); break;
 
-/* tanh saturated exactly to +-1 past |x| >= 10 (some libm tanh stop at 1 - ulp) */
-inline float tanh_sat(float x)
-{
-    return fabs(x) >= 10.0f ? copysign(1.0f, x) : tanh(x);
-}
-
-inline float gelu_exact(float x)
-{
-    return 0.5f * x * erfc(-x * 0.70710678118654752440f);
-}
-
-inline float gelu_tanh(float x)
-{
-    const float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanh_sat(inner));
-}
-
-inline float softplus_f(float x, float beta, float thr)
-{
-    const float bx = x * beta;
-    return bx > thr ? x : log1p(exp(bx)) / beta;
-}
-
-inline float clamp_nan(float x, float lo, float hi, int has_lo, int has_hi)
-{
-    float y = x;
-    if (has_lo) y = (y < lo || isnan(lo)) ? lo : y;
-    if (has_hi) y = (y > hi || isnan(hi)) ? hi : y;
-    return y;
-}
-
-#define UNARY_LOOP(EXPR) for (long i = i0; i < i1; i++) { const float v = x[i]; y[i] = (EXPR); } break;
-
+/* y = op(x) on n elements; f0/f1: clamp has min/max */
 __kernel void unary(__global const float *x, const long x_off, __global float *y, const long y_off,
                     const long n, const long chunk, const int op, const float p0, const float p1,
                     const int f0, const int f1)
 {
     const long i0 = (long)get_global_id(0) * chunk;
     const long i1 = min(n, i0 + chunk);
+    const int flags = (f0 ? CLAMP_HAS_MIN : 0) | (f1 ? CLAMP_HAS_MAX : 0);
     x += x_off;
     y += y_off;
     switch (op) {
-    case OP_ABS: UNARY_LOOP(fabs(v))
-    case OP_NEG: UNARY_LOOP(-v)
-    case OP_EXP: UNARY_LOOP(exp(v))
-    case OP_LOG: UNARY_LOOP(log(v))
-    case OP_SQRT: UNARY_LOOP(sqrt(v))
-    case OP_RELU: UNARY_LOOP(v < 0.0f ? 0.0f : v)
-    case OP_SIGMOID: UNARY_LOOP(1.0f / (1.0f + exp(-v)))
-    case OP_TANH: UNARY_LOOP(tanh_sat(v))
-    case OP_GELU: UNARY_LOOP(gelu_exact(v))
-    case OP_GELU_TANH: UNARY_LOOP(gelu_tanh(v))
-    case OP_SILU: UNARY_LOOP(v * (1.0f / (1.0f + exp(-v))))
-    case OP_ELU: UNARY_LOOP(v > 0.0f ? v : p0 * expm1(v))
-    case OP_LEAKY: UNARY_LOOP(v > 0.0f ? v : v * p0)
-    case OP_SOFTPLUS: UNARY_LOOP(softplus_f(v, p0, p1))
-    case OP_CLAMP: UNARY_LOOP(clamp_nan(v, p0, p1, f0, f1))
+    AD_UNARY_OPS(UNARY_CASE)
     default: break;
     }
 }
 
-#define BOP_ADD 0
-#define BOP_SUB 1
-#define BOP_MUL 2
-#define BOP_DIV 3
-#define BOP_POW 4
-#define BOP_MIN 5
-#define BOP_MAX 6
-
-inline float bop(const int op, const float a, const float b)
-{
-    switch (op) {
-    case BOP_ADD: return a + b;
-    case BOP_SUB: return a - b;
-    case BOP_MUL: return a * b;
-    case BOP_DIV: return a / b;
-    case BOP_POW: return pow(a, b);
-    case BOP_MIN: return (a < b || isnan(a)) ? a : b;
-    default: return (a > b || isnan(a)) ? a : b;
-    }
-}
-
-#define BIN_LOOP(EXPR) for (long i = i0; i < i1; i++) { y[i] = (EXPR); } break;
+#define BIN_CASE(OP, A, B) case OP: for (long i = i0; i < i1; i++) y[i] = ad_binary_op(OP, (A), (B)); break;
 #define BIN_OPS(A, B) \
     switch (op) { \
-    case BOP_ADD: BIN_LOOP((A) + (B)) \
-    case BOP_SUB: BIN_LOOP((A) - (B)) \
-    case BOP_MUL: BIN_LOOP((A) * (B)) \
-    case BOP_DIV: BIN_LOOP((A) / (B)) \
-    case BOP_POW: BIN_LOOP(pow((A), (B))) \
-    case BOP_MIN: BIN_LOOP(((A) < (B) || isnan(A)) ? (A) : (B)) \
-    default: BIN_LOOP(((A) > (B) || isnan(A)) ? (A) : (B)) \
+    BIN_CASE(BOP_ADD, A, B) BIN_CASE(BOP_SUB, A, B) BIN_CASE(BOP_MUL, A, B) BIN_CASE(BOP_DIV, A, B) \
+    BIN_CASE(BOP_POW, A, B) BIN_CASE(BOP_MIN, A, B) BIN_CASE(BOP_MAX, A, B) \
+    default: break; \
     }
 
 /* same-shape contiguous operands; mode 0: a, b arrays; 1: a is the scalar sa; 2: b is the scalar sb */
@@ -128,25 +50,35 @@ __kernel void binary_flat(__global const float *a, const long a_off, __global co
     else { BIN_OPS(a[i], sb) }
 }
 
-/* broadcasting: meta = [nd, shape[nd], astride[nd], bstride[nd]] (strides in elements, 0 = broadcast) */
+/* the offsets of flat index i in two strided layouts of one shape:
+   meta = [nd, shape[nd], stride_1[nd], stride_2[nd]] (strides in elements, 0 = broadcast) */
+inline void nd_offsets(long i, __global const long *meta, long *o1, long *o2)
+{
+    const int nd = (int)meta[0];
+    long r = i, s1 = 0, s2 = 0;
+    for (int d = nd - 1; d >= 0; d--) {
+        const long s = meta[1 + d];
+        const long q = r / s, c = r - q * s;
+        s1 += c * meta[1 + nd + d];
+        s2 += c * meta[1 + 2 * nd + d];
+        r = q;
+    }
+    *o1 = s1;
+    *o2 = s2;
+}
+
+/* broadcasting: meta = [nd, shape[nd], astride[nd], bstride[nd]] */
 __kernel void binary_nd(__global const float *a, const long a_off, __global const float *b, const long b_off,
                         __global float *y, const long y_off, const long n, const long chunk,
                         const int op, __global const long *meta)
 {
     const long i0 = (long)get_global_id(0) * chunk;
     const long i1 = min(n, i0 + chunk);
-    const int nd = (int)meta[0];
     a += a_off; b += b_off; y += y_off;
     for (long i = i0; i < i1; i++) {
-        long r = i, ao = 0, bo = 0;
-        for (int d = nd - 1; d >= 0; d--) {
-            const long s = meta[1 + d];
-            const long q = r / s, c = r - q * s;
-            ao += c * meta[1 + nd + d];
-            bo += c * meta[1 + 2 * nd + d];
-            r = q;
-        }
-        y[i] = bop(op, a[ao], b[bo]);
+        long ao, bo;
+        nd_offsets(i, meta, &ao, &bo);
+        y[i] = ad_binary_op(op, a[ao], b[bo]);
     }
 }
 
@@ -156,31 +88,16 @@ __kernel void copy_nd(__global const float *src, const long s_off, __global floa
 {
     const long i0 = (long)get_global_id(0) * chunk;
     const long i1 = min(n, i0 + chunk);
-    const int nd = (int)meta[0];
     src += s_off; dst += d_off;
     for (long i = i0; i < i1; i++) {
-        long r = i, so = 0, dof = 0;
-        for (int d = nd - 1; d >= 0; d--) {
-            const long s = meta[1 + d];
-            const long q = r / s, c = r - q * s;
-            so += c * meta[1 + nd + d];
-            dof += c * meta[1 + 2 * nd + d];
-            r = q;
-        }
+        long so, dof;
+        nd_offsets(i, meta, &so, &dof);
         dst[dof] = src[so];
     }
 }
 
-/* 2-D padding of (P, H, W) planes to (P, OH, OW); mode 0 zeros, 1 reflect, 2 replicate, 3 circular.
-   One work item per output row: global (OH, P). */
-inline int pad_index(int i, int n, int mode)
-{
-    if (mode == 1) { if (i < 0) i = -i; if (i >= n) i = 2 * (n - 1) - i; return i; }
-    if (mode == 2) return clamp(i, 0, n - 1);
-    if (mode == 3) { i %= n; return i < 0 ? i + n : i; }
-    return (i < 0 || i >= n) ? -1 : i;
-}
-
+/* 2-D padding of (P, H, W) planes to (P, OH, OW); mode PAD_ZEROS, PAD_REFLECT, PAD_REPLICATE,
+   PAD_CIRCULAR (ad_pad_index). One work item per output row: global (OH, P). */
 __kernel void pad2d(__global const float *x, const long x_off, __global float *y, const long y_off,
                     const int H, const int W, const int OH, const int OW, const int top, const int left,
                     const int mode)
@@ -188,12 +105,12 @@ __kernel void pad2d(__global const float *x, const long x_off, __global float *y
     const int oh = get_global_id(0);
     const long p = get_global_id(1);
     if (oh >= OH) return;
-    const int ih = pad_index(oh - top, H, mode);
+    const int ih = ad_pad_index(oh - top, H, mode);
     __global float *yr = y + y_off + (p * OH + oh) * (long)OW;
     if (ih < 0) { for (int ow = 0; ow < OW; ow++) yr[ow] = 0.0f; return; }
     const __global float *xr = x + x_off + (p * H + ih) * (long)W;
     for (int ow = 0; ow < OW; ow++) {
-        const int iw = pad_index(ow - left, W, mode);
+        const int iw = ad_pad_index(ow - left, W, mode);
         yr[ow] = iw < 0 ? 0.0f : xr[iw];
     }
 }

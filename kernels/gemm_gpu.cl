@@ -1,7 +1,7 @@
 /* GPU-family SGEMM, portable subset (compiled as prelude + body by OpenCL and by NVRTC).
 
-   C[b] = A[b] . B[b] (+ bias[m]), float32, two-level accumulation (register partial sums are
-   folded into register totals every KP values of k, so long K keeps FP32 precision).
+   C[b] = A[b] . B[b] (+ bias[m]), float32, two-level accumulation (gemm_tile.h: tiles, register
+   microkernel, the fold every KP values of k).
 
    kernel gemm_gpu(int M, int N, int K,
                    const float *A, OFF_T a_off, int sam, int sak, OFF_T a_bs,   A[m,k] = A[a_off + b*a_bs + m*sam + k*sak]
@@ -12,32 +12,10 @@
      Segment map: column n of row m is stored at C[c_off + b*c_bs + (n/cseg)*cseg_stride + m*ldc + n%cseg]
      (plain GEMM: cseg >= N, e.g. 1<<30; a conv writing (N, Cout, P) uses cseg = P).
    Launch geometry: groups (ceil(N/BN), ceil(M/BM), batches), group size (BN/TN, BM/TM, 1)
-                    = (16, 16, 1) with the defaults. Local memory: 2*BK*(BM+BN) floats (static).
-   Tunables (-D): BM, BN (tile of C per group), BK (k tile), TM, TN (per-thread block), KP.
-   Requirements: (BM/TM)*(BN/TN) threads must divide BK*BM and BK*BN; KP a multiple of BK.
+                    = (16, 16, 1) with the defaults. Local memory: BK*(BM+BN) floats (static).
+   Tunables (-D): BM, BN, BK, TM, TN, KP (gemm_tile.h, with their requirements).
 */
-#ifndef BM
-#define BM 64
-#endif
-#ifndef BN
-#define BN 64
-#endif
-#ifndef BK
-#define BK 16
-#endif
-#ifndef TM
-#define TM 4
-#endif
-#ifndef TN
-#define TN 4
-#endif
-#ifndef KP
-#define KP 128
-#endif
-
-#define GTX (BN / TN)
-#define GTY (BM / TM)
-#define NTHR (GTX * GTY)
+#include "gemm_tile.h"
 
 KERNEL void gemm_gpu(const int M, const int N, const int K,
                      const GLOBAL float *RESTRICT A, const OFF_T a_off, const int sam, const int sak, const OFF_T a_bs,
@@ -46,59 +24,33 @@ KERNEL void gemm_gpu(const int M, const int N, const int K,
                      const GLOBAL float *RESTRICT bias, const int has_bias,
                      const int cseg, const OFF_T cseg_stride)
 {
-    LOCAL float As[BK][BM];
-    LOCAL float Bs[BK][BN];
-    const int tx = LID0, ty = LID1;
-    const int tid = ty * GTX + tx;
-    const int n_blk = GRP0 * BN, m_blk = GRP1 * BM;
+    GEMM_TILE_BEGIN();
     const OFF_T bidx = (OFF_T)GRP2;
     const GLOBAL float *Ab = A + a_off + bidx * a_bs;
     const GLOBAL float *Bb = B + b_off + bidx * b_bs;
 
-    float acc[TM][TN];
-    float tot[TM][TN];
-    for (int i = 0; i < TM; i++)
-        for (int j = 0; j < TN; j++) { acc[i][j] = 0.0f; tot[i][j] = 0.0f; }
-
-    int since = 0;
     for (int k0 = 0; k0 < K; k0 += BK) {
         /* load tiles (zero outside the matrices) */
-        for (int e = tid; e < BK * BM; e += NTHR) {
-            const int kk = e / BM, mm = e - kk * BM;
+        FOR_TILE_ELEMS(BM, kk, mm) {
             const int m = m_blk + mm, k = k0 + kk;
             As[kk][mm] = (m < M && k < K) ? Ab[(OFF_T)m * sam + (OFF_T)k * sak] : 0.0f;
         }
-        for (int e = tid; e < BK * BN; e += NTHR) {
-            const int kk = e / BN, nn = e - kk * BN;
+        FOR_TILE_ELEMS(BN, kk, nn) {
             const int n = n_blk + nn, k = k0 + kk;
             Bs[kk][nn] = (n < N && k < K) ? Bb[(OFF_T)k * sbk + (OFF_T)n * sbn] : 0.0f;
         }
-        BARRIER();
-        for (int kk = 0; kk < BK; kk++) {
-            float a[TM], bv[TN];
-            for (int i = 0; i < TM; i++) a[i] = As[kk][ty + i * GTY];
-            for (int j = 0; j < TN; j++) bv[j] = Bs[kk][tx + j * GTX];
-            for (int i = 0; i < TM; i++)
-                for (int j = 0; j < TN; j++) acc[i][j] = FMA(a[i], bv[j], acc[i][j]);
-        }
-        BARRIER();
-        since += BK;
-        if (since >= KP) {
-            since = 0;
-            for (int i = 0; i < TM; i++)
-                for (int j = 0; j < TN; j++) { tot[i][j] += acc[i][j]; acc[i][j] = 0.0f; }
-        }
+        GEMM_TILE_STEP();
     }
     GLOBAL float *Cb = C + c_off + bidx * c_bs;
     for (int i = 0; i < TM; i++) {
-        const int m = m_blk + ty + i * GTY;
+        const int m = GEMM_ROW(i);
         if (m >= M) continue;
         const float bv = has_bias ? bias[m] : 0.0f;
         for (int j = 0; j < TN; j++) {
-            const int n = n_blk + tx + j * GTX;
+            const int n = GEMM_COL(j);
             if (n >= N) continue;
             const int q = n / cseg;
-            Cb[(OFF_T)q * cseg_stride + (OFF_T)m * ldc + (n - q * cseg)] = (tot[i][j] + acc[i][j]) + bv;
+            Cb[(OFF_T)q * cseg_stride + (OFF_T)m * ldc + (n - q * cseg)] = GEMM_RESULT(i, j) + bv;
         }
     }
 }

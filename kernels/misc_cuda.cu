@@ -1,17 +1,17 @@
 /* misc_cuda.cu: the CUDA backend's elementwise kernels, compiled as prelude_cuda.cuh + this file
  * for CUDA/HIP. Written in the portable subset (kernels/README.md), so prelude_opencl.h + this
  * file also builds as OpenCL C: that is how tests/test_portable_kernels.py exercises the kernels'
- * logic on PoCL. Math functions go through the AD_* macros below (CUDA's float spellings vs
- * OpenCL's overloads).
+ * logic on PoCL. The pad and unary math is kernels/elementwise_math.h, which the OpenCL
+ * backend's elementwise.cl includes too (one definition for both APIs).
  *
  * kernel ad_pad(x, y, planes, H, W, top, left, OH, OW, mode)
  *   y (planes, OH, OW) = x (planes, H, W) padded by top/left (bottom/right follow from OH/OW);
  *   mode 0 zeros, 1 reflect, 2 replicate, 3 circular (torch.nn.functional.pad semantics).
  *   launch: 1-D, any geometry (grid-stride loop over planes*OH*OW), group size BLOCK.
  * kernel ad_unary(x, y, n, op, p0, p1, flags)
- *   y[i] = op(x[i]) for contiguous x, y of n elements; op codes as UNARY_CODES in
- *   backend/cuda_backend.py; p0/p1 the op's parameters (alpha, slope, beta/threshold, min/max);
- *   flags bit 0/1: clamp has min/max. NaN and Inf propagate as in torch.
+ *   y[i] = ad_unary_op(x[i], ...) (elementwise_math.h) for contiguous x, y of n elements; op
+ *   codes as UNARY_KERNEL_CODES in backend/contract.py; p0/p1 the op's parameters (alpha, slope,
+ *   beta/threshold, min/max); flags bit 0/1: clamp has min/max. NaN and Inf as in torch.
  *   launch: 1-D, any geometry (grid-stride loop), group size BLOCK.
  * kernel ad_direct_conv(x, w, bias, has_bias, y, N, C, H, W, Cout, CinG, CoutG, KH, KW, OH, OW,
  *                       sh, sw, ph, pw, dh, dw, transposed)
@@ -26,25 +26,7 @@
 #define BLOCK 256
 #endif
 
-#ifdef ANYDEVICE_OPENCL
-#define AD_FABS(x) fabs(x)
-#define AD_EXP(x) exp(x)
-#define AD_EXPM1(x) expm1(x)
-#define AD_LOG(x) log(x)
-#define AD_LOG1P(x) log1p(x)
-#define AD_SQRT(x) sqrt(x)
-#define AD_TANH(x) tanh(x)
-#define AD_ERFC(x) erfc(x)
-#else
-#define AD_FABS(x) fabsf(x)
-#define AD_EXP(x) expf(x)
-#define AD_EXPM1(x) expm1f(x)
-#define AD_LOG(x) logf(x)
-#define AD_LOG1P(x) log1pf(x)
-#define AD_SQRT(x) sqrtf(x)
-#define AD_TANH(x) tanhf(x)
-#define AD_ERFC(x) erfcf(x)
-#endif
+#include "elementwise_math.h"
 
 /* grid-stride loop over [0, total) with 64-bit indices, for any 1-D launch geometry */
 #define GRID_STRIDE_LOOP(idx, total) \
@@ -60,80 +42,8 @@ KERNEL void ad_pad(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, con
         const OFF_T t = idx / OW;
         const int oh = (int)(t % OH);
         const OFF_T plane = t / OH;
-        int ih = oh - top, iw = ow - left;
-        float v = 0.0f;
-        if (mode == 0) {
-            if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[(plane * H + ih) * W + iw];
-        } else {
-            if (mode == 1) {            /* reflect (pad < size, checked by the contract) */
-                ih = ih < 0 ? -ih : ih;
-                ih = ih >= H ? 2 * (H - 1) - ih : ih;
-                iw = iw < 0 ? -iw : iw;
-                iw = iw >= W ? 2 * (W - 1) - iw : iw;
-            } else if (mode == 2) {     /* replicate */
-                ih = ih < 0 ? 0 : (ih >= H ? H - 1 : ih);
-                iw = iw < 0 ? 0 : (iw >= W ? W - 1 : iw);
-            } else {                    /* circular (pad <= size) */
-                ih = ((ih % H) + H) % H;
-                iw = ((iw % W) + W) % W;
-            }
-            v = x[(plane * H + ih) * W + iw];
-        }
-        y[idx] = v;
-    }
-}
-
-/* op codes: keep in sync with UNARY_CODES in backend/cuda_backend.py */
-#define OP_ABS 0
-#define OP_NEG 1
-#define OP_EXP 2
-#define OP_LOG 3
-#define OP_SQRT 4
-#define OP_RELU 5
-#define OP_SIGMOID 6
-#define OP_TANH 7
-#define OP_GELU 8
-#define OP_GELU_TANH 9
-#define OP_SILU 10
-#define OP_ELU 11
-#define OP_LEAKY_RELU 12
-#define OP_SOFTPLUS 13
-#define OP_CLAMP 14
-
-DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const float p1,
-                            const int flags)
-{
-    switch (op) {
-    case OP_ABS: return AD_FABS(x);
-    case OP_NEG: return -x;
-    case OP_EXP: return AD_EXP(x);
-    case OP_LOG: return AD_LOG(x);
-    case OP_SQRT: return AD_SQRT(x);
-    case OP_RELU: return x < 0.0f ? 0.0f : x;   /* NaN and -0 pass through, as torch */
-    case OP_SIGMOID: return 1.0f / (1.0f + AD_EXP(-x));
-    case OP_TANH: return AD_TANH(x);
-    case OP_GELU: return 0.5f * x * AD_ERFC(-x * 0.70710678118654752440f);
-    case OP_GELU_TANH: {
-        /* 0.5 x (1 + tanh(u)) == x / (1 + exp(-2u)): no cancellation where tanh(u) -> -1, so it
-         * does not depend on tanh saturating to exactly -1 (PoCL's tanhf(-20) is -0.99999994,
-         * which made 0.5 x (1 + tanh(u)) -3e-6 at x = -100 and -3e12 at x = -1e20, torch: -0) */
-        const float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
-        return x / (1.0f + AD_EXP(-2.0f * inner));
-    }
-    case OP_SILU: return x / (1.0f + AD_EXP(-x));
-    case OP_ELU: return x > 0.0f ? x : p0 * AD_EXPM1(x);
-    case OP_LEAKY_RELU: return x > 0.0f ? x : x * p0;
-    case OP_SOFTPLUS: {
-        const float bx = x * p0;
-        return bx > p1 ? x : AD_LOG1P(AD_EXP(bx)) / p0;
-    }
-    case OP_CLAMP: {
-        float v = x;                      /* NaN stays NaN; min > max gives max, as torch */
-        if ((flags & 1) && v < p0) v = p0;
-        if ((flags & 2) && v > p1) v = p1;
-        return v;
-    }
-    default: return x;
+        const int ih = ad_pad_index(oh - top, H, mode), iw = ad_pad_index(ow - left, W, mode);
+        y[idx] = (ih < 0 || iw < 0) ? 0.0f : x[(plane * H + ih) * W + iw];
     }
 }
 

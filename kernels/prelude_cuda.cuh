@@ -1,4 +1,6 @@
 /* Portable-subset prelude for CUDA / HIP through NVRTC / hipRTC (see kernels/README.md). */
+#ifndef ANYDEVICE_PRELUDE_H
+#define ANYDEVICE_PRELUDE_H
 #if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
 #define ANYDEVICE_HIP 1
 #else
@@ -30,3 +32,16 @@
 #define ST4(p, v) (*(float4*)(p) = (v))
 #define MAKE4(a, b, c, d) make_float4((a), (b), (c), (d))
 #define ALIGN16 __align__(16)
+/* float math: the float spellings (OpenCL's are overloads) */
+#define AD_FABS(x) fabsf(x)
+#define AD_EXP(x) expf(x)
+#define AD_EXPM1(x) expm1f(x)
+#define AD_LOG(x) logf(x)
+#define AD_LOG1P(x) log1pf(x)
+#define AD_SQRT(x) sqrtf(x)
+#define AD_TANH(x) tanhf(x)
+#define AD_ERFC(x) erfcf(x)
+#define AD_POW(x, y) powf((x), (y))
+#define AD_COPYSIGN(x, y) copysignf((x), (y))
+#define AD_ISNAN(x) isnan(x)
+#endif

@@ -1,4 +1,6 @@
 /* Portable-subset prelude for OpenCL C (see kernels/README.md). */
+#ifndef ANYDEVICE_PRELUDE_H
+#define ANYDEVICE_PRELUDE_H
 #define ANYDEVICE_OPENCL 1
 #define KERNEL __kernel
 #define DEVICE_FN inline
@@ -26,3 +28,16 @@
 #define ST4(p, v) vstore4((v), 0, (p))
 #define MAKE4(a, b, c, d) ((float4)((a), (b), (c), (d)))
 #define ALIGN16 __attribute__((aligned(16)))
+/* float math: OpenCL's overloads (CUDA spells the float versions expf, ...) */
+#define AD_FABS(x) fabs(x)
+#define AD_EXP(x) exp(x)
+#define AD_EXPM1(x) expm1(x)
+#define AD_LOG(x) log(x)
+#define AD_LOG1P(x) log1p(x)
+#define AD_SQRT(x) sqrt(x)
+#define AD_TANH(x) tanh(x)
+#define AD_ERFC(x) erfc(x)
+#define AD_POW(x, y) pow((x), (y))
+#define AD_COPYSIGN(x, y) copysign((x), (y))
+#define AD_ISNAN(x) isnan(x)
+#endif

@@ -1,6 +1,9 @@
 """CI compile check of the CUDA kernels (no GPU needed): every CUDA kernel source and shipped
 configuration builds for sm_80, sm_90 and compute_90 PTX without register spills in the GEMM/conv
-kernels. Uses nvcc when on PATH, else NVRTC (libnvrtc) through ctypes; skips when neither exists."""
+kernels. Uses nvcc when on PATH, else NVRTC (libnvrtc) through ctypes; skips when neither exists.
+
+Also the source assembly all compilers share (backend/kernel_source.py): prelude + file with its
+``#include "x.h"`` lines expanded once each, ``#line`` markers pointing at the right file."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from anydevice.backend import kernel_source as ks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,3 +83,82 @@ def test_all_cuda_kernels_compile_without_spills():
         assert name in built
     kernels = {k.kernel for r in results for k in r.kernels}
     assert {"ad_conv_gemm", "ad_unary", "ad_pad", "ad_direct_conv"} <= kernels
+
+
+# ---- source assembly (backend/kernel_source.py) ------------------------------------------------
+def _kdir(tmp_path, files: dict):
+    kdir = tmp_path / "kernels dir"  # a space in the path: no compiler ever sees it
+    kdir.mkdir()
+    for name, text in files.items():
+        (kdir / name).write_text(text)
+    return kdir
+
+
+def test_includes_expanded_once_with_line_markers(tmp_path):
+    kdir = _kdir(tmp_path, {
+        "prelude_opencl.h": "#define OCL 1\n", "prelude_cuda.cuh": "#define CU 1\n",
+        "b.h": "int b_once;\n",
+        "a.h": '#include "b.h"\nint a_once;\n',
+        "main_gpu.cl": '// main\n#include "a.h"\n  #  include "b.h"  // again\nint main_body;\n',
+    })
+    src = ks.kernel_source("main_gpu.cl", "cuda", kdir)
+    assert src.count("int b_once;") == 1 and src.count("int a_once;") == 1 and "#define CU 1" in src
+    assert "#define OCL" not in src and not [ln for ln in src.splitlines() if ln.lstrip().startswith("#include")]
+    lines = src.splitlines()
+    # main_body is line 4 of main_gpu.cl: so must the last #line marker before it count
+    i = lines.index("int main_body;")
+    j = max(k for k in range(i) if lines[k].startswith("#line"))
+    num, name = lines[j].split()[1:]
+    assert (int(num) + (i - j - 1), name) == (4, '"main_gpu.cl"'), lines[j:i + 1]
+    assert ks.kernel_source("main_gpu.cl", "opencl", kdir).count("#define OCL 1") == 1
+    no_prelude = ks.kernel_source("main_gpu.cl", "opencl", kdir, prelude=False)
+    assert "#define OCL" not in no_prelude and "int a_once;" in no_prelude
+    # a file may name its prelude itself (elementwise.cl does): still once
+    (kdir / "self.cl").write_text('#include "prelude_opencl.h"\nint s;\n')
+    assert ks.kernel_source("self.cl", "opencl", kdir).count("#define OCL 1") == 1
+    assert ks.kernel_source("self.cl", "opencl", kdir, prelude=False).count("#define OCL 1") == 1
+
+
+def test_include_errors(tmp_path):
+    kdir = _kdir(tmp_path, {"prelude_cuda.cuh": "", "m.cu": '#include "missing.h"\n',
+                            "up.cu": '#include "../x.h"\n'})
+    with pytest.raises(FileNotFoundError, match="missing.h"):
+        ks.kernel_source("m.cu", "cuda", kdir)
+    with pytest.raises(ValueError, match="kernels folder"):
+        ks.kernel_source("up.cu", "cuda", kdir)
+    with pytest.raises(ValueError):
+        ks.kernel_source("m.cu", "metal", kdir)
+
+
+def test_every_kernel_source_assembles():
+    """Every kernel file, for each API its backend builds it for: no include left, the prelude
+    once, each shared header in the files that use it."""
+    kdir = ROOT / "kernels"
+    for f in sorted(kdir.glob("*.c[lu]")):
+        for api in ("opencl", "cuda") if f.name.endswith("_gpu.cl") or f.suffix == ".cu" else ("opencl",):
+            src = ks.kernel_source(f.name, api, kdir)
+            assert "#include" not in "\n".join(ln for ln in src.splitlines() if not ln.startswith("/*")), f
+            assert src.count("#define ANYDEVICE_PRELUDE_H") == 1, (f, api)
+    for f in ("gemm_gpu.cl", "conv2d_gpu.cl", "conv_transpose2d_gpu.cl"):
+        assert "#define GEMM_TILE_STEP()" in ks.kernel_source(f, "cuda", kdir)
+    for f, api in (("elementwise.cl", "opencl"), ("misc_cuda.cu", "cuda"), ("misc_cuda.cu", "opencl")):
+        assert "DEVICE_FN float ad_unary_op(" in ks.kernel_source(f, api, kdir)
+
+
+def test_compile_error_in_header_names_the_header(tmp_path):
+    """The #line markers: nvcc / NVRTC report an error in an included header at its own line."""
+    tool = _tool()
+    if not _have_compiler(tool):
+        pytest.skip("no nvcc on PATH and no libnvrtc (pip install nvidia-cuda-nvrtc-cu12)")
+    kdir = _kdir(tmp_path, {
+        "prelude_cuda.cuh": (ROOT / "kernels" / "prelude_cuda.cuh").read_text(),
+        "bad.h": "/* line 1 */\n/* line 2 */\nDEVICE_FN float bad(void) { return undefined_in_header; }\n",
+        "hdr_gpu.cl": '#include "bad.h"\nKERNEL void hdr_gpu(GLOBAL float* x) { x[0] = bad(); }\n',
+    })
+    ok, results, problems = tool.run_check(kdir, log=lambda *_: None)
+    assert not ok
+    text = "\n".join(problems)
+    assert "undefined_in_header" in text and ("bad.h(3)" in text or "bad.h:3" in text), text
+    (kdir / "hdr_gpu.cl").write_text('#include "gone.h"\n')
+    ok, results, problems = tool.run_check(kdir, log=lambda *_: None)
+    assert not ok and any("gone.h" in p and "source assembly failed" in p for p in problems)

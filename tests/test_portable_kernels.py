@@ -1,4 +1,5 @@
-"""The CUDA backend's own kernels, run as OpenCL C on this GPU-less machine (PoCL).
+"""The CUDA backend's own kernels, run as OpenCL C on this GPU-less machine (PoCL), and the
+OpenCL backend's elementwise kernels that share their math with them (kernels/elementwise_math.h).
 
 kernels/conv_gemm_cuda.cu (FP32 branch) and kernels/misc_cuda.cu are written in the portable
 subset of kernels/README.md, so ``prelude_opencl.h + body`` builds as OpenCL C. Each kernel is
@@ -6,7 +7,9 @@ built with the build options the CUDA backend uses (``cuda_backend.build_options
 configurations: ``cuda_backend.TILES`` / ``OWN_MODES`` / ``BLOCK``), launched with the documented
 geometry (OpenCL global size = groups x group size, the same (groups, group size) the backend
 passes to CuPy) and compared against torch in float64: normwise relative error
-||y - ref|| / ||ref|| <= 1e-6; unary ops also match torch's NaN/Inf results exactly.
+||y - ref|| / ||ref|| <= 1e-6; unary ops also match torch's NaN/Inf results exactly, on both
+APIs' kernels (misc_cuda.cu's ad_unary / ad_pad and elementwise.cl's unary / pad2d), element by
+element on the edge cases where the two used to differ.
 
 The TF32 tensor-core branch (``#if defined(ANYDEVICE_CUDA) && USE_TF32``) is CUDA-only; the CUDA
 compile check (tests/test_cuda_compile.py) builds it, tests/test_cuda.py runs it on a GPU.
@@ -22,6 +25,8 @@ import numpy as np
 import pytest
 
 from anydevice.backend import cuda_backend as cb
+from anydevice.backend import opencl_backend as ob
+from anydevice.backend.kernel_source import kernel_source
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -49,6 +54,9 @@ SIGS = {
     "ad_pad": [None, None] + [i32] * 8,
     "ad_unary": [None, None, i64, i32, f32, f32, i32],
     "ad_direct_conv": [None, None, None, i32, None] + [i32] * 18,
+    # the OpenCL backend's elementwise.cl kernels that share elementwise_math.h with misc_cuda.cu
+    "unary": [None, i64, None, i64, i64, i64, i32, f32, f32, i32, i32],
+    "pad2d": [None, i64, None, i64] + [i32] * 7,
 }
 
 
@@ -57,7 +65,8 @@ def _shipped(fname: str, macros: dict) -> bool:
 
 
 class Runner:
-    """Builds prelude_opencl.h + a CUDA-backend source and launches its kernels on one device."""
+    """Builds prelude_opencl.h + a CUDA-backend source (includes expanded by
+    backend/kernel_source.py, as every backend does) and launches its kernels on one device."""
 
     def __init__(self):
         try:
@@ -70,7 +79,6 @@ class Runner:
         self.dev = (pocl or devs)[0]
         self.ctx = cl.Context([self.dev])
         self.queue = cl.CommandQueue(self.ctx)
-        self.prelude = (cb.KERNELS_DIR / "prelude_opencl.h").read_text()
         self._kernels: dict = {}
         self._dummy = self.buf(np.zeros(1, np.float32))
 
@@ -78,7 +86,9 @@ class Runner:
         key = (fname, kname, tuple(sorted(macros.items())))
         k = self._kernels.get(key)
         if k is None:
-            src = f'{self.prelude}\n#line 1 "{fname}"\n{(cb.KERNELS_DIR / fname).read_text()}'
+            # as the backends assemble it; the OpenCL backend's own files with its prelude choice
+            prelude = ob.KFILES[kname][1] if fname == ob.KFILES.get(kname, ("",))[0] else True
+            src = kernel_source(fname, "opencl", cb.KERNELS_DIR, prelude=prelude)
             prg = cl.Program(self.ctx, src).build(options=" ".join(cb.build_options(macros)))
             k = getattr(prg, kname)
             k.set_scalar_arg_dtypes(SIGS[kname])
@@ -428,21 +438,33 @@ def test_direct_conv(run, case):
 PAD_MODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
 
 
+def run_pad(run, kernel, x, pads, mode):
+    """(P, H, W) -> (P, OH, OW) through misc_cuda.cu's ad_pad or elementwise.cl's pad2d, as the
+    CUDA / OpenCL backend launches it."""
+    t, b_, l, r = pads
+    P, H, W = x.shape
+    OH, OW = H + t + b_, W + l + r
+    yb = run.buf(nbytes=P * OH * OW * 4)
+    if kernel == "ad_pad":
+        k = run.kernel("misc_cuda.cu", "ad_pad", MISC_MACROS)
+        launch_1d(run, k, P * OH * OW, run.buf(x), yb, P, H, W, t, l, OH, OW, PAD_MODES[mode])
+    else:
+        k = run.kernel("elementwise.cl", "pad2d", {})
+        run.launch(k, (OH, P), (1, 1), run.buf(x), 0, yb, 0, H, W, OH, OW, t, l, PAD_MODES[mode])
+    return run.read(yb, (P, OH, OW))
+
+
+@pytest.mark.parametrize("kernel", ["ad_pad", "pad2d"])
 @pytest.mark.parametrize("mode", list(PAD_MODES))
-def test_pad(run, mode):
+def test_pad(run, mode, kernel):
     rng = np.random.default_rng(20)
-    k = run.kernel("misc_cuda.cu", "ad_pad", MISC_MACROS)
     for shape, (t, b_, l, r) in [((2, 3, 5, 7), (2, 1, 3, 0)), ((1, 1, 4, 4), (3, 3, 0, 2)),
-                                 ((3, 6, 2), (1, 0, 1, 1))]:
+                                 ((3, 6, 2), (1, 0, 1, 1)), ((2, 1, 1), (1, 1, 1, 1))]:
         if mode == "reflect":  # pad < size
             t, b_, l, r = (min(p, s - 1) for p, s in zip((t, b_, l, r), (shape[-2],) * 2 + (shape[-1],) * 2))
         x = rng.standard_normal(shape).astype(np.float32)
         *lead, H, W = shape
-        OH, OW = H + t + b_, W + l + r
-        yb = run.buf(nbytes=math.prod(lead) * OH * OW * 4)
-        launch_1d(run, k, math.prod(lead) * OH * OW, run.buf(x), yb, math.prod(lead), H, W, t, l, OH, OW,
-                  PAD_MODES[mode])
-        y = run.read(yb, (*lead, OH, OW))
+        y = run_pad(run, kernel, x.reshape(-1, H, W), (t, b_, l, r), mode)
         tm = {"zeros": "constant"}.get(mode, mode)
         ref = F.pad(_t(x).unsqueeze(0) if len(shape) == 3 else _t(x), (l, r, t, b_), mode=tm)
         ref = ref.reshape(y.shape).numpy()
@@ -450,7 +472,8 @@ def test_pad(run, mode):
 
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 100.0, -100.0, 1e20, -1e20, 88.5, -88.5, 90.0,
-                     -90.0, 20.5, -20.5, 5.0, 1e-30, -1e-30, 1e-40, -1e-40, 3.4e38, -3.4e38], np.float32)
+                     -90.0, 20.5, -20.5, 5.0, -5.0, -3.0, 1e-30, -1e-30, 1e-40, -1e-40, 3.4e38, -3.4e38],
+                    np.float32)
 
 UNARY_CASES = [  # (op code name, params for the kernel (p0, p1, flags), torch reference)
     ("abs", (0, 0, 0), torch.abs),
@@ -475,24 +498,41 @@ UNARY_CASES = [  # (op code name, params for the kernel (p0, p1, flags), torch r
     ("clamp", (0, 0.75, 2), lambda t: torch.clamp(t, max=0.75)),
     ("clamp", (1.0, -1.0, 3), lambda t: torch.clamp(t, 1.0, -1.0)),   # min > max gives max
 ]
+#: the unary kernel of each API: misc_cuda.cu's (CUDA backend) and elementwise.cl's (OpenCL backend)
+UNARY_KERNELS = ["ad_unary", "unary"]
+
+
+def run_unary(run, kernel, x, op, p0=0.0, p1=0.0, flags=0):
+    """y = op(x) through ad_unary (misc_cuda.cu) or unary (elementwise.cl, 7 elements per work
+    item so its per-work-item chunk loop runs), launched as the CUDA / OpenCL backend does."""
+    x = np.ascontiguousarray(x, np.float32)
+    yb = run.buf(nbytes=x.size * 4)
+    code = cb.UNARY_CODES[op]
+    if kernel == "ad_unary":
+        k = run.kernel("misc_cuda.cu", "ad_unary", MISC_MACROS)
+        launch_1d(run, k, x.size, run.buf(x), yb, x.size, code, p0, p1, flags)
+    else:
+        k = run.kernel("elementwise.cl", "unary", {})
+        chunk = 7
+        run.launch(k, (_cdiv(x.size, chunk),), (1,), run.buf(x), 0, yb, 0, x.size, chunk, code, p0, p1,
+                   flags & 1, flags >> 1)
+    return run.read(yb, x.shape)
 
 
 def test_unary_covers_every_op():
     assert {c[0] for c in UNARY_CASES} == set(cb.UNARY_CODES)
 
 
+@pytest.mark.parametrize("kernel", UNARY_KERNELS)
 @pytest.mark.parametrize("case", range(len(UNARY_CASES)),
                          ids=[f"{c[0]}{c[1][:2]}" for c in UNARY_CASES])
-def test_unary(run, case):
+def test_unary(run, case, kernel):
     op, (p0, p1, flags), fn = UNARY_CASES[case]
     rng = np.random.default_rng(30 + case)
     xr = np.concatenate([(rng.standard_normal(1500) * 4).astype(np.float32),
                          rng.uniform(0, 3, 300).astype(np.float32)])
     x = np.concatenate([xr, SPECIALS])
-    k = run.kernel("misc_cuda.cu", "ad_unary", MISC_MACROS)
-    yb = run.buf(nbytes=x.size * 4)
-    launch_1d(run, k, x.size, run.buf(x), yb, x.size, cb.UNARY_CODES[op], p0, p1, flags)
-    y = run.read(yb, x.shape)
+    y = run_unary(run, kernel, x, op, p0, p1, flags)
     ref64 = fn(_t(x)).numpy()
     # random inputs: normwise (NaN where torch has NaN, e.g. log/sqrt of negatives)
     yr, rr = y[:xr.size], ref64[:xr.size]
@@ -509,5 +549,100 @@ def test_unary(run, case):
             assert (np.isnan(yv) and np.isnan(r32)) or yv == r32, f"{op}({xv}) = {yv}, torch {r32}"
         else:
             assert abs(float(yv) - r64) <= 1e-6 * abs(r64) + 1e-37, f"{op}({xv}) = {yv}, torch {r64}"
-    print(f"ad_unary {op} {p0, p1, flags}: err {err:.2e}")
+    print(f"{kernel} {op} {p0, p1, flags}: err {err:.2e}")
     assert err <= TOL, (op, err)
+
+
+# ---- the cases where elementwise.cl and misc_cuda.cu used to disagree --------------------------
+FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+def _close(y, ref, rel=1e-5, denormal_abs=1e-43):
+    """Element by element: relative error <= rel where torch's value is a normal float32, absolute
+    <= denormal_abs where it is below (float32 denormals carry few digits); NaN where torch has
+    NaN. Returns the indices that fail."""
+    y = np.asarray(y, np.float64)
+    ref = np.asarray(ref, np.float64)
+    bad = np.isnan(y) != np.isnan(ref)
+    fin = ~np.isnan(ref)
+    tol = np.where(np.abs(ref) >= FLT_MIN, rel * np.abs(ref), denormal_abs)
+    bad[fin] |= ~(np.abs(y[fin] - ref[fin]) <= tol[fin])
+    return np.flatnonzero(bad)
+
+
+@pytest.mark.parametrize("kernel", UNARY_KERNELS)
+def test_unary_gelu_tanh_cancellation(run, kernel):
+    """gelu(approximate="tanh") for x << 0: the value is x * (1 + tanh(u)) / 2 with tanh(u) -> -1.
+    elementwise.cl's 0.5 x (1 + tanh(u)) cancelled (x = -5: -2.98e-7 for torch's -2.29e-7,
+    x = -6: 0 for -8.4e-11); misc_cuda.cu's x / (1 + exp(-2u)) overflowed to -0 from x = -10.06
+    on, where torch's value is still a normal float32. Both now compute x * sigmoid(2u) without
+    either (elementwise_math.h). Reference: torch float64 -- F.gelu itself where its float64
+    1 + tanh(u) has the digits (x >= -5.5), and the same function as x * sigmoid(2u) below that
+    (float64 1 + tanh(u) is exactly 0 once u < -18.4, x < -7)."""
+    x = np.concatenate([np.linspace(-5.5, -2.0, 701), np.linspace(-11.5, -5.5, 1201)]).astype(np.float32)
+    y = run_unary(run, kernel, x, "gelu_tanh")
+    xt = _t(x)
+    u = 0.7978845608028654 * (xt + 0.044715 * xt ** 3)
+    stable = (xt * torch.sigmoid(2.0 * u)).numpy()
+    direct = F.gelu(xt, approximate="tanh").numpy()
+    near = x >= -5.5
+    assert np.allclose(stable[near], direct[near], rtol=1e-7, atol=0)  # the same function
+    ref = np.where(near, direct, stable)
+    bad = _close(y, ref)
+    assert bad.size == 0, [(float(x[i]), float(y[i]), float(ref[i])) for i in bad[:5]]
+
+
+@pytest.mark.parametrize("kernel", UNARY_KERNELS)
+def test_unary_sigmoid_silu_tail(run, kernel):
+    """sigmoid and silu for x in [-104, -80]: torch (float64) gives 8.2e-40 for sigmoid(-90) and
+    -7.4e-38 for silu(-90); 1 / (1 + exp(-x)) overflowed exp to Inf and gave 0 in both files."""
+    x = np.linspace(-104.0, -80.0, 961).astype(np.float32)
+    for op, fn in (("sigmoid", torch.sigmoid), ("silu", F.silu)):
+        y = run_unary(run, kernel, x, op)
+        ref = fn(_t(x)).numpy()
+        bad = _close(y, ref)
+        assert bad.size == 0, (op, [(float(x[i]), float(y[i]), float(ref[i])) for i in bad[:5]])
+
+
+@pytest.mark.parametrize("kernel", UNARY_KERNELS)
+def test_unary_tanh_saturates(run, kernel):
+    """tanh(x) for |x| > 9.011 is +-1 in float32 (torch float64, rounded); PoCL's tanhf stops at
+    1 - ulp (tanh(20.5) = 0.99999994), which misc_cuda.cu used to return (elementwise.cl
+    saturated from |x| >= 10 on)."""
+    x = np.array([9.5, 10.0, 20.5, 88.0, 1e20, -9.5, -10.0, -20.5, -88.0, -1e20, np.inf, -np.inf, np.nan],
+                 np.float32)
+    y = run_unary(run, kernel, x, "tanh")
+    ref = torch.tanh(_t(x)).float().numpy()
+    np.testing.assert_array_equal(y, ref)
+
+
+NAN = float("nan")
+CLAMP_NAN_CASES = [  # (min, max): None = not given; torch: a NaN bound makes every element NaN
+    (NAN, None), (None, NAN), (NAN, 1.0), (-1.0, NAN), (NAN, NAN), (1.0, -1.0), (0.0, None), (None, -0.0),
+]
+
+
+@pytest.mark.parametrize("kernel", UNARY_KERNELS)
+@pytest.mark.parametrize("lo,hi", CLAMP_NAN_CASES, ids=lambda v: str(v))
+def test_unary_clamp_nan_and_order(run, kernel, lo, hi):
+    """torch.clamp: a NaN bound gives NaN everywhere (misc_cuda.cu used to ignore it: v < NaN is
+    false); NaN input stays NaN; min > max gives max; -0 stays -0 against a 0 bound. Exact,
+    sign of zero included."""
+    x = np.array([np.nan, -np.inf, -2.0, -0.0, 0.0, 0.5, 2.0, np.inf], np.float32)
+    flags = (lo is not None) | (hi is not None) << 1
+    y = run_unary(run, kernel, x, "clamp", 0.0 if lo is None else lo, 0.0 if hi is None else hi, flags)
+    ref = torch.clamp(torch.from_numpy(x), lo, hi).numpy()
+    np.testing.assert_array_equal(y, ref)
+    np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))
+
+
+@pytest.mark.parametrize("kernel", UNARY_KERNELS)
+def test_unary_signed_zero(run, kernel):
+    """relu(-0) = leaky_relu(-0) = elu(-0) = -0 and abs(-0) = +0, as torch (float32 and float64
+    agree on these)."""
+    x = np.array([-0.0, 0.0], np.float32)
+    for op, p0, fn in (("relu", 0.0, torch.relu), ("leaky_relu", 0.01, F.leaky_relu), ("elu", 1.0, F.elu),
+                       ("abs", 0.0, torch.abs), ("neg", 0.0, torch.neg), ("gelu", 0.0, F.gelu)):
+        y = run_unary(run, kernel, x, op, p0)
+        ref = fn(torch.from_numpy(x)).numpy()
+        assert (y == ref).all() and (np.signbit(y) == np.signbit(ref)).all(), (op, y, ref)

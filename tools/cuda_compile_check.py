@@ -2,8 +2,11 @@
 """CI compile check for the CUDA kernels, no GPU needed.
 
 Builds every CUDA kernel source the CUDA backend compiles -- the portable GPU-family files
-(kernels/*_gpu.cl, found dynamically, each as prelude_cuda.cuh + body) and the CUDA-only
-kernels/*.cu -- in every macro configuration the backend ships (``cuda_backend.shipped_configs``;
+(kernels/*_gpu.cl, found dynamically) and the CUDA-only kernels/*.cu, each exactly as the backend
+assembles it (``cuda_backend.kernel_source``: prelude_cuda.cuh + the file with its
+``#include "x.h"`` lines expanded by backend/kernel_source.py, so no -I is needed and a header
+change reaches every file that includes it) -- in every macro configuration the backend ships
+(``cuda_backend.shipped_configs``;
 a file it does not list is built with its defaults), for sm_80 and sm_90 cubins and compute_90
 PTX. Prints registers, stack and spills per kernel; fails on a compile error (with the compiler
 log) and on any register spill in the GEMM/conv kernels.
@@ -236,8 +239,11 @@ def run_check(kernels_dir: Path | str | None = None, compiler: str = "auto", job
     with tempfile.TemporaryDirectory(prefix="anydevice_cc_") as tmp:
         def one(item):
             fname, macros = item
-            src = cb.kernel_source(fname, kdir)
             t = time.time()
+            try:
+                src = cb.kernel_source(fname, kdir)
+            except (OSError, ValueError) as exc:  # a missing or misnamed #include
+                return Result(fname, macros, False, f"source assembly failed: {exc}", [], 0.0)
             if kind == "nvcc":
                 ok, text = compile_nvcc(nvcc, src, fname, macros, Path(tmp))
             else:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from ..contract import UNARY_KERNEL_CODES
+from ..kernel_source import kernel_source as _kernel_source
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
 INSTALL_HINT = "CuPy not installed (pip install cupy-cuda12x)"
@@ -119,11 +120,8 @@ def shipped_configs() -> dict[str, list[dict]]:
 
 
 def kernel_source(fname: str, kernels_dir: Path | str | None = None) -> str:
-    """What is compiled for ``fname``: prelude_cuda.cuh + the file (with a #line marker)."""
-    kdir = Path(kernels_dir) if kernels_dir else KERNELS_DIR
-    prelude = (kdir / "prelude_cuda.cuh").read_text()
-    body = (kdir / fname).read_text()
-    return f'{prelude}\n#line 1 "{fname}"\n{body}'
+    """What is compiled for ``fname``: prelude_cuda.cuh + the file, includes expanded (kernel_source.py)."""
+    return _kernel_source(fname, "cuda", kernels_dir or KERNELS_DIR)
 
 
 def build_options(macros: dict) -> tuple[str, ...]:

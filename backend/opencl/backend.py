@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import config
 from ..contract import Backend, unary_kernel_args
+from ..kernel_source import kernel_source
 from ..runtime import JsonStore
 from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
 from .linalg import LinalgOps
@@ -90,9 +91,7 @@ class OpenCLBackend(LinalgOps, Backend):
     def _source(self, fname: str, portable: bool) -> str:
         src = self._sources.get(fname)
         if src is None:
-            src = (KERNEL_DIR / fname).read_text()
-            if portable:
-                src = (KERNEL_DIR / "prelude_opencl.h").read_text() + "\n" + src
+            src = kernel_source(fname, "opencl", KERNEL_DIR, prelude=portable)
             self._sources[fname] = src
         return src
 
