@@ -4,21 +4,20 @@ Serves the registry names ``cuda`` and ``rocm`` (the registry falls back to PyTo
 the reason, when this module says unavailable; ``torch-cuda`` / ``torch-rocm`` always name
 PyTorch/cuDNN). Native arrays are ``cupy.ndarray`` (float32).
 
-* GEMM, conv2d and conv_transpose2d run the shared portable GPU kernels (kernels/gemm_gpu.cl,
-  conv2d_gpu.cl, conv_transpose2d_gpu.cl, the same files the OpenCL backend builds) compiled as
-  ``prelude_cuda.cuh + body`` with ``cupy.RawModule(code=..., options=("-DNAME=v", ...))``.
+* GEMM, conv2d and conv_transpose2d run the pack's CUDA kernel (kernels/conv_gemm_cuda.cu:
+  double-buffered tiles, 16-byte loads, split K with an ordered reduction; tile and split chosen
+  per problem from a model fitted on an H100), in FP32, or its TF32 tensor-core branch with
+  ``ANYDEVICE_ALLOW_TF32=1`` on sm_80+. ``ANYDEVICE_CUDA_FAMILY=portable`` runs the shared
+  OpenCL/CUDA GPU-family kernels (kernels/*_gpu.cl) instead (half the speed on an H100).
   Convolutions with few output channels per group (depthwise, SSIM's blur) use a direct kernel
-  (kernels/misc_cuda.cu). With ``ANYDEVICE_ALLOW_TF32=1`` (off by default, like
-  ``torch.backends.cuda.matmul.allow_tf32``) on sm_80+ GEMM and convs use the TF32 tensor-core
-  branch of kernels/conv_gemm_cuda.cu (``#if defined(ANYDEVICE_CUDA) && USE_TF32``), which is
-  also the fallback when a portable file is missing.
+  (kernels/misc_cuda.cu).
 * Pad and unary ops are kernels of kernels/misc_cuda.cu; binary ops (broadcasting), concat and
   reductions (float64 accumulation for sum/mean) are CuPy's own kernels.
 * torch tensors on the GPU come in and go out through DLPack (zero copy, never through the host);
   every op runs on PyTorch's current stream of the device (CuPy's current stream is set to it), so
   work queued by ComfyUI on a side stream is ordered correctly.
-* Tile configurations: per compute capability defaults (``TILES``), chosen per problem size so the
-  grid fills the GPU; ``CudaBackend.tune()`` times the candidates and stores the winners in
+* Tile configurations: per compute capability candidates (``TILES``), chosen with the K split per
+  problem (``CudaLinalg._plan``); ``CudaBackend.tune()`` times the candidates and stores the winners in
   ``$ANYDEVICE_CACHE_DIR/cuda_tiles.json`` (default ~/.cache/anydevice), read back at start.
   Compiled kernels go to CuPy's on-disk kernel cache (``CUPY_CACHE_DIR``, by default
   ``$ANYDEVICE_CACHE_DIR/cupy``); memory comes from CuPy's memory pool.

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from ..plans import conv2d_geometry, conv_transpose2d_geometry
 from ..runtime import pack_args
-from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, KERNELS_DIR, MAX_KSPLIT, MIN_KSLICE, OWN_GEMM, PORTABLE,
-                    TILE_EFFICIENCY, TILES, _cdiv, _mode_macros, _size_class, _strided, _vec_ok, vec_fits)
+from ..runtime.conv_gemm import kchunk_for, plan as plan_tiles
+from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, KERNELS_DIR, OWN_GEMM, PORTABLE, TILES, _cdiv, _mode_macros,
+                    _size_class, _strided, _vec_ok, vec_fits)
 
 
 class CudaLinalg:
@@ -54,30 +55,11 @@ class CudaLinalg:
         hit = self._plan_cache.get(pkey)
         if hit is not None:
             return hit
-        forced = self._forced_ksplit
-        best = None
-        for cfg in cands:
-            tm, tn, tk = cfg["TILE_M"], cfg["TILE_N"], cfg["TILE_K"]
-            blocks = _cdiv(M, tm) * _cdiv(N, tn) * Z
-            threads = (tm // cfg["WPT_M"]) * (tn // cfg["WPT_N"])
-            regs = min(255, 2 * cfg["WPT_M"] * cfg["WPT_N"] + 64)  # acc + tot + operands, as compiled
-            slots = self.sm_count * max(1, min(2048 // threads, 65536 // (threads * regs)))
-            eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"]), 0.8)
-            if forced:
-                splits = [max(1, min(forced, _cdiv(K, tk)))]
-            else:
-                splits = range(1, max(1, min(MAX_KSPLIT, K // MIN_KSLICE)) + 1)
-            for ks in splits:
-                kslice = _cdiv(_cdiv(K, ks), tk) * tk
-                t = _cdiv(blocks * ks, slots) * tm * tn * kslice / eff
-                if ks > 1:
-                    t += 16.0 * M * N * Z * ks / slots  # workspace write + ordered reduction
-                if best is None or t < best[0] * 0.999:
-                    best = (t, cfg, ks)
+        best = plan_tiles(cands, M, N, Z, K, self.sm_count, self._forced_ksplit)
         if len(self._plan_cache) > 4096:
             self._plan_cache.clear()
-        self._plan_cache[pkey] = (best[1], best[2])
-        return best[1], best[2]
+        self._plan_cache[pkey] = best
+        return best
 
     def _own_launch(self, macros: dict, cfg: dict, M: int, N: int, K: int, Z: int, args_a: tuple,
                     args_b: tuple, c_args: tuple, bias, conv: tuple, out, gemm_out: tuple, ksplit: int):
@@ -86,8 +68,7 @@ class CudaLinalg:
         cp = self.cp
         fn = self._function(OWN_GEMM[0], OWN_GEMM[1], macros)
         block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
-        kchunk = _cdiv(_cdiv(K, ksplit), cfg["TILE_K"]) * cfg["TILE_K"]
-        ksplit = _cdiv(K, kchunk) if K else 1
+        ksplit, kchunk = kchunk_for(K, ksplit, cfg)
         per = max(1, GRID_YZ_MAX // ksplit)
         for z0 in range(0, Z, per):
             z1 = min(Z, z0 + per)

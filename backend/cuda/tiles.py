@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 
 from ..contract import UNARY_KERNEL_CODES
+from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, TILE_EFFICIENCY, _O_L, _O_M, _O_S, _O_X,  # noqa: F401
+                                 _T_L, _T_M, _T_S, _mode_macros, mode_fits, vec_fits)
 from ..kernel_source import kernel_source as _kernel_source
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
@@ -29,18 +31,6 @@ MISC = "misc_cuda.cu"
 _P_L = dict(BM=128, BN=64, BK=16, TM=8, TN=4, KP=128)    # portable: 256 threads, 8x4 per thread
 _P_M = dict(BM=64, BN=64, BK=16, TM=4, TN=4, KP=128)     # the file's defaults
 _P_S = dict(BM=32, BN=64, BK=16, TM=2, TN=4, KP=128)
-# own FP32, measured on an H100 (tools/gpu_probe.py): 128x64 tiles with 8x4 per thread are the
-# fastest (two groups per SM; an 8x8 thread tile's registers allow only one), TILE_K 16 for GEMMs
-# and 8 for convs (half the im2col gathers per step); 64x64x16 where 128x64 leaves SMs idle and K
-# is too short to split. ``_plan`` picks tile and K split per problem from these.
-_O_L = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4)
-_O_M = dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=4)
-_O_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4)
-_O_X = dict(TILE_M=128, TILE_N=128, TILE_K=8, WPT_M=8, WPT_N=8)
-_T_L = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, SMEM_PAD=8, USE_TF32=1)
-_T_M = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
-_T_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
-
 #: arch ("sm_80", ...; "default" for any other) -> family -> candidate configs. "own" serves
 #: GEMMs, "own_conv" convolutions (both FP32); "tf32" both, when TF32 is allowed.
 TILES = {
@@ -52,46 +42,12 @@ TILES = {
     "sm_90": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S],
               "tf32": [_T_L, _T_M, _T_S]},
 }
-#: relative FMA throughput of a thread tile (WPT_M, WPT_N) against 8x4, from the H100 sweep
-TILE_EFFICIENCY = {(8, 4): 1.0, (4, 4): 0.8, (8, 8): 0.9, (4, 8): 0.8}
-#: a K slice is at least this long (shorter slices lost to their fixed costs on the H100)
-MIN_KSLICE = 512
-#: own-kernel modes (build options besides the tile) the backend compiles; VEC_A / VEC_B (16-byte
-#: loads) are added when the operands allow them (``_vec_ok``)
-OWN_MODES = (
-    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0),
-    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=1),
-    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0, VEC_A=1, VEC_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0, VEC_A=1),
-    dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0, VEC_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1, VEC_A=1),
-    dict(IS_GEMM=0, CONV_TRANSPOSED=0), dict(IS_GEMM=0, CONV_TRANSPOSED=1),
-    dict(IS_GEMM=0, CONV_TRANSPOSED=0, VEC_A=1), dict(IS_GEMM=0, CONV_TRANSPOSED=1, VEC_A=1),
-)
-#: split K over at most this many slices when the output tiles alone do not fill the GPU
-MAX_KSPLIT = 8
 #: unary op codes of misc_cuda.cu
 UNARY_CODES = UNARY_KERNEL_CODES
 BLOCK = 256
 #: convs with at most this many output channels per group use the direct kernel
 DIRECT_MAX_COUT_G = 4
 GRID_YZ_MAX = 65535
-
-
-def vec_fits(cfg: dict, which: str) -> bool:
-    """Whether a tile can load operand ``which`` ("A" or "B") as 16-byte vectors: every thread
-    loads whole vectors (ad_conv_gemm's VEC_A / VEC_B #error conditions)."""
-    threads = (cfg["TILE_M"] // cfg["WPT_M"]) * (cfg["TILE_N"] // cfg["WPT_N"])
-    if which == "A":
-        return cfg["TILE_K"] % 4 == 0 and (cfg["TILE_M"] * cfg["TILE_K"]) % (4 * threads) == 0
-    return cfg["TILE_N"] % 4 == 0 and (cfg["TILE_N"] * cfg["TILE_K"]) % (4 * threads) == 0
-
-
-def mode_fits(cfg: dict, mode: dict) -> bool:
-    return (not mode.get("VEC_A") or vec_fits(cfg, "A")) and (not mode.get("VEC_B") or vec_fits(cfg, "B"))
-
-
-def _mode_macros(mode: dict) -> dict:
-    """Build options of one own-kernel mode: VEC_A/VEC_B only when set (so the older cache keys hold)."""
-    return {k: v for k, v in mode.items() if not (k in ("VEC_A", "VEC_B") and not v)}
 
 
 def _tiles_for(arch: str) -> dict:

@@ -1,0 +1,89 @@
+"""The CUDA kernel ``kernels/conv_gemm_cuda.cu`` (``ad_conv_gemm``) as any GPU backend runs it:
+tiles measured on an H100, the kernel's build modes, when 16-byte loads apply, and the plan that
+picks a tile and a K split per problem. The CUDA backend and the OpenCL GPU family (the same file
+built as OpenCL C through the preludes) both use these."""
+from __future__ import annotations
+
+# own FP32, measured on an H100 (tools/gpu_probe.py): 128x64 tiles with 8x4 per thread are the
+# fastest (two groups per SM; an 8x8 thread tile's registers allow only one), TILE_K 16 for GEMMs
+# and 8 for convs (half the im2col gathers per step); 64x64x16 where 128x64 leaves SMs idle and K
+# is too short to split. ``_plan`` picks tile and K split per problem from these.
+_O_L = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4)
+_O_M = dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=4)
+_O_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4)
+_O_X = dict(TILE_M=128, TILE_N=128, TILE_K=8, WPT_M=8, WPT_N=8)
+_T_L = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, SMEM_PAD=8, USE_TF32=1)
+_T_M = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
+_T_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
+
+#: relative FMA throughput of a thread tile (WPT_M, WPT_N) against 8x4, from the H100 sweep
+TILE_EFFICIENCY = {(8, 4): 1.0, (4, 4): 0.8, (8, 8): 0.9, (4, 8): 0.8}
+#: a K slice is at least this long (shorter slices lost to their fixed costs on the H100)
+MIN_KSLICE = 512
+#: own-kernel modes (build options besides the tile) the backend compiles; VEC_A / VEC_B (16-byte
+#: loads) are added when the operands allow them (``_vec_ok``)
+OWN_MODES = (
+    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0),
+    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=1),
+    dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0, VEC_A=1, VEC_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0, VEC_A=1),
+    dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0, VEC_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1, VEC_A=1),
+    dict(IS_GEMM=0, CONV_TRANSPOSED=0), dict(IS_GEMM=0, CONV_TRANSPOSED=1),
+    dict(IS_GEMM=0, CONV_TRANSPOSED=0, VEC_A=1), dict(IS_GEMM=0, CONV_TRANSPOSED=1, VEC_A=1),
+)
+#: split K over at most this many slices when the output tiles alone do not fill the GPU
+MAX_KSPLIT = 8
+def vec_fits(cfg: dict, which: str) -> bool:
+    """Whether a tile can load operand ``which`` ("A" or "B") as 16-byte vectors: every thread
+    loads whole vectors (ad_conv_gemm's VEC_A / VEC_B #error conditions)."""
+    threads = (cfg["TILE_M"] // cfg["WPT_M"]) * (cfg["TILE_N"] // cfg["WPT_N"])
+    if which == "A":
+        return cfg["TILE_K"] % 4 == 0 and (cfg["TILE_M"] * cfg["TILE_K"]) % (4 * threads) == 0
+    return cfg["TILE_N"] % 4 == 0 and (cfg["TILE_N"] * cfg["TILE_K"]) % (4 * threads) == 0
+
+
+def mode_fits(cfg: dict, mode: dict) -> bool:
+    return (not mode.get("VEC_A") or vec_fits(cfg, "A")) and (not mode.get("VEC_B") or vec_fits(cfg, "B"))
+
+
+def _mode_macros(mode: dict) -> dict:
+    """Build options of one own-kernel mode: VEC_A/VEC_B only when set (so the older cache keys hold)."""
+    return {k: v for k, v in mode.items() if not (k in ("VEC_A", "VEC_B") and not v)}
+
+
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def kchunk_for(K: int, ksplit: int, cfg: dict) -> tuple[int, int]:
+    """(slices, slice length): slices of whole TILE_K steps covering K."""
+    kchunk = _cdiv(_cdiv(K, max(1, ksplit)), cfg["TILE_K"]) * cfg["TILE_K"]
+    return (_cdiv(K, kchunk) if K else 1), max(kchunk, cfg["TILE_K"])
+
+
+def plan(cands: list, M: int, N: int, Z: int, K: int, units: int, forced: int | None = None) -> tuple[dict, int]:
+    """(tile, K slices) with the least modelled time on ``units`` compute units (SMs): waves of
+    groups (groups per unit from the tile's registers) x one group's FMAs / the tile's measured
+    efficiency, plus the split's reduction pass. Slices are at least MIN_KSLICE long; ``forced``
+    fixes the split."""
+    best = None
+    for cfg in cands:
+        tm, tn, tk = cfg["TILE_M"], cfg["TILE_N"], cfg["TILE_K"]
+        blocks = _cdiv(M, tm) * _cdiv(N, tn) * Z
+        threads = (tm // cfg["WPT_M"]) * (tn // cfg["WPT_N"])
+        regs = min(255, 2 * cfg["WPT_M"] * cfg["WPT_N"] + 64)  # acc + tot + operands, as compiled
+        slots = max(1, units) * max(1, min(2048 // threads, 65536 // (threads * regs)))
+        eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"]), 0.8)
+        if forced:
+            splits = [max(1, min(forced, _cdiv(K, tk)))]
+        else:
+            splits = range(1, max(1, min(MAX_KSPLIT, K // MIN_KSLICE)) + 1)
+        for ks in splits:
+            kslice = _cdiv(_cdiv(K, ks), tk) * tk
+            t = _cdiv(blocks * ks, slots) * tm * tn * kslice / eff
+            if ks > 1:
+                t += 16.0 * M * N * Z * ks / slots  # workspace write + ordered reduction
+            if best is None or t < best[0] * 0.999:
+                best = (t, cfg, ks)
+    return best[1], best[2]
