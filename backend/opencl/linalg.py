@@ -1,5 +1,6 @@
 """The OpenCL backend's GEMM and convolutions (CPU family: packed GEMM, direct, im2col, Winograd;
-GPU family: the portable tiled kernels), as a mixin of OpenCLBackend."""
+GPU family: kernels/conv_gemm_cuda.cu and misc_cuda.cu's direct conv, the CUDA backend's kernels
+built as OpenCL C), as a mixin of OpenCLBackend."""
 from __future__ import annotations
 
 import math
@@ -8,8 +9,14 @@ import numpy as np
 
 from ..contract import workspace_budget_bytes
 from ..plans import conv2d_geometry, conv_transpose2d_geometry
-from .memory import CLArray
+from ..runtime.conv_gemm import _O_L, _O_M, _O_S, _mode_macros, kchunk_for, plan as plan_tiles, vec_fits
+from .memory import CLArray, _contig_strides
 from .params import DIRECT_MAX_K, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
+
+#: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
+GEMM_TILES, CONV_TILES = [_O_L, _O_S], [_O_M, _O_S]
+#: GPU family: convs with at most this many output channels per group use the direct kernel
+GPU_DIRECT_MAX_COUT_G = 4
 
 
 class LinalgOps:
@@ -25,10 +32,12 @@ class LinalgOps:
             self._fill(out, 0.0)
             return out
         if self.family == "gpu":
-            self._run("gemm_gpu", (-(-N // 64) * 16, -(-M // 64) * 16, batches), (16, 16, 1),
-                      M, N, K, A.buffer, a_off, sam, sak, a_bs, B.buffer, b_off, sbk, sbn, b_bs,
-                      out.buffer, 0, N, M * N, out.buffer, 0, 1 << 30, 0,
-                      params=self.tunables("gemm_gpu.cl"))
+            A, sam, sak, a_bs, ta = self._gpu_operand(A, a_off, sam, sak, a_bs, batches, M, K)
+            B, sbk, sbn, b_bs, tb = self._gpu_operand(B, b_off, sbk, sbn, b_bs, batches, K, N)
+            vec_a = not ta and sam % 4 == 0 and a_bs % 4 == 0 and K % 4 == 0
+            vec_b = not tb and sbk % 4 == 0 and b_bs % 4 == 0 and N % 4 == 0
+            self._conv_gemm("gemm", dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb), vec_a, vec_b, M, N, K, batches,
+                            (A, sam, sak, a_bs), (B, sbk, sbn, b_bs), out, (N, M * N), None, (0,) * 15)
             return out
         if M * N * K <= SMALL_GEMM_MACS:
             rows = max(1, min(M, 2048 // max(1, N * K)))
@@ -51,6 +60,72 @@ class LinalgOps:
                   M, N, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer, (nt * 32 * K) if bb > 1 else 0,
                   out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
         return out
+
+    # ---- GPU family: the CUDA backend's kernels built as OpenCL C --------------------------------
+    def _at0(self, x: CLArray, off: int, span: int) -> CLArray:
+        """x's elements [off, off + span) at offset 0 of a buffer (the GPU-family kernels take no
+        offsets): x itself when off is 0, else a copy of that span."""
+        if off == 0:
+            return x
+        out = self._empty((span,))
+        self._copy_strided(x, off, (span,), (1,), out, 0, (1,))
+        return out
+
+    def _gpu_operand(self, X: CLArray, off, s_row, s_col, s_batch, batches, rows, cols):
+        """(array at offset 0, row, column and batch strides, transposed flag) for ad_conv_gemm, which
+        needs one of the two inner strides to be 1 (else the operand is copied contiguous)."""
+        nb = batches if s_batch else 1
+        if not (s_col == 1 or s_row == 1 or cols == 1 or rows == 1):
+            tmp = self._empty((nb, rows, cols))
+            self._copy_strided(X, off, (nb, rows, cols), (s_batch, s_row, s_col), tmp, 0, _contig_strides((nb, rows, cols)))
+            X, off, s_row, s_col, s_batch = tmp, 0, cols, 1, rows * cols if nb > 1 else 0
+        if cols == 1:
+            s_col = 1
+        elif rows == 1 and s_col != 1:
+            s_row = 1
+        span = (nb - 1) * s_batch + (rows - 1) * s_row + (cols - 1) * s_col + 1
+        return self._at0(X, off, span), s_row, s_col, s_batch, int(s_col != 1)
+
+    def _conv_gemm(self, op, mode, vec_a, vec_b, M, N, K, Z, a, b, out, c_layout, bias, conv, layout=(1, 1, 1)):
+        """Launch kernels/conv_gemm_cuda.cu's ad_conv_gemm (a = (A, sam, sak, a_bs), b likewise),
+        with the tile and K split the shared plan picks; a split writes a workspace that
+        ad_splitk_reduce sums in order into ``out`` (+ bias)."""
+        cands = GEMM_TILES if op == "gemm" else CONV_TILES
+        cfg, ks = plan_tiles(cands, M, N, Z, K, self.compute_units)
+        mode = dict(mode, VEC_A=int(bool(vec_a) and vec_fits(cfg, "A")), VEC_B=int(bool(vec_b) and vec_fits(cfg, "B")))
+        macros = {**cfg, **_mode_macros(mode)}
+        ks, kchunk = kchunk_for(K, ks, cfg)
+        ws = out if ks == 1 else self._empty((Z * ks * M * N,))
+        (A, sam, sak, a_bs), (B, sbk, sbn, b_bs), (ldc, c_bs) = a, b, c_layout
+        lsz = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+        gsz = (-(-N // cfg["TILE_N"]) * lsz[0], -(-M // cfg["TILE_M"]) * lsz[1], Z * ks)
+        bbuf, hb = (bias.buffer, 1) if bias is not None else (out.buffer, 0)
+        self._run("ad_conv_gemm", gsz, lsz, M, N, K, A.buffer, sam, sak, a_bs, B.buffer, sbk, sbn, b_bs,
+                  ws.buffer, ldc, c_bs, bbuf, hb, *conv, ks, kchunk, params=macros)
+        if ks > 1:
+            n = Z * M * N
+            self._run("ad_splitk_reduce", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
+                      ws.buffer, out.buffer, bbuf, hb, ks, Z, M, N, ldc, c_bs, *layout, params=macros)
+        return out
+
+    def _gpu_conv(self, x, w, bias, out, g, transposed: int):
+        """conv2d / conv_transpose2d on the GPU family: misc_cuda.cu's direct kernel for few output
+        channels per group, else ad_conv_gemm's implicit GEMM (batch folded into N)."""
+        x, w = self._at0(x, x.offset, x.size), self._at0(w, w.offset, w.size)
+        if g.CoutG <= GPU_DIRECT_MAX_COUT_G:
+            n = out.size
+            self._run("ad_direct_conv", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
+                      x.buffer, w.buffer, bias.buffer if bias is not None else out.buffer, int(bias is not None),
+                      out.buffer, g.N, g.C, g.H, g.W, g.Cout, g.CinG, g.CoutG, g.KH, g.KW, g.OH, g.OW,
+                      g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, transposed, params={"BLOCK": 256})
+            return out
+        M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
+        if transposed:  # weights re-laid out as (G, CoutG, CinG*KH*KW)
+            w = self._permute(self._reshape(w, (g.G, g.CinG, g.CoutG, g.KH * g.KW)), (0, 2, 1, 3))
+        conv = (g.C, g.H, g.W, g.CinG, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH, g.OW, g.Cout)
+        return self._conv_gemm("conv", dict(IS_GEMM=0, CONV_TRANSPOSED=transposed), K % 4 == 0, False,
+                               M, Ntot, K, g.G, (w, K, 1, M * K), (x, 0, 0, 0), out, (0, 0), bias, conv,
+                               layout=(0, g.OH * g.OW, g.Cout))
 
     def _copy_of(self, x: CLArray) -> CLArray:
         out = self._empty(x.shape)
@@ -107,10 +182,7 @@ class LinalgOps:
         K = CinG * KH * KW
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, pl, dh, dw)
         if self.family == "gpu":
-            self._run("conv2d_gpu", (-(-(OH * OW) // 64) * 16, -(-CoutG // 64) * 16, N * G), (16, 16, 1),
-                      x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo,
-                      params=self.tunables("conv2d_gpu.cl"))
-            return out
+            return self._gpu_conv(x, w, bias, out, g, 0)
         path = self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
         if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl):
             return out
@@ -218,10 +290,7 @@ class LinalgOps:
             return out
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, ph, pw, dh, dw)
         if self.family == "gpu":
-            self._run("conv_transpose2d_gpu", (-(-(OH * OW) // 64) * 16, -(-CoutG // 64) * 16, N * G),
-                      (16, 16, 1), x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo,
-                      params=self.tunables("conv_transpose2d_gpu.cl"))
-            return out
+            return self._gpu_conv(x, w, bias, out, g, 1)
         ncob = -(-CoutG // 8)
         J = -(-OW // sw)
         self._run("conv_t2d_direct", (-(-J // 32), OH * sw, N * G * ncob), (1, 1, 1),

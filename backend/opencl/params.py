@@ -35,17 +35,15 @@ WINO_OB = 4
 #: runtime's signature table (portable GPU-family files get the OpenCL prelude)
 OPENCL_KERNELS = ("unary", "binary_flat", "binary_nd", "copy_nd", "pad2d", "reduce_ori", "gemm_small",
                   "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
-                  "wino_filter", "wino_in", "wino_out", "gemm_gpu", "conv2d_gpu", "conv_transpose2d_gpu")
-KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith("_gpu.cl")) for k in OPENCL_KERNELS}
+                  "wino_filter", "wino_in", "wino_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv")
+#: portable sources (built with the OpenCL prelude): the CUDA backend's kernels, as OpenCL C
+KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith((".cu", "_gpu.cl"))) for k in OPENCL_KERNELS}
 SIGS = {k: cl_scalar_dtypes(k) for k in OPENCL_KERNELS + ("probe_kernel",)}
 PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)] = 2.0f * x[get_global_id(0)] + 1.0f; }\n"
 
 #: default tunables per family/file
 DEFAULT_TUNE = {
     "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128},
-    "gemm_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
-    "conv2d_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
-    "conv_transpose2d_gpu.cl": {"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "KP": 128},
 }
 
 
