@@ -127,8 +127,6 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the CUDA backends", _flag),
     Setting("ANYDEVICE_CUDA_KSPLIT", "", "force the CUDA GEMM/conv kernel's K split (default: chosen per "
             "problem)", _count),
-    Setting("ANYDEVICE_CUDA_FAMILY", "", "`portable`: run the shared OpenCL/CUDA GPU-family kernels on CUDA "
-            "instead of the CUDA kernel", _choice("portable", "own")),
     Setting("ANYDEVICE_TEST_BACKENDS", "", "tests: only these backends (comma list)", _names, dev=True),
     Setting("ANYDEVICE_HYPOTHESIS_EXAMPLES", "25", "tests: random cases per op", _count, dev=True),
 )}

@@ -9,7 +9,7 @@ change to a header rebuilds every kernel that includes it, and paths with spaces
 compiler's command line.
 
 Rules (kernels/README.md): only quoted includes of files in the kernels folder
-(``#include "gemm_tile.h"``); each file is expanded once per source (as if every header had
+(``#include "elementwise_math.h"``); each file is expanded once per source (as if every header had
 ``#pragma once``; the headers carry classic include guards too); ``#line`` markers keep compiler
 messages pointing at the right file and line. The prelude counts as included, so a file may name
 it (``#include "prelude_opencl.h"``) and still get it once.

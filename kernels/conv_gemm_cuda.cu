@@ -6,9 +6,9 @@
  * with the portable code as the #else branch. Both branches have the same kernel name, arguments
  * and launch geometry, so the host side only changes the -DUSE_TF32 build option.
  *
- * This is the CUDA backend's default GEMM / conv kernel (FP32 branch; the shared portable
- * gemm_gpu.cl / conv2d_gpu.cl / conv_transpose2d_gpu.cl ran at about half its speed on an H100 and
- * are used on CUDA only with ANYDEVICE_CUDA_FAMILY=portable), and its TF32 path.
+ * This is the one GPU GEMM / conv kernel of the pack: the CUDA backend's (FP32 branch, and its
+ * TF32 path) and, built as OpenCL C, the OpenCL GPU family's. It replaced the portable
+ * gemm_gpu.cl / conv2d_gpu.cl / conv_transpose2d_gpu.cl, which ran at half its speed on an H100.
  *
  * kernel ad_conv_gemm(M, N, K,
  *                     A, sam, sak, sa_batch,          A(m, k) = A[z*sa_batch + m*sam + k*sak]

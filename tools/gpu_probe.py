@@ -6,9 +6,9 @@ pack importable as ``anydevice``::
     python3 tools/gpu_probe.py [--quick] [--json FILE]
 
 For the seed convs (32x512x7x7 * 512x512xkxk) and square GEMMs it times, with CUDA events (median
-of repeated launches after warm-up), each family the backend can run (``portable``: the shared
-OpenCL/CUDA kernels; ``own``: kernels/conv_gemm_cuda.cu in FP32; ``tf32``: its tensor-core
-branch) with every tile in the backend's table, and PyTorch (cuDNN / cuBLAS) with TF32 off and on.
+of repeated launches after warm-up), each family the backend can run (``own``: kernels/conv_gemm_cuda.cu
+in FP32, every tile of ``SWEEP`` and K split of ``KSPLITS``; ``tf32``: its tensor-core branch,
+with the backend's tiles), and PyTorch (cuDNN / cuBLAS) with TF32 off and on.
 Every variant's result is checked against float64 on the GPU (relative Frobenius error), so a
 fast but wrong variant shows as such. Prints one table; used to choose the default family and
 tiles (the answer goes into ``TILES`` in backend/cuda_backend.py).
@@ -75,7 +75,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--only", default="", help="comma list: gemm,seed")
-    ap.add_argument("--families", default="own,tf32", help="comma list of portable,own,tf32")
+    ap.add_argument("--families", default="own,tf32", help="comma list of own,tf32")
     args = ap.parse_args(argv)
     _load_pack()
     import torch
@@ -157,10 +157,7 @@ def main(argv=None):
                 tag = f"{family} {_tag(cfg)} ks{ks}"
                 y = be._empty((32, 512, OH, OH))
                 try:
-                    if family == "portable":
-                        fn = lambda: be._portable_conv("conv2d", x, w, None, y, geo, cfg=cfg)  # noqa: E731
-                    else:
-                        fn = lambda: be._own_conv(x, w, None, y, geo, 0, family, cfg=cfg, ksplit=ks)  # noqa: E731
+                    fn = lambda: be._own_conv(x, w, None, y, geo, 0, family, cfg=cfg, ksplit=ks)  # noqa: E731
                     y.fill(float("nan"))
                     fn()
                     err = relerr(y, ref)
@@ -182,7 +179,7 @@ def main(argv=None):
         rs = [r for r in rows if r["case"] == case]
         for mode in ("FP32", "TF32"):
             t = [r for r in rs if r["variant"].startswith("torch") and r["variant"].endswith(mode)]
-            fam = ("tf32",) if mode == "TF32" else ("portable", "own", "backend.matmul", "backend.conv2d")
+            fam = ("tf32",) if mode == "TF32" else ("own", "backend.matmul", "backend.conv2d")
             lim = 5e-3 if mode == "TF32" else 1e-5
             own = [r for r in rs if r["variant"].split(" ")[0] in fam and r["err"] <= lim]
             if t and own:

@@ -7,8 +7,8 @@ PyTorch/cuDNN). Native arrays are ``cupy.ndarray`` (float32).
 * GEMM, conv2d and conv_transpose2d run the pack's CUDA kernel (kernels/conv_gemm_cuda.cu:
   double-buffered tiles, 16-byte loads, split K with an ordered reduction; tile and split chosen
   per problem from a model fitted on an H100), in FP32, or its TF32 tensor-core branch with
-  ``ANYDEVICE_ALLOW_TF32=1`` on sm_80+. ``ANYDEVICE_CUDA_FAMILY=portable`` runs the shared
-  OpenCL/CUDA GPU-family kernels (kernels/*_gpu.cl) instead (half the speed on an H100).
+  ``ANYDEVICE_ALLOW_TF32=1`` on sm_80+. The OpenCL backend's GPU family builds the same kernel
+  as OpenCL C.
   Convolutions with few output channels per group (depthwise, SSIM's blur) use a direct kernel
   (kernels/misc_cuda.cu).
 * Pad and unary ops are kernels of kernels/misc_cuda.cu; binary ops (broadcasting), concat and
@@ -34,13 +34,13 @@ from __future__ import annotations
 
 from .device import _describe, create, probe
 from .tiles import (BLOCK, CACHE_NAME, DIRECT_MAX_COUT_G, GRID_YZ_MAX, INSTALL_HINT, KERNELS_DIR, MAX_KSPLIT,
-                    MIN_KSLICE, MISC, OWN_GEMM, OWN_MODES, PORTABLE, TILE_EFFICIENCY, TILES, UNARY_CODES, _O_L,
-                    _O_M, _O_S, _O_X, _P_L, _P_M, _P_S, _T_L, _T_M, _T_S, build_options, kernel_source, mode_fits,
+                    MIN_KSLICE, MISC, OWN_GEMM, OWN_MODES, TILE_EFFICIENCY, TILES, UNARY_CODES, _O_L,
+                    _O_M, _O_S, _O_X, _T_L, _T_M, _T_S, build_options, kernel_source, mode_fits,
                     shipped_configs, vec_fits)
 
 __all__ = ["BLOCK", "CACHE_NAME", "DIRECT_MAX_COUT_G", "GRID_YZ_MAX", "INSTALL_HINT", "KERNELS_DIR", "MAX_KSPLIT",
-           "MIN_KSLICE", "MISC", "OWN_GEMM", "OWN_MODES", "PORTABLE", "TILE_EFFICIENCY", "TILES", "UNARY_CODES",
-           "_O_L", "_O_M", "_O_S", "_O_X", "_P_L", "_P_M", "_P_S", "_T_L", "_T_M", "_T_S", "build_options",
+           "MIN_KSLICE", "MISC", "OWN_GEMM", "OWN_MODES", "TILE_EFFICIENCY", "TILES", "UNARY_CODES",
+           "_O_L", "_O_M", "_O_S", "_O_X", "_T_L", "_T_M", "_T_S", "build_options",
            "kernel_source", "mode_fits", "shipped_configs", "vec_fits", "_describe", "create", "probe",
            "CudaBackend"]
 

@@ -48,7 +48,6 @@ class CudaBackend(CudaLinalg, Backend):
         self._arg_cache: dict = {}
         # read once (per-call os.environ lookups showed in the host-side profile)
         self._forced_ksplit = config.get("ANYDEVICE_CUDA_KSPLIT")  # None: chosen per problem
-        self._family_env = config.get("ANYDEVICE_CUDA_FAMILY") or "own"
         self._dummy = None
         os.environ.setdefault("CUPY_CACHE_DIR", str(cache_dir("cupy")))
         self._enter()
@@ -261,12 +260,8 @@ class CudaBackend(CudaLinalg, Backend):
                 y = self._empty((xs[0], ws[0], OH, OW))
                 g = {**geom._asdict(), "ph": p, "pw": p}
                 family = self._family("conv2d")
-                if family == "portable":
-                    run = lambda cfg: self._portable_conv("conv2d", x, w, None, y, g, cfg=cfg)  # noqa: E731
-                    key = f"portable:conv2d:{_size_class(ws[0], OH * OW, xs[0])}"
-                else:
-                    run = lambda cfg: self._own_conv(x, w, None, y, g, 0, family, cfg=cfg)  # noqa: E731
-                    key = f"{family}:conv2d:{_size_class(ws[0], xs[0] * OH * OW, 1)}"
+                run = lambda cfg: self._own_conv(x, w, None, y, g, 0, family, cfg=cfg)  # noqa: E731
+                key = f"{family}:conv2d:{_size_class(ws[0], xs[0] * OH * OW, 1)}"
             best = None
             for cfg in self._tiles["own_conv" if family == "own" and spec[0] != "gemm" else family]:
                 try:

@@ -1,14 +1,13 @@
-"""The CUDA backend's GEMM and convolutions, as a mixin of CudaBackend: the own kernel
-(kernels/conv_gemm_cuda.cu) with tile and K split chosen per problem, the shared portable kernels
-(``ANYDEVICE_CUDA_FAMILY=portable``) and the direct kernel for few output channels per group."""
+"""The CUDA backend's GEMM and convolutions, as a mixin of CudaBackend: the CUDA kernel
+(kernels/conv_gemm_cuda.cu) with tile and K split chosen per problem, and the direct kernel for
+few output channels per group."""
 from __future__ import annotations
-
 
 from ..plans import conv2d_geometry, conv_transpose2d_geometry
 from ..runtime import pack_args
 from ..runtime.conv_gemm import kchunk_for, plan as plan_tiles
-from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, KERNELS_DIR, OWN_GEMM, PORTABLE, TILES, _cdiv, _mode_macros,
-                    _size_class, _strided, _vec_ok, vec_fits)
+from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, OWN_GEMM, TILES, _cdiv, _mode_macros, _size_class, _strided,
+                    _vec_ok, vec_fits)
 
 
 class CudaLinalg:
@@ -16,24 +15,8 @@ class CudaLinalg:
 
     # ---- tile choice ------------------------------------------------------------------------
     def _family(self, op: str) -> str:
-        """tf32 (when allowed), else the own FP32 kernel; ANYDEVICE_CUDA_FAMILY=portable runs the
-        shared OpenCL/CUDA GPU-family kernels instead (measured on an H100: half the speed)."""
-        if self.tf32 and self._tiles.get("tf32"):
-            return "tf32"
-        if self._family_env == "portable" and (KERNELS_DIR / PORTABLE[op][0]).exists():
-            return "portable"
-        return "own"
-
-    def _choose(self, family: str, op: str, M: int, N: int, Z: int) -> dict:
-        tuned = self._tuned.get(f"{family}:{op}:{_size_class(M, N, Z)}")
-        cands = self._tiles[family] or TILES["default"][family]
-        if tuned and tuned in cands:
-            return tuned
-        for cfg in cands:
-            bm, bn = (cfg["BM"], cfg["BN"]) if family == "portable" else (cfg["TILE_M"], cfg["TILE_N"])
-            if _cdiv(M, bm) * _cdiv(N, bn) * Z >= self.sm_count:
-                return cfg
-        return cands[-1]
+        """tf32 (when allowed and the GPU has TF32 tensor cores), else the FP32 kernel."""
+        return "tf32" if self.tf32 and self._tiles.get("tf32") else "own"
 
     def _cands(self, family: str, op: str, M: int, N: int, Z: int) -> list:
         """Candidate tiles of the own kernel for an op: a tune() winner alone, else the table's."""
@@ -117,38 +100,23 @@ class CudaLinalg:
         Bb, _, N = b.shape
         B = max(Ba, Bb)
         family = family or self._family("gemm")
-        own = family != "portable"
-        a, sa = _strided(cp, a, own)
-        b, sb = _strided(cp, b, own)
+        a, sa = _strided(cp, a)
+        b, sb = _strided(cp, b)
         a_bs = sa[0] if Ba > 1 else 0
         b_bs = sb[0] if Bb > 1 else 0
         c = self._empty((B, M, N))
-        if own:
-            if cfg is None:
-                cfg, ks = self._plan(self._cands(family, "gemm", M, N, B), M, N, B, K)
-                ksplit = ksplit or ks
-            ta, tb = int(sa[2] != 1), int(sb[2] != 1)
-            vec_a = int(not ta and vec_fits(cfg, "A") and _vec_ok(a, sa[1], a_bs, K))
-            vec_b = int(not tb and vec_fits(cfg, "B") and _vec_ok(b, sb[1], b_bs, N))
-            macros = {**cfg, **_mode_macros(dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb, VEC_A=vec_a, VEC_B=vec_b))}
-            return self._own_launch(macros, cfg, M, N, K, B,
-                                    lambda z: (a[z:] if Ba > 1 else a, sa[1], sa[2], a_bs),
-                                    lambda z: (b[z:] if Bb > 1 else b, sb[1], sb[2], b_bs),
-                                    lambda z: (c[z:], N, M * N, self._null()),
-                                    None, (0,) * 15, c, (1, 1, 1), ksplit or self._ksplit(cfg, M, N, B, K))
-        cfg = cfg or self._choose(family, "gemm", M, N, B)
-        for z0 in range(0, B, GRID_YZ_MAX):
-            z1 = min(B, z0 + GRID_YZ_MAX)
-            az = a[z0:z1] if Ba > 1 else a
-            bz = b[z0:z1] if Bb > 1 else b
-            cz = c[z0:z1]
-            fname, kname = PORTABLE["gemm"]
-            fn = self._function(fname, kname, cfg)
-            grid = (_cdiv(N, cfg["BN"]), _cdiv(M, cfg["BM"]), z1 - z0)
-            block = (cfg["BN"] // cfg["TN"], cfg["BM"] // cfg["TM"], 1)
-            fn(grid, block, pack_args(kname, (M, N, K, az, 0, sa[1], sa[2], a_bs, bz, 0, sb[1], sb[2], b_bs,
-                                              cz, 0, N, M * N, self._null(), 0, 1 << 30, 0)))
-        return c
+        if cfg is None:
+            cfg, ks = self._plan(self._cands(family, "gemm", M, N, B), M, N, B, K)
+            ksplit = ksplit or ks
+        ta, tb = int(sa[2] != 1), int(sb[2] != 1)
+        vec_a = int(not ta and vec_fits(cfg, "A") and _vec_ok(a, sa[1], a_bs, K))
+        vec_b = int(not tb and vec_fits(cfg, "B") and _vec_ok(b, sb[1], b_bs, N))
+        macros = {**cfg, **_mode_macros(dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb, VEC_A=vec_a, VEC_B=vec_b))}
+        return self._own_launch(macros, cfg, M, N, K, B,
+                                lambda z: (a[z:] if Ba > 1 else a, sa[1], sa[2], a_bs),
+                                lambda z: (b[z:] if Bb > 1 else b, sb[1], sb[2], b_bs),
+                                lambda z: (c[z:], N, M * N, self._null()),
+                                None, (0,) * 15, c, (1, 1, 1), ksplit or self._ksplit(cfg, M, N, B, K))
 
     # ---- convolution ------------------------------------------------------------------------
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
@@ -160,7 +128,7 @@ class CudaLinalg:
 
     def _conv(self, x, w, bias, g, transposed: int):
         """conv2d or conv_transpose2d (transposed=1) of a given geometry: the direct kernel for few
-        output channels per group, else the portable or own implicit-GEMM kernel."""
+        output channels per group, else the implicit-GEMM kernel."""
         x, w = self._contig(x), self._contig(w)
         bias = None if bias is None else self._contig(bias)
         y = self._empty((g.N, g.Cout, g.OH, g.OW))
@@ -169,10 +137,7 @@ class CudaLinalg:
         geo = {**g._asdict(), "ph": g.pt, "pw": g.pl}
         if g.CoutG <= DIRECT_MAX_COUT_G:
             return self._direct(x, w, bias, y, geo, transposed=transposed)
-        op = "conv_transpose2d" if transposed else "conv2d"
-        family = self._family(op)
-        if family == "portable":
-            return self._portable_conv(op, x, w, bias, y, geo)
+        family = self._family("conv_transpose2d" if transposed else "conv2d")
         if transposed:  # own kernel: weights re-laid out as (G, CoutG, CinG*KH*KW)
             G, C, CoutG, KH, KW = g.G, g.C, g.CoutG, g.KH, g.KW
             w = self.cp.ascontiguousarray(
@@ -186,24 +151,6 @@ class CudaLinalg:
             *(g[k] for k in ("N", "C", "H", "W", "Cout", "CinG", "CoutG", "KH", "KW", "OH", "OW",
                              "sh", "sw", "ph", "pw", "dh", "dw")), transposed))
         self._launch_1d(fn, y.size, args)
-        return y
-
-    def _portable_conv(self, op, x, w, bias, y, g, cfg=None):
-        P = g["OH"] * g["OW"]
-        N, G = g["N"], g["G"]
-        cfg = cfg or self._choose("portable", op, g["CoutG"], P, N * G)
-        fname, kname = PORTABLE[op]
-        fn = self._function(fname, kname, cfg)
-        per = max(1, GRID_YZ_MAX // G)  # images per launch (grid z = images * groups)
-        block = (cfg["BN"] // cfg["TN"], cfg["BM"] // cfg["TM"], 1)
-        b = self._null() if bias is None else bias
-        for n0 in range(0, N, per):
-            nb = min(N, n0 + per) - n0
-            grid = (_cdiv(P, cfg["BN"]), _cdiv(g["CoutG"], cfg["BM"]), nb * G)
-            fn(grid, block, pack_args(kname, (
-                x, n0 * g["C"] * g["H"] * g["W"], w, 0, y, n0 * g["Cout"] * P, b, bias is not None,
-                *(g[k] for k in ("C", "H", "W", "CoutG", "CinG", "KH", "KW", "G", "OH", "OW",
-                                 "sh", "sw", "ph", "pw", "dh", "dw")))))
         return y
 
     def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None):

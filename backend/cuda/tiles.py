@@ -15,31 +15,22 @@ KERNELS_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
 INSTALL_HINT = "CuPy not installed (pip install cupy-cuda12x)"
 CACHE_NAME = "cuda_tiles.json"
 
-#: portable GPU-family kernels shared with OpenCL: op -> (file, kernel name)
-PORTABLE = {
-    "gemm": ("gemm_gpu.cl", "gemm_gpu"),
-    "conv2d": ("conv2d_gpu.cl", "conv2d_gpu"),
-    "conv_transpose2d": ("conv_transpose2d_gpu.cl", "conv_transpose2d_gpu"),
-}
 OWN_GEMM = ("conv_gemm_cuda.cu", "ad_conv_gemm")
 MISC = "misc_cuda.cu"
 
 # ---- tile configurations ------------------------------------------------------------------
-# Candidates per architecture, largest tile first; at run time the largest whose grid has at
-# least one group per SM is taken (unless tune() stored a winner). The CI compile check builds
+# Candidates per architecture (the tiles themselves: runtime/conv_gemm.py); at run time the plan
+# picks tile and K split per problem (unless tune() stored a winner). The CI compile check builds
 # every configuration listed here (and fails on register spills).
-_P_L = dict(BM=128, BN=64, BK=16, TM=8, TN=4, KP=128)    # portable: 256 threads, 8x4 per thread
-_P_M = dict(BM=64, BN=64, BK=16, TM=4, TN=4, KP=128)     # the file's defaults
-_P_S = dict(BM=32, BN=64, BK=16, TM=2, TN=4, KP=128)
 #: arch ("sm_80", ...; "default" for any other) -> family -> candidate configs. "own" serves
 #: GEMMs, "own_conv" convolutions (both FP32); "tf32" both, when TF32 is allowed.
 TILES = {
-    "default": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": []},
-    "sm_80": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S, _O_X], "own_conv": [_O_M, _O_S],
+    "default": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": []},
+    "sm_80": {"own": [_O_L, _O_S, _O_X], "own_conv": [_O_M, _O_S],
               "tf32": [_T_L, _T_M, _T_S]},
-    "sm_86": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
-    "sm_89": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
-    "sm_90": {"portable": [_P_L, _P_M, _P_S], "own": [_O_L, _O_S], "own_conv": [_O_M, _O_S],
+    "sm_86": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
+    "sm_89": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
+    "sm_90": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S],
               "tf32": [_T_L, _T_M, _T_S]},
 }
 #: unary op codes of misc_cuda.cu
@@ -64,9 +55,6 @@ def shipped_configs() -> dict[str, list[dict]]:
             lst.append(cfg)
 
     for table in TILES.values():
-        for cfg in table["portable"]:
-            for fname, _ in PORTABLE.values():
-                add(fname, dict(cfg))
         for cfg in table["own"] + table["own_conv"] + table["tf32"]:
             for mode in OWN_MODES:
                 if mode_fits(cfg, mode):
@@ -101,15 +89,12 @@ def _size_class(M, N, Z) -> str:
     return f"{int(math.log2(max(1, M * N * Z)))}:{int(math.log2(max(1, M)))}"
 
 
-def _strided(cp, x, own: bool):
-    """(array, element strides) with the inner two strides usable by the kernels.
-
-    The portable kernels take any non-negative strides; the own kernel needs one of the two inner
-    dims to have unit stride (it picks the matching load layout)."""
+def _strided(cp, x):
+    """(array, element strides) with the inner two strides usable by the kernel: one of the two
+    inner dims must have unit stride (it picks the matching load layout); else a copy."""
     st = [s // 4 for s in x.strides]
     ok = all(s >= 0 for s in st) and all(s % 4 == 0 for s in x.strides) and max(st) < 2**31
-    if own:
-        ok = ok and (st[2] == 1 or st[1] == 1 or x.shape[1] == 1 or x.shape[2] == 1)
+    ok = ok and (st[2] == 1 or st[1] == 1 or x.shape[1] == 1 or x.shape[2] == 1)
     if not ok:
         x = cp.ascontiguousarray(x)
         st = [s // 4 for s in x.strides]

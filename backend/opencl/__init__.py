@@ -6,8 +6,9 @@ Two kernel families, chosen by device type (``ANYDEVICE_OPENCL_FAMILY=cpu|gpu`` 
   8x32 block of C in float16 vectors, K walked in cache blocks (kernels/gemm_cpu.cl); direct
   convolutions for small reductions and im2col-into-packed-panels + GEMM otherwise; a
   phase-decomposed direct transposed convolution (kernels/conv_cpu.cl).
-* GPU family: local-memory tiled GEMM and implicit-GEMM convolutions written in the portable
-  subset (kernels/gemm_gpu.cl, conv2d_gpu.cl, conv_transpose2d_gpu.cl), shared with the CUDA backend.
+* GPU family: the CUDA backend's kernels built as OpenCL C: kernels/conv_gemm_cuda.cu (tiled,
+  double-buffered GEMM / implicit-GEMM conv with split K; tiles and plan in runtime/conv_gemm.py)
+  and misc_cuda.cu's direct conv for few output channels per group.
 
 Elementwise, copy, pad and reduction kernels (kernels/elementwise.cl) serve both families.
 

@@ -37,7 +37,7 @@ OPENCL_KERNELS = ("unary", "binary_flat", "binary_nd", "copy_nd", "pad2d", "redu
                   "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
                   "wino_filter", "wino_in", "wino_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv")
 #: portable sources (built with the OpenCL prelude): the CUDA backend's kernels, as OpenCL C
-KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith((".cu", "_gpu.cl"))) for k in OPENCL_KERNELS}
+KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith(".cu")) for k in OPENCL_KERNELS}
 SIGS = {k: cl_scalar_dtypes(k) for k in OPENCL_KERNELS + ("probe_kernel",)}
 PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)] = 2.0f * x[get_global_id(0)] + 1.0f; }\n"
 

@@ -55,11 +55,7 @@ KERNELS: dict[str, KernelSig] = {
     "wino_filter": _s("winograd_cpu.cl", "b l b i i b"),
     "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b"),
     "wino_out": _s("winograd_cpu.cl", "b i l b l b i", "i" * 7),
-    # portable GPU family (OpenCL GPUs and CUDA)
-    "gemm_gpu": _s("gemm_gpu.cl", "i i i b l i i l b l i i l b l i l b i i l"),
-    "conv2d_gpu": _s("conv2d_gpu.cl", "b l b l b l b i", "i" * 16),
-    "conv_transpose2d_gpu": _s("conv_transpose2d_gpu.cl", "b l b l b l b i", "i" * 16),
-    # CUDA backend kernels (also built as OpenCL by the PoCL tests)
+    # GPU kernels: the CUDA backend's, also built as OpenCL C for the OpenCL GPU family
     "ad_conv_gemm": _s("conv_gemm_cuda.cu", "i i i b i i l b i i l b i l b i", "i" * 15, "i i"),
     "ad_splitk_reduce": _s("conv_gemm_cuda.cu", "b b b i i i i i i l i i i"),
     "ad_pad": _s("misc_cuda.cu", "b b", "i" * 8),
