@@ -431,19 +431,7 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #define EPI_J WPT_N
 #define EPI_E 1
 #endif
-    if (ksplit > 1) {
-        GLOBAL float* ws = C + (OFF_T)GRP2 * M * N;
-#pragma unroll
-        for (int i = 0; i < EPI_I; i++)
-#pragma unroll
-            for (int j = 0; j < EPI_J; j++)
-#pragma unroll
-                for (int e = 0; e < EPI_E; e++) {
-                    const int gm = OUT_M(i, e), gn = OUT_N(j, e);
-                    if (gm < M && gn < N) ws[(OFF_T)gm * N + gn] = ACC(i, j, e);
-                }
-        return;
-    }
+    GLOBAL float* ws = C + (OFF_T)GRP2 * M * N;  /* split K: this slice's partial sums, plainly */
 #pragma unroll
     for (int i = 0; i < EPI_I; i++)
 #pragma unroll
@@ -451,17 +439,19 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
             for (int e = 0; e < EPI_E; e++) {
                 const int gm = OUT_M(i, e), gn = OUT_N(j, e);
-                if (gm < M && gn < N) {
-#if IS_GEMM
-                    C[(OFF_T)z * sc_batch + (OFF_T)gm * ldc + gn] = ACC(i, j, e);
-#else
-                    const int img = gn / OHW;
-                    const int q = gn - img * OHW;
-                    const int co = z * M + gm;
-                    const float v = ACC(i, j, e) + (has_bias ? bias[co] : 0.0f);
-                    C[((OFF_T)img * Cout + co) * OHW + q] = v;
-#endif
+                if (gm >= M || gn >= N) continue;
+                if (ksplit > 1) {
+                    ws[(OFF_T)gm * N + gn] = ACC(i, j, e);
+                    continue;
                 }
+#if IS_GEMM
+                C[(OFF_T)z * sc_batch + (OFF_T)gm * ldc + gn] = ACC(i, j, e);
+#else
+                const int img = gn / OHW;
+                const int q = gn - img * OHW;
+                const int co = z * M + gm;
+                C[((OFF_T)img * Cout + co) * OHW + q] = ACC(i, j, e) + (has_bias ? bias[co] : 0.0f);
+#endif
             }
 }
 
