@@ -291,7 +291,9 @@ def execution_error(history: dict):
 
 # messages every page load has in this environment (see /opt/ComfyUI/SETUP_REPORT.md)
 HARMLESS_CONSOLE = ("user.css", "/api/userdata", "api.comfy.org", "Cannot read properties of undefined (reading 'id')",
-                    "Failed to load resource", "releases", "comfy.templates.json", "net::ERR_")
+                    "Failed to load resource", "releases", "comfy.templates.json", "net::ERR_",
+                    # newer frontends call routes the pinned server does not have (e.g. /api/jobs)
+                    "JobsApiError", "Failed to fetch jobs", "/api/jobs")
 
 
 def pack_console_errors(messages: list[str]) -> list[str]:

@@ -45,7 +45,7 @@ function fmtMs(ms) {
 
 function shortDevice(d) {
   if (!d) return "";
-  return d.length > 24 ? d.slice(0, 23) + "…" : d;
+  return d.length > 18 ? d.slice(0, 17) + "…" : d;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -369,7 +369,7 @@ function readoutWidget(node) {
 
 /** {lines: [{text, cls}], kernel: {...} | null} from the node's state. */
 function readoutModel(node) {
-  const s = node.anydevice || {};
+  const s = (node.anydevice = node.anydevice || {});
   const lines = [];
   if (s.warning) lines.push({ text: "⚠ " + s.warning, cls: "ad-warning" });
   for (const l of s.loss || []) lines.push({ text: `${l.name} = ${fmt(l.value)}`, cls: "ad-big" });
