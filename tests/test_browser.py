@@ -330,7 +330,7 @@ def test_unused_widgets_are_hidden_and_values_keep_their_order(page):
     assert st["values"][:17] == ["text", "gaussian", 5, 1.0, "-1 0 1\n-2 0 2\n-1 0 1", 0, "grouped", 8, 1, 1,
                                  "same", 0, 1, "auto", 0.0, True, 0]
     assert st["preview"]["label"].startswith("text 3×3")
-    if page.cfg[2] == "vue":
+    if page.cfg[2] == "vue" and full_ui(page.cfg):  # 1.27's experimental Vue nodes do not follow later changes
         page.wait_for_timeout(300)
         assert "output_padding" in _vue_labels(page, nid)
     vis = page.evaluate(SET, [nid, "kernel_source", "preset"])

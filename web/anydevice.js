@@ -451,7 +451,12 @@ function renderReadout(node) {
   const h = readoutHeight(node);
   el.style.height = `${h}px`;
   el.dataset.lines = String(m.lines.length);
-  el.style.display = h ? "" : "none";
+  // nothing to show (a node without readouts before any warning): hide the widget itself
+  const hide = !h;
+  if (!!w.hidden !== hide) {
+    w.hidden = hide;
+    if (w.options) w.options.hidden = hide;
+  }
 }
 
 function addReadoutWidget(node) {
@@ -536,7 +541,6 @@ function applyOutput(node, output, cached) {
     }
     s.prompt = currentPrompt;
     s.runs = (s.runs || 0) + 1;
-    if (s.warning && !readoutWidget(node)) addReadoutWidget(node);
     refresh(node);
   } catch (e) {
     console.warn("[AnyDevice] readout update failed", e);
@@ -574,9 +578,6 @@ api.addEventListener("execution_success", (e) => {
   if (pid) fillCached(pid);
 });
 
-const READOUT_NODES = ["AnyDeviceLoss", "AnyDeviceTensorInfo", "AnyDeviceConv2D", "AnyDeviceLinear",
-  "AnyDeviceDeviceSelect"];
-
 function chain(obj, name, fn) {
   const prev = obj[name];
   obj[name] = function () {
@@ -603,7 +604,6 @@ app.registerExtension({
         statusMap = null;
       }
     }
-    const hasReadout = READOUT_NODES.includes(nodeData.name);
     const controls = new Set(Object.values(USED[nodeData.name] || {}).length
       ? ["kernel_source", "preset", "channel_mode", "padding", "transposed", "source", "activation", "loss", "op",
         "mode", "bias", "kernel_size", "sigma", "kernel_text", "matrix", "init_seed", "out_features"]
@@ -620,7 +620,9 @@ app.registerExtension({
 
     chain(nodeType.prototype, "onNodeCreated", function () {
       ensureBadges(this);
-      if (hasReadout) addReadoutWidget(this);
+      // every pack node gets the (unsaved) readout widget: readouts, warnings, and in the Vue
+      // renderer the reactive state that refreshes the badges; empty, it is hidden
+      addReadoutWidget(this);
       const node = this;
       for (const w of this.widgets || []) {
         if (!w || !(controls.has(w.name) || (isDeviceSelect && w.name === "device"))) continue;
