@@ -325,7 +325,9 @@ function updateBadges(node) {
   const r = s.badge;
   b.run.text = r ? `${r.backend}${r.device ? " · " + shortDevice(r.device) : ""} · ${fmtMs(r.ms)} ms${r.cached ? " (cached)" : ""}` : "";
   b.run.bgColor = r && r.backend === "host" ? "#3a3a3a" : "#24466e";
-  b.warn.text = s.warning ? "⚠ " + (s.warning.length > 40 ? s.warning.slice(0, 39) + "…" : s.warning) : "";
+  // the badge stays short (the readout has the whole message)
+  const w = s.warning || "";
+  b.warn.text = !w ? "" : /NaN|Inf/.test(w) ? "⚠ NaN/Inf" : "⚠ " + (w.length > 22 ? w.slice(0, 21) + "…" : w);
 }
 
 // ---------------------------------------------------------------------------------------------
