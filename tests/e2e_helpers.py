@@ -1,11 +1,18 @@
 """A real ComfyUI server for the end-to-end and browser tests.
 
-``COMFYUI_DIR`` must point at a ComfyUI checkout with its venv at ``$COMFYUI_DIR/venv``. The server
-runs from that venv on 127.0.0.1 with a free port and ``--cpu``; the pack is linked as
-``<tmp>/custom_nodes/anydevice`` (an extra-model-paths yaml adds that folder, so the ComfyUI checkout
-is never touched), input/output/temp/user folders are throwaway ones, and only this pack is allowed
-(``--disable-all-custom-nodes --whitelist-custom-nodes anydevice``). One server serves every test
-module in the pytest process; it stops at exit.
+Where ComfyUI is: ``COMFYUI_DIR`` when set (``COMFYUI_DIR=none`` turns the e2e tests off), else the
+first of these that is a ComfyUI checkout with a venv: the ComfyUI this pack is installed in (the pack
+at ``ComfyUI/custom_nodes/<pack>``), a ``ComfyUI`` folder beside the repository, ``/opt/ComfyUI``,
+``~/ComfyUI``. The venv is ``venv`` (or ``.venv``) inside the checkout, or ``COMFYUI_PYTHON``. Without
+one the tests skip and say why. The server runs from that venv on 127.0.0.1 with a free port and
+``--cpu``; the pack is linked as ``<tmp>/custom_nodes/anydevice`` (an extra-model-paths yaml adds that
+folder, so the ComfyUI checkout is never touched), input/output/temp/user folders are throwaway ones,
+and only this pack is allowed (``--disable-all-custom-nodes --whitelist-custom-nodes anydevice``).
+
+Frontends: the one the checkout pins (its venv's ``comfyui-frontend-package``) and any other found by
+:func:`frontends` (``COMFYUI_FRONTEND_ROOTS``, or ``comfyui-frontend-*`` folders made with
+``pip install --target``), served with ``--front-end-root``. One server per frontend serves every test
+module in the pytest process; they stop at exit.
 """
 from __future__ import annotations
 
@@ -28,17 +35,88 @@ PHOTO = ROOT / "example_workflows" / "input" / "photo.png"
 ARTIFACTS = ROOT / "test-artifacts"
 
 
+def _venv_python(d: Path) -> Path | None:
+    env = os.environ.get("COMFYUI_PYTHON", "").strip()
+    if env:
+        return Path(env) if Path(env).exists() else None
+    for v in ("venv", ".venv"):
+        p = d / v / "bin" / "python"
+        if p.exists():
+            return p
+    return None
+
+
+def comfy_candidates() -> list[Path]:
+    """Conventional places of a ComfyUI checkout, in the order they are tried."""
+    out = []
+    if ROOT.parent.name == "custom_nodes":  # installed inside ComfyUI
+        out.append(ROOT.parent.parent)
+    out += [ROOT.parent / "ComfyUI", Path("/opt/ComfyUI"), Path.home() / "ComfyUI"]
+    return out
+
+
 def comfy_dir() -> tuple[Path | None, str]:
     """(ComfyUI dir, "") or (None, the reason the e2e tests skip)."""
     d = os.environ.get("COMFYUI_DIR", "").strip()
-    if not d:
-        return None, "COMFYUI_DIR is not set (point it at a ComfyUI checkout with a venv at $COMFYUI_DIR/venv)"
-    p = Path(d)
-    if not (p / "main.py").is_file():
-        return None, f"COMFYUI_DIR={d} has no main.py"
-    if not (p / "venv" / "bin" / "python").exists():
-        return None, f"COMFYUI_DIR={d} has no venv/bin/python"
-    return p, ""
+    if d.lower() in ("none", "off", "0", "no"):
+        return None, f"COMFYUI_DIR={d}: the end-to-end tests are turned off"
+    if d:
+        p = Path(d)
+        if not (p / "main.py").is_file():
+            return None, f"COMFYUI_DIR={d} has no main.py"
+        if _venv_python(p) is None:
+            return None, f"COMFYUI_DIR={d} has no venv/bin/python (or set COMFYUI_PYTHON)"
+        return p, ""
+    for p in comfy_candidates():
+        if (p / "main.py").is_file() and _venv_python(p) is not None:
+            return p, ""
+    return None, ("no ComfyUI found: set COMFYUI_DIR to a ComfyUI checkout with a venv at $COMFYUI_DIR/venv "
+                  "(looked in " + ", ".join(str(p) for p in comfy_candidates()) + ")")
+
+
+def _frontend_version(static: Path) -> str:
+    """The comfyui-frontend-package version of a static folder (from its dist-info beside it)."""
+    for info in sorted(static.parent.parent.glob("comfyui_frontend_package-*.dist-info")):
+        return info.name[len("comfyui_frontend_package-"):-len(".dist-info")]
+    return static.parent.name
+
+
+def pinned_frontend(comfy: Path) -> str:
+    """The frontend version the checkout's requirements.txt pins (what its server serves by default)."""
+    try:
+        for ln in (comfy / "requirements.txt").read_text().splitlines():
+            if ln.strip().startswith("comfyui-frontend-package"):
+                return ln.split("==", 1)[1].strip() if "==" in ln else ln.strip()
+    except OSError:
+        pass
+    return "pinned"
+
+
+def frontends(comfy: Path | None = None) -> list[tuple[str, Path | None]]:
+    """[(version, --front-end-root or None)]: the checkout's pinned frontend first (None), then the
+    static folders of other ``comfyui-frontend-package`` versions: ``COMFYUI_FRONTEND_ROOTS``
+    (paths separated by ':'), else ``comfyui-frontend-*/comfyui_frontend_package/static`` in /opt, beside
+    the ComfyUI checkout and beside the repository."""
+    comfy = comfy or comfy_dir()[0]
+    out: list[tuple[str, Path | None]] = [(pinned_frontend(comfy) if comfy else "pinned", None)]
+    env = os.environ.get("COMFYUI_FRONTEND_ROOTS", "").strip()
+    roots: list[Path] = []
+    if env:
+        roots = [Path(p) for p in env.split(":") if p.strip()]
+    else:
+        bases = {Path("/opt"), ROOT.parent}
+        if comfy:
+            bases.add(comfy.parent)
+        for b in sorted(bases):
+            roots += sorted(b.glob("comfyui-frontend-*/comfyui_frontend_package/static"))
+    seen = {out[0][0]}
+    for r in roots:
+        if (r / "index.html").is_file():
+            v = _frontend_version(r)
+            if v not in seen:
+                seen.add(v)
+                out.append((v, r))
+    return out
 
 
 def _free_port() -> int:
@@ -48,8 +126,9 @@ def _free_port() -> int:
 
 
 class ComfyServer:
-    def __init__(self, comfy: Path):
+    def __init__(self, comfy: Path, front_end_root: Path | None = None):
         self.comfy = comfy
+        self.front_end_root = front_end_root
         self.tmp = Path(tempfile.mkdtemp(prefix="anydevice_e2e_"))
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -68,7 +147,7 @@ class ComfyServer:
         shutil.copy(PHOTO, self.tmp / "input" / "photo.png")
         (self.tmp / "user" / "default" / "comfy.settings.json").write_text(
             json.dumps({"Comfy.TutorialCompleted": True}))
-        cmd = [str(self.comfy / "venv" / "bin" / "python"), "main.py", "--cpu", "--listen", "127.0.0.1",
+        cmd = [str(_venv_python(self.comfy)), "main.py", "--cpu", "--listen", "127.0.0.1",
                "--port", str(self.port),
                "--user-directory", str(self.tmp / "user"),
                "--input-directory", str(self.tmp / "input"),
@@ -76,6 +155,8 @@ class ComfyServer:
                "--temp-directory", str(self.tmp / "temp"),
                "--extra-model-paths-config", str(self.tmp / "extra_paths.yaml"),
                "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK_NAME]
+        if self.front_end_root:
+            cmd += ["--front-end-root", str(self.front_end_root)]
         env = dict(os.environ)
         env.pop("ANYDEVICE_BACKEND", None)
         env["PYTHONUNBUFFERED"] = "1"
@@ -109,7 +190,8 @@ class ComfyServer:
             self._log.close()
             try:  # keep the server log for a look after the run; drop the rest
                 ARTIFACTS.mkdir(exist_ok=True)
-                shutil.copy(self.log_path, ARTIFACTS / "comfyui_server.log")
+                tag = f"_{self.front_end_root.parent.parent.name}" if self.front_end_root else ""
+                shutil.copy(self.log_path, ARTIFACTS / f"comfyui_server{tag}.log")
             except OSError:
                 pass
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -171,25 +253,33 @@ class ComfyServer:
         return self.get_bytes("/view?" + q)
 
 
-_server: ComfyServer | None = None
-_failure: str | None = None
+_servers: dict = {}
+_failures: dict = {}
 
 
-def server() -> ComfyServer:
-    """The shared server (started on first use). Raises RuntimeError if it cannot start."""
-    global _server, _failure
-    if _failure:
-        raise RuntimeError(_failure)
-    if _server is None:
+def server(front_end_root: Path | None = None) -> ComfyServer:
+    """The shared server for a frontend (None: the checkout's pinned one), started on first use.
+    Raises RuntimeError if it cannot start."""
+    key = str(front_end_root or "")
+    if key in _failures:
+        raise RuntimeError(_failures[key])
+    if key not in _servers:
         comfy, why = comfy_dir()
         if comfy is None:
             raise RuntimeError(why)
         try:
-            _server = ComfyServer(comfy).start()
+            _servers[key] = ComfyServer(comfy, front_end_root).start()
         except Exception as exc:  # noqa: BLE001
-            _failure = str(exc)
+            _failures[key] = str(exc)
             raise
-    return _server
+    return _servers[key]
+
+
+def stop_server(front_end_root: Path | None = None) -> None:
+    """Stop a frontend's server now (the next server() starts a new one)."""
+    srv = _servers.pop(str(front_end_root or ""), None)
+    if srv is not None:
+        srv.stop()
 
 
 def execution_error(history: dict):
@@ -201,7 +291,9 @@ def execution_error(history: dict):
 
 # messages every page load has in this environment (see /opt/ComfyUI/SETUP_REPORT.md)
 HARMLESS_CONSOLE = ("user.css", "/api/userdata", "api.comfy.org", "Cannot read properties of undefined (reading 'id')",
-                    "Failed to load resource", "releases", "comfy.templates.json", "net::ERR_")
+                    "Failed to load resource", "releases", "comfy.templates.json", "net::ERR_",
+                    # newer frontends call routes the pinned server does not have (e.g. /api/jobs)
+                    "JobsApiError", "Failed to fetch jobs", "/api/jobs")
 
 
 def pack_console_errors(messages: list[str]) -> list[str]:

@@ -21,12 +21,46 @@ API = ROOT / "example_workflows" / "api"
 TWINS = sorted(p.stem for p in API.glob("*.json"))
 
 _comfy, _why = H.comfy_dir()
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(_comfy is None, reason=_why or "no ComfyUI")]
+pytestmark = [pytest.mark.e2e]
+needs_comfy = pytest.mark.skipif(_comfy is None, reason=_why or "no ComfyUI")
 
 
 @pytest.fixture(scope="module")
 def srv():
+    if _comfy is None:
+        pytest.skip(_why or "no ComfyUI")
     return H.server()
+
+
+def test_comfyui_is_found_or_the_skip_says_why():
+    comfy, why = H.comfy_dir()
+    assert (comfy is None) == bool(why)
+    if comfy is None:
+        assert "COMFYUI_DIR" in why
+    else:
+        assert (comfy / "main.py").is_file()
+        assert H.frontends(comfy)[0][1] is None  # the pinned frontend comes first
+
+
+def test_ui_workflows_keep_the_generators_widget_values():
+    """Laying the bundled workflows out changes positions, sizes and the saved zoom only: widgets_values
+    (and their order), links and the API twins stay what example_workflows/build.py makes."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("anydevice_wf_build", ROOT / "example_workflows" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    for g in build.graphs():
+        made = g.ui()
+        saved = json.loads((ROOT / "example_workflows" / f"{g.name}.json").read_text())
+        assert saved["links"] == made["links"], g.name
+        assert [n["id"] for n in saved["nodes"]] == [n["id"] for n in made["nodes"]]
+        for a, b in zip(saved["nodes"], made["nodes"]):
+            assert a["widgets_values"] == b["widgets_values"], (g.name, a["id"])
+            assert {k: v for k, v in a.items() if k not in ("pos", "size")} == \
+                {k: v for k, v in b.items() if k not in ("pos", "size")}, (g.name, a["id"])
+        assert json.loads((API / f"{g.name}.json").read_text()) == g.api(), g.name
+        ds = saved["extra"]["ds"]
+        assert 0.6 <= ds["scale"] <= 1.0  # text is still drawn at the saved zoom
 
 
 @pytest.fixture(scope="module")

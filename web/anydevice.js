@@ -1,17 +1,27 @@
-// AnyDevice Compute Nodes: on-node readouts.
-// - every pack node: a badge above the title with backend, device and time of its last run
-// - Loss: the value; Tensor Info: shape, dtype, min/max/mean; Conv2D and Linear: the kernel as a coloured grid
-// - Device Select: the status (device, or why it is unavailable) of the chosen backend
-// The Python nodes feed this through their `ui` dict: {"anydevice": [{backend, device, ms}], "loss": [...],
-// "info": [...], "kernel": [...]}.
+// AnyDevice Compute Nodes: what the nodes show beside their widgets.
+//
+// Everything here uses mechanisms that both of the frontend's renderers display (the classic
+// LiteGraph canvas and the Vue node renderer, `Comfy.VueNodes.Enabled`):
+// - a node badge (`node.badges`) on every pack node: backend, device and time of its last run, and a
+//   red warning badge when the run reported NaN/Inf (`warning` in the ui payload);
+// - a DOM widget (`addDOMWidget`, added last, never serialised) with the readouts: Loss value, Tensor
+//   Info shape/dtype/min/max/mean, Device Select status, the warning line, and for Conv2D and Linear
+//   the effective kernel (computed from the widgets before a run, the run's own kernel after it);
+// - widgets the current mode does not use are hidden (`widget.hidden`); hiding never removes a
+//   widget, so the order of `widgets_values` and the prompt stay as they were.
+// The Python nodes feed this through their `ui` dict: {"anydevice": [{backend, device, ms, warning?}],
+// "loss": [...], "info": [...], "kernel": [...]}.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const EXT = "AnyDevice.Readouts";
-const PAD = 6;
-const LINE = 15;
 const READOUT = "anydevice_readout";
+const LINE = 16; // px per readout line (the CSS below uses the same)
+const CSS_ID = "anydevice-css";
 
+// ---------------------------------------------------------------------------------------------
+// formatting
+// ---------------------------------------------------------------------------------------------
 function fmt(v) {
   if (typeof v !== "number" || !isFinite(v)) return String(v);
   const a = Math.abs(v);
@@ -19,79 +29,330 @@ function fmt(v) {
   return Number(v.toPrecision(6)).toString();
 }
 
+function cellText(v) {
+  if (!isFinite(v)) return String(v);
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 100 || a < 1e-3) return v.toExponential(0);
+  if (Number.isInteger(v)) return String(v);
+  return (a >= 10 ? v.toFixed(1) : a >= 1 ? v.toFixed(2) : v.toFixed(3).replace(/^(-?)0\./, "$1."));
+}
+
+function fmtMs(ms) {
+  if (typeof ms !== "number" || !isFinite(ms)) return String(ms);
+  return ms >= 100 ? String(Math.round(ms)) : Number(ms.toPrecision(3)).toString();
+}
+
 function shortDevice(d) {
   if (!d) return "";
-  return d.length > 34 ? d.slice(0, 33) + "…" : d;
+  return d.length > 18 ? d.slice(0, 17) + "…" : d;
 }
 
-// lines of text shown under the widgets, from the last `ui` payload
-function readoutLines(node) {
-  const s = node.anydevice || {};
-  const lines = [];
-  if (s.loss) {
-    for (const l of s.loss) lines.push({ text: `${l.name} = ${fmt(l.value)}`, big: true });
+// ---------------------------------------------------------------------------------------------
+// which widgets each mode uses (mirrors nodes/compute.py and nodes/helpers.py)
+// ---------------------------------------------------------------------------------------------
+const SIZED_KERNELS = ["identity", "box_blur", "gaussian"];
+const BINARY = ["add", "sub", "mul", "div", "pow", "min", "max", "matmul"];
+const REDUCE = ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min"];
+const SHAPED = ["random_normal", "random_uniform", "zeros", "ones"];
+
+// widget name -> (widget values, node) => used?  Widgets not listed are always shown.
+const USED = {
+  AnyDeviceConv2D: {
+    preset: (v) => v.kernel_source === "preset",
+    kernel_size: (v) => v.kernel_source === "random" || (v.kernel_source === "preset" && SIZED_KERNELS.includes(v.preset)),
+    sigma: (v) => v.kernel_source === "preset" && v.preset === "gaussian",
+    kernel_text: (v) => v.kernel_source === "text",
+    init_seed: (v) => v.kernel_source === "random",
+    out_channels: (v) => v.channel_mode === "grouped",
+    groups: (v) => v.channel_mode === "grouped",
+    padding_size: (v) => v.padding === "explicit",
+    padding_mode: (v) => v.padding !== "valid" && !v.transposed,
+    output_padding: (v) => !!v.transposed,
+  },
+  AnyDeviceLinear: {
+    preset: (v) => v.source === "preset",
+    out_features: (v) => v.source === "random",
+    init_seed: (v) => v.source === "random",
+    matrix: (v) => v.source === "text",
+  },
+  AnyDeviceActivation: {
+    negative_slope: (v) => v.activation === "leaky_relu",
+    alpha: (v) => v.activation === "elu",
+    approximate: (v) => v.activation === "gelu",
+    beta: (v) => v.activation === "softplus",
+    threshold: (v) => v.activation === "softplus",
+    dim: (v) => v.activation === "softmax",
+  },
+  AnyDeviceLoss: {
+    delta: (v) => v.loss === "huber" || v.loss === "smooth_l1",
+    data_range: (v) => v.loss === "psnr" || v.loss === "ssim",
+    window_size: (v) => v.loss === "ssim",
+    sigma: (v) => v.loss === "ssim",
+  },
+  AnyDeviceTensorOps: {
+    scalar: (v, node) => BINARY.includes(v.op) && !inputLinked(node, "b"),
+    clamp_min: (v) => v.op === "clamp",
+    clamp_max: (v) => v.op === "clamp",
+    dims: (v) => REDUCE.includes(v.op) || v.op === "normalize",
+    keepdim: (v) => REDUCE.includes(v.op),
+  },
+  AnyDeviceTensorSource: {
+    shape: (v) => SHAPED.includes(v.mode),
+    seed: (v) => v.mode === "random_normal" || v.mode === "random_uniform",
+    text: (v) => v.mode === "text",
+  },
+  AnyDeviceWeights: {
+    shape: (v) => v.source === "random",
+    init_seed: (v) => v.source === "random" || (v.bias || "").trim() === "random",
+    matrix: (v) => v.source === "text",
+  },
+};
+
+function inputLinked(node, name) {
+  const inputs = node.inputs || [];
+  const slot = inputs.findIndex((i) => i.name === name || (i.widget && i.widget.name === name));
+  if (slot < 0) return false;
+  if (typeof node.isInputConnected === "function") return !!node.isInputConnected(slot);
+  return inputs[slot].link != null;
+}
+
+function widgetValues(node) {
+  const v = {};
+  for (const w of node.widgets || []) if (w && w.name) v[w.name] = w.value;
+  return v;
+}
+
+const NO_ROW = () => [0, -4];
+
+function hideOne(w, hide) {
+  w.hidden = hide;
+  if (w.options) w.options.hidden = hide; // the older Vue renderer reads options.hidden
+  // Older canvases (frontend 1.27) skip hidden widgets when drawing but still give them a row
+  // when laying the node out; a computeSize of [0, -4] takes the row away (the usual way).
+  if (hide && w.computeSize !== NO_ROW) {
+    w.anydevice_computeSize = Object.prototype.hasOwnProperty.call(w, "computeSize") ? w.computeSize : undefined;
+    w.computeSize = NO_ROW;
+  } else if (!hide && w.computeSize === NO_ROW) {
+    if (w.anydevice_computeSize) w.computeSize = w.anydevice_computeSize;
+    else delete w.computeSize;
+    delete w.anydevice_computeSize;
   }
-  if (s.info) {
-    for (const i of s.info) {
-      lines.push({ text: `${i.kind} [${i.shape.join(", ")}] ${i.dtype}`, big: true });
-      lines.push({ text: `min ${fmt(i.min)}   max ${fmt(i.max)}   mean ${fmt(i.mean)}` });
+}
+
+function setHidden(w, hide) {
+  if (!!w.hidden === hide && !!(w.options && w.options.hidden) === hide) return false;
+  hideOne(w, hide);
+  // e.g. the control_after_generate widget of a seed
+  for (const lw of w.linkedWidgets || []) hideOne(lw, hide);
+  return true;
+}
+
+/** Hide the widgets the node's current mode does not use; true when something changed. */
+function applyVisibility(node) {
+  const rules = USED[node.type];
+  if (!rules || !node.widgets) return false;
+  const v = widgetValues(node);
+  let changed = false;
+  for (const w of node.widgets) {
+    const rule = w && rules[w.name];
+    if (!rule) continue;
+    // a widget whose input socket is linked stays visible (the link is the value)
+    const hide = !rule(v, node) && !inputLinked(node, w.name);
+    changed = setHidden(w, hide) || changed;
+  }
+  return changed;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the effective kernel, from the widgets (mirrors nodes/presets.py)
+// ---------------------------------------------------------------------------------------------
+const FIXED_KERNELS = {
+  sharpen: [[0, -1, 0], [-1, 5, -1], [0, -1, 0]],
+  sobel_x: [[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]],
+  sobel_y: [[-1, -2, -1], [0, 0, 0], [1, 2, 1]],
+  laplacian: [[0, 1, 0], [1, -4, 1], [0, 1, 0]],
+  emboss: [[-2, -1, 0], [-1, 1, 1], [0, 1, 2]],
+};
+const LUMA = [0.299, 0.587, 0.114];
+const COLOR_PRESETS = {
+  identity: [[1, 0, 0], [0, 1, 0], [0, 0, 1]],
+  grayscale: [LUMA, LUMA, LUMA],
+  sepia: [[0.393, 0.769, 0.189], [0.349, 0.686, 0.168], [0.272, 0.534, 0.131]],
+  swap_red_blue: [[0, 0, 1], [0, 1, 0], [1, 0, 0]],
+  rotate_channels: [[0, 1, 0], [0, 0, 1], [1, 0, 0]],
+  invert: [[-1, 0, 0], [0, -1, 0], [0, 0, -1]],
+  desaturate_50: [[0.5 + 0.5 * LUMA[0], 0.5 * LUMA[1], 0.5 * LUMA[2]],
+    [0.5 * LUMA[0], 0.5 + 0.5 * LUMA[1], 0.5 * LUMA[2]],
+    [0.5 * LUMA[0], 0.5 * LUMA[1], 0.5 + 0.5 * LUMA[2]]],
+  warm: [[1.1, 0, 0], [0, 1.0, 0], [0, 0, 0.85]],
+  cool: [[0.85, 0, 0], [0, 1.0, 0], [0, 0, 1.1]],
+};
+const COLOR_BIAS = { invert: [1, 1, 1] };
+
+function kernelPreset(name, size, sigma) {
+  if (FIXED_KERNELS[name]) return FIXED_KERNELS[name];
+  const n = Math.max(1, Math.floor(size) || 1);
+  if (name === "identity") {
+    const k = Array.from({ length: n }, () => new Array(n).fill(0));
+    k[(n - 1) >> 1][(n - 1) >> 1] = 1;
+    return k;
+  }
+  if (name === "box_blur") return Array.from({ length: n }, () => new Array(n).fill(1 / (n * n)));
+  if (name === "gaussian") {
+    if (!(sigma > 0)) return null;
+    const g = [];
+    for (let i = 0; i < n; i++) {
+      const x = i - (n - 1) / 2;
+      g.push(Math.exp(-(x * x) / (2 * sigma * sigma)));
     }
+    let s = 0;
+    for (const a of g) for (const b of g) s += a * b;
+    return g.map((a) => g.map((b) => (a * b) / s));
   }
-  if (s.status) lines.push({ text: s.status.text, color: s.status.ok ? "#8fd18f" : "#ff8a80" });
-  return lines;
+  return null;
 }
 
-function kernelBlock(node) {
-  const k = node.anydevice && node.anydevice.kernel && node.anydevice.kernel[0];
-  if (!k || !k.slices || !k.slices.length) return null;
-  const maxDim = Math.max(...k.slices.map((s) => Math.max(s.rows, s.cols)));
-  const cell = Math.max(3, Math.min(14, Math.floor(64 / maxDim)));
-  const w = k.slices.map((s) => s.cols * cell + 6).reduce((a, b) => a + b, 0);
-  const h = maxDim * cell + LINE + 4;
-  return { k, cell, w, h };
+function parseMatrix(text) {
+  const rows = String(text || "").split(/[\n;]+/).map((r) => r.trim()).filter((r) => r);
+  if (!rows.length) return null;
+  const m = rows.map((r) => r.split(/[\s,]+/).filter((t) => t).map(Number));
+  if (m.some((r) => r.length !== m[0].length || r.some((x) => !isFinite(x)))) return null;
+  return m;
 }
 
-function extraHeight(node) {
-  const lines = readoutLines(node);
-  const kb = kernelBlock(node);
-  let h = 0;
-  if (lines.length) h += lines.length * LINE + PAD;
-  if (kb) h += kb.h + PAD;
-  return h;
+function kernelOf(m, label) {
+  const rows = m.length, cols = m[0].length;
+  const shown = m.slice(0, 15).map((r) => r.slice(0, 15));
+  return { label, shape: [rows, cols], preview: true,
+    slices: [{ rows: shown.length, cols: shown[0].length, values: shown.flat().map((x) => Math.round(x * 1e5) / 1e5) }] };
 }
 
-function fit(node) {
-  node.anydevice_extra = extraHeight(node);
-  try {
-    const need = node.computeSize()[1];
-    if (node.size[1] < need) node.setSize([node.size[0], need]);
-  } catch (e) {
-    // computeSize can fail on half-built nodes; the next draw fits again
+/** The kernel the node will use, from its widgets: {label, shape, slices} or {note} or null. */
+function effectiveKernel(node) {
+  const v = widgetValues(node);
+  if (node.type === "AnyDeviceConv2D") {
+    if (v.kernel_source === "preset") {
+      const k = kernelPreset(v.preset, v.kernel_size, v.sigma);
+      return k ? kernelOf(k, `${v.preset} ${k.length}×${k[0].length}`) : { note: `${v.preset}: no kernel` };
+    }
+    if (v.kernel_source === "text") {
+      const k = parseMatrix(v.kernel_text);
+      return k ? kernelOf(k, `text ${k.length}×${k[0].length}`) : { note: "kernel_text is not a matrix", bad: true };
+    }
+    if (v.kernel_source === "random") return { note: `random ${v.kernel_size}×${v.kernel_size} (seed ${v.init_seed}): run to see it` };
+    if (v.kernel_source === "weights") return { note: "kernel from the WEIGHTS input: run to see it" };
   }
-  node.setDirtyCanvas?.(true, true);
+  if (node.type === "AnyDeviceLinear") {
+    if (v.source === "preset" && COLOR_PRESETS[v.preset]) {
+      const k = kernelOf(COLOR_PRESETS[v.preset], `W ${v.preset}${v.preset === "identity" ? " (fits any channel count)" : ""}`);
+      if (COLOR_BIAS[v.preset]) k.bias = COLOR_BIAS[v.preset];
+      return k;
+    }
+    if (v.source === "text") {
+      const k = parseMatrix(v.matrix);
+      return k ? kernelOf(k, `W ${k.length}×${k[0].length} (text)`) : { note: "matrix is not a matrix", bad: true };
+    }
+    if (v.source === "random") return { note: `random W (${v.out_features} outputs, seed ${v.init_seed}): run to see it` };
+    if (v.source === "weights") return { note: "W from the WEIGHTS input: run to see it" };
+  }
+  return null;
 }
 
-// A widget that reserves room under the other widgets for the readout; never serialised and never
-// sent with the prompt (it is added last, so widgets_values indices are unchanged).
-function addReadoutWidget(node) {
-  if (!node.addCustomWidget || (node.widgets || []).some((w) => w.name === READOUT)) return;
-  node.addCustomWidget({
-    name: READOUT,
-    type: "anydevice_readout",
-    value: "",
-    serialize: false,
-    options: { serialize: false },
-    computeSize(width) {
-      return [width || 200, Math.max(4, extraHeight(node))];
-    },
-    draw(ctx, n, width, y) {
-      try {
-        drawReadout(n, ctx, y);
-      } catch (e) {
-        // drawing must never throw into the canvas loop
-      }
-    },
-  });
+function kernelKey(node) {
+  const v = widgetValues(node);
+  delete v[READOUT];
+  return JSON.stringify(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// node badges (both renderers draw `node.badges`; a thunk is re-evaluated when drawn)
+// ---------------------------------------------------------------------------------------------
+class AnyDeviceBadge {
+  constructor(bgColor) {
+    // own enumerable fields only: the Vue renderer binds them as NodeBadge props
+    this.text = "";
+    this.fgColor = "#e8eef7";
+    this.bgColor = bgColor;
+  }
+  get height() { return 20; }
+  get visible() { return !!this.text; }
+  getWidth(ctx) {
+    if (!this.text) return 0;
+    const f = ctx.font;
+    ctx.font = "12px sans-serif";
+    const w = ctx.measureText(this.text).width + 12;
+    ctx.font = f;
+    return w;
+  }
+  draw(ctx, x, y) {
+    if (!this.text) return;
+    const w = this.getWidth(ctx);
+    ctx.save();
+    ctx.fillStyle = this.bgColor;
+    ctx.beginPath();
+    if (ctx.roundRect) ctx.roundRect(x, y, w, this.height, 5);
+    else ctx.rect(x, y, w, this.height);
+    ctx.fill();
+    ctx.font = "12px sans-serif";
+    ctx.fillStyle = this.fgColor;
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "left";
+    ctx.fillText(this.text, x + 6, y + this.height / 2 + 1);
+    ctx.restore();
+  }
+}
+
+function ensureBadges(node) {
+  if (node.anydevice_badges || !Array.isArray(node.badges)) return;
+  const run = new AnyDeviceBadge("#24466e");
+  const warn = new AnyDeviceBadge("#b3261e");
+  node.anydevice_badges = { run, warn };
+  // The Vue renderer memoises a node's badges; reading the readout widget's label (reactive
+  // widget state there) inside the thunk makes it re-read them when a run bumps the label.
+  const touch = () => {
+    const w = readoutWidget(node);
+    if (w) void w.label;
+  };
+  node.badges.push(() => (touch(), warn));
+  node.badges.push(() => (touch(), run));
+}
+
+function updateBadges(node) {
+  const b = node.anydevice_badges;
+  const s = node.anydevice || {};
+  if (!b) return;
+  const r = s.badge;
+  b.run.text = r ? `${r.backend}${r.device ? " · " + shortDevice(r.device) : ""} · ${fmtMs(r.ms)} ms${r.cached ? " (cached)" : ""}` : "";
+  b.run.bgColor = r && r.backend === "host" ? "#3a3a3a" : "#24466e";
+  // the badge stays short (the readout has the whole message)
+  const w = s.warning || "";
+  b.warn.text = !w ? "" : /NaN|Inf/.test(w) ? "⚠ NaN/Inf" : "⚠ " + (w.length > 22 ? w.slice(0, 21) + "…" : w);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the readout DOM widget
+// ---------------------------------------------------------------------------------------------
+function injectCss() {
+  if (document.getElementById(CSS_ID)) return;
+  const st = document.createElement("style");
+  st.id = CSS_ID;
+  st.textContent = `
+.anydevice-readout { box-sizing: border-box; overflow: hidden; font: 12px/${LINE}px sans-serif; color: #ddd;
+  padding: 2px 4px; pointer-events: none; }
+.anydevice-readout .ad-line { height: ${LINE}px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.anydevice-readout .ad-big { font-weight: bold; color: #f4f4f4; }
+.anydevice-readout .ad-dim { color: #b8b8b8; }
+.anydevice-readout .ad-ok { color: #8fd18f; }
+.anydevice-readout .ad-bad { color: #ff8a80; }
+.anydevice-readout .ad-warning { font-weight: bold; color: #fff; background: #b3261e; border-radius: 4px;
+  padding: 0 4px; }
+.anydevice-readout .ad-slices { display: flex; gap: 6px; align-items: flex-start; }
+.anydevice-readout .ad-grid { display: grid; gap: 1px; }
+.anydevice-readout .ad-cell { font: 10px/1 monospace; color: #fff; text-shadow: 0 0 2px #000;
+  display: flex; align-items: center; justify-content: center; overflow: hidden; }
+`;
+  document.head.appendChild(st);
 }
 
 function valueColour(v, max) {
@@ -104,61 +365,155 @@ function valueColour(v, max) {
   return `rgb(${Math.round(40 * (1 + t))},${Math.round(40 + 120 * -t)},${c})`;
 }
 
-function drawBadge(node, ctx) {
-  const b = node.anydevice && node.anydevice.badge;
-  if (!b) return;
-  const text = `${b.backend}${b.device ? " · " + shortDevice(b.device) : ""} · ${fmt(b.ms)} ms${b.cached ? " (cached)" : ""}`;
-  ctx.save();
-  ctx.font = "11px sans-serif";
-  const w = ctx.measureText(text).width + 10;
-  const th = (window.LiteGraph && LiteGraph.NODE_TITLE_HEIGHT) || 30;
-  const x = Math.max(0, node.size[0] - w);
-  const y = -th - 18;
-  ctx.fillStyle = b.backend === "host" ? "#3a3a3a" : "#24466e";
-  ctx.beginPath();
-  if (ctx.roundRect) ctx.roundRect(x, y, w, 16, 4);
-  else ctx.rect(x, y, w, 16);
-  ctx.fill();
-  ctx.fillStyle = "#e8eef7";
-  ctx.textBaseline = "middle";
-  ctx.fillText(text, x + 5, y + 8);
-  ctx.restore();
+function readoutWidget(node) {
+  return (node.widgets || []).find((w) => w && w.name === READOUT);
 }
 
-function drawReadout(node, ctx, top) {
-  const lines = readoutLines(node);
-  const kb = kernelBlock(node);
-  if (!lines.length && !kb) return;
-  let y = top + PAD / 2;
-  ctx.save();
-  ctx.textBaseline = "top";
-  for (const l of lines) {
-    ctx.font = l.big ? "bold 12px sans-serif" : "11px sans-serif";
-    ctx.fillStyle = l.color || (l.big ? "#f0f0f0" : "#bbbbbb");
-    ctx.fillText(l.text, 10, y, node.size[0] - 20);
-    y += LINE;
+/** {lines: [{text, cls}], kernel: {...} | null} from the node's state. */
+function readoutModel(node) {
+  const s = (node.anydevice = node.anydevice || {});
+  const lines = [];
+  if (s.warning) lines.push({ text: "⚠ " + s.warning, cls: "ad-warning" });
+  for (const l of s.loss || []) lines.push({ text: `${l.name} = ${fmt(l.value)}`, cls: "ad-big" });
+  for (const i of s.info || []) {
+    lines.push({ text: `${i.kind} [${(i.shape || []).join(", ")}] ${i.dtype}`, cls: "ad-big" });
+    lines.push({ text: `min ${fmt(i.min)}   max ${fmt(i.max)}   mean ${fmt(i.mean)}`, cls: "ad-dim" });
   }
-  if (kb) {
-    y += PAD / 2;
-    ctx.font = "11px sans-serif";
-    ctx.fillStyle = "#bbbbbb";
-    const label = `${kb.k.label}  [${kb.k.shape.join("×")}]`;
-    ctx.fillText(label, 10, y, node.size[0] - 20);
-    y += LINE + 2;
-    let x = 10;
-    for (const s of kb.k.slices) {
-      const max = Math.max(1e-12, ...s.values.map((v) => Math.abs(v)));
-      for (let r = 0; r < s.rows; r++) {
-        for (let c = 0; c < s.cols; c++) {
-          if (x + (c + 1) * kb.cell > node.size[0] - 4) continue;
-          ctx.fillStyle = valueColour(s.values[r * s.cols + c], max);
-          ctx.fillRect(x + c * kb.cell, y + r * kb.cell, kb.cell - 1, kb.cell - 1);
-        }
+  if (s.status) lines.push({ text: s.status.text, cls: s.status.ok ? "ad-ok" : "ad-bad" });
+  let kernel = null;
+  if (node.type === "AnyDeviceConv2D" || node.type === "AnyDeviceLinear") {
+    const key = kernelKey(node);
+    const ran = s.kernel && s.kernel[0];
+    const pre = effectiveKernel(node);
+    s.preview = pre;
+    if (ran && (s.kernelKey === key || !pre || pre.note)) kernel = Object.assign({ ran: true }, ran);
+    else if (pre && pre.note) lines.push({ text: pre.note, cls: pre.bad ? "ad-bad" : "ad-dim" });
+    else kernel = pre;
+  }
+  return { lines, kernel };
+}
+
+function kernelLayout(k) {
+  if (!k || !k.slices || !k.slices.length) return null;
+  const maxDim = Math.max(...k.slices.map((s) => Math.max(s.rows, s.cols)));
+  const numbers = k.slices.length === 1 && maxDim <= 7;
+  const cell = numbers ? (maxDim <= 3 ? 34 : maxDim <= 5 ? 30 : 26) : Math.max(4, Math.min(16, Math.floor(96 / maxDim)));
+  const h = maxDim * (cell + 1) + LINE + 4;
+  return { cell, numbers, h };
+}
+
+function readoutHeight(node) {
+  const m = readoutModel(node);
+  const kl = kernelLayout(m.kernel);
+  let h = m.lines.length * LINE + (kl ? kl.h : 0);
+  return h ? h + 8 : 0;
+}
+
+function renderReadout(node) {
+  const w = readoutWidget(node);
+  if (!w || !w.element) return;
+  const el = w.element;
+  const m = readoutModel(node);
+  const kl = kernelLayout(m.kernel);
+  const frag = document.createDocumentFragment();
+  for (const l of m.lines) {
+    const d = document.createElement("div");
+    d.className = "ad-line " + (l.cls || "");
+    d.textContent = l.text;
+    frag.appendChild(d);
+  }
+  if (kl) {
+    const k = m.kernel;
+    const label = document.createElement("div");
+    label.className = "ad-line ad-dim ad-kernel-label";
+    const bias = k.bias ? `  + b (${k.bias.map(fmt).join(", ")})` : "";
+    label.textContent = `${k.ran ? "" : "preview: "}${k.label}  [${(k.shape || []).join("×")}]${bias}`;
+    frag.appendChild(label);
+    const wrap = document.createElement("div");
+    wrap.className = "ad-slices";
+    for (const s of k.slices) {
+      const grid = document.createElement("div");
+      grid.className = "ad-grid";
+      grid.style.gridTemplateColumns = `repeat(${s.cols}, ${kl.cell}px)`;
+      grid.style.gridAutoRows = `${kl.cell}px`;
+      const max = Math.max(1e-12, ...s.values.map((x) => Math.abs(x)));
+      for (const x of s.values) {
+        const c = document.createElement("div");
+        c.className = "ad-cell";
+        c.style.background = valueColour(x, max);
+        if (kl.numbers) c.textContent = cellText(x);
+        c.title = String(x);
+        grid.appendChild(c);
       }
-      x += s.cols * kb.cell + 6;
+      wrap.appendChild(grid);
+    }
+    frag.appendChild(wrap);
+  }
+  el.replaceChildren(frag);
+  const h = readoutHeight(node);
+  el.style.height = `${h}px`;
+  el.dataset.lines = String(m.lines.length);
+  // nothing to show (a node without readouts before any warning): hide the widget itself
+  const hide = !h;
+  if (!!w.hidden !== hide) {
+    w.hidden = hide;
+    if (w.options) w.options.hidden = hide;
+  }
+}
+
+function addReadoutWidget(node) {
+  if (!node.addDOMWidget || readoutWidget(node)) return readoutWidget(node);
+  injectCss();
+  const el = document.createElement("div");
+  el.className = "anydevice-readout";
+  el.dataset.nodeType = node.type;
+  const w = node.addDOMWidget(READOUT, "anydevice_readout", el, {
+    serialize: false,
+    hideOnZoom: false,
+    margin: 4,
+    getValue: () => "",
+    setValue: () => {},
+    getMinHeight: () => readoutHeight(node),
+    getMaxHeight: () => readoutHeight(node),
+    getHeight: () => readoutHeight(node),
+  });
+  if (w) {
+    w.serialize = false; // not in widgets_values (it is added last, so indices are unchanged anyway)
+    if (w.options) {
+      w.options.serialize = false; // not in the prompt
+      w.options.hideInPanel = true;
     }
   }
-  ctx.restore();
+  return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// updating a node
+// ---------------------------------------------------------------------------------------------
+function fit(node, exact) {
+  try {
+    const need = node.computeSize();
+    if (exact ? Math.abs(node.size[1] - need[1]) > 1 : node.size[1] < need[1]) {
+      node.setSize([Math.max(node.size[0], need[0]), need[1]]);
+    }
+  } catch (e) {
+    // computeSize can fail on half-built nodes; the next update fits again
+  }
+  node.setDirtyCanvas?.(true, true);
+  node.graph?.setDirtyCanvas?.(true, true);
+}
+
+let bump = 0;
+function refresh(node, exact = false) {
+  try {
+    updateBadges(node);
+    renderReadout(node);
+    const w = readoutWidget(node);
+    if (w) w.label = `anydevice ${++bump}`; // wakes the Vue renderer's badge/widget views
+    fit(node, exact);
+  } catch (e) {
+    console.warn("[AnyDevice] readout update failed", e);
+  }
 }
 
 function deviceStatus(node, statusMap) {
@@ -173,14 +528,22 @@ let currentPrompt = null;
 function applyOutput(node, output, cached) {
   try {
     const s = (node.anydevice = node.anydevice || {});
-    if (output && output.anydevice && output.anydevice[0]) s.badge = Object.assign({}, output.anydevice[0]);
+    const entry = output && output.anydevice && output.anydevice[0];
+    if (entry) {
+      s.badge = Object.assign({}, entry);
+      delete s.badge.warning;
+      s.warning = entry.warning || null;
+    }
     if (s.badge) s.badge.cached = !!cached;
     if (output && output.loss) s.loss = output.loss;
     if (output && output.info) s.info = output.info;
-    if (output && output.kernel) s.kernel = output.kernel;
+    if (output && output.kernel) {
+      s.kernel = output.kernel;
+      s.kernelKey = kernelKey(node);
+    }
     s.prompt = currentPrompt;
     s.runs = (s.runs || 0) + 1;
-    fit(node);
+    refresh(node);
   } catch (e) {
     console.warn("[AnyDevice] readout update failed", e);
   }
@@ -217,6 +580,19 @@ api.addEventListener("execution_success", (e) => {
   if (pid) fillCached(pid);
 });
 
+function chain(obj, name, fn) {
+  const prev = obj[name];
+  obj[name] = function () {
+    const r = prev ? prev.apply(this, arguments) : undefined;
+    try {
+      fn.apply(this, arguments);
+    } catch (e) {
+      console.warn(`[AnyDevice] ${name} failed`, e);
+    }
+    return r;
+  };
+}
+
 app.registerExtension({
   name: EXT,
   async beforeRegisterNodeDef(nodeType, nodeData) {
@@ -230,46 +606,47 @@ app.registerExtension({
         statusMap = null;
       }
     }
+    const controls = new Set(Object.values(USED[nodeData.name] || {}).length
+      ? ["kernel_source", "preset", "channel_mode", "padding", "transposed", "source", "activation", "loss", "op",
+        "mode", "bias", "kernel_size", "sigma", "kernel_text", "matrix", "init_seed", "out_features"]
+      : []);
 
-    const hasReadout = ["AnyDeviceLoss", "AnyDeviceTensorInfo", "AnyDeviceConv2D", "AnyDeviceLinear",
-      "AnyDeviceDeviceSelect"].includes(nodeData.name);
-    if (hasReadout) {
-      const onNodeCreated = nodeType.prototype.onNodeCreated;
-      nodeType.prototype.onNodeCreated = function () {
-        const r = onNodeCreated ? onNodeCreated.apply(this, arguments) : undefined;
-        try {
-          addReadoutWidget(this);
-        } catch (e) {
-          console.warn("[AnyDevice] could not add the readout area", e);
-        }
-        return r;
-      };
-    }
-
-    const onExecuted = nodeType.prototype.onExecuted;
-    nodeType.prototype.onExecuted = function (output) {
-      const r = onExecuted ? onExecuted.apply(this, arguments) : undefined;
-      applyOutput(this, output, false);
-      return r;
-    };
-
-    const onDrawForeground = nodeType.prototype.onDrawForeground;
-    nodeType.prototype.onDrawForeground = function (ctx) {
-      const r = onDrawForeground ? onDrawForeground.apply(this, arguments) : undefined;
-      if (this.flags && this.flags.collapsed) return r;
-      try {
-        if (isDeviceSelect) {
-          const st = deviceStatus(this, statusMap);
-          const s = (this.anydevice = this.anydevice || {});
-          const changed = !s.status || !st || s.status.text !== st.text;
-          s.status = st;
-          if (changed) fit(this);
-        }
-        drawBadge(this, ctx);
-      } catch (e) {
-        // drawing must never throw into the canvas loop
+    const update = (node, exact) => {
+      if (isDeviceSelect) {
+        const s = (node.anydevice = node.anydevice || {});
+        s.status = deviceStatus(node, statusMap);
       }
-      return r;
+      const changed = applyVisibility(node);
+      refresh(node, exact || changed);
     };
+
+    chain(nodeType.prototype, "onNodeCreated", function () {
+      ensureBadges(this);
+      // every pack node gets the (unsaved) readout widget: readouts, warnings, and in the Vue
+      // renderer the reactive state that refreshes the badges; empty, it is hidden
+      addReadoutWidget(this);
+      const node = this;
+      for (const w of this.widgets || []) {
+        if (!w || !(controls.has(w.name) || (isDeviceSelect && w.name === "device"))) continue;
+        const cb = w.callback;
+        w.callback = function () {
+          const r = cb ? cb.apply(this, arguments) : undefined;
+          update(node, false);
+          return r;
+        };
+      }
+      update(this, true);
+    });
+    // after a saved workflow's widgets_values are in: hide for its modes, fit the node
+    chain(nodeType.prototype, "onConfigure", function () {
+      ensureBadges(this);
+      update(this, true);
+    });
+    chain(nodeType.prototype, "onConnectionsChange", function () {
+      if (applyVisibility(this)) refresh(this, true);
+    });
+    chain(nodeType.prototype, "onExecuted", function (output) {
+      applyOutput(this, output, false);
+    });
   },
 });
