@@ -170,16 +170,18 @@ class Backend(TransferCounts):
         """Wait for queued device work (used by benchmarks)."""
 
     # ---- conversion: the one place host<->device transfers are counted ------------------
-    def to_device(self, x, op: str = "to_device", arg: str = "input"):
-        """Any accepted input -> this backend's native float32 array (a host array: one upload)."""
+    def to_device(self, x, op: str = "to_device", arg: str = "input", constant: bool = False):
+        """Any accepted input -> this backend's native float32 array (a host array: one upload,
+        counted under ``constants`` for a constant parameter such as a kernel or a bias)."""
+        key = "constants" if constant else "uploads"
         if isinstance(x, np.ndarray) or isinstance(x, (list, tuple, int, float, np.number)):
             a = _as_float32(x if isinstance(x, np.ndarray) else np.asarray(x), op, arg)
-            self._count("uploads", 4 * a.size)
+            self._count(key, 4 * a.size)
             return self._from_numpy(a)
         if _is_torch_tensor(x):
             if x.is_complex():
                 raise AnyDeviceError(op, arg, x, f"complex dtype {x.dtype} is not supported")
-            self._count("uploads", 4 * x.numel(), x.device.type == "cpu")
+            self._count(key, 4 * x.numel(), x.device.type == "cpu")
             return self._from_torch(x)
         if isinstance(x, self.native_types):
             return x
@@ -510,8 +512,10 @@ class Backend(TransferCounts):
         stack = self._concat_channels([a, b, self._binary("mul", a, a), self._binary("mul", b, b),
                                        self._binary("mul", a, b)], n, c, h, w)
         g = gaussian_window(window_size, sigma).astype(np.float32)
-        wv = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, -1, 1), (5 * c, 1, window_size, 1))))
-        wh = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, 1, -1), (5 * c, 1, 1, window_size))))
+        wv = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, -1, 1), (5 * c, 1, window_size, 1))),
+                            op, "window", constant=True)
+        wh = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, 1, -1), (5 * c, 1, 1, window_size))),
+                            op, "window", constant=True)
         blur = self._conv2d(self._conv2d(stack, wv, None, (1, 1), (0, 0, 0, 0), (1, 1), 5 * c),
                             wh, None, (1, 1), (0, 0, 0, 0), (1, 1), 5 * c)
         oh, ow = h - window_size + 1, w - window_size + 1

@@ -7,6 +7,9 @@ the same way without code of its own:
 
 * ``uploads`` / ``bytes_up``: host arrays (NumPy, CPU torch tensors, Python numbers) made native;
 * ``downloads`` / ``bytes_down``: native arrays handed back to the host;
+* ``constants`` / ``bytes_constants``: uploads of constant parameters the caller marks as such
+  (``to_device(..., constant=True)``: a conv kernel, a colour matrix, a bias, SSIM's window), which
+  a caller can keep on the device and upload once per content;
 * ``checks``: reads of a few numbers an op or a node decides on (an Inf/NaN flag, a range check).
 
 Backends whose native arrays are host memory (NumPy, PyTorch on the CPU: ``host_memory``) move
@@ -19,8 +22,8 @@ import sys
 
 import numpy as np
 
-TRANSFER_KEYS = ("uploads", "downloads", "bytes_up", "bytes_down", "checks")
-_BYTES = {"uploads": "bytes_up", "downloads": "bytes_down"}
+TRANSFER_KEYS = ("uploads", "downloads", "bytes_up", "bytes_down", "constants", "bytes_constants", "checks")
+_BYTES = {"uploads": "bytes_up", "downloads": "bytes_down", "constants": "bytes_constants"}
 _TOTALS = dict.fromkeys(TRANSFER_KEYS, 0)
 
 
@@ -48,7 +51,7 @@ class TransferCounts:
         return self._host_memory
 
     def transfers(self) -> dict:
-        """uploads, downloads, bytes_up, bytes_down and checks since the last ``reset_transfers``."""
+        """The counters (``TRANSFER_KEYS``) since the last ``reset_transfers``."""
         return dict(self.__dict__.get("_counts") or dict.fromkeys(TRANSFER_KEYS, 0))
 
     def reset_transfers(self) -> None:
