@@ -188,7 +188,7 @@ def cpu_f32(t) -> torch.Tensor:
 
 
 def to_nchw(value, kind: str, node: str = "", arg: str = "input") -> torch.Tensor:
-    """A view of the value as [N, C, H, W]: the layout convolutions and image metrics use."""
+    """A view of a host value as [N, C, H, W] (the nodes do this on the device: ``values.to_layout``)."""
     t = raw(value, kind)
     if kind == "IMAGE":
         return t.permute(0, 3, 1, 2)
@@ -209,63 +209,6 @@ def to_nchw(value, kind: str, node: str = "", arg: str = "input") -> torch.Tenso
     if t.ndim == 2:
         return t.reshape((1, 1) + tuple(t.shape))
     raise NodeError(node, arg, t, "needs 2 to 4 dims ([H,W], [C,H,W] or [N,C,H,W]) for this operation")
-
-
-def from_nchw(y: torch.Tensor, kind: str, like, node: str = "", arg: str = "input"):
-    """Inverse of ``to_nchw``: a new value of ``kind`` (LATENT keeps the input's other keys)."""
-    y = cpu_f32(y)
-    src = raw(like, kind)
-    if kind == "IMAGE":
-        return y.permute(0, 2, 3, 1).contiguous()
-    if kind == "MASK":
-        if y.shape[1] != 1:
-            raise NodeError(node, "output", tuple(y.shape),
-                            f"has {y.shape[1]} channels but a MASK has 1; convert to a TENSOR first "
-                            "or keep one output channel")
-        y = y[:, 0]
-        return (y[0] if src.ndim == 2 and y.shape[0] == 1 else y).contiguous()
-    if kind == "LATENT":
-        if src.ndim == 5:
-            b, f = src.shape[0], src.shape[2]
-            y = y.reshape(b, f, *y.shape[1:]).permute(0, 2, 1, 3, 4)
-        out = dict(like)
-        out["samples"] = y.contiguous()
-        return out
-    # TENSOR: back to the rank it came in with when the batch (and channel) dims allow it
-    if src.ndim == 3 and y.shape[0] == 1:
-        y = y[0]
-    elif src.ndim == 2 and y.shape[0] == 1 and y.shape[1] == 1:
-        y = y[0, 0]
-    return {"tensor": y.contiguous()}
-
-
-def wrap_native(y: torch.Tensor, kind: str, like):
-    """A result computed in the value's own layout, as that kind again when the shape fits it;
-    otherwise (e.g. a full reduction of an IMAGE) as a TENSOR."""
-    y = cpu_f32(y).contiguous()
-    if kind == "IMAGE" and y.ndim == 4:
-        return y
-    if kind == "MASK" and y.ndim in (2, 3):
-        return y
-    if kind == "LATENT" and y.ndim == raw(like, kind).ndim:
-        out = dict(like)
-        out["samples"] = y
-        return out
-    return {"tensor": y}
-
-
-def channels_last(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, Any]:
-    """A view with the channel dim last (for per-pixel ops such as Linear) and the inverse."""
-    if kind == "LATENT":
-        nd = t.ndim
-        perm = (0,) + tuple(range(2, nd)) + (1,)
-        inv = [0] * nd
-        for i, p in enumerate(perm):
-            inv[p] = i
-        return t.permute(*perm), (lambda y: y.permute(*inv))
-    if kind == "MASK":
-        return t.unsqueeze(-1), (lambda y: y[..., 0] if y.shape[-1] == 1 else y)
-    return t, (lambda y: y)
 
 
 def preview_image(t_nchw: torch.Tensor) -> torch.Tensor:
