@@ -378,6 +378,11 @@ class DeviceTensor(dict):
     def items(self):
         return [("tensor", self.to_torch())]
 
+    def _read_only(self, *_a, **_k):
+        raise TypeError("a TENSOR value holds one torch tensor under 'tensor'; set value['tensor'] to change it")
+
+    update = setdefault = pop = popitem = clear = _read_only
+
     def copy(self):
         return DeviceTensor(self._native, self.backend, self._host) if self._native is not None \
             else DeviceTensor(host=self.to_torch())
