@@ -13,6 +13,8 @@ and the result is float32.
 The result comes back in the kind the first array input had: a NumPy array, a torch tensor (on
 that tensor's device), or the backend's own device array (so chains of ops stay on the device).
 No op ever writes into an input.
+
+Transfers: the conversion paths here count every host<->device copy (``transfers.py``).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import sys
 import numpy as np
 
 from .errors import AnyDeviceError
+from .transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
 # argument checks and shape plans live in plans.py; the names other modules import from here stay here
 from .plans import (  # noqa: F401
     ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, REDUCTIONS, UNARY_OPS, _check_unary_params,
@@ -67,7 +70,7 @@ def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-class Backend:
+class Backend(TransferCounts):
     """Base class: validation, conversion and composite ops. Subclasses implement primitives."""
 
     name = "base"
@@ -153,27 +156,33 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued device work (used by benchmarks)."""
 
-    # ---- conversion ---------------------------------------------------------------------
-    def to_device(self, x, op: str = "to_device", arg: str = "input"):
-        """Any accepted input -> this backend's native float32 array."""
-        if isinstance(x, np.ndarray):
-            return self._from_numpy(_as_float32(x, op, arg))
+    # ---- conversion: the one place host<->device transfers are counted ------------------
+    def to_device(self, x, op: str = "to_device", arg: str = "input", constant: bool = False):
+        """Any accepted input -> this backend's native float32 array (a host array: one upload,
+        counted under ``constants`` for a constant parameter such as a kernel or a bias)."""
+        key = "constants" if constant else "uploads"
+        if isinstance(x, np.ndarray) or isinstance(x, (list, tuple, int, float, np.number)):
+            a = _as_float32(x if isinstance(x, np.ndarray) else np.asarray(x), op, arg)
+            self._count(key, 4 * a.size)
+            return self._from_numpy(a)
         if _is_torch_tensor(x):
             if x.is_complex():
                 raise AnyDeviceError(op, arg, x, f"complex dtype {x.dtype} is not supported")
+            self._count(key, 4 * x.numel(), x.device.type == "cpu")
             return self._from_torch(x)
         if isinstance(x, self.native_types):
             return x
-        if isinstance(x, (list, tuple, int, float, np.number)):
-            return self._from_numpy(_as_float32(np.asarray(x), op, arg))
         raise AnyDeviceError(op, arg, type(x).__name__,
                              "must be a NumPy array, a torch tensor or a device array")
 
     def to_numpy(self, x) -> np.ndarray:
+        """A NumPy array of ``x`` (a native array: one download)."""
         if isinstance(x, np.ndarray):
             return x
         if _is_torch_tensor(x):
+            self._count("downloads", 4 * x.numel(), x.device.type != "cpu")
             return x.detach().to("cpu").numpy()
+        self._count("downloads", 4 * math.prod(self._shape(x)))
         return self._to_numpy(x)
 
     def _inputs(self, op: str, **arrays):
@@ -191,9 +200,10 @@ class Backend:
 
     def _out(self, y, kind, like):
         if kind == "torch":
+            self._count("downloads", 4 * math.prod(self._shape(y)), like.device.type == "cpu")
             return self._to_torch(y, like)
         if kind == "numpy" and not isinstance(y, np.ndarray):
-            return self._to_numpy(y)
+            return self.to_numpy(y)
         return y
 
     def _check_size(self, op: str, shape) -> None:
@@ -449,8 +459,8 @@ class Backend:
         check_reduction(op, reduction)
         kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
         empty = math.prod(self._shape(a)) == 0
-        lo = 0.0 if empty else float(self._to_numpy(self._reduce("min", a, tuple(range(len(self._shape(a)))), False)))
-        hi = 0.0 if empty else float(self._to_numpy(self._reduce("max", a, tuple(range(len(self._shape(a)))), False)))
+        lo = 0.0 if empty else float(self.read_check(self._reduce("min", a, tuple(range(len(self._shape(a)))), False)))
+        hi = 0.0 if empty else float(self.read_check(self._reduce("max", a, tuple(range(len(self._shape(a)))), False)))
         bce_range(op, self._shape(a), lo, hi)
         log_a = self._unary("clamp", self._unary("log", a), min=-100.0, max=None)
         log_1a = self._unary("clamp", self._unary("log", self._binary("sub", 1.0, a)), min=-100.0, max=None)
@@ -489,8 +499,10 @@ class Backend:
         stack = self._concat_channels([a, b, self._binary("mul", a, a), self._binary("mul", b, b),
                                        self._binary("mul", a, b)], n, c, h, w)
         g = gaussian_window(window_size, sigma).astype(np.float32)
-        wv = self._from_numpy(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, -1, 1), (5 * c, 1, window_size, 1))))
-        wh = self._from_numpy(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, 1, -1), (5 * c, 1, 1, window_size))))
+        wv = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, -1, 1), (5 * c, 1, window_size, 1))),
+                            op, "window", constant=True)
+        wh = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, 1, -1), (5 * c, 1, 1, window_size))),
+                            op, "window", constant=True)
         blur = self._conv2d(self._conv2d(stack, wv, None, (1, 1), (0, 0, 0, 0), (1, 1), 5 * c),
                             wh, None, (1, 1), (0, 0, 0, 0), (1, 1), 5 * c)
         oh, ow = h - window_size + 1, w - window_size + 1

@@ -1,15 +1,19 @@
 """Shared plumbing for the AnyDevice nodes: socket types, value kinds, layouts, devices, errors,
 progress and the ``ui`` payload the web extension draws.
 
-Values the nodes pass around (all on the CPU, float32):
+Values the nodes pass around (float32):
 
-* IMAGE  torch tensor [B, H, W, C], 0..1 (ComfyUI's own type)
-* MASK   torch tensor [B, H, W] (or [H, W])
+* IMAGE  CPU torch tensor [B, H, W, C], 0..1 (ComfyUI's own type)
+* MASK   CPU torch tensor [B, H, W] (or [H, W])
 * LATENT dict {"samples": [B, C, H, W], ...other keys kept}
-* TENSOR dict {"tensor": torch tensor of any shape}  (a dict, so it can never be mistaken
-         for an IMAGE or a MASK at run time)
+* TENSOR ``resident.DeviceTensor``: the backend's own array, its backend and shape; a dict whose
+         one key "tensor" gives a CPU torch tensor when asked (a dict, so it can never be mistaken
+         for an IMAGE or a MASK at run time; a plain {"tensor": torch tensor} is accepted too)
 * WEIGHTS dict {"weight": tensor, "bias": tensor or None}
 * DEVICE dict {"name": "numpy" | "cpu" | "cuda:1" | "auto" ...}
+
+IMAGE, MASK and LATENT values an AnyDevice node made keep their device copy in ``resident`` (found
+by the tensor's identity and ``_version``), so the next AnyDevice node does not upload them again.
 
 Nothing here does math: every number a node computes goes through ``backend``.
 """
@@ -19,6 +23,7 @@ import inspect
 import logging
 import math
 import re
+import sys
 import time
 from typing import Any
 
@@ -26,8 +31,11 @@ import numpy as np
 import torch
 
 from ..backend import AnyDeviceError, get_backend, list_backends
+from ..backend.contract import TRANSFER_KEYS, transfer_totals
 from ..backend.errors import short
 from ..backend import registry as _registry
+from . import resident
+from .resident import DeviceTensor
 
 log = logging.getLogger("anydevice")
 
@@ -86,6 +94,8 @@ def restate(node: str, exc: AnyDeviceError, table: dict[str, tuple[str, Any]]) -
 
 def describe(value):
     """An input's value as an error shows it: data as its kind and shape, other values as they are."""
+    if isinstance(value, DeviceTensor):
+        return f"TENSOR of shape {value.shape}"
     if isinstance(value, dict) and torch.is_tensor(value.get("weight")):
         return f"weight of shape {tuple(value['weight'].shape)}"
     if torch.is_tensor(value) or isinstance(value, dict):
@@ -97,17 +107,44 @@ def describe(value):
     return value
 
 
+def _on_device(value):
+    """(backend, array) where an output's numbers were computed on a device, else None."""
+    if isinstance(value, DeviceTensor):
+        return value.native_or_none() if value.resident else None
+    t = value.get("samples") if isinstance(value, dict) else value
+    found = resident.any_copy(t) if torch.is_tensor(t) else None
+    return None if found is None or "raw" not in found[1] else (found[0], found[1]["raw"])
+
+
 def nonfinite_counts(value) -> tuple[int, int]:
-    """(NaN count, Inf count) of an output (a tensor, a LATENT/TENSOR dict or a number); the
-    nodes' outputs are CPU tensors, so this is one pass where they are, without a copy."""
+    """(NaN count, Inf count) of an output (a tensor, a LATENT/TENSOR value or a number). Numbers a
+    node computed on a device are checked there (sum(x * 0) is 0, or NaN when x holds an Inf or a
+    NaN): one 4-byte read, counted as a check; the host copy is counted only when there is something
+    to count (a TENSOR's numbers are downloaded only then)."""
+    dev = _on_device(value)
+    if dev is not None:
+        be, x = dev
+        if np.isfinite(be.read_check(be.sum(be.mul(x, 0.0)))).all():
+            return 0, 0
     if isinstance(value, dict):
-        value = value.get("samples", value.get("tensor"))
-    if isinstance(value, float):
-        value = torch.tensor(value)
-    if not torch.is_tensor(value) or not value.is_floating_point() or bool(torch.isfinite(value).all()):
+        value = value["samples"] if "samples" in value else value.get("tensor")
+    if isinstance(value, (int, float)):
+        return int(math.isnan(value)), int(math.isinf(value))
+    if not torch.is_tensor(value) or not value.is_floating_point():
         return 0, 0
-    nan = int(torch.isnan(value).sum())
-    return nan, int(torch.isinf(value).sum())
+    t = value.detach().to("cpu")
+    a = t.numpy() if t.dtype in (torch.float32, torch.float64, torch.float16) else t.float().numpy()
+    if np.isfinite(a).all():  # NumPy: one pass on this thread (torch's pool stalls on a busy machine)
+        return 0, 0
+    return int(np.isnan(a).sum()), int(np.isinf(a).sum())
+
+
+def release_device_memory() -> None:
+    """Drop every device copy the nodes keep between runs (a TENSOR's numbers move to its host
+    copy), then give each backend's pooled memory back (``free_memory()``; OpenCL: its buffer
+    pool). Call it where the host application asks for memory; the budget (ANYDEVICE_RESIDENT_MB)
+    evicts least recently used copies the same way on its own."""
+    resident.release_all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,6 +152,8 @@ def nonfinite_counts(value) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------
 def kind_of(value, node: str, arg: str) -> str:
     """IMAGE, MASK, LATENT or TENSOR for a value arriving on a DATA input."""
+    if isinstance(value, DeviceTensor):
+        return "TENSOR"
     if isinstance(value, dict):
         if "samples" in value and torch.is_tensor(value["samples"]):
             return "LATENT"
@@ -149,7 +188,7 @@ def cpu_f32(t) -> torch.Tensor:
 
 
 def to_nchw(value, kind: str, node: str = "", arg: str = "input") -> torch.Tensor:
-    """A view of the value as [N, C, H, W]: the layout convolutions and image metrics use."""
+    """A view of a host value as [N, C, H, W] (the nodes do this on the device: ``values.to_layout``)."""
     t = raw(value, kind)
     if kind == "IMAGE":
         return t.permute(0, 3, 1, 2)
@@ -170,63 +209,6 @@ def to_nchw(value, kind: str, node: str = "", arg: str = "input") -> torch.Tenso
     if t.ndim == 2:
         return t.reshape((1, 1) + tuple(t.shape))
     raise NodeError(node, arg, t, "needs 2 to 4 dims ([H,W], [C,H,W] or [N,C,H,W]) for this operation")
-
-
-def from_nchw(y: torch.Tensor, kind: str, like, node: str = "", arg: str = "input"):
-    """Inverse of ``to_nchw``: a new value of ``kind`` (LATENT keeps the input's other keys)."""
-    y = cpu_f32(y)
-    src = raw(like, kind)
-    if kind == "IMAGE":
-        return y.permute(0, 2, 3, 1).contiguous()
-    if kind == "MASK":
-        if y.shape[1] != 1:
-            raise NodeError(node, "output", tuple(y.shape),
-                            f"has {y.shape[1]} channels but a MASK has 1; convert to a TENSOR first "
-                            "or keep one output channel")
-        y = y[:, 0]
-        return (y[0] if src.ndim == 2 and y.shape[0] == 1 else y).contiguous()
-    if kind == "LATENT":
-        if src.ndim == 5:
-            b, f = src.shape[0], src.shape[2]
-            y = y.reshape(b, f, *y.shape[1:]).permute(0, 2, 1, 3, 4)
-        out = dict(like)
-        out["samples"] = y.contiguous()
-        return out
-    # TENSOR: back to the rank it came in with when the batch (and channel) dims allow it
-    if src.ndim == 3 and y.shape[0] == 1:
-        y = y[0]
-    elif src.ndim == 2 and y.shape[0] == 1 and y.shape[1] == 1:
-        y = y[0, 0]
-    return {"tensor": y.contiguous()}
-
-
-def wrap_native(y: torch.Tensor, kind: str, like):
-    """A result computed in the value's own layout, as that kind again when the shape fits it;
-    otherwise (e.g. a full reduction of an IMAGE) as a TENSOR."""
-    y = cpu_f32(y).contiguous()
-    if kind == "IMAGE" and y.ndim == 4:
-        return y
-    if kind == "MASK" and y.ndim in (2, 3):
-        return y
-    if kind == "LATENT" and y.ndim == raw(like, kind).ndim:
-        out = dict(like)
-        out["samples"] = y
-        return out
-    return {"tensor": y}
-
-
-def channels_last(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, Any]:
-    """A view with the channel dim last (for per-pixel ops such as Linear) and the inverse."""
-    if kind == "LATENT":
-        nd = t.ndim
-        perm = (0,) + tuple(range(2, nd)) + (1,)
-        inv = [0] * nd
-        for i, p in enumerate(perm):
-            inv[p] = i
-        return t.permute(*perm), (lambda y: y.permute(*inv))
-    if kind == "MASK":
-        return t.unsqueeze(-1), (lambda y: y[..., 0] if y.shape[-1] == 1 else y)
-    return t, (lambda y: y)
 
 
 def preview_image(t_nchw: torch.Tensor) -> torch.Tensor:
@@ -395,14 +377,23 @@ def resolve_backend(device, node: str):
 class Progress:
     """ComfyUI's ProgressBar when ComfyUI is present (each update is also an interrupt check)."""
 
+    _tried_import = False  # a failed import is not retried on every node (it searched sys.path each time)
+
     def __init__(self, total: int):
         self.total = max(1, int(total))
         self.bar = None
-        try:
-            import comfy.utils  # noqa: PLC0415 - optional, only inside ComfyUI
-            self.bar = comfy.utils.ProgressBar(self.total)
-        except Exception:  # noqa: BLE001 - ImportError outside ComfyUI
-            self.bar = None
+        utils = sys.modules.get("comfy.utils")
+        if utils is None and not Progress._tried_import:
+            Progress._tried_import = True
+            try:
+                import comfy.utils as utils  # noqa: PLC0415 - optional, only inside ComfyUI
+            except Exception:  # noqa: BLE001 - ImportError outside ComfyUI
+                utils = None
+        if utils is not None:
+            try:
+                self.bar = utils.ProgressBar(self.total)
+            except Exception:  # noqa: BLE001
+                self.bar = None
 
     def step(self, n: int = 1):
         if self.bar is not None:
@@ -422,15 +413,21 @@ class Timer:
         return (time.perf_counter() - self.t0) * 1000.0
 
 
+_DEVICE_TEXT: dict[int, str] = {}
+
+
 def badge(backend, ms: float, **extra) -> dict:
     """The ui payload every node returns; web/anydevice.js draws it as a badge."""
-    info = {"backend": backend.name, "device": backend.device, "ms": round(float(ms), 3)}
+    device = _DEVICE_TEXT.get(id(backend))
+    if device is None:  # a backend's description does not change (and some query the driver for it)
+        device = _DEVICE_TEXT[id(backend)] = backend.device
+    info = {"backend": backend.name, "device": device, "ms": round(float(ms), 3)}
     info.update(extra)
     return {"anydevice": [info]}
 
 
 def shape_str(t) -> str:
-    return "[" + ", ".join(str(int(s)) for s in t.shape) + "]"
+    return "[" + ", ".join(str(int(s)) for s in (t if isinstance(t, tuple) else t.shape)) + "]"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,7 +449,9 @@ class PackNode:
 
     def run(self, **kwargs):
         self.arg_inputs = dict(self.ARGS)
+        before = transfer_totals()
         try:
+            resident.budget_bytes()  # a bad ANYDEVICE_RESIDENT_MB is said before anything runs
             out = self._run(**kwargs)
         except NodeError:
             raise
@@ -460,6 +459,8 @@ class PackNode:
             raise restate(self.DISPLAY, exc, self._table(kwargs)) from exc
         if self.WARN_NONFINITE:
             self._warn_nonfinite(out)
+        after = transfer_totals()  # this run's host<->device transfers, on every backend it used
+        out["ui"]["anydevice"][0].update({k: after[k] - before[k] for k in TRANSFER_KEYS})
         return out
 
     def _table(self, kwargs) -> dict[str, tuple[str, Any]]:
@@ -473,15 +474,20 @@ class PackNode:
         """NaN and Inf stay (PyTorch semantics) but are said: a log line and the badge's ``warning``."""
         names = self.RETURN_NAMES
         found = []
+        entry = out["ui"]["anydevice"][0]
         for name, value in zip(names, out["result"]):
+            t = Timer()
+            on_device = _on_device(value) is not None
             nan, inf = nonfinite_counts(value)
+            if on_device:  # a check on the device is device work: part of the node's op time
+                entry["ms"] = round(entry["ms"] + t.ms(), 3)
             if nan or inf:
                 what = "output" if len(names) == 1 else f"output '{name}'"
                 found.append(f"{what} has {nan:,} NaN and {inf:,} Inf values")
         if found:
             text = "; ".join(found)
             log.warning("%s: %s", self.DISPLAY, text)
-            out["ui"]["anydevice"][0]["warning"] = text
+            entry["warning"] = text
 
     def _run(self, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError

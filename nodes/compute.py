@@ -9,9 +9,10 @@ import torch
 from ..backend import ACTIVATIONS, LOSSES
 from ..backend.plans import check_groups, normalize_dims, pair, same_pads
 from . import presets as P
-from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge,
-                     channels_last, cpu_f32, from_nchw, kind_of, parse_ints, parse_matrix, parse_vector,
-                     preview_image, raw, resolve_backend, to_nchw, wrap_native)
+from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge, cpu_f32,
+                     kind_of, parse_ints, parse_matrix, parse_vector, resolve_backend)
+from .resident import constant, host_tensor
+from .values import data, from_layout, nchw_shape, numbers, out_shape, preview, result, shape_of, to_layout, wrap
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 _DATA_TIP = "An IMAGE, MASK, LATENT or TENSOR; the output is of the same type."
@@ -105,8 +106,9 @@ class AnyDeviceLinear(ComputeNode):
         node = self.DISPLAY
         be = resolve_backend(device, node)
         kind = kind_of(input, node, "input")
-        x, back = channels_last(raw(input, kind), kind)
-        in_f = int(x.shape[-1]) if x.ndim else 0
+        src = shape_of(input, kind)
+        last = src + (1,) if kind == "MASK" else (src[:1] + src[2:] + src[1:2] if kind == "LATENT" else src)
+        in_f = int(last[-1]) if last else 0
         b = None
         warg = {"preset": "preset", "random": "out_features", "text": "matrix", "weights": "weights"}.get(source)
         if source == "preset":
@@ -145,12 +147,11 @@ class AnyDeviceLinear(ComputeNode):
             raise NodeError(node, warg, f"W of shape {tuple(w.shape)}", "a MASK has 1 channel, so W needs 1 output row")
         pbar = Progress(1)
         t = Timer()
-        y = be.linear(x, w, b)
+        y = be.linear(data(input, kind, be, "last", node), constant(be, w), constant(be, b))
+        out = wrap(be, from_layout(be, y, kind, "last", src, node), kind, input)
         ms = t.ms(be)
         pbar.step()
-        y = back(cpu_f32(y))
-        out = wrap_native(y, kind, input)
-        ui = badge(be, ms, op="linear", shape=list(raw(out, kind_of(out, node, "output")).shape))
+        ui = badge(be, ms, op="linear", shape=out_shape(out))
         ui["kernel"] = [_kernel_ui(w, f"W {w.shape[0]}x{w.shape[1]}")]
         return {"ui": ui, "result": (out,)}
 
@@ -260,8 +261,8 @@ class AnyDeviceConv2D(ComputeNode):
         node = self.DISPLAY
         be = resolve_backend(device, node)
         kind = kind_of(input, node, "input")
-        x = to_nchw(input, kind, node, "input")
-        n, c, h, w_ = (int(s) for s in x.shape)
+        xshape = nchw_shape(shape_of(input, kind), kind, node, "input")
+        n, c, h, w_ = xshape
         op = "conv_transpose2d" if transposed else "conv2d"
         k2, w4, wbias, label, karg = self._kernel(kernel_source, preset, kernel_size, sigma, kernel_text, init_seed,
                                                   weights)
@@ -315,29 +316,29 @@ class AnyDeviceConv2D(ComputeNode):
             ph, pw = pair(op, "padding", padding_size, minimum=0)
             pads = (ph, ph, pw, pw)
         if n == 0:
-            raise NodeError(node, "input", f"shape {tuple(x.shape)}", "is an empty batch: there is nothing to filter")
+            raise NodeError(node, "input", f"shape {xshape}", "is an empty batch: there is nothing to filter")
         pbar = Progress(n)
         t = Timer()
-        outs = []
-        for i in range(n):
-            xi = x[i:i + 1]
-            if transposed:  # 'same': the conv2d 'same' amount before; an even kernel's extra row is cropped
-                y = be.conv_transpose2d(xi, weight, bvec, stride=stride, padding=(pads[0], pads[2]),
-                                        output_padding=output_padding, groups=g, dilation=dilation)
-                if padding == "same":
-                    y = cpu_f32(y)[..., :max(1, h * stride), :max(1, w_ * stride)].contiguous()
-            elif pads[0] == pads[1] and pads[2] == pads[3]:
-                y = be.conv2d(xi, weight, bvec, stride=stride, padding=(pads[0], pads[2]), dilation=dilation,
-                              groups=g, padding_mode=mode)
-            else:
-                xp = be.pad(xi, (pads[2], pads[3], pads[0], pads[1]), "constant" if mode == "zeros" else mode)
-                y = be.conv2d(xp, weight, bvec, stride=stride, padding=0, dilation=dilation, groups=g)
-            outs.append(cpu_f32(y))
-            pbar.step()
+        # the whole batch in one call: the backend keeps its scratch within workspace_budget_bytes()
+        x, wd, bd = data(input, kind, be, "nchw", node), constant(be, weight), constant(be, bvec)
+        if transposed:  # 'same': the conv2d 'same' amount before; an even kernel's extra row is cropped
+            y = be.conv_transpose2d(x, wd, bd, stride=stride, padding=(pads[0], pads[2]),
+                                    output_padding=output_padding, groups=g, dilation=dilation)
+            oh, ow = be._shape(y)[-2:]
+            if padding == "same" and (oh > max(1, h * stride) or ow > max(1, w_ * stride)):
+                crop = host_tensor(be, y)  # there is no device crop: a round trip (stride 1, even kernels)
+                y = be.to_device(crop[..., :max(1, h * stride), :max(1, w_ * stride)].contiguous())
+        elif pads[0] == pads[1] and pads[2] == pads[3]:
+            y = be.conv2d(x, wd, bd, stride=stride, padding=(pads[0], pads[2]), dilation=dilation,
+                          groups=g, padding_mode=mode)
+        else:
+            xp = be.pad(x, (pads[2], pads[3], pads[0], pads[1]), "constant" if mode == "zeros" else mode)
+            y = be.conv2d(xp, wd, bd, stride=stride, padding=0, dilation=dilation, groups=g)
+        out = result(be, y, kind, input, "nchw", node)
         ms = t.ms(be)
-        y = outs[0] if n == 1 else torch.cat(outs, 0)
-        out = from_nchw(y, kind, input, node, "input")
-        ui = badge(be, ms, op="conv_transpose2d" if transposed else "conv2d", shape=list(y.shape))
+        for _ in range(n):  # progress counts images
+            pbar.step()
+        ui = badge(be, ms, op="conv_transpose2d" if transposed else "conv2d", shape=list(be._shape(y)))
         shown = weight if k2 is None or channel_mode != "depthwise" else k2
         ui["kernel"] = [_kernel_ui(shown, label)]
         return {"ui": ui, "result": (out,)}
@@ -386,10 +387,10 @@ class AnyDeviceActivation(ComputeNode):
                   "gelu": {"approximate": approximate}, "softplus": {"beta": beta, "threshold": threshold},
                   "softmax": {"dim": dim}}.get(activation, {})
         t = Timer()
-        y = be.activation(activation, raw(input, kind), **params)
+        y = be.activation(activation, data(input, kind, be, "raw", node), **params)
+        out = wrap(be, y, kind, input)
         ms = t.ms(be)
         Progress(1).step()
-        out = wrap_native(y, kind, input)
         return {"ui": badge(be, ms, op=activation), "result": (out,)}
 
 
@@ -439,27 +440,27 @@ class AnyDeviceLoss(ComputeNode):
         kp = kind_of(prediction, node, "prediction")
         kt = kind_of(target, node, "target")
         typed = kp != "TENSOR" and kt != "TENSOR"
-        if typed or loss == "ssim":
-            p = to_nchw(prediction, kp, node, "prediction")
-            q = to_nchw(target, kt, node, "target")
-        else:
-            p, q = raw(prediction, kp), raw(target, kt)
+        layout = "nchw" if typed or loss == "ssim" else "raw"
         params = {"huber": {"delta": delta}, "smooth_l1": {"beta": delta}, "psnr": {"data_range": data_range},
                   "ssim": {"data_range": data_range, "window_size": window_size, "sigma": sigma}}.get(loss, {})
         pbar = Progress(2)
         t = Timer()
-        value = float(be.loss(loss, p, q, **params))
+        p = data(prediction, kp, be, layout, node, "prediction", "input")
+        q = data(target, kt, be, layout, node, "target", "target")
+        v = be.loss(loss, p, q, **params)
         pbar.step()
         d = be.abs(be.sub(p, q))
-        peak = float(be.max(d)) if math.prod(tuple(d.shape)) else 0.0
+        dshape = be._shape(d)
+        # the value and the peak error come back together: one download
+        value, peak = numbers(be, [v, be.max(d)]) if math.prod(dshape) else (numbers(be, [v])[0], 0.0)
         if peak > 0:
             d = be.div(d, peak)
+        if len(dshape) != 4:
+            d = to_layout(be, d, "TENSOR", "nchw") if 2 <= len(dshape) <= 4 else \
+                be._reshape(d, (1, 1, 1, math.prod(dshape)))
+        emap = preview(be, d)
         ms = t.ms(be)
         pbar.step()
-        d = cpu_f32(d)
-        if d.ndim != 4:
-            d = to_nchw({"tensor": d}, "TENSOR") if 2 <= d.ndim <= 4 else d.reshape(1, 1, 1, -1)
-        emap = preview_image(d)
         ui = badge(be, ms, op=loss)
         ui["loss"] = [{"name": loss, "value": value, "max_abs_error": peak}]
         ui["text"] = [f"{loss} = {value:.6g}"]
@@ -536,20 +537,21 @@ class AnyDeviceTensorOps(ComputeNode):
                 if op == "matmul":
                     raise NodeError(node, "b", None, "matmul needs a tensor on input 'b'")
                 self.arg_inputs["other"] = "scalar"
-                y = be.binary(_BIN_MAP.get(op, op), raw(a, ka), float(scalar))
-                out = wrap_native(y, ka, a)
+                y = be.binary(_BIN_MAP.get(op, op), data(a, ka, be, "raw", node, "a"), float(scalar))
+                out = wrap(be, y, ka, a)
             else:
                 kb = kind_of(b, node, "b")
                 canon = ka != "TENSOR" and kb != "TENSOR" and op != "matmul"
-                xa = to_nchw(a, ka, node, "a") if canon else raw(a, ka)
-                xb = to_nchw(b, kb, node, "b") if canon else raw(b, kb)
+                layout = "nchw" if canon else "raw"
+                xa = data(a, ka, be, layout, node, "a", "input")
+                xb = data(b, kb, be, layout, node, "b", "other")
                 if op == "matmul":
                     y = be.matmul(xa, xb)
                 else:
                     y = be.binary(_BIN_MAP.get(op, op), xa, xb)
-                out = from_nchw(y, ka, a, node, "a") if canon else wrap_native(y, ka, a)
+                out = result(be, y, ka, a, "nchw", node) if canon else wrap(be, y, ka, a)
         elif op in UNARY:
-            x = raw(a, ka)
+            x = data(a, ka, be, "raw", node, "a")
             if op == "clamp":
                 if clamp_min > clamp_max:
                     raise NodeError(node, "clamp_min", clamp_min, f"is larger than clamp_max ({clamp_max})")
@@ -560,22 +562,20 @@ class AnyDeviceTensorOps(ComputeNode):
                 y = be.div(be.sub(x, lo), be.maximum(be.sub(hi, lo), 1e-12))
             else:
                 y = be.unary(op, x)
-            out = wrap_native(y, ka, a)
+            out = wrap(be, y, ka, a)
         elif op in REDUCE:
-            x = raw(a, ka)
+            x = data(a, ka, be, "raw", node, "a")
             y = be.reduce(_RED_MAP[op], x, dim, keepdim=bool(keepdim))
-            axes = normalize_dims(op, dim, x.ndim)
-            want = [1 if i in axes else s for i, s in enumerate(x.shape)] if keepdim else \
-                [s for i, s in enumerate(x.shape) if i not in axes]
-            y = cpu_f32(y).reshape(want)  # some backends give a 0-d result as [1]
-            out = wrap_native(y, ka, a)
+            xs = shape_of(a, ka)
+            axes = normalize_dims(op, dim, len(xs))
+            want = [1 if i in axes else s for i, s in enumerate(xs)] if keepdim else \
+                [s for i, s in enumerate(xs) if i not in axes]
+            out = wrap(be, be._reshape(y, tuple(want)), ka, a)  # some backends give a 0-d result as [1]
         else:
             raise NodeError(node, "op", op, f"must be one of {', '.join(BINARY + UNARY + REDUCE)}")
         ms = t.ms(be)
         Progress(1).step()
-        shape = list(raw(out, "TENSOR" if isinstance(out, dict) and "tensor" in out else
-                         ("LATENT" if isinstance(out, dict) else "IMAGE")).shape)
-        return {"ui": badge(be, ms, op=op, shape=shape), "result": (out,)}
+        return {"ui": badge(be, ms, op=op, shape=out_shape(out)), "result": (out,)}
 
 
 COMPUTE_NODES = [AnyDeviceLinear, AnyDeviceConv2D, AnyDeviceActivation, AnyDeviceLoss, AnyDeviceTensorOps]

@@ -7,9 +7,12 @@ import numpy as np
 import torch
 
 from . import presets as P
+from . import resident as R
 from .common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge, cpu_f32,
                      device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix, parse_vector, raw,
                      resolve_backend, shape_str, to_nchw)
+from .resident import DeviceTensor
+from .values import data, numbers, shape_of, to_layout
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32: a typo in a shape must not take the machine down
@@ -20,6 +23,31 @@ def _host_badge(ms: float, **extra) -> dict:
     info = {"backend": "host", "device": "CPU (data movement only)", "ms": round(ms, 3)}
     info.update(extra)
     return {"anydevice": [info]}
+
+
+def _on_device(value):
+    """(backend, raw array) of a TENSOR whose numbers live on a device; None for host numbers."""
+    if not isinstance(value, DeviceTensor) or not value.resident:
+        return None
+    return value.native_or_none()
+
+
+def _image_on_device(t: torch.Tensor, nchw: bool):
+    """(backend, array) of an IMAGE's remembered device copy as [B,C,H,W] (nchw) or as it is, or None."""
+    found = R.any_copy(t) if torch.is_tensor(t) and t.ndim == 4 else None
+    if found is None:
+        return None
+    be, arrays = found
+    if not nchw:
+        return be, arrays["raw"] if "raw" in arrays else be._permute(arrays["nchw"], (0, 2, 3, 1))
+    return be, arrays["nchw"] if "nchw" in arrays else be._permute(arrays["raw"], (0, 3, 1, 2))
+
+
+def _to_host(be, x) -> torch.Tensor:
+    """A converter's output from a device array: one download; its device copy is remembered."""
+    host = R.host_tensor(be, x)
+    R.add_copy(host, be, "raw", x)
+    return host
 
 
 # =================================================================================================
@@ -107,6 +135,10 @@ class AnyDeviceTensorSource(PackNode):
         if mode == "image":
             if image is None:
                 raise NodeError(node, "image", None, "mode is image but no IMAGE is connected")
+            dev = _image_on_device(image, nchw=True)
+            if dev is not None:  # the IMAGE an AnyDevice node made: its device copy, nothing moves
+                out = DeviceTensor(dev[1], dev[0])
+                return {"ui": badge(dev[0], t.ms(dev[0]), shape=list(out.shape)), "result": (out,)}
             out = cpu_f32(image).permute(0, 3, 1, 2).contiguous()
         elif mode == "text":
             try:
@@ -130,7 +162,7 @@ class AnyDeviceTensorSource(PackNode):
                 out = torch.from_numpy(P.seeded_tensor(seed, dims, "normal" if mode == "random_normal" else "uniform"))
             else:
                 raise NodeError(node, "mode", mode, f"must be one of {', '.join(self.MODES)}")
-        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": ({"tensor": out},)}
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (DeviceTensor.from_host(out),)}
 
 
 # =================================================================================================
@@ -153,16 +185,18 @@ class AnyDeviceTensorInfo(PackNode):
         node = self.DISPLAY
         be = resolve_backend(device, node)
         kind = kind_of(input, node, "input")
-        x = raw(input, kind)
+        shape = shape_of(input, kind)
+        dtype = input.dtype if isinstance(input, DeviceTensor) else raw(input, kind).dtype
         t = Timer()
-        if x.numel():
-            lo, hi, mean = (float(be.min(x)), float(be.max(x)), float(be.mean(x)))
+        if math.prod(shape):  # the three statistics come back together: one download
+            x = data(input, kind, be, "raw", node)
+            lo, hi, mean = numbers(be, [be.min(x), be.max(x), be.mean(x)])
         else:
             lo = hi = mean = float("nan")
         ms = t.ms(be)
-        info = {"kind": kind, "shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""),
+        info = {"kind": kind, "shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
                 "min": lo, "max": hi, "mean": mean, "backend": be.name, "device": be.device, "ms": round(ms, 3)}
-        text = (f"{kind} {shape_str(x)} {info['dtype']} min={lo:.6g} max={hi:.6g} mean={mean:.6g} "
+        text = (f"{kind} {shape_str(shape)} {info['dtype']} min={lo:.6g} max={hi:.6g} mean={mean:.6g} "
                 f"[{be.name}, {ms:.2f} ms]")
         ui = badge(be, ms, op="stats")
         ui["info"] = [info]
@@ -229,7 +263,7 @@ class AnyDeviceWeights(PackNode):
             except ValueError as exc:
                 raise NodeError(node, "matrix", matrix, str(exc)) from None
         elif source == "tensor":
-            if not (isinstance(weight, dict) and torch.is_tensor(weight.get("tensor"))):
+            if not _is_tensor_value(weight):
                 raise NodeError(node, "weight", None if weight is None else type(weight).__name__,
                                 "source is tensor but no TENSOR is connected to 'weight'")
             w = cpu_f32(weight["tensor"]).numpy().copy()
@@ -275,11 +309,15 @@ class AnyDeviceImageToTensor(PackNode):
 
     def _run(self, image, layout="NCHW"):
         t = Timer()
+        dev = _image_on_device(image, nchw=layout == "NCHW")
+        if dev is not None:  # the IMAGE an AnyDevice node made: its device copy, nothing moves
+            out = DeviceTensor(dev[1], dev[0])
+            return {"ui": badge(dev[0], t.ms(dev[0]), shape=list(out.shape)), "result": (out,)}
         x = cpu_f32(image)
         if x.ndim != 4:
             raise NodeError(self.DISPLAY, "image", x, "an IMAGE must be [B, H, W, C]")
         out = x.permute(0, 3, 1, 2).contiguous() if layout == "NCHW" else x.clone()
-        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": ({"tensor": out},)}
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (DeviceTensor.from_host(out),)}
 
 
 class AnyDeviceMaskToTensor(PackNode):
@@ -299,13 +337,18 @@ class AnyDeviceMaskToTensor(PackNode):
 
     def _run(self, mask, layout="NCHW"):
         t = Timer()
+        found = R.any_copy(mask) if torch.is_tensor(mask) and mask.ndim in (2, 3) else None
+        if found is not None and "raw" in found[1]:  # a MASK an AnyDevice node made: reshaped where it is
+            be, s = found[0], tuple(mask.shape) if mask.ndim == 3 else (1,) + tuple(mask.shape)
+            out = DeviceTensor(be._reshape(found[1]["raw"], (s[0], 1) + s[1:] if layout == "NCHW" else s), be)
+            return {"ui": badge(be, t.ms(be), shape=list(out.shape)), "result": (out,)}
         x = cpu_f32(mask)
         if x.ndim == 2:
             x = x.unsqueeze(0)
         if x.ndim != 3:
             raise NodeError(self.DISPLAY, "mask", x, "a MASK must be [B, H, W] or [H, W]")
         out = x.unsqueeze(1).contiguous() if layout == "NCHW" else x.clone()
-        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": ({"tensor": out},)}
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (DeviceTensor.from_host(out),)}
 
 
 class AnyDeviceLatentToTensor(PackNode):
@@ -324,14 +367,33 @@ class AnyDeviceLatentToTensor(PackNode):
         t = Timer()
         if not isinstance(latent, dict) or not torch.is_tensor(latent.get("samples")):
             raise NodeError(self.DISPLAY, "latent", type(latent).__name__, "a LATENT is a dict with 'samples'")
+        found = R.any_copy(latent["samples"])
+        if found is not None and "raw" in found[1]:  # samples an AnyDevice node made: their device copy
+            out = DeviceTensor(found[1]["raw"], found[0])
+            return {"ui": badge(found[0], t.ms(found[0]), shape=list(out.shape)), "result": (out,)}
         out = cpu_f32(latent["samples"]).clone()
-        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": ({"tensor": out},)}
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (DeviceTensor.from_host(out),)}
+
+
+def _is_tensor_value(value) -> bool:
+    return isinstance(value, DeviceTensor) or (isinstance(value, dict) and torch.is_tensor(value.get("tensor")))
 
 
 def _tensor_arg(value, node, arg="tensor") -> torch.Tensor:
-    if not (isinstance(value, dict) and torch.is_tensor(value.get("tensor"))):
+    if not _is_tensor_value(value):
         raise NodeError(node, arg, None if value is None else type(value).__name__, "must be a TENSOR")
     return cpu_f32(value["tensor"])
+
+
+def _grid_on(be, t):
+    """``_grid`` on a device array: the same tiling with the backend's pad, reshape and permute."""
+    n, c, h, w = be._shape(t)
+    cols = math.ceil(math.sqrt(c))
+    rows = math.ceil(c / cols)
+    if rows * cols - c:  # zero channels to fill the grid: padding the channel dim of [N, C, H*W]
+        t = be.pad(be._reshape(t, (n, c, h * w)), (0, 0, 0, rows * cols - c))
+    t = be._permute(be._reshape(t, (n, rows, cols, h, w)), (0, 1, 3, 2, 4))
+    return be._reshape(t, (n, 1, rows * h, cols * w))
 
 
 def _grid(t: torch.Tensor) -> torch.Tensor:
@@ -369,6 +431,9 @@ class AnyDeviceTensorToImage(PackNode):
 
     def _run(self, tensor, mode="auto", normalize=False, layout="NCHW"):
         node = self.DISPLAY
+        dev = _on_device(tensor)
+        if dev is not None or (normalize and _is_tensor_value(tensor)):
+            return self._on_device(tensor, dev, mode, normalize, layout)
         x = x_in = _tensor_arg(tensor, node)
         if layout == "NHWC" and x.ndim == 4:
             x = x.permute(0, 3, 1, 2)
@@ -399,6 +464,34 @@ class AnyDeviceTensorToImage(PackNode):
         ui = badge(be, ms, shape=list(out.shape)) if be is not None else _host_badge(ms, shape=list(out.shape))
         return {"ui": ui, "result": (out,)}
 
+    def _on_device(self, tensor, dev, mode, normalize, layout):
+        """The same steps on the backend's arrays: normalize on the default backend, layout work where
+        the numbers are; one download at the end."""
+        node = self.DISPLAY
+        t = Timer()
+        be = resolve_backend(None, node) if normalize or dev is None else dev[0]
+        x = data(tensor, "TENSOR", be)
+        nd = len(be._shape(x))
+        if layout == "NHWC" and nd in (3, 4):
+            x = be._permute(x, (0, 3, 1, 2) if nd == 4 else (2, 0, 1))
+        x = to_layout(be, x, "TENSOR", "nchw", node, "tensor")
+        n, c, h, w = be._shape(x)
+        grid = mode == "channel_grid" or (mode == "auto" and c not in (1, 3, 4))
+        per_map = grid or mode == "channels_as_batch"
+        if mode == "channels_as_batch":
+            x = be._reshape(x, (n * c, 1, h, w))
+        if normalize:
+            dims = (2, 3) if per_map else (1, 2, 3)
+            lo = be.min(x, dims, keepdim=True)
+            hi = be.max(x, dims, keepdim=True)
+            x = be.div(be.sub(x, lo), be.maximum(be.sub(hi, lo), 1e-12))
+        if grid:
+            x = _grid_on(be, x)
+        n, c, h, w = be._shape(x)
+        img = be._expand(be._reshape(x, (n, h, w, 1)), (n, h, w, 3)) if c == 1 else be._permute(x, (0, 2, 3, 1))
+        out = _to_host(be, img)
+        return {"ui": badge(be, t.ms(be), shape=list(out.shape)), "result": (out,)}
+
 
 class AnyDeviceTensorToMask(PackNode):
     DISPLAY = "Tensor to Mask (AnyDevice)"
@@ -418,6 +511,16 @@ class AnyDeviceTensorToMask(PackNode):
     def _run(self, tensor, channel=0):
         node = self.DISPLAY
         t = Timer()
+        dev = _on_device(tensor)
+        if dev is not None and len(tensor.shape) in (2, 3, 4):  # reshaped or sliced where it is
+            be, x = dev
+            s = tuple(tensor.shape)
+            if len(s) == 4:
+                if not 0 <= channel < s[1]:
+                    raise NodeError(node, "channel", channel, f"out of range for a tensor with {s[1]} channels")
+                x = be._slice1(be._reshape(x, (s[0], s[1], 1) + s[2:]), channel)
+            out = _to_host(be, be._reshape(x, (1 if len(s) == 2 else s[0],) + s[-2:]))
+            return {"ui": badge(be, t.ms(be), shape=list(out.shape)), "result": (out,)}
         x = _tensor_arg(tensor, node)
         if x.ndim == 2:
             out = x.unsqueeze(0)
@@ -448,6 +551,12 @@ class AnyDeviceTensorToLatent(PackNode):
     def _run(self, tensor):
         node = self.DISPLAY
         t = Timer()
+        dev = _on_device(tensor)
+        if dev is not None and len(tensor.shape) in (3, 4, 5):  # samples from the device array, one download
+            be, x = dev
+            s = tuple(tensor.shape)
+            out = {"samples": _to_host(be, be._reshape(x, (1,) + s if len(s) == 3 else s))}
+            return {"ui": badge(be, t.ms(be), shape=list(out["samples"].shape)), "result": (out,)}
         x = _tensor_arg(tensor, node)
         if x.ndim == 3:
             x = x.unsqueeze(0)
