@@ -62,6 +62,17 @@ def _megabytes(text: str) -> int:
     return max(1, int(mb * 2**20))
 
 
+def _megabytes_or_zero(text: str) -> int:
+    """A number of megabytes, 0 or more, as bytes."""
+    try:
+        mb = float(text)
+    except ValueError:
+        raise ValueError("must be a number of megabytes, 0 or more") from None
+    if not math.isfinite(mb) or mb < 0:
+        raise ValueError("must be a number of megabytes, 0 or more")
+    return int(mb * 2**20)
+
+
 def _count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError("must be a whole number >= 1")
@@ -116,6 +127,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "chunked", _megabytes),
     Setting("ANYDEVICE_MAX_TENSOR_MB", "8192", "largest result an op (or the runner's EmptyImage) may produce; "
             "beyond it the op is refused with an error", _megabytes),
+    Setting("ANYDEVICE_RESIDENT_MB", "1024", "device memory that values may keep between AnyDevice nodes "
+            "(TENSORs, device copies of IMAGE/MASK/LATENT, kernels and weights); past it the least "
+            "recently used move to the host; 0 keeps nothing on a device between nodes", _megabytes_or_zero),
     Setting("ANYDEVICE_CACHE_DIR", "~/.cache/anydevice", "built kernels and tuning results", _path),
     Setting("ANYDEVICE_OPENCL_DEVICE", "", "`platform:device` for the OpenCL backend (default: first GPU, "
             "else first CPU)", _device_pair),
@@ -128,6 +142,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("ANYDEVICE_CUDA_KSPLIT", "", "force the CUDA GEMM/conv kernel's K split (default: chosen per "
             "problem)", _count),
     Setting("ANYDEVICE_TEST_BACKENDS", "", "tests: only these backends (comma list)", _names, dev=True),
+    Setting("ANYDEVICE_BROWSER", "", "tests: `quick` runs the browser tests' workflows on the first frontend "
+            "configuration only", _choice("quick", "full"), dev=True),
     Setting("ANYDEVICE_HYPOTHESIS_EXAMPLES", "25", "tests: random cases per op", _count, dev=True),
 )}
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -31,39 +30,14 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..backend.errors import AnyDeviceError
+from ..backend import config
 
-DEFAULT_RESIDENT_MB = 1024
 ENV = "ANYDEVICE_RESIDENT_MB"
 
 
-class SettingError(AnyDeviceError):
-    """A bad value in an environment variable; the message names the variable and the value."""
-
-    noun = "environment variable"
-
-
-_parsed: tuple[str | None, int] = (None, 0)
-
-
 def budget_bytes() -> int:
-    """ANYDEVICE_RESIDENT_MB in bytes: how much device memory values may keep between nodes."""
-    global _parsed
-    text = os.environ.get(ENV, "")
-    if _parsed[0] == text:
-        return _parsed[1]
-    mb = DEFAULT_RESIDENT_MB
-    if text.strip():
-        try:
-            mb = float(text)
-        except ValueError:
-            mb = -1.0
-        if not (math.isfinite(mb) and mb >= 0):
-            raise SettingError("AnyDevice setting", ENV, text,
-                               f"must be a number of megabytes, 0 or more (unset: {DEFAULT_RESIDENT_MB}; "
-                               "0 keeps no value on a device between nodes)")
-    _parsed = (text, int(mb * 2**20))
-    return _parsed[1]
+    """ANYDEVICE_RESIDENT_MB in bytes (backend/config.py parses it; a bad value names the variable)."""
+    return config.get(ENV)
 
 
 # ---------------------------------------------------------------------------------------------

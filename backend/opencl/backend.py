@@ -83,6 +83,10 @@ class OpenCLBackend(LinalgOps, Backend):
     def synchronize(self) -> None:
         self.queue.finish()
 
+    def free_memory(self) -> None:
+        """Give the buffer pool's free buffers back to the driver (arrays in use stay)."""
+        self.pool.clear()
+
     @staticmethod
     def _tune_store() -> JsonStore:
         return JsonStore(cache_root() / "tune.json")
