@@ -129,6 +129,23 @@ def release_all() -> None:
         free_backend_memory(be)
 
 
+def version_of(t):
+    """What changes when ``t`` is written in place: its ``_version`` counter. Tensors made under
+    ``torch.inference_mode()`` (ComfyUI runs every node that way) keep no counter; for them a
+    fingerprint stands in: the data pointer, and 64 elements spread over the tensor plus the
+    float64 sum of every 97th element. It catches whole-tensor writes (``add_``, ``mul_``,
+    ``copy_``); a write that touches none of the sampled elements goes unseen."""
+    try:
+        return t._version
+    except RuntimeError:
+        flat = t.detach().reshape(-1)
+        n = flat.numel()
+        if n == 0:
+            return ("inference", t.data_ptr(), 0)
+        idx = torch.linspace(0, n - 1, steps=min(64, n)).long()
+        return ("inference", t.data_ptr(), tuple(flat[idx].tolist()), float(flat[::97].double().sum()))
+
+
 # ---------------------------------------------------------------------------------------------
 # device copies of host tensors (IMAGE, MASK, LATENT samples, host TENSORs), by identity + _version
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +154,7 @@ class _Entry:
     __slots__ = ("tid", "ref", "version", "arrays", "token")
 
     def __init__(self, t: torch.Tensor):
-        self.tid, self.version, self.arrays, self.token = id(t), t._version, {}, next(_ids)
+        self.tid, self.version, self.arrays, self.token = id(t), version_of(t), {}, next(_ids)
         self.ref = weakref.ref(t, lambda _r, e=self: _dead.append(e))
 
     def key(self, be):
@@ -157,7 +174,7 @@ _copies: dict[int, _Entry] = {}
 
 def _entry(t: torch.Tensor, create: bool = False) -> _Entry | None:
     e = _copies.get(id(t))
-    if e is not None and (e.ref() is not t or e.version != t._version):  # another tensor, or written to
+    if e is not None and (e.ref() is not t or e.version != version_of(t)):  # another tensor, or written to
         e.drop()
         e = None
     if e is None and create:
@@ -255,7 +272,7 @@ class DeviceTensor(dict):
         self._native = native
         self.backend = backend if native is not None else None
         self._host = host
-        self._host_version = None if host is None else host._version
+        self._host_version = None if host is None else version_of(host)
         self.shape = tuple(int(s) for s in (backend._shape(native) if native is not None else host.shape))
         self._key = ("tensor", next(_ids))
         if self.resident:
@@ -282,7 +299,7 @@ class DeviceTensor(dict):
 
     def _fresh(self) -> None:
         h = self._host
-        if h is not None and self._native is not None and h._version != self._host_version:
+        if h is not None and self._native is not None and version_of(h) != self._host_version:
             self._drop_native()  # the host copy was written to: it is the value now
             self.shape = tuple(h.shape)
 
@@ -302,7 +319,7 @@ class DeviceTensor(dict):
         self._fresh()
         if self._host is None:
             self._host = host_tensor(self.backend, self._native)
-            self._host_version = self._host._version
+            self._host_version = version_of(self._host)
         return self._host
 
     def native(self, be, arg: str = "input"):
@@ -332,7 +349,7 @@ class DeviceTensor(dict):
         if key != "tensor" or not torch.is_tensor(value):
             raise TypeError("a TENSOR value holds one torch tensor under 'tensor'")
         self._drop_native()
-        self._host, self._host_version, self.shape = value, value._version, tuple(value.shape)
+        self._host, self._host_version, self.shape = value, version_of(value), tuple(value.shape)
 
     def __contains__(self, key):
         return key == "tensor"

@@ -325,3 +325,22 @@ def test_conv_takes_the_whole_batch_in_one_call(monkeypatch, transposed):
         one = run("AnyDeviceConv2D", input=img[i:i + 1], preset="gaussian", kernel_size=3, transposed=transposed,
                   stride=2, device={"name": "numpy"})["result"][0]
         torch.testing.assert_close(out[i:i + 1], one)
+
+
+def test_inference_mode_tensors_are_tracked_by_fingerprint():
+    """ComfyUI runs nodes under torch.inference_mode(): tensors made there keep no _version. A whole-
+    tensor write into such an IMAGE still makes its device copy stale (fingerprint), and values
+    from inference mode work as TENSORs."""
+    from anydevice.nodes import resident
+    with torch.inference_mode():
+        img = torch.rand(1, 8, 8, 3)
+        v0 = resident.version_of(img)
+        a = run("AnyDeviceTensorOps", a=img, op="neg", device=CL)
+        img.add_(1.0)
+        assert resident.version_of(img) != v0
+        b = run("AnyDeviceTensorOps", a=img, op="neg", device=CL)
+        torch.testing.assert_close(b["result"][0], -img)
+        assert b["ui"]["anydevice"][0]["uploads"] == 1
+        t = run("AnyDeviceImageToTensor", image=img)["result"][0]
+        assert torch.equal(t["tensor"], img.permute(0, 3, 1, 2))
+    del a
