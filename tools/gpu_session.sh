@@ -33,11 +33,11 @@ for step in "$@"; do
     probe)
       timeout 300 python3 tools/gpu_probe.py ${PROBE_ARGS:-} --json "$OUT/probe.json" 2>&1 | tee /tmp/probe.log | tail -80 ;;
     bench)
-      timeout 300 python3 -m anydevice bench --backend ${BENCH_BACKENDS:-cuda} --json "$OUT/bench_fp32.json" 2>&1 | tee /tmp/bench_fp32.log | tail -40 ;;
+      timeout 300 python3 -m anydevice bench --backend ${BENCH_BACKENDS:-cuda} ${BENCH_ARGS:-} --json "$OUT/bench_fp32.json" 2>&1 | tee /tmp/bench_fp32.log | tail -40 ;;
     benchtf32)
       timeout 300 python3 -m anydevice bench --tf32 --backend ${BENCH_BACKENDS:-cuda} --json "$OUT/bench_tf32.json" 2>&1 | tee /tmp/bench_tf32.log | tail -40 ;;
     benchocl)
-      timeout 300 python3 -m anydevice bench --backend opencl --json "$OUT/bench_opencl.json" 2>&1 | tee /tmp/bench_opencl.log | tail -30 ;;
+      timeout 300 python3 -m anydevice bench --backend opencl ${BENCH_ARGS:-} --json "$OUT/bench_opencl.json" 2>&1 | tee /tmp/bench_opencl.log | tail -30 ;;
     full)
       timeout ${FULL_TIMEOUT:-500} python3 -m pytest -q -rfE --timeout 180 -n ${NPROC:-8} -p no:cacheprovider ${T} 2>&1 | tee "$OUT/full.log" | tail -60 ;;
     prof)
