@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from anydevice.nodes import presets as P
-from anydevice.nodes import runner
+from anydevice.nodes import core_nodes, runner
 
 ROOT = Path(__file__).resolve().parent.parent
 WF = ROOT / "example_workflows"
@@ -483,7 +483,7 @@ def test_output_dir_that_is_a_file(tmp_path, capsys):
 def test_node_errors_are_one_line_and_verbose_shows_the_traceback(tmp_path, capsys, monkeypatch):
     def boom(self, ctx, **_):
         raise RuntimeError("device lost\nsecond line")
-    monkeypatch.setattr(runner.EmptyImage, "run", boom)
+    monkeypatch.setattr(core_nodes.EmptyImage, "run", boom)
     prompt = {"1": empty_image(), "2": preview(["1", 0])}
     assert run_wf(tmp_path, prompt) == 1
     assert one_error_line(capsys.readouterr().err).endswith("#1 EmptyImage: RuntimeError: device lost second line")

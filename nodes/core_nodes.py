@@ -1,0 +1,253 @@
+"""The ComfyUI core nodes the headless runner stands in for (LoadImage, SaveImage, PreviewImage,
+EmptyImage, EmptyLatentImage), with ComfyUI's INPUT_TYPES, file naming and input folders."""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import NODE_CLASS_MAPPINGS as PACK_NODES
+from ..backend import config
+from ..backend.errors import _short
+
+PACK_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_INPUTS = PACK_ROOT / "example_workflows" / "input"
+
+
+class WorkflowError(Exception):
+    """A workflow that cannot run here: one problem a line, each naming node id, class, input and
+    value. ``exit_code`` 2 for a file that is no workflow, 1 for a workflow that fails validation."""
+
+    def __init__(self, problems, exit_code: int = 1):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+        self.exit_code = exit_code
+
+
+# ---------------------------------------------------------------------------------------------
+# the core nodes the runner does itself (with Pillow), matching ComfyUI's behaviour
+# ---------------------------------------------------------------------------------------------
+MAX_RESOLUTION = 16384  # ComfyUI's nodes.MAX_RESOLUTION
+
+
+class _Ctx:
+    def __init__(self, output_dir: Path, input_image: Path | None, search: list[Path]):
+        self.output_dir = output_dir
+        self.input_image = input_image
+        self.search = search
+        self.saved: list[dict] = []
+
+
+def _save_path(output_dir: Path, filename_prefix: str, width: int, height: int):
+    """folder_paths.get_save_image_path: (folder, filename, counter, subfolder)."""
+    filename_prefix = filename_prefix.replace("%width%", str(width)).replace("%height%", str(height))
+    subfolder = os.path.dirname(os.path.normpath(filename_prefix))
+    filename = os.path.basename(os.path.normpath(filename_prefix))
+    full = output_dir / subfolder
+    if os.path.commonpath((str(output_dir.resolve()), str(full.resolve()))) != str(output_dir.resolve()):
+        raise WorkflowError(f"filename_prefix {filename_prefix!r} points outside the output folder")
+    full.mkdir(parents=True, exist_ok=True)
+
+    def map_filename(name):
+        plen = len(filename)
+        prefix = name[:plen + 1]
+        try:
+            digits = int(name[plen + 1:].split("_")[0])
+        except ValueError:
+            digits = 0
+        return digits, prefix
+
+    try:
+        counter = max(d for d, p in map(map_filename, os.listdir(full))
+                      if os.path.normcase(p[:-1]) == os.path.normcase(filename) and p[-1:] == "_") + 1
+    except ValueError:
+        counter = 1
+    return full, filename, counter, subfolder
+
+
+def _save_images(ctx: _Ctx, images, filename_prefix: str, kind: str, folder: Path):
+    from PIL import Image
+    if not torch.is_tensor(images) or images.ndim != 4:
+        raise WorkflowError(f"images must be an IMAGE [B,H,W,C], got {type(images).__name__}")
+    full, filename, counter, subfolder = _save_path(folder, filename_prefix, images.shape[2], images.shape[1])
+    results = []
+    for batch_number, image in enumerate(images):
+        i = 255.0 * image.cpu().numpy()
+        img = Image.fromarray(np.clip(i, 0, 255).astype(np.uint8))
+        name = filename.replace("%batch_num%", str(batch_number))
+        file = f"{name}_{counter:05}_.png"
+        img.save(full / file, compress_level=4 if kind == "output" else 1)
+        results.append({"filename": file, "subfolder": subfolder, "type": kind})
+        ctx.saved.append({"path": str(full / file), "filename": file, "subfolder": subfolder, "type": kind})
+        counter += 1
+    return {"ui": {"images": results}, "result": ()}
+
+
+def _image_bytes(batch_size, height, width, channels) -> str | None:
+    """None, or why a float32 result of that size is refused (ANYDEVICE_MAX_TENSOR_MB)."""
+    nbytes = batch_size * height * width * channels * 4
+    limit = config.max_tensor_bytes()
+    if nbytes <= limit:
+        return None
+    return (f"inputs batch_size x height x width = {batch_size} x {height} x {width}: {nbytes / 2**20:.0f} MB, "
+            f"over the limit of {limit / 2**20:.0f} MB (ANYDEVICE_MAX_TENSOR_MB)")
+
+
+class _Core:
+    """A ComfyUI core node the runner does itself: INPUT_TYPES as ComfyUI declares it, and
+    ``check(ctx, **inputs)`` for what ComfyUI checks beyond types and ranges (None: fine)."""
+
+    RETURN_TYPES: tuple = ()
+    OUTPUT_NODE = False
+
+    @classmethod
+    def check(cls, ctx: _Ctx, **inputs) -> str | None:
+        return None
+
+
+def _size(default: int, minimum: int, step: int = 1):
+    return ("INT", {"default": default, "min": minimum, "max": MAX_RESOLUTION, "step": step})
+
+
+BATCH = ("INT", {"default": 1, "min": 1, "max": 4096})
+
+
+class LoadImage(_Core):
+    RETURN_TYPES = ("IMAGE", "MASK")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("STRING", {"image_upload": True})}}
+
+    @classmethod
+    def check(cls, ctx: _Ctx, image=None, **_):
+        if ctx.input_image is None and image is not None:
+            _find_input(image, ctx.search)  # raises WorkflowError: outside the folders, or missing
+        return None
+
+    def run(self, ctx: _Ctx, image, **_):
+        from PIL import Image, ImageOps
+        path = ctx.input_image or _find_input(image, ctx.search)
+        img = Image.open(path)
+        img = ImageOps.exif_transpose(img)
+        if img.mode == "I":
+            img = img.point(lambda i: i * (1 / 255))
+        rgb = np.array(img.convert("RGB")).astype(np.float32) / 255.0
+        out = torch.from_numpy(rgb)[None]
+        if "A" in img.getbands():
+            mask = 1.0 - torch.from_numpy(np.array(img.getchannel("A")).astype(np.float32) / 255.0)
+        else:
+            mask = torch.zeros((64, 64), dtype=torch.float32)
+        return (out, mask.unsqueeze(0))
+
+
+class SaveImage(_Core):
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"})}}
+
+    def run(self, ctx: _Ctx, images, filename_prefix="ComfyUI", **_):
+        return _save_images(ctx, images, filename_prefix, "output", ctx.output_dir)
+
+
+class PreviewImage(_Core):
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"images": ("IMAGE",)}}
+
+    def run(self, ctx: _Ctx, images, **_):
+        prefix = "ComfyUI_temp_" + "".join(random.choice("abcdefghijklmnopqrstupvxyz") for _ in range(5))
+        return _save_images(ctx, images, prefix, "temp", ctx.output_dir / "temp")
+
+
+class EmptyImage(_Core):
+    RETURN_TYPES = ("IMAGE",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"width": _size(512, 1), "height": _size(512, 1), "batch_size": BATCH,
+                             "color": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFF, "step": 1,
+                                               "display": "color"})}}
+
+    @classmethod
+    def check(cls, ctx, width=512, height=512, batch_size=1, **_):
+        return _image_bytes(batch_size, height, width, 3)
+
+    def run(self, ctx: _Ctx, width=512, height=512, batch_size=1, color=0, **_):
+        r = torch.full([batch_size, height, width, 1], ((color >> 16) & 0xFF) / 0xFF)
+        g = torch.full([batch_size, height, width, 1], ((color >> 8) & 0xFF) / 0xFF)
+        b = torch.full([batch_size, height, width, 1], (color & 0xFF) / 0xFF)
+        return (torch.cat((r, g, b), dim=-1),)
+
+
+class EmptyLatentImage(_Core):
+    RETURN_TYPES = ("LATENT",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"width": _size(512, 16, 8), "height": _size(512, 16, 8), "batch_size": BATCH}}
+
+    @classmethod
+    def check(cls, ctx, width=512, height=512, batch_size=1, **_):
+        return _image_bytes(batch_size, height // 8, width // 8, 4)
+
+    def run(self, ctx: _Ctx, width=512, height=512, batch_size=1, **_):
+        return ({"samples": torch.zeros([batch_size, 4, height // 8, width // 8])},)
+
+
+CORE_NODES = {c.__name__: c for c in (LoadImage, SaveImage, PreviewImage, EmptyImage, EmptyLatentImage)}
+
+
+def _node_class(class_type):
+    return PACK_NODES.get(class_type) or CORE_NODES.get(class_type)
+
+
+def _display(class_type) -> str:
+    return getattr(PACK_NODES.get(class_type), "DISPLAY", class_type)
+
+
+def input_folders(workflow_path=None) -> list[Path]:
+    """Where LoadImage names are looked up, each folder once: next to the workflow, its input/
+    and ../input, ./ and ./input, and the pack's example_workflows/input."""
+    folders = []
+    if workflow_path is not None:
+        wd = Path(workflow_path).resolve().parent
+        folders += [wd, wd / "input", wd.parent / "input"]
+    folders += [Path.cwd(), Path.cwd() / "input", EXAMPLE_INPUTS]
+    out = []
+    for d in folders:
+        if d.resolve() not in out:
+            out.append(d.resolve())
+    return out
+
+
+def _find_input(name, search: list[Path]) -> Path:
+    """The file ``name`` names inside one of the input folders. As in ComfyUI, a name may hold
+    subfolders but never leaves its folder: absolute paths, drives and '..' that climb out are
+    refused (``--input PATH`` loads any file)."""
+    where = f"input 'image' = {_short(name)}"
+    if not isinstance(name, str) or not name.strip():
+        raise WorkflowError(f"{where}: must be an image file name")
+    for d in search:
+        base = os.path.abspath(d)
+        full = os.path.abspath(os.path.join(base, name))
+        try:
+            inside = os.path.commonpath((base, full)) == base and full != base
+        except ValueError:  # Windows: another drive
+            inside = False
+        if not inside:
+            raise WorkflowError(f"{where}: must name a file inside the input folders (no absolute path, no "
+                                "'..' out of them); pass --input PATH to load another file")
+        if os.path.isfile(full):
+            return Path(full)
+    raise WorkflowError(f"{where}: file not found (looked in {', '.join(str(d) for d in search)}); "
+                        "pass --input PATH")
+
+
