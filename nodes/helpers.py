@@ -292,20 +292,31 @@ class AnyDeviceWeights(PackNode):
 
 
 # =================================================================================================
-class AnyDeviceImageToTensor(PackNode):
-    DISPLAY = "Image to Tensor (AnyDevice)"
+class _ToTensor(PackNode):
+    """An IMAGE, MASK or LATENT as a TENSOR: one input (``SOURCE`` = (name, type, tooltip)) and,
+    where the kind has two layouts, a ``layout`` combo (``LAYOUTS`` = (choices, tooltip))."""
     CATEGORY = "AnyDevice/convert"
-    DESCRIPTION = "An IMAGE [B, H, W, C] as a TENSOR, channel-first [B, C, H, W] (PyTorch layout) or as it is."
     RETURN_TYPES = (TENSOR,)
     RETURN_NAMES = ("tensor",)
-    OUTPUT_TOOLTIPS = ("The image's numbers as a TENSOR.",)
+    SOURCE: tuple = ()
+    LAYOUTS: tuple | None = None
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {
-            "image": ("IMAGE", {"tooltip": "The image to convert."}),
-            "layout": (["NCHW", "NHWC"], {"default": "NCHW", "tooltip": "NCHW: channel-first, as conv layers expect."}),
-        }}
+        name, typ, tip = cls.SOURCE
+        req = {name: (typ, {"tooltip": tip})}
+        if cls.LAYOUTS:
+            choices, ltip = cls.LAYOUTS
+            req["layout"] = (choices, {"default": choices[0], "tooltip": ltip})
+        return {"required": req}
+
+
+class AnyDeviceImageToTensor(_ToTensor):
+    DISPLAY = "Image to Tensor (AnyDevice)"
+    DESCRIPTION = "An IMAGE [B, H, W, C] as a TENSOR, channel-first [B, C, H, W] (PyTorch layout) or as it is."
+    OUTPUT_TOOLTIPS = ("The image's numbers as a TENSOR.",)
+    SOURCE = ("image", "IMAGE", "The image to convert.")
+    LAYOUTS = (["NCHW", "NHWC"], "NCHW: channel-first, as conv layers expect.")
 
     def _run(self, image, layout="NCHW"):
         t = Timer()
@@ -320,20 +331,12 @@ class AnyDeviceImageToTensor(PackNode):
         return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (DeviceTensor.from_host(out),)}
 
 
-class AnyDeviceMaskToTensor(PackNode):
+class AnyDeviceMaskToTensor(_ToTensor):
     DISPLAY = "Mask to Tensor (AnyDevice)"
-    CATEGORY = "AnyDevice/convert"
     DESCRIPTION = "A MASK [B, H, W] as a TENSOR, [B, 1, H, W] (NCHW) or [B, H, W]."
-    RETURN_TYPES = (TENSOR,)
-    RETURN_NAMES = ("tensor",)
     OUTPUT_TOOLTIPS = ("The mask's numbers as a TENSOR.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {
-            "mask": ("MASK", {"tooltip": "The mask to convert."}),
-            "layout": (["NCHW", "NHW"], {"default": "NCHW", "tooltip": "NCHW adds a channel dim of 1."}),
-        }}
+    SOURCE = ("mask", "MASK", "The mask to convert.")
+    LAYOUTS = (["NCHW", "NHW"], "NCHW adds a channel dim of 1.")
 
     def _run(self, mask, layout="NCHW"):
         t = Timer()
@@ -351,17 +354,11 @@ class AnyDeviceMaskToTensor(PackNode):
         return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (DeviceTensor.from_host(out),)}
 
 
-class AnyDeviceLatentToTensor(PackNode):
+class AnyDeviceLatentToTensor(_ToTensor):
     DISPLAY = "Latent to Tensor (AnyDevice)"
-    CATEGORY = "AnyDevice/convert"
     DESCRIPTION = "A LATENT's samples [B, C, H, W] as a TENSOR."
-    RETURN_TYPES = (TENSOR,)
-    RETURN_NAMES = ("tensor",)
     OUTPUT_TOOLTIPS = ("The latent's samples as a TENSOR.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"latent": ("LATENT", {"tooltip": "The latent to convert."})}}
+    SOURCE = ("latent", "LATENT", "The latent to convert.")
 
     def _run(self, latent):
         t = Timer()
@@ -408,26 +405,30 @@ def _grid(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-class AnyDeviceTensorToImage(PackNode):
-    DISPLAY = "Tensor to Image (AnyDevice)"
+class _FromTensor(PackNode):
+    """A TENSOR as an IMAGE, MASK or LATENT: the ``tensor`` input (``TENSOR_TIP``) and the widgets of
+    ``OPTIONS`` (name -> ComfyUI input spec), in order."""
     CATEGORY = "AnyDevice/convert"
-    DESCRIPTION = ("A TENSOR as an IMAGE to look at. auto: 1 channel becomes grey, 3 (or 4) are RGB(A), other counts "
-                   "are tiled as a grid of grey feature maps. normalize scales each image (or map) to 0..1.")
-    RETURN_TYPES = ("IMAGE",)
-    RETURN_NAMES = ("image",)
-    OUTPUT_TOOLTIPS = ("An IMAGE [B, H, W, C].",)
+    TENSOR_TIP = ""
+    OPTIONS: dict = {}
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {
-            "tensor": (TENSOR, {"tooltip": "[N, C, H, W], [C, H, W] or [H, W] (or channel-last with layout NHWC)."}),
-            "mode": (["auto", "channel_grid", "channels_as_batch"], {
-                "default": "auto", "tooltip": "How channels become pixels."}),
-            "normalize": ("BOOLEAN", {"default": False,
-                                      "tooltip": "Scale each map to 0..1 (min to black, max to white) on the "
-                                                 "default backend."}),
-            "layout": (["NCHW", "NHWC"], {"default": "NCHW", "tooltip": "How to read a 4-D tensor."}),
-        }}
+        return {"required": {"tensor": (TENSOR, {"tooltip": cls.TENSOR_TIP}), **cls.OPTIONS}}
+
+
+class AnyDeviceTensorToImage(_FromTensor):
+    DISPLAY = "Tensor to Image (AnyDevice)"
+    DESCRIPTION = ("A TENSOR as an IMAGE to look at. auto: 1 channel becomes grey, 3 (or 4) are RGB(A), other counts "
+                   "are tiled as a grid of grey feature maps. normalize scales each image (or map) to 0..1.")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("IMAGE",), ("image",), ("An IMAGE [B, H, W, C].",)
+    TENSOR_TIP = "[N, C, H, W], [C, H, W] or [H, W] (or channel-last with layout NHWC)."
+    OPTIONS = {
+        "mode": (["auto", "channel_grid", "channels_as_batch"], {"default": "auto", "tooltip": "How channels become pixels."}),
+        "normalize": ("BOOLEAN", {"default": False, "tooltip": "Scale each map to 0..1 (min to black, max to white) "
+                                                               "on the default backend."}),
+        "layout": (["NCHW", "NHWC"], {"default": "NCHW", "tooltip": "How to read a 4-D tensor."}),
+    }
 
     def _run(self, tensor, mode="auto", normalize=False, layout="NCHW"):
         node = self.DISPLAY
@@ -493,20 +494,12 @@ class AnyDeviceTensorToImage(PackNode):
         return {"ui": badge(be, t.ms(be), shape=list(out.shape)), "result": (out,)}
 
 
-class AnyDeviceTensorToMask(PackNode):
+class AnyDeviceTensorToMask(_FromTensor):
     DISPLAY = "Tensor to Mask (AnyDevice)"
-    CATEGORY = "AnyDevice/convert"
     DESCRIPTION = "A TENSOR as a MASK [B, H, W]: [H, W] and [B, H, W] as they are, one channel of [N, C, H, W]."
-    RETURN_TYPES = ("MASK",)
-    RETURN_NAMES = ("mask",)
-    OUTPUT_TOOLTIPS = ("A MASK [B, H, W].",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {
-            "tensor": (TENSOR, {"tooltip": "[H, W], [B, H, W] or [N, C, H, W]."}),
-            "channel": ("INT", {"default": 0, "min": 0, "max": 4095, "tooltip": "Which channel of a 4-D tensor."}),
-        }}
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("MASK",), ("mask",), ("A MASK [B, H, W].",)
+    TENSOR_TIP = "[H, W], [B, H, W] or [N, C, H, W]."
+    OPTIONS = {"channel": ("INT", {"default": 0, "min": 0, "max": 4095, "tooltip": "Which channel of a 4-D tensor."})}
 
     def _run(self, tensor, channel=0):
         node = self.DISPLAY
@@ -536,17 +529,11 @@ class AnyDeviceTensorToMask(PackNode):
         return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (out,)}
 
 
-class AnyDeviceTensorToLatent(PackNode):
+class AnyDeviceTensorToLatent(_FromTensor):
     DISPLAY = "Tensor to Latent (AnyDevice)"
-    CATEGORY = "AnyDevice/convert"
     DESCRIPTION = "A 4-D TENSOR [B, C, H, W] (or 3-D [C, H, W]) as a LATENT {'samples': ...}."
-    RETURN_TYPES = ("LATENT",)
-    RETURN_NAMES = ("latent",)
-    OUTPUT_TOOLTIPS = ("A LATENT.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"tensor": (TENSOR, {"tooltip": "[B, C, H, W] or [C, H, W]."})}}
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("LATENT",), ("latent",), ("A LATENT.",)
+    TENSOR_TIP = "[B, C, H, W] or [C, H, W]."
 
     def _run(self, tensor):
         node = self.DISPLAY
