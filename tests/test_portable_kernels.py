@@ -19,7 +19,6 @@ kernels BLOCK (PoCL compiles per kernel and group size), and the problems are sm
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -255,25 +254,6 @@ CONV_CASES = [  # (x shape, Cout, k, stride, pads t/b/l/r, dilation, groups, bia
 ]
 
 
-@pytest.mark.parametrize("cfg_name", list(CONFIGS))
-def test_conv_gemm_conv_mode(run, cfg_name):
-    cfg = CONFIGS[cfg_name]
-    assert _shipped("conv_gemm_cuda.cu", {**cfg, **CONV_MODE})
-    rng = np.random.default_rng(2)
-    worst = 0.0
-    for xs, cout, (kh, kw), stride, pads, dil, g, has_b in CONV_CASES:
-        x = rng.standard_normal(xs).astype(np.float32)
-        w = rng.standard_normal((cout, xs[1] // g, kh, kw)).astype(np.float32)
-        b = rng.standard_normal(cout).astype(np.float32) if has_b else None
-        y = own_conv(run, x, w, b, stride, pads, dil, g, cfg)
-        ref = _ref_conv(x, w, b, stride, pads, dil, g)
-        assert y.shape == tuple(ref.shape)
-        err = _rel(y, ref)
-        worst = max(worst, err)
-        assert err <= TOL, (xs, cout, kh, kw, stride, pads, dil, g, err)
-    print(f"ad_conv_gemm conv {cfg_name}: max err {worst:.2e}")
-
-
 CONVT_CASES = [  # (x shape, CoutG, k, stride, padding, output_padding, dilation, groups, bias)
     ((2, 6, 5, 7), 8, (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), 1, True),
     ((1, 8, 6, 5), 5, (4, 3), (3, 2), (1, 0), (2, 1), (1, 2), 2, True),
@@ -282,24 +262,38 @@ CONVT_CASES = [  # (x shape, CoutG, k, stride, padding, output_padding, dilation
 ]
 
 
-@pytest.mark.parametrize("cfg_name", list(CONFIGS))
-def test_conv_gemm_conv_transposed_mode(run, cfg_name):
-    cfg = CONFIGS[cfg_name]
-    assert _shipped("conv_gemm_cuda.cu", {**cfg, **CONVT_MODE})
-    rng = np.random.default_rng(3)
-    worst = 0.0
+def _conv_case_results(run, cfg, transposed, rng):
+    """(case, output, float64 reference) for each of CONV_CASES or CONVT_CASES, through ad_conv_gemm."""
+    if not transposed:
+        for xs, cout, (kh, kw), stride, pads, dil, g, has_b in CONV_CASES:
+            x = rng.standard_normal(xs).astype(np.float32)
+            w = rng.standard_normal((cout, xs[1] // g, kh, kw)).astype(np.float32)
+            b = rng.standard_normal(cout).astype(np.float32) if has_b else None
+            yield (xs, cout, kh, kw, stride, pads, dil, g), own_conv(run, x, w, b, stride, pads, dil, g, cfg), \
+                _ref_conv(x, w, b, stride, pads, dil, g)
+        return
     for xs, coutg, (kh, kw), stride, pad, opad, dil, g, has_b in CONVT_CASES:
         x = rng.standard_normal(xs).astype(np.float32)
         w = rng.standard_normal((xs[1], coutg, kh, kw)).astype(np.float32)
         b = rng.standard_normal(coutg * g).astype(np.float32) if has_b else None
         y = own_conv(run, x, w, b, stride, (pad[0], pad[0], pad[1], pad[1]), dil, g, cfg,
                      transposed=True, output_padding=opad)
-        ref = F.conv_transpose2d(_t(x), _t(w), None if b is None else _t(b), stride, pad, opad, g, dil)
-        assert y.shape == tuple(ref.shape)
+        yield (xs, coutg, kh, kw, stride, pad, opad, dil, g), y, \
+            F.conv_transpose2d(_t(x), _t(w), None if b is None else _t(b), stride, pad, opad, g, dil)
+
+
+@pytest.mark.parametrize("cfg_name", list(CONFIGS))
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "conv_transpose"])
+def test_conv_gemm_conv_modes(run, cfg_name, transposed):
+    cfg = CONFIGS[cfg_name]
+    assert _shipped("conv_gemm_cuda.cu", {**cfg, **(CONVT_MODE if transposed else CONV_MODE)})
+    worst = 0.0
+    for case, y, ref in _conv_case_results(run, cfg, transposed, np.random.default_rng(3 if transposed else 2)):
+        assert y.shape == tuple(ref.shape), case
         err = _rel(y, ref)
         worst = max(worst, err)
-        assert err <= TOL, (xs, coutg, kh, kw, stride, pad, opad, dil, g, err)
-    print(f"ad_conv_gemm conv_transpose {cfg_name}: max err {worst:.2e}")
+        assert err <= TOL, (case, err)
+    print(f"ad_conv_gemm {'conv_transpose' if transposed else 'conv'} {cfg_name}: max err {worst:.2e}")
 
 
 def test_conv_gemm_long_k_two_level_accumulation(run):
