@@ -19,7 +19,6 @@ Transfers: the conversion paths here count every host<->device copy (``transfers
 from __future__ import annotations
 
 import math
-import os
 import sys
 
 import numpy as np
@@ -77,8 +76,10 @@ class Backend(TransferCounts):
     #: "own" for the pack's own kernels, "vendor" for PyTorch
     kind = "own"
 
-    def __init__(self, index: int = 0):
+    def __init__(self, index: int = 0, name: str | None = None):
         self.index = index
+        if name is not None:
+            self.name = name
 
     # ---- description ---------------------------------------------------------------------
     @property

@@ -73,10 +73,8 @@ class TorchBackend(Backend):
     kind = "vendor"
 
     def __init__(self, name: str = "cpu", index: int = 0):
-        super().__init__(index)
-        torch = _torch()
-        self.name = name
-        self.torch = torch
+        super().__init__(index, name)
+        self.torch = torch = _torch()
         dev_type = DEVICE_TYPES[name]
         self.dev = torch.device(dev_type if dev_type in ("cpu", "mps") else f"{dev_type}:{index}")
         self.native_types = ()  # every tensor goes through _from_torch (device + dtype check)

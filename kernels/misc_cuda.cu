@@ -54,6 +54,20 @@ KERNEL void ad_unary(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, c
         y[i] = ad_unary_op(x[i], op, p0, p1, flags);
 }
 
+/* input index i of output o through tap k along one axis (size n): conv i = o*s - p + k*d;
+ * transposed conv i = (o + p - k*d) / s where that divides. Returns whether i is a real input. */
+DEVICE_FN int ad_tap(const int o, const int p, const int k, const int d, const int s, const int n,
+                     const int transposed, int* i)
+{
+    if (!transposed) {
+        *i = o * s - p + k * d;
+        return *i >= 0 && *i < n;
+    }
+    const int t = o + p - k * d;
+    *i = t >= 0 ? t / s : -1;
+    return t >= 0 && *i * s == t && *i < n;
+}
+
 KERNEL void ad_direct_conv(const GLOBAL float* RESTRICT x, const GLOBAL float* RESTRICT w,
                            const GLOBAL float* RESTRICT bias, const int has_bias,
                            GLOBAL float* RESTRICT y, const int N, const int C, const int H,
@@ -81,30 +95,16 @@ KERNEL void ad_direct_conv(const GLOBAL float* RESTRICT x, const GLOBAL float* R
             float acc = 0.0f;
             for (int kh = 0; kh < KH; kh++) {
                 int ih;
-                if (transposed) {
-                    const int ihn = oh + ph - kh * dh;
-                    if (ihn < 0) continue;
-                    ih = ihn / sh;
-                    if (ih * sh != ihn || ih >= H) continue;
-                } else {
-                    ih = oh * sh - ph + kh * dh;
-                }
-                const int row_in = transposed || (ih >= 0 && ih < H);
+                const int row_in = ad_tap(oh, ph, kh, dh, sh, H, transposed, &ih);
+                if (transposed && !row_in) continue;
                 for (int kw = 0; kw < KW; kw++) {
                     int iw;
-                    if (transposed) {
-                        const int iwn = ow + pw - kw * dw;
-                        if (iwn < 0) continue;
-                        iw = iwn / sw;
-                        if (iw * sw != iwn || iw >= W) continue;
-                    } else {
-                        /* a tap on the zero padding still multiplies its weight by 0, as torch
-                         * does: an Inf/NaN weight makes NaN there too */
-                        iw = ow * sw - pw + kw * dw;
-                        if (!row_in || iw < 0 || iw >= W) {
-                            acc = FMA(0.0f, wp[kh * KW + kw], acc);
-                            continue;
-                        }
+                    if (!row_in || !ad_tap(ow, pw, kw, dw, sw, W, transposed, &iw)) {
+                        /* a conv tap on the zero padding still multiplies its weight by 0, as torch
+                         * does: an Inf/NaN weight makes NaN there too (a transposed conv's skipped
+                         * taps are not products at all) */
+                        if (!transposed) acc = FMA(0.0f, wp[kh * KW + kw], acc);
+                        continue;
                     }
                     acc = FMA(xp[(OFF_T)ih * W + iw], wp[kh * KW + kw], acc);
                 }

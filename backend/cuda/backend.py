@@ -24,10 +24,8 @@ class CudaBackend(CudaLinalg, Backend):
     kind = "own"
 
     def __init__(self, name: str = "cuda", index: int = 0):
-        super().__init__(index)
-        cp = _cupy()
-        self.cp = cp
-        self.name = name
+        super().__init__(index, name)
+        self.cp = cp = _cupy()
         self.hip = bool(getattr(cp.cuda.runtime, "is_hip", False))
         n = cp.cuda.runtime.getDeviceCount()
         if not 0 <= index < n:
