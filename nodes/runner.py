@@ -369,6 +369,8 @@ def run_prompt(prompt: dict, output_dir=None, input_image=None, workflow_path=No
         if isinstance(r, dict) and r.get("ui", {}).get("text"):
             extra = "  " + "; ".join(r["ui"]["text"])
         echo(f"  #{step.nid:<3} {_display(step.class_type):<30} {ms:9.2f} ms{where}{extra}")
+        if badge.get("warning"):  # NaN/Inf in the node's output: said, never silent
+            echo(f"       warning: {_display(step.class_type)}: {badge['warning']}")
     out.saved = ctx.saved
     return out
 

@@ -496,3 +496,19 @@ def test_json_summary_alone_on_stdout(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert json.loads(out)["saved"][0]["type"] == "temp"
     assert "backend: " in err and "saved: " in err
+
+
+def test_runner_prints_nan_inf_warnings(tmp_path, capsys):
+    """A node whose output has NaN/Inf: the run goes on (PyTorch semantics) and the runner says so."""
+    wf = {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+          "2": {"class_type": "AnyDeviceTensorOps", "inputs": {"a": ["1", 0], "op": "log", "scalar": 0.0,
+                                                               "clamp_min": 0.0, "clamp_max": 1.0, "dims": "",
+                                                               "keepdim": False}},
+          "3": {"class_type": "PreviewImage", "inputs": {"images": ["2", 0]}}}
+    path = tmp_path / "nan.json"
+    path.write_text(json.dumps(wf))
+    from anydevice import cli
+    rc = cli.main(["run", str(path), "--output-dir", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert rc == 0
+    assert "warning: Tensor Ops (AnyDevice): output has 0 NaN and 192 Inf values" in out.out + out.err
