@@ -484,6 +484,21 @@ def _same_specials(y, ref32, ref64):
     assert (y[inf] == r32[inf]).all(), "Inf signs differ from torch"
 
 
+@pytest.mark.parametrize("coutg", [3, 24], ids=["direct", "gemm"])
+def test_transposed_conv_inf_weight_like_torch(backend_target, coutg):
+    """An Inf/NaN weight in a strided transposed conv reaches only the outputs its tap lands on (torch
+    scatters products; it never multiplies the weight by the zeros between strides)."""
+    rng = np.random.default_rng(9)
+    x = (rng.random((2, 8, 5, 6)) + 0.5).astype(np.float32)  # no zeros: 0 * Inf would be NaN anyway
+    for bad in (np.inf, np.nan):
+        w = rand(rng, 8, coutg, 3, 3)
+        w[2, 1, 0, 0] = bad
+        kw = dict(stride=2, padding=1, output_padding=1)
+        y = backend_target.conv_transpose2d(x, w, **kw)
+        _same_specials(y, F.conv_transpose2d(torch.from_numpy(x), torch.from_numpy(w), **kw),
+                       F.conv_transpose2d(t64(x), t64(w), **kw))
+
+
 def test_nan_inf_propagate_like_torch(backend_target):
     x = np.array([[np.nan, -np.inf, -1.0, 0.0, 2.0, np.inf]], dtype=np.float32)
     t32 = torch.from_numpy(x)

@@ -135,7 +135,10 @@ class CudaLinalg:
         if y.size == 0:
             return y
         geo = {**g._asdict(), "ph": g.pt, "pw": g.pl}
-        if g.CoutG <= DIRECT_MAX_COUT_G:
+        # a transposed conv with an Inf/NaN weight and stride > 1: the direct kernel, which keeps it
+        # off the outputs its taps skip (torch scatters products; the GEMM multiplies it by zeros)
+        nonfinite = transposed and (g.sh > 1 or g.sw > 1) and not bool(self.cp.isfinite(w).all())
+        if g.CoutG <= DIRECT_MAX_COUT_G or nonfinite:
             return self._direct(x, w, bias, y, geo, transposed=transposed)
         family = self._family("conv_transpose2d" if transposed else "conv2d")
         if transposed:  # own kernel: weights re-laid out as (G, CoutG, CinG*KH*KW)

@@ -108,11 +108,12 @@ class LinalgOps:
                       ws.buffer, out.buffer, bbuf, hb, ks, Z, M, N, ldc, c_bs, *layout, params=macros)
         return out
 
-    def _gpu_conv(self, x, w, bias, out, g, transposed: int):
-        """conv2d / conv_transpose2d on the GPU family: misc_cuda.cu's direct kernel for few output
-        channels per group, else ad_conv_gemm's implicit GEMM (batch folded into N)."""
+    def _gpu_conv(self, x, w, bias, out, g, transposed: int, direct: bool = False):
+        """conv2d / conv_transpose2d with the CUDA backend's kernels: misc_cuda.cu's direct kernel
+        for few output channels per group (or when ``direct``), else ad_conv_gemm's implicit GEMM
+        (batch folded into N)."""
         x, w = self._at0(x, x.offset, x.size), self._at0(w, w.offset, w.size)
-        if g.CoutG <= GPU_DIRECT_MAX_COUT_G:
+        if direct or g.CoutG <= GPU_DIRECT_MAX_COUT_G:
             n = out.size
             self._run("ad_direct_conv", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
                       x.buffer, w.buffer, bias.buffer if bias is not None else out.buffer, int(bias is not None),
@@ -289,8 +290,11 @@ class LinalgOps:
         if out.size == 0:
             return out
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, ph, pw, dh, dw)
-        if self.family == "gpu":
-            return self._gpu_conv(x, w, bias, out, g, 1)
+        # an Inf/NaN weight with stride > 1: only the direct kernel keeps it off the outputs its taps
+        # skip (torch scatters products; the GEMM and phase kernels multiply it by zeros)
+        finite = (g.sh == 1 and g.sw == 1) or self._all_finite(w)
+        if self.family == "gpu" or not finite:
+            return self._gpu_conv(x, w, bias, out, g, 1, direct=not finite)
         ncob = -(-CoutG // 8)
         J = -(-OW // sw)
         self._run("conv_t2d_direct", (-(-J // 32), OH * sw, N * G * ncob), (1, 1, 1),
