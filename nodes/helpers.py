@@ -301,6 +301,11 @@ class _ToTensor(PackNode):
     SOURCE: tuple = ()
     LAYOUTS: tuple | None = None
 
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.SOURCE and "OUTPUT_TOOLTIPS" not in cls.__dict__:
+            cls.OUTPUT_TOOLTIPS = (f"The {cls.SOURCE[0]}'s numbers as a TENSOR.",)
+
     @classmethod
     def INPUT_TYPES(cls):
         name, typ, tip = cls.SOURCE
@@ -314,7 +319,6 @@ class _ToTensor(PackNode):
 class AnyDeviceImageToTensor(_ToTensor):
     DISPLAY = "Image to Tensor (AnyDevice)"
     DESCRIPTION = "An IMAGE [B, H, W, C] as a TENSOR, channel-first [B, C, H, W] (PyTorch layout) or as it is."
-    OUTPUT_TOOLTIPS = ("The image's numbers as a TENSOR.",)
     SOURCE = ("image", "IMAGE", "The image to convert.")
     LAYOUTS = (["NCHW", "NHWC"], "NCHW: channel-first, as conv layers expect.")
 
@@ -334,7 +338,6 @@ class AnyDeviceImageToTensor(_ToTensor):
 class AnyDeviceMaskToTensor(_ToTensor):
     DISPLAY = "Mask to Tensor (AnyDevice)"
     DESCRIPTION = "A MASK [B, H, W] as a TENSOR, [B, 1, H, W] (NCHW) or [B, H, W]."
-    OUTPUT_TOOLTIPS = ("The mask's numbers as a TENSOR.",)
     SOURCE = ("mask", "MASK", "The mask to convert.")
     LAYOUTS = (["NCHW", "NHW"], "NCHW adds a channel dim of 1.")
 
