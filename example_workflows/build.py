@@ -123,7 +123,10 @@ class Graph:
         return h
 
     # ---- UI (litegraph) format ----------------------------------------------------------------
-    def ui(self) -> dict:
+    def ui(self, layout: dict | None = None) -> dict:
+        """The UI-format workflow. ``layout`` (a saved UI workflow of this graph) keeps its node
+        positions and sizes and its saved view: the bundled layouts are laid out by hand for a
+        1600x1000 window (docs/FRONTEND.md), and a rebuild must not undo that."""
         links, nodes = [], []
         out_links = {}
         for n in self.nodes:
@@ -161,9 +164,17 @@ class Graph:
             if n.title:
                 node["title"] = n.title
             nodes.append(node)
+        ds = {"scale": 0.75, "offset": [20, 20]}
+        if layout:
+            saved = {nd.get("id"): nd for nd in layout.get("nodes", [])}
+            for node in nodes:
+                old = saved.get(node["id"])
+                if old and old.get("type") == node["type"]:
+                    node["pos"], node["size"] = old.get("pos", node["pos"]), old.get("size", node["size"])
+            ds = layout.get("extra", {}).get("ds", ds)
         return {"last_node_id": len(self.nodes), "last_link_id": len(links), "nodes": nodes, "links": links,
                 "groups": [], "config": {},
-                "extra": {"ds": {"scale": 0.75, "offset": [20, 20]}, "anydevice_note": self.note},
+                "extra": {"ds": ds, "anydevice_note": self.note},
                 "version": 0.4}
 
 
@@ -301,7 +312,9 @@ def main() -> int:
     from anydevice.nodes import runner
     (HERE / "api").mkdir(exist_ok=True)
     for g in graphs():
-        (HERE / f"{g.name}.json").write_text(json.dumps(g.ui(), indent=1) + "\n")
+        ui_path = HERE / f"{g.name}.json"
+        layout = json.loads(ui_path.read_text()) if ui_path.exists() else None
+        ui_path.write_text(json.dumps(g.ui(layout), indent=1) + "\n")
         api = g.api()
         (HERE / "api" / f"{g.name}.json").write_text(json.dumps(api, indent=1) + "\n")
         tmp = Path(tempfile.mkdtemp(prefix="anydevice_thumb_"))

@@ -61,6 +61,8 @@ def test_ui_workflows_keep_the_generators_widget_values():
         assert json.loads((API / f"{g.name}.json").read_text()) == g.api(), g.name
         ds = saved["extra"]["ds"]
         assert 0.6 <= ds["scale"] <= 1.0  # text is still drawn at the saved zoom
+        # a rebuild keeps the hand-made layout: the generator given the saved file reproduces it
+        assert g.ui(saved) == saved, g.name
 
 
 @pytest.fixture(scope="module")
