@@ -37,7 +37,7 @@ _FLOAT32 = np.dtype(np.float32)
 #: op codes of the unary kernels, shared by kernels/elementwise.cl (OpenCL) and kernels/misc_cuda.cu
 UNARY_KERNEL_CODES = {"abs": 0, "neg": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6,
                       "tanh": 7, "gelu": 8, "gelu_tanh": 9, "silu": 10, "elu": 11, "leaky_relu": 12,
-                      "softplus": 13, "clamp": 14}
+                      "softplus": 13, "clamp": 14, "rsqrt": 15, "erf": 16, "sin": 17, "cos": 18}
 
 
 def unary_kernel_args(op: str, p: dict) -> tuple[int, float, float, int, int]:
@@ -326,6 +326,10 @@ class Backend(TransferCounts):
     def sigmoid(self, input): return self.unary("sigmoid", input)
     def tanh(self, input): return self.unary("tanh", input)
     def silu(self, input): return self.unary("silu", input)
+    def rsqrt(self, input): return self.unary("rsqrt", input)
+    def erf(self, input): return self.unary("erf", input)
+    def sin(self, input): return self.unary("sin", input)
+    def cos(self, input): return self.unary("cos", input)
 
     def gelu(self, input, approximate="none"):
         return self.unary("gelu", input, approximate=approximate)

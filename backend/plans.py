@@ -18,7 +18,7 @@ from .errors import AnyDeviceError
 
 UNARY_OPS = (
     "abs", "neg", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "gelu", "silu", "elu",
-    "leaky_relu", "softplus", "clamp",
+    "leaky_relu", "softplus", "clamp", "rsqrt", "erf", "sin", "cos",
 )
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "minimum", "maximum")
 REDUCE_OPS = ("sum", "mean", "max", "min")

@@ -259,7 +259,8 @@ UNARY_CASES = [
     ("elu", {}, (-10, 10)), ("elu", {"alpha": 0.5}, (-10, 10)), ("leaky_relu", {}, None),
     ("leaky_relu", {"negative_slope": 0.2}, None), ("softplus", {}, (-30, 30)),
     ("softplus", {"beta": 2.0, "threshold": 5.0}, (-10, 10)), ("clamp", {"min": -0.5, "max": 0.3}, None),
-    ("clamp", {"min": 0.1}, None), ("clamp", {"max": -0.1}, None),
+    ("clamp", {"min": 0.1}, None), ("clamp", {"max": -0.1}, None), ("rsqrt", {}, (1e-3, 50)),
+    ("erf", {}, (-4, 4)), ("erf", {}, (-0.05, 0.05)), ("sin", {}, (-100, 100)), ("cos", {}, (-100, 100)),
 ]
 
 
@@ -272,7 +273,7 @@ def torch_unary(op, x, p):
 
 
 @pytest.mark.parametrize("op,params,rng_", UNARY_CASES,
-                         ids=[f"{o}-{'-'.join(f'{k}{v}' for k, v in p.items())}" for o, p, _ in UNARY_CASES])
+                         ids=[f"{o}-{'-'.join(f'{k}{v}' for k, v in p.items())}-{r}" for o, p, r in UNARY_CASES])
 def test_unary(backend_target, op, params, rng_):
     lo, hi = rng_ or (-5, 5)
     rng = np.random.default_rng(7)
@@ -506,7 +507,8 @@ def test_nan_inf_propagate_like_torch(backend_target):
     be = backend_target
     for op, params in [("relu", {}), ("abs", {}), ("exp", {}), ("sigmoid", {}), ("tanh", {}), ("gelu", {}),
                        ("silu", {}), ("elu", {}), ("leaky_relu", {}), ("softplus", {}),
-                       ("clamp", {"min": -0.5, "max": 0.5}), ("neg", {}), ("log", {}), ("sqrt", {})]:
+                       ("clamp", {"min": -0.5, "max": 0.5}), ("neg", {}), ("log", {}), ("sqrt", {}),
+                       ("rsqrt", {}), ("erf", {}), ("sin", {}), ("cos", {})]:
         _same_specials(be.unary(op, x, **params), torch_unary(op, t32, params), torch_unary(op, t64_, params))
     other = np.array([[1.0, np.nan, 0.5, -2.0, np.inf, 1.0]], dtype=np.float32)
     for op in ["minimum", "maximum", "add", "mul", "div", "pow", "sub"]:
