@@ -3,8 +3,9 @@
 ``Backend`` holds everything that is the same for every device: converting inputs (NumPy arrays,
 torch tensors, the backend's own device arrays) to float32, validating arguments with PyTorch's
 rules *before* any kernel runs, computing output shapes, and the composite ops (linear, softmax,
-losses, PSNR, SSIM) built from the backend's primitives. A backend module subclasses it and
-implements the primitives (the ``_`` methods listed under "primitives" below) for its device.
+losses, PSNR, SSIM; the layer ops of layers.py) built from the backend's primitives. A backend
+module subclasses it and implements the primitives (the ``_`` methods listed under "primitives"
+below) for its device.
 
 Semantics follow PyTorch exactly (argument names, defaults, broadcasting, output shapes).
 Compute is float32: float16, bfloat16, float64, integer and bool inputs are converted to float32
@@ -24,6 +25,7 @@ import sys
 import numpy as np
 
 from .errors import AnyDeviceError
+from .layers import LayerOps
 from .transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
 # argument checks and shape plans live in plans.py; the names other modules import from here stay here
 from .plans import (  # noqa: F401
@@ -69,7 +71,7 @@ def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-class Backend(TransferCounts):
+class Backend(LayerOps, TransferCounts):
     """Base class: validation, conversion and composite ops. Subclasses implement primitives."""
 
     name = "base"
