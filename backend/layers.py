@@ -39,8 +39,12 @@ class LayerOps:
         return self._out(self._unary("sqrt", y) if op == "std" else y, kind, like)
 
     def _centered(self, x, dims):
-        """x - mean(x over dims): two passes, so the squares below do not cancel."""
-        return self._binary("sub", x, self._reduce("mean", x, dims, True))
+        """x - mean(x over dims), corrected two-pass (Chan, Golub and LeVeque): d = x - m is exact
+        where it cancels, and subtracting mean(d) removes the error of m's rounding to float32,
+        which would otherwise shift every d by up to ulp(m) / 2 (2.6e-6 normwise on layer norms
+        of 2 close values)."""
+        d = self._binary("sub", x, self._reduce("mean", x, dims, True))
+        return self._binary("sub", d, self._reduce("mean", d, dims, True))
 
     def _var(self, x, dims, correction, keepdim):
         d = self._centered(x, dims)
@@ -105,7 +109,7 @@ class LayerOps:
         return tuple(None if a is None else self._shape(a) for a in arrays)
 
     def _normalize(self, x, dims, eps):
-        """(x - mean) / sqrt(biased var + eps) over dims."""
+        """(x - mean) / sqrt(biased var + eps) over dims (as var, in two passes)."""
         d = self._centered(x, dims)
         var = self._reduce("mean", self._binary("mul", d, d), dims, True)
         return self._binary("mul", d, self._unary("rsqrt", self._binary("add", var, eps)))
