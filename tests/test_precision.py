@@ -422,34 +422,32 @@ def _maybe(rng, use, shape, lo=-2.0, hi=2.0):
     return rand(rng, *shape, lo=lo, hi=hi) if use else None
 
 
+def _t64_or_none(a):
+    return None if a is None else t64(a)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 @HYP
 @given(shape=st.lists(st.integers(1, 8), min_size=1, max_size=4), data=st.data())
-def test_layer_norm_random(backend_target, shape, data):
+def test_layer_rms_norm_random(backend_target, op, shape, data):
     k = data.draw(st.integers(1, len(shape)))
     ns = tuple(shape[len(shape) - k:])
+    arg = ns if data.draw(st.booleans()) or k > 1 else ns[0]  # normalized_shape as a tuple or an int
     rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
     x = rand(rng, *shape, lo=-3, hi=5)
     w, b = _maybe(rng, data.draw(st.booleans()), ns), _maybe(rng, data.draw(st.booleans()), ns)
-    eps = data.draw(st.sampled_from([1e-5, 1e-3, 0.0]))
-    if eps == 0.0:
-        assume(np.prod(ns) > 1)  # one element per group: 0 / sqrt(0) is NaN, correctly, but not useful
-    arg = ns if data.draw(st.booleans()) or k > 1 else ns[0]
-    ref = F.layer_norm(t64(x), ns, None if w is None else t64(w), None if b is None else t64(b), eps)
-    check(backend_target.layer_norm(x, arg, w, b, eps), ref.numpy(), f"layer_norm {shape} {ns} eps={eps}")
-
-
-@HYP
-@given(shape=st.lists(st.integers(1, 8), min_size=1, max_size=4), data=st.data())
-def test_rms_norm_random(backend_target, shape, data):
-    k = data.draw(st.integers(1, len(shape)))
-    ns = tuple(shape[len(shape) - k:])
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
-    x = rand(rng, *shape, lo=-3, hi=5)
-    w = _maybe(rng, data.draw(st.booleans()), ns)
-    eps = data.draw(st.sampled_from([None, 1e-6, 0.1]))
-    ref_eps = float(np.finfo(np.float32).eps) if eps is None else eps  # float32's: the pack computes in it
-    ref = F.rms_norm(t64(x), ns, None if w is None else t64(w), ref_eps)
-    check(backend_target.rms_norm(x, ns, w, eps), ref.numpy(), f"rms_norm {shape} {ns} eps={eps}")
+    if op == "layer_norm":
+        eps = data.draw(st.sampled_from([1e-5, 1e-3, 0.0]))
+        if eps == 0.0:
+            assume(np.prod(ns) > 1)  # one element per group: 0 / sqrt(0) is NaN, correctly, but not useful
+        ref = F.layer_norm(t64(x), ns, _t64_or_none(w), _t64_or_none(b), eps)
+        y = backend_target.layer_norm(x, arg, w, b, eps)
+    else:
+        eps = data.draw(st.sampled_from([None, 1e-6, 0.1]))
+        ref_eps = float(np.finfo(np.float32).eps) if eps is None else eps  # float32's: the pack computes in it
+        ref = F.rms_norm(t64(x), ns, _t64_or_none(w), ref_eps)
+        y = backend_target.rms_norm(x, arg, w, eps)
+    check(y, ref.numpy(), f"{op} {shape} {ns} eps={eps}")
 
 
 GROUP_NORM_CASES = [((2, 6, 5, 4), 3), ((2, 6, 5, 4), 1), ((2, 6, 5, 4), 6), ((3, 4), 2), ((1, 8, 7), 4),
@@ -462,7 +460,7 @@ def test_group_norm(backend_target, shape, groups):
     x = rand(rng, *shape, lo=-2, hi=6)
     for affine, eps in ((False, 1e-5), (True, 1e-5), (True, 0.5)):
         w, b = _maybe(rng, affine, shape[1:2]), _maybe(rng, affine, shape[1:2])
-        ref = F.group_norm(t64(x), groups, None if w is None else t64(w), None if b is None else t64(b), eps)
+        ref = F.group_norm(t64(x), groups, _t64_or_none(w), _t64_or_none(b), eps)
         check(backend_target.group_norm(x, groups, w, b, eps), ref.numpy(), f"group_norm {shape} G={groups}")
 
 
