@@ -3,8 +3,9 @@
 ``Backend`` holds everything that is the same for every device: converting inputs (NumPy arrays,
 torch tensors, the backend's own device arrays) to float32, validating arguments with PyTorch's
 rules *before* any kernel runs, computing output shapes, and the composite ops (linear, softmax,
-losses, PSNR, SSIM) built from the backend's primitives. A backend module subclasses it and
-implements the primitives (the ``_`` methods listed under "primitives" below) for its device.
+losses, PSNR, SSIM; the layer ops of layers.py) built from the backend's primitives. A backend
+module subclasses it and implements the primitives (the ``_`` methods listed under "primitives"
+below) for its device.
 
 Semantics follow PyTorch exactly (argument names, defaults, broadcasting, output shapes).
 Compute is float32: float16, bfloat16, float64, integer and bool inputs are converted to float32
@@ -24,6 +25,7 @@ import sys
 import numpy as np
 
 from .errors import AnyDeviceError
+from .layers import LayerOps
 from .transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
 # argument checks and shape plans live in plans.py; the names other modules import from here stay here
 from .plans import (  # noqa: F401
@@ -37,7 +39,7 @@ _FLOAT32 = np.dtype(np.float32)
 #: op codes of the unary kernels, shared by kernels/elementwise.cl (OpenCL) and kernels/misc_cuda.cu
 UNARY_KERNEL_CODES = {"abs": 0, "neg": 1, "exp": 2, "log": 3, "sqrt": 4, "relu": 5, "sigmoid": 6,
                       "tanh": 7, "gelu": 8, "gelu_tanh": 9, "silu": 10, "elu": 11, "leaky_relu": 12,
-                      "softplus": 13, "clamp": 14}
+                      "softplus": 13, "clamp": 14, "rsqrt": 15, "erf": 16, "sin": 17, "cos": 18}
 
 
 def unary_kernel_args(op: str, p: dict) -> tuple[int, float, float, int, int]:
@@ -69,7 +71,7 @@ def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-class Backend(TransferCounts):
+class Backend(LayerOps, TransferCounts):
     """Base class: validation, conversion and composite ops. Subclasses implement primitives."""
 
     name = "base"
@@ -326,6 +328,10 @@ class Backend(TransferCounts):
     def sigmoid(self, input): return self.unary("sigmoid", input)
     def tanh(self, input): return self.unary("tanh", input)
     def silu(self, input): return self.unary("silu", input)
+    def rsqrt(self, input): return self.unary("rsqrt", input)
+    def erf(self, input): return self.unary("erf", input)
+    def sin(self, input): return self.unary("sin", input)
+    def cos(self, input): return self.unary("cos", input)
 
     def gelu(self, input, approximate="none"):
         return self.unary("gelu", input, approximate=approximate)

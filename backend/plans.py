@@ -18,7 +18,7 @@ from .errors import AnyDeviceError
 
 UNARY_OPS = (
     "abs", "neg", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "gelu", "silu", "elu",
-    "leaky_relu", "softplus", "clamp",
+    "leaky_relu", "softplus", "clamp", "rsqrt", "erf", "sin", "cos",
 )
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "minimum", "maximum")
 REDUCE_OPS = ("sum", "mean", "max", "min")
@@ -281,12 +281,12 @@ def pad_plan(op: str, shape, pad, mode) -> tuple[tuple[int, int, int, int], str]
     return (t, bo, l, r), mode
 
 
-def check_groups(op: str, groups, channels: int, what: str = "the input's {} channels") -> None:
+def check_groups(op: str, groups, channels: int, what: str = "the input's {} channels", arg: str = "groups") -> None:
     """groups must be a positive int dividing ``channels``."""
     if not _is_int(groups) or groups < 1:
-        raise AnyDeviceError(op, "groups", groups, "must be a positive int")
+        raise AnyDeviceError(op, arg, groups, "must be a positive int")
     if channels % groups:
-        raise AnyDeviceError(op, "groups", groups, "must divide " + what.format(channels))
+        raise AnyDeviceError(op, arg, groups, "must divide " + what.format(channels))
 
 
 def _conv_common(op, sx, sw, stride, dilation, groups, weight_layout):
@@ -424,6 +424,53 @@ def _check_unary_params(op, params):
         for k in out:
             out[k] = _number(op, k, out[k])
     return out
+
+
+def correction_arg(op: str, correction) -> float:
+    """var/std's correction: any number (the divisor is max(0, count - correction), as torch)."""
+    return _number(op, "correction", correction)
+
+
+def norm_eps(op: str, eps, default: float | None = None) -> float:
+    """A normalisation's eps: a finite number >= 0 (None: ``default``, where the op has one)."""
+    if eps is None and default is not None:
+        return default
+    value = _number(op, "eps", eps)
+    if not 0 <= value < math.inf:
+        raise AnyDeviceError(op, "eps", eps, "must be a finite number >= 0")
+    return value
+
+
+def _affine_shape(op, arg, shape, want) -> None:
+    if shape is not None and tuple(shape) != tuple(want):
+        raise AnyDeviceError(op, arg, tuple(shape), f"must have shape {tuple(want)}")
+
+
+def normalized_dims(op: str, shape, normalized_shape, sw=None, sb=None) -> tuple[int, ...]:
+    """layer_norm/rms_norm: the trailing dims of ``shape`` that ``normalized_shape`` names (which
+    must match them), after checking weight and bias have that shape."""
+    ns = [normalized_shape] if _is_int(normalized_shape) else normalized_shape
+    if not isinstance(ns, (tuple, list)) or not ns or not all(_is_int(v) and v >= 0 for v in ns):
+        raise AnyDeviceError(op, "normalized_shape", normalized_shape,
+                             "must be an int or a non-empty sequence of ints >= 0")
+    ns, shape = tuple(int(v) for v in ns), tuple(shape)
+    if len(ns) > len(shape) or shape[len(shape) - len(ns):] != ns:
+        raise AnyDeviceError(op, "normalized_shape", normalized_shape,
+                             "must equal the last dims of {input}", refs={"input": shape})
+    _affine_shape(op, "weight", sw, ns)
+    _affine_shape(op, "bias", sb, ns)
+    return tuple(range(len(shape) - len(ns), len(shape)))
+
+
+def group_norm_shape(op: str, shape, num_groups, sw=None, sb=None) -> tuple[int, int, int]:
+    """group_norm on input (N, C, *): (N, num_groups, elements per group); weight and bias (C,)."""
+    shape = tuple(shape)
+    if len(shape) < 2:
+        raise AnyDeviceError(op, "input", shape, "must have at least 2 dims (N, C, *)")
+    check_groups(op, num_groups, shape[1], arg="num_groups")
+    _affine_shape(op, "weight", sw, (shape[1],))
+    _affine_shape(op, "bias", sb, (shape[1],))
+    return shape[0], int(num_groups), math.prod(shape[1:]) // int(num_groups)
 
 
 def check_reduction(op: str, reduction) -> None:

@@ -199,7 +199,8 @@ class TorchBackend(Backend):
             return F.softplus(x, p["beta"], p["threshold"])
         fn = {"abs": torch.abs, "neg": torch.neg, "exp": torch.exp, "log": torch.log,
               "sqrt": torch.sqrt, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
-              "silu": F.silu}[op]
+              "silu": F.silu, "rsqrt": torch.rsqrt, "erf": torch.erf, "sin": torch.sin,
+              "cos": torch.cos}[op]
         return fn(x)
 
     def _binary(self, op, a, b):

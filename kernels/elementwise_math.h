@@ -17,6 +17,19 @@
 #ifndef ANYDEVICE_ELEMENTWISE_MATH_H
 #define ANYDEVICE_ELEMENTWISE_MATH_H
 
+/* float math the preludes do not name (OpenCL's overloads, CUDA/HIP's float spellings) */
+#ifdef ANYDEVICE_OPENCL
+#define AD_RSQRT(x) rsqrt(x)
+#define AD_ERF(x) erf(x)
+#define AD_SIN(x) sin(x)
+#define AD_COS(x) cos(x)
+#else
+#define AD_RSQRT(x) rsqrtf(x)
+#define AD_ERF(x) erff(x)
+#define AD_SIN(x) sinf(x)
+#define AD_COS(x) cosf(x)
+#endif
+
 /* ---- unary ops: codes as UNARY_KERNEL_CODES in backend/contract.py ------------------------- */
 #define OP_ABS 0
 #define OP_NEG 1
@@ -33,9 +46,14 @@
 #define OP_LEAKY_RELU 12
 #define OP_SOFTPLUS 13
 #define OP_CLAMP 14
+#define OP_RSQRT 15
+#define OP_ERF 16
+#define OP_SIN 17
+#define OP_COS 18
 /* X(op) for every op code: a kernel can specialise its loop per op (elementwise.cl) */
 #define AD_UNARY_OPS(X) X(OP_ABS) X(OP_NEG) X(OP_EXP) X(OP_LOG) X(OP_SQRT) X(OP_RELU) X(OP_SIGMOID) \
-    X(OP_TANH) X(OP_GELU) X(OP_GELU_TANH) X(OP_SILU) X(OP_ELU) X(OP_LEAKY_RELU) X(OP_SOFTPLUS) X(OP_CLAMP)
+    X(OP_TANH) X(OP_GELU) X(OP_GELU_TANH) X(OP_SILU) X(OP_ELU) X(OP_LEAKY_RELU) X(OP_SOFTPLUS) X(OP_CLAMP) \
+    X(OP_RSQRT) X(OP_ERF) X(OP_SIN) X(OP_COS)
 /* clamp's flags: which bounds are given */
 #define CLAMP_HAS_MIN 1
 #define CLAMP_HAS_MAX 2
@@ -88,6 +106,10 @@ DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const f
         if ((flags & CLAMP_HAS_MAX) && (v > p1 || AD_ISNAN(p1))) v = p1;
         return v;
     }
+    case OP_RSQRT: return AD_RSQRT(x);                    /* rsqrt(+-0) = +-Inf, rsqrt(x < 0) = NaN */
+    case OP_ERF: return AD_ERF(x);
+    case OP_SIN: return AD_SIN(x);
+    case OP_COS: return AD_COS(x);
     default: return x;
     }
 }

@@ -491,6 +491,10 @@ UNARY_CASES = [  # (op code name, params for the kernel (p0, p1, flags), torch r
     ("clamp", (-0.5, 0, 1), lambda t: torch.clamp(t, min=-0.5)),
     ("clamp", (0, 0.75, 2), lambda t: torch.clamp(t, max=0.75)),
     ("clamp", (1.0, -1.0, 3), lambda t: torch.clamp(t, 1.0, -1.0)),   # min > max gives max
+    ("rsqrt", (0, 0, 0), torch.rsqrt),
+    ("erf", (0, 0, 0), torch.erf),
+    ("sin", (0, 0, 0), torch.sin),
+    ("cos", (0, 0, 0), torch.cos),
 ]
 #: the unary kernel of each API: misc_cuda.cu's (CUDA backend) and elementwise.cl's (OpenCL backend)
 UNARY_KERNELS = ["ad_unary", "unary"]
@@ -632,11 +636,12 @@ def test_unary_clamp_nan_and_order(run, kernel, lo, hi):
 
 @pytest.mark.parametrize("kernel", UNARY_KERNELS)
 def test_unary_signed_zero(run, kernel):
-    """relu(-0) = leaky_relu(-0) = elu(-0) = -0 and abs(-0) = +0, as torch (float32 and float64
-    agree on these)."""
+    """relu(-0) = leaky_relu(-0) = elu(-0) = erf(-0) = sin(-0) = -0, rsqrt(-0) = -Inf and
+    abs(-0) = +0, as torch (float32 and float64 agree on these)."""
     x = np.array([-0.0, 0.0], np.float32)
     for op, p0, fn in (("relu", 0.0, torch.relu), ("leaky_relu", 0.01, F.leaky_relu), ("elu", 1.0, F.elu),
-                       ("abs", 0.0, torch.abs), ("neg", 0.0, torch.neg), ("gelu", 0.0, F.gelu)):
+                       ("abs", 0.0, torch.abs), ("neg", 0.0, torch.neg), ("gelu", 0.0, F.gelu),
+                       ("rsqrt", 0.0, torch.rsqrt), ("erf", 0.0, torch.erf), ("sin", 0.0, torch.sin)):
         y = run_unary(run, kernel, x, op, p0)
         ref = fn(torch.from_numpy(x)).numpy()
         assert (y == ref).all() and (np.signbit(y) == np.signbit(ref)).all(), (op, y, ref)

@@ -7,6 +7,8 @@ conv cases). NaN and Inf positions must match the reference exactly.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -259,7 +261,8 @@ UNARY_CASES = [
     ("elu", {}, (-10, 10)), ("elu", {"alpha": 0.5}, (-10, 10)), ("leaky_relu", {}, None),
     ("leaky_relu", {"negative_slope": 0.2}, None), ("softplus", {}, (-30, 30)),
     ("softplus", {"beta": 2.0, "threshold": 5.0}, (-10, 10)), ("clamp", {"min": -0.5, "max": 0.3}, None),
-    ("clamp", {"min": 0.1}, None), ("clamp", {"max": -0.1}, None),
+    ("clamp", {"min": 0.1}, None), ("clamp", {"max": -0.1}, None), ("rsqrt", {}, (1e-3, 50)),
+    ("erf", {}, (-4, 4)), ("erf", {}, (-0.05, 0.05)), ("sin", {}, (-100, 100)), ("cos", {}, (-100, 100)),
 ]
 
 
@@ -272,7 +275,7 @@ def torch_unary(op, x, p):
 
 
 @pytest.mark.parametrize("op,params,rng_", UNARY_CASES,
-                         ids=[f"{o}-{'-'.join(f'{k}{v}' for k, v in p.items())}" for o, p, _ in UNARY_CASES])
+                         ids=[f"{o}-{'-'.join(f'{k}{v}' for k, v in p.items())}-{r}" for o, p, r in UNARY_CASES])
 def test_unary(backend_target, op, params, rng_):
     lo, hi = rng_ or (-5, 5)
     rng = np.random.default_rng(7)
@@ -373,6 +376,129 @@ def test_pad(backend_target, mode):
     for pad in [(1, 2, 3, 0), (0, 0, 2, 2), (2, 1, 1, 2)] + ([(3, 3)] if mode == "constant" else []):
         ref = F.pad(t64(x), pad, mode=mode).numpy()
         check(backend_target.pad(x, pad, mode), ref, f"pad {mode} {pad}")
+
+
+# ---------------------------------------------------------------------------------------------
+# layer ops (backend/layers.py): var, std, log_softmax, layer_norm, group_norm, rms_norm
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["var", "std"])
+@HYP
+@given(shape=st.lists(st.integers(1, 9), min_size=0, max_size=4), data=st.data())
+def test_var_std_random(backend_target, op, shape, data):
+    nd = len(shape)
+    dim = data.draw(st.one_of(st.none(), st.integers(-nd, nd - 1) if nd else st.none(),
+                              st.lists(st.integers(0, max(nd - 1, 0)), min_size=1, max_size=nd, unique=True)
+                              if nd else st.none()))
+    keepdim = data.draw(st.booleans())
+    correction = data.draw(st.sampled_from([1, 0, 2, 0.5, 5]))  # >= count: Inf / NaN as torch
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    x = rand(rng, *shape, lo=-2.0, hi=3.0)
+    with warnings.catch_warnings():  # torch warns where correction >= count (Inf / NaN)
+        warnings.simplefilter("ignore", UserWarning)
+        ref = getattr(torch, op)(t64(x), dim=dim, correction=correction, keepdim=keepdim)
+    y = getattr(backend_target, op)(x, dim, correction=correction, keepdim=keepdim)
+    check(y, ref.numpy(), f"{op} {shape} dim={dim} correction={correction} keepdim={keepdim}")
+
+
+def test_var_offset_data(backend_target):
+    """Two passes: a variance of 1e-2 under a mean of 100 keeps its digits."""
+    rng = np.random.default_rng(12)
+    x = (100.0 + rand(rng, 3, 4000, lo=-0.2, hi=0.2)).astype(np.float32)
+    for dim in (None, 1, 0):
+        check(backend_target.var(x, dim), torch.var(t64(x), dim).numpy(), f"var offset dim={dim}")
+        check(backend_target.std(x, dim, correction=0), torch.std(t64(x), dim, correction=0).numpy(), "std")
+
+
+@HYP
+@given(shape=st.lists(st.integers(1, 9), min_size=0, max_size=4), data=st.data())
+def test_log_softmax_random(backend_target, shape, data):
+    dim = data.draw(st.integers(-max(len(shape), 1), max(len(shape), 1) - 1))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    x = rand(rng, *shape, lo=-30, hi=30)
+    check(backend_target.log_softmax(x, dim), F.log_softmax(t64(x), dim).numpy(), f"log_softmax {shape} dim {dim}")
+
+
+def _maybe(rng, use, shape, lo=-2.0, hi=2.0):
+    return rand(rng, *shape, lo=lo, hi=hi) if use else None
+
+
+def _t64_or_none(a):
+    return None if a is None else t64(a)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@HYP
+@given(shape=st.lists(st.integers(1, 8), min_size=1, max_size=4), data=st.data())
+def test_layer_rms_norm_random(backend_target, op, shape, data):
+    k = data.draw(st.integers(1, len(shape)))
+    ns = tuple(shape[len(shape) - k:])
+    arg = ns if data.draw(st.booleans()) or k > 1 else ns[0]  # normalized_shape as a tuple or an int
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    x = rand(rng, *shape, lo=-3, hi=5)
+    w, b = _maybe(rng, data.draw(st.booleans()), ns), _maybe(rng, data.draw(st.booleans()), ns)
+    if op == "layer_norm":
+        eps = data.draw(st.sampled_from([1e-5, 1e-3, 0.0]))
+        if eps == 0.0:
+            assume(np.prod(ns) > 1)  # one element per group: 0 / sqrt(0) is NaN, correctly, but not useful
+        ref = F.layer_norm(t64(x), ns, _t64_or_none(w), _t64_or_none(b), eps)
+        y = backend_target.layer_norm(x, arg, w, b, eps)
+    else:
+        eps = data.draw(st.sampled_from([None, 1e-6, 0.1]))
+        ref_eps = float(np.finfo(np.float32).eps) if eps is None else eps  # float32's: the pack computes in it
+        ref = F.rms_norm(t64(x), ns, _t64_or_none(w), ref_eps)
+        y = backend_target.rms_norm(x, arg, w, eps)
+    check(y, ref.numpy(), f"{op} {shape} {ns} eps={eps}")
+
+
+GROUP_NORM_CASES = [((2, 6, 5, 4), 3), ((2, 6, 5, 4), 1), ((2, 6, 5, 4), 6), ((3, 4), 2), ((1, 8, 7), 4),
+                    ((2, 32, 9, 9), 8), ((0, 4, 3), 2), ((2, 4, 3, 2, 2), 2)]
+
+
+@pytest.mark.parametrize("shape,groups", GROUP_NORM_CASES, ids=[f"{s}g{g}" for s, g in GROUP_NORM_CASES])
+def test_group_norm(backend_target, shape, groups):
+    rng = np.random.default_rng(13)
+    x = rand(rng, *shape, lo=-2, hi=6)
+    for affine, eps in ((False, 1e-5), (True, 1e-5), (True, 0.5)):
+        w, b = _maybe(rng, affine, shape[1:2]), _maybe(rng, affine, shape[1:2])
+        ref = F.group_norm(t64(x), groups, _t64_or_none(w), _t64_or_none(b), eps)
+        check(backend_target.group_norm(x, groups, w, b, eps), ref.numpy(), f"group_norm {shape} G={groups}")
+
+
+def test_layer_ops_nan_inf_like_torch(backend_target):
+    """A NaN or an Inf spreads over its row (its group) as in torch; -Inf in log_softmax is -Inf."""
+    be = backend_target
+    x = np.array([[np.nan, 1.0, 2.0, 3.0], [-np.inf, 1.0, 2.0, 0.5], [np.inf, 1.0, -1.0, 2.0],
+                  [0.5, -1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0], [-np.inf] * 4], np.float32)
+    t32 = torch.from_numpy(x)
+    t64_ = t32.double()
+    eps32 = float(np.finfo(np.float32).eps)
+    for name, ours, ref in [
+        ("log_softmax", lambda a: be.log_softmax(a, 1), lambda t: F.log_softmax(t, 1)),
+        ("var", lambda a: be.var(a, 1), lambda t: torch.var(t, 1)),
+        ("std", lambda a: be.std(a, 1, correction=0, keepdim=True), lambda t: torch.std(t, 1, correction=0, keepdim=True)),
+        ("var over 1", lambda a: be.var(a[:, :1], 1), lambda t: torch.var(t[:, :1], 1)),
+        ("layer_norm", lambda a: be.layer_norm(a, 4), lambda t: F.layer_norm(t, (4,))),
+        ("rms_norm", lambda a: be.rms_norm(a, (4,)), lambda t: F.rms_norm(t, (4,), eps=eps32)),
+        ("group_norm", lambda a: be.group_norm(a.reshape(3, 4, 2), 2),
+         lambda t: F.group_norm(t.reshape(3, 4, 2), 2)),
+    ]:
+        with warnings.catch_warnings():  # var over 1 element: torch warns, gives NaN
+            warnings.simplefilter("ignore", UserWarning)
+            r32, r64 = ref(t32), ref(t64_)
+        _same_specials(ours(x), r32, r64)
+        check(ours(x), r64.numpy(), name)
+
+
+def test_layer_ops_edge_shapes(backend_target):
+    """0-d and empty inputs as torch: var of one element is NaN, log_softmax of a 0-d tensor 0."""
+    be = backend_target
+    z = np.float32(2.0) * np.ones((), np.float32)
+    assert float(np.asarray(be.to_numpy(be.log_softmax(z, 0)))) == 0.0
+    assert np.isnan(float(np.asarray(be.to_numpy(be.var(z)))))
+    assert be.log_softmax(np.zeros((3, 0, 4), np.float32), 1).shape == (3, 0, 4)
+    assert np.isnan(be.to_numpy(be.var(np.zeros((2, 0), np.float32), 1))).all()
+    assert be.var(np.ones((2, 3), np.float32), None, keepdim=True).shape == (1, 1)
+    assert be.layer_norm(np.ones((0, 5), np.float32), 5).shape == (0, 5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,7 +632,8 @@ def test_nan_inf_propagate_like_torch(backend_target):
     be = backend_target
     for op, params in [("relu", {}), ("abs", {}), ("exp", {}), ("sigmoid", {}), ("tanh", {}), ("gelu", {}),
                        ("silu", {}), ("elu", {}), ("leaky_relu", {}), ("softplus", {}),
-                       ("clamp", {"min": -0.5, "max": 0.5}), ("neg", {}), ("log", {}), ("sqrt", {})]:
+                       ("clamp", {"min": -0.5, "max": 0.5}), ("neg", {}), ("log", {}), ("sqrt", {}),
+                       ("rsqrt", {}), ("erf", {}), ("sin", {}), ("cos", {})]:
         _same_specials(be.unary(op, x, **params), torch_unary(op, t32, params), torch_unary(op, t64_, params))
     other = np.array([[1.0, np.nan, 0.5, -2.0, np.inf, 1.0]], dtype=np.float32)
     for op in ["minimum", "maximum", "add", "mul", "div", "pow", "sub"]:
@@ -567,7 +694,8 @@ def test_no_op_writes_into_inputs(backend_target, as_torch):
     lw = mk(rand(rng, 4, 5))
     p = mk(rand(rng, 2, 4, 9, 8, lo=0.01, hi=0.99))
     q = mk(rand(rng, 2, 4, 9, 8, lo=0, hi=1))
-    inputs = [x, w, b, wt, m1, m2, v, p, q, lw]
+    nw, nb = mk(rand(rng, 9, 8)), mk(rand(rng, 9, 8))
+    inputs = [x, w, b, wt, m1, m2, v, p, q, lw, nw, nb]
     before = _snapshot(*inputs)
     be = backend_target
     outs = [
@@ -576,7 +704,10 @@ def test_no_op_writes_into_inputs(backend_target, as_torch):
         be.relu(x), be.clamp(x, -0.1, 0.1), be.clamp(x, min=-10.0), be.softmax(x, 1), be.add(x, 1.0), be.mul(x, x),
         be.maximum(x, 0.0), be.sum(x, (1, 2)), be.max(x, -1), be.mse_loss(x, p), be.l1_loss(x, q),
         be.smooth_l1_loss(x, q), be.huber_loss(x, p), be.binary_cross_entropy(p, q), be.psnr(p, q), be.ssim(p, q, window_size=5),
-        be.pad(x, (1, 1, 1, 1), "replicate"), be.abs(x), be.sum(x, ()),
+        be.pad(x, (1, 1, 1, 1), "replicate"), be.abs(x), be.sum(x, ()), be.rsqrt(p), be.erf(x), be.sin(x),
+        be.cos(x), be.var(x, 1), be.std(x, (2, 3), correction=0), be.var(x, ()), be.log_softmax(x, 1),
+        be.layer_norm(x, (9, 8), nw, nb), be.layer_norm(x, 8), be.group_norm(x, 2, v, v), be.group_norm(x, 4),
+        be.rms_norm(x, (9, 8), nw), be.rms_norm(x, 8),
     ]
     _assert_unchanged(before, inputs)
     # results must not alias inputs either (a caller may write into a result)

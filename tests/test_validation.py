@@ -61,6 +61,30 @@ CASES = [
     (lambda be: be.conv_transpose2d(np.zeros((2, 0, 4, 5), np.float32), np.zeros((0, 3, 3, 3), np.float32)),
      "conv_transpose2d", "weight", "empty"),
     (lambda be: be.linear(np.ones((3, 4), np.float32), np.ones(4, np.float32), np.ones(5, np.float32)), "linear", "bias", "broadcast"),
+    (lambda be: be.unary("rsqrt", X, eps=1.0), "rsqrt", "eps", "unknown parameter"),
+    (lambda be: be.var(X, 4), "var", "dim", "out of range"),
+    (lambda be: be.std(X, (1, 1)), "std", "dim", "twice"),
+    (lambda be: be.var(X, correction="one"), "var", "correction", "number"),
+    (lambda be: be.log_softmax(X, 4), "log_softmax", "dim", "out of range"),
+    (lambda be: be.log_softmax(X, None), "log_softmax", "dim", "must be an int"),
+    (lambda be: be.layer_norm(X, (7,)), "layer_norm", "normalized_shape", "last dims"),
+    (lambda be: be.layer_norm(X, (4, 8, 8, 8, 1)), "layer_norm", "normalized_shape", "last dims"),
+    (lambda be: be.layer_norm(X, ()), "layer_norm", "normalized_shape", "non-empty"),
+    (lambda be: be.layer_norm(X, 8.0), "layer_norm", "normalized_shape", "ints"),
+    (lambda be: be.layer_norm(X, (8, 8), weight=np.ones(8, np.float32)), "layer_norm", "weight", "shape (8, 8)"),
+    (lambda be: be.layer_norm(X, 8, bias=np.ones((8, 1), np.float32)), "layer_norm", "bias", "shape (8,)"),
+    (lambda be: be.layer_norm(X, 8, eps=-1e-5), "layer_norm", "eps", ">= 0"),
+    (lambda be: be.layer_norm(X, 8, eps="small"), "layer_norm", "eps", "number"),
+    (lambda be: be.group_norm(X, 3), "group_norm", "num_groups", "divide"),
+    (lambda be: be.group_norm(X, 0), "group_norm", "num_groups", "positive"),
+    (lambda be: be.group_norm(X, 2.0), "group_norm", "num_groups", "positive int"),
+    (lambda be: be.group_norm(X[0, 0, 0], 1), "group_norm", "input", "at least 2 dims"),
+    (lambda be: be.group_norm(X, 2, np.ones(3, np.float32)), "group_norm", "weight", "shape (4,)"),
+    (lambda be: be.group_norm(X, 2, None, np.ones((4, 1), np.float32)), "group_norm", "bias", "shape (4,)"),
+    (lambda be: be.group_norm(X, 2, eps=float("inf")), "group_norm", "eps", "finite"),
+    (lambda be: be.rms_norm(X, (8, 7)), "rms_norm", "normalized_shape", "last dims"),
+    (lambda be: be.rms_norm(X, 8, np.ones(7, np.float32)), "rms_norm", "weight", "shape (8,)"),
+    (lambda be: be.rms_norm(X, 8, eps=float("nan")), "rms_norm", "eps", "finite"),
 ]
 
 
@@ -79,6 +103,11 @@ def test_huge_result_refused_not_oom(backend_target, monkeypatch):
     monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "1")
     with pytest.raises(AnyDeviceError, match="output.*over the limit"):
         backend_target.matmul(np.zeros((1024, 1), np.float32), np.zeros((1, 1024), np.float32))
+    big = np.zeros((512, 1024), np.float32)  # 2 MiB: the normalisations check their output too
+    for call in (lambda be: be.layer_norm(big, 1024), lambda be: be.group_norm(big, 4),
+                 lambda be: be.rms_norm(big, 1024)):
+        with pytest.raises(AnyDeviceError, match="output.*over the limit"):
+            call(backend_target)
 
 
 def test_conv_workspace_is_chunked(monkeypatch):
