@@ -17,19 +17,6 @@
 #ifndef ANYDEVICE_ELEMENTWISE_MATH_H
 #define ANYDEVICE_ELEMENTWISE_MATH_H
 
-/* float math the preludes do not name (OpenCL's overloads, CUDA/HIP's float spellings) */
-#ifdef ANYDEVICE_OPENCL
-#define AD_RSQRT(x) rsqrt(x)
-#define AD_ERF(x) erf(x)
-#define AD_SIN(x) sin(x)
-#define AD_COS(x) cos(x)
-#else
-#define AD_RSQRT(x) rsqrtf(x)
-#define AD_ERF(x) erff(x)
-#define AD_SIN(x) sinf(x)
-#define AD_COS(x) cosf(x)
-#endif
-
 /* ---- unary ops: codes as UNARY_KERNEL_CODES in backend/contract.py ------------------------- */
 #define OP_ABS 0
 #define OP_NEG 1
