@@ -319,19 +319,7 @@ class Backend(LayerOps, TransferCounts):
         kind, like, x = self._inputs(op, input=input)
         return self._out(self._unary(op, x, **params), kind, like)
 
-    def abs(self, input): return self.unary("abs", input)
-    def neg(self, input): return self.unary("neg", input)
-    def exp(self, input): return self.unary("exp", input)
-    def log(self, input): return self.unary("log", input)
-    def sqrt(self, input): return self.unary("sqrt", input)
-    def relu(self, input): return self.unary("relu", input)
-    def sigmoid(self, input): return self.unary("sigmoid", input)
-    def tanh(self, input): return self.unary("tanh", input)
-    def silu(self, input): return self.unary("silu", input)
-    def rsqrt(self, input): return self.unary("rsqrt", input)
-    def erf(self, input): return self.unary("erf", input)
-    def sin(self, input): return self.unary("sin", input)
-    def cos(self, input): return self.unary("cos", input)
+    # abs, neg, exp, log, sqrt, relu, sigmoid, tanh, silu, rsqrt, erf, sin, cos: see _PLAIN_UNARY below
 
     def gelu(self, input, approximate="none"):
         return self.unary("gelu", input, approximate=approximate)
@@ -578,3 +566,19 @@ def _as_float32(a: np.ndarray, op: str, arg: str) -> np.ndarray:
     if a.dtype.kind in "fiub":
         return a.astype(np.float32)
     raise AnyDeviceError(op, arg, a, f"dtype {a.dtype} is not supported (use a real number type)")
+
+
+#: unary ops without parameters, each a Backend method named as torch's (``be.relu(x)``)
+_PLAIN_UNARY = ("abs", "neg", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "silu", "rsqrt", "erf", "sin", "cos")
+
+
+def _unary_method(op: str):
+    def method(self, input):
+        return self.unary(op, input)
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = f"torch.{op}, elementwise (``unary('{op}', input)``)."
+    return method
+
+
+for _op in _PLAIN_UNARY:
+    setattr(Backend, _op, _unary_method(_op))
