@@ -151,8 +151,7 @@ def main(argv=None):
             x = cp.from_dlpack(tx)
             w = cp.from_dlpack(tw)
             from anydevice.backend.plans import conv2d_geometry
-            geo = {**conv2d_geometry((32, 512, 7, 7), (512, 512, k, k), (s, s), (p, p, p, p), (1, 1), 1)._asdict(),
-                   "ph": p, "pw": p}
+            geo = conv2d_geometry((32, 512, 7, 7), (512, 512, k, k), (s, s), (p, p, p, p), (1, 1), 1)
             for family, cfg, ks in variants(be, cb, families):
                 tag = f"{family} {_tag(cfg)} ks{ks}"
                 y = be._empty((32, 512, OH, OH))

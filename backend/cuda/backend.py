@@ -253,10 +253,9 @@ class CudaBackend(CudaLinalg, Backend):
                 _, xs, ws, s, p = spec
                 x = cp.random.standard_normal(xs, dtype=cp.float32)
                 w = cp.random.standard_normal(ws, dtype=cp.float32)
-                geom = conv2d_geometry(xs, ws, (s, s), (p, p, p, p), (1, 1), 1)
-                OH, OW = geom.OH, geom.OW
+                g = conv2d_geometry(xs, ws, (s, s), (p, p, p, p), (1, 1), 1)
+                OH, OW = g.OH, g.OW
                 y = self._empty((xs[0], ws[0], OH, OW))
-                g = {**geom._asdict(), "ph": p, "pw": p}
                 family = self._family("conv2d")
                 run = lambda cfg: self._own_conv(x, w, None, y, g, 0, family, cfg=cfg)  # noqa: E731
                 key = f"{family}:conv2d:{_size_class(ws[0], xs[0] * OH * OW, 1)}"

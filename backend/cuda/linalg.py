@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..plans import conv2d_geometry, conv_transpose2d_geometry
 from ..runtime import pack_args
-from ..runtime.conv_gemm import kchunk_for, plan as plan_tiles
+from ..runtime.conv_gemm import conv_args, kchunk_for, plan as plan_tiles
 from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, OWN_GEMM, TILES, _cdiv, _mode_macros, _size_class, _strided,
                     _vec_ok, vec_fits)
 
@@ -50,7 +50,7 @@ class CudaLinalg:
         into a workspace, and ad_splitk_reduce writes ``out``)."""
         cp = self.cp
         fn = self._function(OWN_GEMM[0], OWN_GEMM[1], macros)
-        block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+        block = (cfg.TILE_N // cfg.WPT_N, cfg.TILE_M // cfg.WPT_M, 1)
         ksplit, kchunk = kchunk_for(K, ksplit, cfg)
         per = max(1, GRID_YZ_MAX // ksplit)
         for z0 in range(0, Z, per):
@@ -59,7 +59,7 @@ class CudaLinalg:
             b, sbk, sbn, b_bs = args_b(z0)
             c, ldc, c_bs, bs = c_args(z0)
             ws = c if ksplit == 1 else cp.empty((z1 - z0) * ksplit * M * N, dtype=cp.float32)
-            grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), (z1 - z0) * ksplit)
+            grid = (_cdiv(N, cfg.TILE_N), _cdiv(M, cfg.TILE_M), (z1 - z0) * ksplit)
             # the scalar arguments as NumPy scalars, built once per geometry (per-call host cost)
             key = (M, N, K, sam, sak, a_bs, sbk, sbn, b_bs, ldc, c_bs, bias is not None, conv, ksplit, kchunk)
             tpl = self._arg_cache.get(key)
@@ -134,46 +134,44 @@ class CudaLinalg:
         y = self._empty((g.N, g.Cout, g.OH, g.OW))
         if y.size == 0:
             return y
-        geo = {**g._asdict(), "ph": g.pt, "pw": g.pl}
         # a transposed conv with an Inf/NaN weight and stride > 1: the direct kernel, which keeps it
         # off the outputs its taps skip (torch scatters products; the GEMM multiplies it by zeros)
         nonfinite = transposed and (g.sh > 1 or g.sw > 1) and not bool(self.cp.isfinite(w).all())
         if g.CoutG <= DIRECT_MAX_COUT_G or nonfinite:
-            return self._direct(x, w, bias, y, geo, transposed=transposed)
+            return self._direct(x, w, bias, y, g, transposed=transposed)
         family = self._family("conv_transpose2d" if transposed else "conv2d")
         if transposed:  # own kernel: weights re-laid out as (G, CoutG, CinG*KH*KW)
             G, C, CoutG, KH, KW = g.G, g.C, g.CoutG, g.KH, g.KW
             w = self.cp.ascontiguousarray(
                 w.reshape(G, C // G, CoutG, KH * KW).transpose(0, 2, 1, 3)).reshape(g.Cout, C // G, KH, KW)
-        return self._own_conv(x, w, bias, y, geo, transposed=transposed, family=family)
+        return self._own_conv(x, w, bias, y, g, transposed=transposed, family=family)
 
     def _direct(self, x, w, bias, y, g, transposed):
         fn = self._misc("ad_direct_conv")
         args = pack_args("ad_direct_conv", (
             x, w, self._null() if bias is None else bias, bias is not None, y,
-            *(g[k] for k in ("N", "C", "H", "W", "Cout", "CinG", "CoutG", "KH", "KW", "OH", "OW",
-                             "sh", "sw", "ph", "pw", "dh", "dw")), transposed))
+            *(getattr(g, k) for k in ("N", "C", "H", "W", "Cout", "CinG", "CoutG", "KH", "KW", "OH", "OW",
+                                      "sh", "sw", "ph", "pw", "dh", "dw")), transposed))
         self._launch_1d(fn, y.size, args)
         return y
 
     def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None):
-        M, Ntot, K = g["CoutG"], g["N"] * g["OH"] * g["OW"], g["CinG"] * g["KH"] * g["KW"]
-        G = g["G"]
+        M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
+        G = g.G
         if cfg is None:
             op = "conv_transpose2d" if transposed else "conv2d"
             cfg, ks = self._plan(self._cands(family, op, M, Ntot, G), M, Ntot, G, K)
             ksplit = ksplit or ks
         vec_a = int(vec_fits(cfg, "A") and K % 4 == 0 and (M * K) % 4 == 0 and w.data.ptr % 16 == 0)
         macros = {**cfg, **_mode_macros(dict(IS_GEMM=0, CONV_TRANSPOSED=int(transposed), VEC_A=vec_a))}
-        HW, P = g["H"] * g["W"], g["OH"] * g["OW"]
+        HW, P = g.H * g.W, g.OH * g.OW
         ks = ksplit or self._ksplit(cfg, M, Ntot, G, K)
-        conv = tuple(g[k] for k in ("C", "H", "W", "CinG", "KH", "KW", "sh", "sw", "ph", "pw",
-                                    "dh", "dw", "OH", "OW", "Cout"))
+        conv = conv_args(g)
         # views starting at group g0 (the kernel indexes from these pointers with full strides)
         return self._own_launch(
             macros, cfg, M, Ntot, K, G,
             lambda g0: (w.reshape(-1)[g0 * M * K:], K, 1, M * K),
-            lambda g0: (x.reshape(-1)[g0 * g["CinG"] * HW:], 0, 0, 0),
+            lambda g0: (x.reshape(-1)[g0 * g.CinG * HW:], 0, 0, 0),
             lambda g0: (y.reshape(-1)[g0 * M * P:], 0, 0, self._null() if bias is None else bias[g0 * M:]),
-            bias, conv, y, (0, P, g["Cout"]), ks)
+            bias, conv, y, (0, P, g.Cout), ks)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..contract import UNARY_KERNEL_CODES
 from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, TILE_EFFICIENCY, _O_L, _O_M, _O_S, _O_X,  # noqa: F401
-                                 _T_L, _T_M, _T_S, _mode_macros, mode_fits, vec_fits)
+                                 _T_L, _T_M, _T_S, _cdiv, _mode_macros, mode_fits, operand_layout, vec_fits)
 from ..kernel_source import kernel_source as _kernel_source
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
@@ -74,8 +74,6 @@ def build_options(macros: dict) -> tuple[str, ...]:
 
 
 
-def _cdiv(a, b):
-    return -(-a // b)
 
 
 def _vec_ok(x, row_stride: int, batch_stride: int, inner: int) -> bool:
@@ -94,15 +92,10 @@ def _strided(cp, x):
     inner dims must have unit stride (it picks the matching load layout); else a copy."""
     st = [s // 4 for s in x.strides]
     ok = all(s >= 0 for s in st) and all(s % 4 == 0 for s in x.strides) and max(st) < 2**31
-    ok = ok and (st[2] == 1 or st[1] == 1 or x.shape[1] == 1 or x.shape[2] == 1)
-    if not ok:
+    usable, st[1], st[2] = operand_layout(x.shape[1], x.shape[2], st[1], st[2])
+    if not (ok and usable):
         x = cp.ascontiguousarray(x)
         st = [s // 4 for s in x.strides]
-    st = list(st)
-    # size-1 dims may carry any stride; give them the canonical one so layout tests are reliable
-    if x.shape[2] == 1:
-        st[2] = 1
-    elif x.shape[1] == 1:
-        st[1] = 1 if st[2] != 1 else x.shape[2]
+        _, st[1], st[2] = operand_layout(x.shape[1], x.shape[2], st[1], st[2])
     return x, st
 

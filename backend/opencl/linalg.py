@@ -9,7 +9,8 @@ import numpy as np
 
 from ..contract import workspace_budget_bytes
 from ..plans import conv2d_geometry, conv_transpose2d_geometry
-from ..runtime.conv_gemm import _O_L, _O_M, _O_S, _mode_macros, kchunk_for, plan as plan_tiles, vec_fits
+from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchunk_for, operand_layout, plan as plan_tiles,
+                                 vec_fits)
 from .memory import CLArray, _contig_strides
 from .params import DIRECT_MAX_K, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
 
@@ -75,14 +76,13 @@ class LinalgOps:
         """(array at offset 0, row, column and batch strides, transposed flag) for ad_conv_gemm, which
         needs one of the two inner strides to be 1 (else the operand is copied contiguous)."""
         nb = batches if s_batch else 1
-        if not (s_col == 1 or s_row == 1 or cols == 1 or rows == 1):
+        usable, s_row2, s_col2 = operand_layout(rows, cols, s_row, s_col)
+        if not usable:
             tmp = self._empty((nb, rows, cols))
             self._copy_strided(X, off, (nb, rows, cols), (s_batch, s_row, s_col), tmp, 0, _contig_strides((nb, rows, cols)))
-            X, off, s_row, s_col, s_batch = tmp, 0, cols, 1, rows * cols if nb > 1 else 0
-        if cols == 1:
-            s_col = 1
-        elif rows == 1 and s_col != 1:
-            s_row = 1
+            X, off, s_batch = tmp, 0, rows * cols if nb > 1 else 0
+            _, s_row2, s_col2 = operand_layout(rows, cols, cols, 1)
+        s_row, s_col = s_row2, s_col2
         span = (nb - 1) * s_batch + (rows - 1) * s_row + (cols - 1) * s_col + 1
         return self._at0(X, off, span), s_row, s_col, s_batch, int(s_col != 1)
 
@@ -123,9 +123,8 @@ class LinalgOps:
         M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
         if transposed:  # weights re-laid out as (G, CoutG, CinG*KH*KW)
             w = self._permute(self._reshape(w, (g.G, g.CinG, g.CoutG, g.KH * g.KW)), (0, 2, 1, 3))
-        conv = (g.C, g.H, g.W, g.CinG, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH, g.OW, g.Cout)
         return self._conv_gemm("conv", dict(IS_GEMM=0, CONV_TRANSPOSED=transposed), K % 4 == 0, False,
-                               M, Ntot, K, g.G, (w, K, 1, M * K), (x, 0, 0, 0), out, (0, 0), bias, conv,
+                               M, Ntot, K, g.G, (w, K, 1, M * K), (x, 0, 0, 0), out, (0, 0), bias, conv_args(g),
                                layout=(0, g.OH * g.OW, g.Cout))
 
     def _copy_of(self, x: CLArray) -> CLArray:

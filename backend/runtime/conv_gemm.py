@@ -56,6 +56,24 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
+def operand_layout(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int, int]:
+    """(usable, row stride, column stride) of a GEMM operand for ad_conv_gemm, which reads one of
+    the two inner dims with unit stride (it picks the matching load layout): usable when one of them
+    has stride 1 or size 1; size-1 dims get the canonical stride, so the layout choice is reliable."""
+    usable = s_col == 1 or s_row == 1 or rows == 1 or cols == 1
+    if cols == 1:
+        s_col = 1
+    elif rows == 1:
+        s_row = 1 if s_col != 1 else cols
+    return usable, s_row, s_col
+
+
+def conv_args(g) -> tuple:
+    """ad_conv_gemm's 15 convolution arguments (C, H, W, Cg, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW,
+    Cout) from a plans.ConvGeometry."""
+    return (g.C, g.H, g.W, g.CinG, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH, g.OW, g.Cout)
+
+
 def kchunk_for(K: int, ksplit: int, cfg: dict) -> tuple[int, int]:
     """(slices, slice length): slices of whole TILE_K steps covering K."""
     kchunk = _cdiv(_cdiv(K, max(1, ksplit)), cfg["TILE_K"]) * cfg["TILE_K"]
