@@ -34,15 +34,6 @@ log = logging.getLogger("anydevice")
 #: what to do where PyTorch is missing (the nodes, `anydevice bench` and the torch backends need it)
 INSTALL_TORCH = ("install PyTorch: pip install torch (a CPU-only build, much smaller: "
                  "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
-#: backend modules that are PyTorch itself: without PyTorch they are skipped with that reason
-TORCH_MODULES = ("torch_backend",)
-
-
-def torch_missing() -> bool:
-    try:
-        return importlib.util.find_spec("torch") is None
-    except (ImportError, ValueError):  # a broken or blocked install
-        return True
 
 
 @dataclass(frozen=True)
@@ -99,9 +90,6 @@ def _import(module: str):
 def _probe_spec(spec: BackendSpec) -> BackendInfo:
     skipped = []
     for module, impl_name in spec.impls:
-        if module in TORCH_MODULES and torch_missing():
-            skipped.append(f"{module}: PyTorch is not installed (pip install torch)")
-            continue
         try:
             mod = _import(module)
         except ModuleNotFoundError as exc:

@@ -36,7 +36,11 @@ def _probe(name: str) -> tuple[bool, str, list[str]]:
     Never raises: a missing torch, a CPU-only build or a missing driver is a reason."""
     try:
         torch = _torch()
-    except Exception as exc:  # ImportError, or a broken install raising anything
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            return False, "PyTorch is not installed (pip install torch)", []
+        return False, f"PyTorch not importable ({type(exc).__name__}: {exc})", []
+    except Exception as exc:  # a broken install raising anything
         return False, f"PyTorch not importable ({type(exc).__name__}: {exc})", []
     try:
         dev = DEVICE_TYPES[name]

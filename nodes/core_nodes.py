@@ -221,11 +221,7 @@ def input_folders(workflow_path=None) -> list[Path]:
         wd = Path(workflow_path).resolve().parent
         folders += [wd, wd / "input", wd.parent / "input"]
     folders += [Path.cwd(), Path.cwd() / "input", EXAMPLE_INPUTS]
-    out = []
-    for d in folders:
-        if d.resolve() not in out:
-            out.append(d.resolve())
-    return out
+    return list(dict.fromkeys(d.resolve() for d in folders))
 
 
 def _find_input(name, search: list[Path]) -> Path:

@@ -153,6 +153,7 @@ class _Step:
     cls: type
     values: dict   # literal inputs, converted
     links: dict    # input name -> (source node id, output index)
+    accepts: frozenset = frozenset()  # the inputs the node's INPUT_TYPES declare
 
 
 def _structure(prompt) -> tuple[dict, list[str]]:
@@ -262,7 +263,7 @@ def _check_node(prompt, nid, ctx: _Ctx) -> tuple[_Step, list[str]]:
             values[name] = v
         else:
             values[name] = v
-    step = _Step(nid, ct, cls, values, links)
+    step = _Step(nid, ct, cls, values, links, frozenset(spec))
     if problems:
         return step, problems
     try:
@@ -286,25 +287,17 @@ def _plan(prompt, ctx: _Ctx) -> list[_Step]:
     prompt, problems = _structure(prompt)
     if problems:
         raise WorkflowError(problems)
-    if not any(_is_output(_node_class(n["class_type"])) for n in prompt.values()):
+    order = _order(prompt)  # as ComfyUI: only what an output node needs is validated and run
+    if not order:
         raise WorkflowError("the workflow has no output node (SaveImage, PreviewImage, Loss, Tensor Info)")
     steps = []
-    for nid in _order(prompt):  # as ComfyUI: only what an output node needs is validated and run
+    for nid in order:
         step, more = _check_node(prompt, nid, ctx)
         steps.append(step)
         problems += more
     if problems:
         raise WorkflowError(problems)
     return steps
-
-
-def validate(prompt: dict, workflow_path=None) -> list[str]:
-    """Everything wrong with the prompt, as one-line messages; [] when it can run."""
-    try:
-        _plan(prompt, _Ctx(Path("output"), None, input_folders(workflow_path)))
-    except WorkflowError as exc:
-        return exc.problems
-    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,25 +342,20 @@ def run_prompt(prompt: dict, output_dir=None, input_image=None, workflow_path=No
         t0 = time.perf_counter()
         try:
             if step.class_type in PACK_NODES:
-                spec, _ = _spec(step.cls)
-                r = getattr(step.cls(), step.cls.FUNCTION)(**{k: v for k, v in kwargs.items() if k in spec})
+                r = getattr(step.cls(), step.cls.FUNCTION)(**{k: v for k, v in kwargs.items() if k in step.accepts})
             else:
                 r = step.cls().run(ctx, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every node error is one line naming the node
             raise NodeFailed(step.nid, step.class_type, exc) from exc
         ms = (time.perf_counter() - t0) * 1000
-        if isinstance(r, dict):
-            out.results[step.nid] = tuple(r.get("result", ()))
-            if r.get("ui"):
-                out.ui[step.nid] = r["ui"]
-        else:
-            out.results[step.nid] = tuple(r)
+        ui = (r.get("ui") or {}) if isinstance(r, dict) else {}
+        out.results[step.nid] = tuple(r.get("result", ())) if isinstance(r, dict) else tuple(r)
+        if ui:
+            out.ui[step.nid] = ui
         out.times_ms[step.nid] = ms
-        badge = (r.get("ui") or {}).get("anydevice", [{}])[0] if isinstance(r, dict) else {}
+        badge = ui.get("anydevice", [{}])[0]
         where = f" [{badge['backend']}]" if badge.get("backend") else ""
-        extra = ""
-        if isinstance(r, dict) and r.get("ui", {}).get("text"):
-            extra = "  " + "; ".join(r["ui"]["text"])
+        extra = "  " + "; ".join(ui["text"]) if ui.get("text") else ""
         echo(f"  #{step.nid:<3} {_display(step.class_type):<30} {ms:9.2f} ms{where}{extra}")
         if badge.get("warning"):  # NaN/Inf in the node's output: said, never silent
             echo(f"       warning: {_display(step.class_type)}: {badge['warning']}")

@@ -275,13 +275,6 @@ def server(front_end_root: Path | None = None) -> ComfyServer:
     return _servers[key]
 
 
-def stop_server(front_end_root: Path | None = None) -> None:
-    """Stop a frontend's server now (the next server() starts a new one)."""
-    srv = _servers.pop(str(front_end_root or ""), None)
-    if srv is not None:
-        srv.stop()
-
-
 def execution_error(history: dict):
     for name, data in history.get("status", {}).get("messages", []):
         if name == "execution_error":

@@ -333,9 +333,8 @@ def test_unused_widgets_are_hidden_and_values_keep_their_order(page):
     if page.cfg[2] == "vue" and full_ui(page.cfg):  # 1.27's experimental Vue nodes do not follow later changes
         page.wait_for_timeout(300)
         assert "output_padding" in _vue_labels(page, nid)
-    vis = page.evaluate(SET, [nid, "kernel_source", "preset"])
-    vis = page.evaluate(SET, [nid, "channel_mode", "depthwise"])
-    vis = page.evaluate(SET, [nid, "transposed", False])
+    for name, value in (("kernel_source", "preset"), ("channel_mode", "depthwise"), ("transposed", False)):
+        page.evaluate(SET, [nid, name, value])
     back = page.evaluate("(id) => { const n = app.graph.getNodeById(id); return [n.size[1], n.computeSize()[1]]; }", nid)
     assert back[0] == pytest.approx(back[1], abs=1)  # the node is fitted to what it shows
 
