@@ -51,26 +51,24 @@ def _flag(text: str) -> bool:
     raise ValueError("must be 1 or 0 (or true/false, yes/no, on/off)")
 
 
-def _megabytes(text: str) -> int:
-    """A positive number of megabytes, as bytes."""
+def _megabytes_from(text: str, zero_ok: bool) -> int:
+    """A number of megabytes, as bytes: > 0, or with ``zero_ok`` 0 or more."""
+    why = "must be a number of megabytes, 0 or more" if zero_ok else "must be a number of megabytes > 0"
     try:
         mb = float(text)
     except ValueError:
-        raise ValueError("must be a number of megabytes > 0") from None
-    if not math.isfinite(mb) or mb <= 0:
-        raise ValueError("must be a number of megabytes > 0")
-    return max(1, int(mb * 2**20))
+        raise ValueError(why) from None
+    if not math.isfinite(mb) or mb < 0 or (mb == 0 and not zero_ok):
+        raise ValueError(why)
+    return int(mb * 2**20) if zero_ok else max(1, int(mb * 2**20))
+
+
+def _megabytes(text: str) -> int:
+    return _megabytes_from(text, zero_ok=False)
 
 
 def _megabytes_or_zero(text: str) -> int:
-    """A number of megabytes, 0 or more, as bytes."""
-    try:
-        mb = float(text)
-    except ValueError:
-        raise ValueError("must be a number of megabytes, 0 or more") from None
-    if not math.isfinite(mb) or mb < 0:
-        raise ValueError("must be a number of megabytes, 0 or more")
-    return int(mb * 2**20)
+    return _megabytes_from(text, zero_ok=True)
 
 
 def _count(text: str) -> int:

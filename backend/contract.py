@@ -29,10 +29,10 @@ from .layers import LayerOps
 from .transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
 # argument checks and shape plans live in plans.py; the names other modules import from here stay here
 from .plans import (  # noqa: F401
-    ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, REDUCTIONS, UNARY_OPS, _check_unary_params,
-    bce_range, broadcast_shapes, check_reduction, check_size, conv2d_plan, conv_output_size,
-    conv_transpose2d_plan, conv_transpose_output_size, known, linear_shapes, loss_threshold, matmul_plan,
-    normalize_dims, pad_plan, pair, pair_shapes, positive, reduce_dims, softmax_dim, ssim_args, ssim_shape)
+    ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, UNARY_OPS, UNARY_PARAMS, _check_unary_params,
+    bce_range, broadcast_shapes, check_reduction, check_size, conv2d_plan, conv_transpose2d_plan, known,
+    linear_shapes, loss_threshold, matmul_plan, pad_plan, pair_shapes, positive, reduce_dims, softmax_dim,
+    ssim_args, ssim_shape)
 
 _FLOAT32 = np.dtype(np.float32)
 
@@ -569,7 +569,7 @@ def _as_float32(a: np.ndarray, op: str, arg: str) -> np.ndarray:
 
 
 #: unary ops without parameters, each a Backend method named as torch's (``be.relu(x)``)
-_PLAIN_UNARY = ("abs", "neg", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "silu", "rsqrt", "erf", "sin", "cos")
+_PLAIN_UNARY = tuple(op for op in UNARY_OPS if op not in UNARY_PARAMS)
 
 
 def _unary_method(op: str):

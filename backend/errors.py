@@ -51,4 +51,3 @@ def short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-_short = short  # the old private name

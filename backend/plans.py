@@ -403,11 +403,15 @@ def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, group
 # ----------------------------------------------------------------------------------------------
 # elementwise parameters, losses and metrics
 # ----------------------------------------------------------------------------------------------
+#: the unary ops that take parameters, with torch's defaults
+UNARY_PARAMS = {
+    "gelu": {"approximate": "none"}, "elu": {"alpha": 1.0}, "leaky_relu": {"negative_slope": 0.01},
+    "softplus": {"beta": 1.0, "threshold": 20.0}, "clamp": {"min": None, "max": None},
+}
+
+
 def _check_unary_params(op, params):
-    allowed = {
-        "gelu": {"approximate": "none"}, "elu": {"alpha": 1.0}, "leaky_relu": {"negative_slope": 0.01},
-        "softplus": {"beta": 1.0, "threshold": 20.0}, "clamp": {"min": None, "max": None},
-    }.get(op, {})
+    allowed = UNARY_PARAMS.get(op, {})
     for k in params:
         if k not in allowed:
             raise AnyDeviceError(op, k, params[k], f"unknown parameter; {op} takes {', '.join(allowed) or 'none'}")

@@ -116,12 +116,14 @@ def _on_device(value):
     return None if found is None or "raw" not in found[1] else (found[0], found[1]["raw"])
 
 
-def nonfinite_counts(value) -> tuple[int, int]:
+def nonfinite_counts(value, dev=...) -> tuple[int, int]:
     """(NaN count, Inf count) of an output (a tensor, a LATENT/TENSOR value or a number). Numbers a
     node computed on a device are checked there (sum(x * 0) is 0, or NaN when x holds an Inf or a
     NaN): one 4-byte read, counted as a check; the host copy is counted only when there is something
-    to count (a TENSOR's numbers are downloaded only then)."""
-    dev = _on_device(value)
+    to count (a TENSOR's numbers are downloaded only then). ``dev``: ``_on_device(value)`` when the
+    caller has it already."""
+    if dev is ...:
+        dev = _on_device(value)
     if dev is not None:
         be, x = dev
         if np.isfinite(be.read_check(be.sum(be.mul(x, 0.0)))).all():
@@ -285,40 +287,6 @@ def parse_ints(text: str, what: str = "value", allow_empty: bool = True) -> tupl
 
 
 # ---------------------------------------------------------------------------------------------
-# widget values: ComfyUI checks them against INPUT_TYPES (min, max, combo lists) before it runs a
-# node, and skips that for the inputs a VALIDATE_INPUTS declares; so the nodes' VALIDATE_INPUTS
-# declare only text widgets that have no such check. The nodes never call check_widgets: it is
-# the headless runner's stand-in for ComfyUI's own checks (runner.validate), generic over
-# INPUT_TYPES, with messages that name node, input and value.
-# ---------------------------------------------------------------------------------------------
-def check_widgets(cls, values: dict) -> str | bool:
-    spec = {}
-    for section in ("required", "optional"):
-        spec.update(cls.INPUT_TYPES().get(section, {}))
-    node = cls.DISPLAY
-    for name, val in values.items():
-        if val is None or name not in spec:  # linked inputs arrive as None
-            continue
-        typ, opts = spec[name][0], (spec[name][1] if len(spec[name]) > 1 else {})
-        if isinstance(typ, (list, tuple)):
-            if val not in typ:
-                return f"{node}: input '{name}' = {val!r}: must be one of {', '.join(map(str, typ))}"
-            continue
-        if typ in ("INT", "FLOAT"):
-            if isinstance(val, bool) or not isinstance(val, (int, float)):
-                return f"{node}: input '{name}' = {val!r}: must be a number"
-            if typ == "INT" and float(val) != int(val):
-                return f"{node}: input '{name}' = {val!r}: must be an integer"
-            if not math.isfinite(float(val)):
-                return f"{node}: input '{name}' = {val!r}: must be a finite number"
-            if "min" in opts and val < opts["min"]:
-                return f"{node}: input '{name}' = {val!r}: must be >= {opts['min']}"
-            if "max" in opts and val > opts["max"]:
-                return f"{node}: input '{name}' = {val!r}: must be <= {opts['max']}"
-    return True
-
-
-# ---------------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------------
 _LOAD_TIME: str | None = None
@@ -477,9 +445,9 @@ class PackNode:
         entry = out["ui"]["anydevice"][0]
         for name, value in zip(names, out["result"]):
             t = Timer()
-            on_device = _on_device(value) is not None
-            nan, inf = nonfinite_counts(value)
-            if on_device:  # a check on the device is device work: part of the node's op time
+            dev = _on_device(value)
+            nan, inf = nonfinite_counts(value, dev)
+            if dev is not None:  # a check on the device is device work: part of the node's op time
                 entry["ms"] = round(entry["ms"] + t.ms(), 3)
             if nan or inf:
                 what = "output" if len(names) == 1 else f"output '{name}'"

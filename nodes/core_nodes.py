@@ -11,7 +11,7 @@ import torch
 
 from . import NODE_CLASS_MAPPINGS as PACK_NODES
 from ..backend import config
-from ..backend.errors import _short
+from ..backend.errors import short
 
 PACK_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_INPUTS = PACK_ROOT / "example_workflows" / "input"
@@ -228,7 +228,7 @@ def _find_input(name, search: list[Path]) -> Path:
     """The file ``name`` names inside one of the input folders. As in ComfyUI, a name may hold
     subfolders but never leaves its folder: absolute paths, drives and '..' that climb out are
     refused (``--input PATH`` loads any file)."""
-    where = f"input 'image' = {_short(name)}"
+    where = f"input 'image' = {short(name)}"
     if not isinstance(name, str) or not name.strip():
         raise WorkflowError(f"{where}: must be an image file name")
     for d in search:

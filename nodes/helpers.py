@@ -447,16 +447,9 @@ class AnyDeviceTensorToImage(_FromTensor):
         t = Timer()
         n, c, h, w = x.shape
         grid = mode == "channel_grid" or (mode == "auto" and c not in (1, 3, 4))
-        per_map = grid or mode == "channels_as_batch"
         if mode == "channels_as_batch":
             x = x.reshape(n * c, 1, h, w)
-        be = None
-        if normalize:
-            be = resolve_backend(None, node)
-            dims = (2, 3) if per_map else (1, 2, 3)
-            lo = be.min(x, dims, keepdim=True)
-            hi = be.max(x, dims, keepdim=True)
-            x = cpu_f32(be.div(be.sub(x, lo), be.maximum(be.sub(hi, lo), 1e-12)))
+        # (normalize runs on a backend: such calls took _on_device above)
         if grid:
             x = _grid(x)
         if x.shape[1] == 1:
@@ -464,9 +457,7 @@ class AnyDeviceTensorToImage(_FromTensor):
         out = x.permute(0, 2, 3, 1).contiguous()
         if out.untyped_storage().data_ptr() == x_in.untyped_storage().data_ptr():  # never a view of the (cached) input
             out = out.clone()
-        ms = t.ms(be)
-        ui = badge(be, ms, shape=list(out.shape)) if be is not None else _host_badge(ms, shape=list(out.shape))
-        return {"ui": ui, "result": (out,)}
+        return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (out,)}
 
     def _on_device(self, tensor, dev, mode, normalize, layout):
         """The same steps on the backend's arrays: normalize on the default backend, layout work where

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import NODE_CLASS_MAPPINGS as PACK_NODES
-from ..backend.errors import _short
+from ..backend.errors import short
 from .core_nodes import CORE_NODES, WorkflowError, _Ctx, _display, _node_class, input_folders
 
 log = logging.getLogger("anydevice")
@@ -170,12 +170,12 @@ def _structure(prompt) -> tuple[dict, list[str]]:
             continue
         ct = node.get("class_type")
         if not isinstance(ct, str):
-            problems.append(f"#{nid}: class_type = {_short(ct)}: must be a node class name (a string)")
+            problems.append(f"#{nid}: class_type = {short(ct)}: must be a node class name (a string)")
         elif _node_class(ct) is None:
             problems.append(f"#{nid} {ct}: node '{ct}' needs ComfyUI (the headless runner supports this pack's "
                             f"nodes and {', '.join(CORE_NODES)}); run this workflow inside ComfyUI")
         elif not isinstance(node.get("inputs", {}), dict):
-            problems.append(f"#{nid} {_display(ct)}: inputs = {_short(node['inputs'])}: must be an object "
+            problems.append(f"#{nid} {_display(ct)}: inputs = {short(node['inputs'])}: must be an object "
                             "{name: value or [node_id, output_index]}")
     return prompt, problems
 
@@ -185,7 +185,7 @@ def _link_problem(prompt, v) -> str | None:
         return "a link must be [node_id, output_index]"
     src, idx = v
     if isinstance(src, bool) or not isinstance(src, (str, int)) or str(src) not in prompt:
-        return f"links to missing node {_short(src)}"
+        return f"links to missing node {short(src)}"
     if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
         return "a link's output index must be a whole number >= 0"
     outputs = _node_class(prompt[str(src)]["class_type"]).RETURN_TYPES
@@ -244,7 +244,7 @@ def _check_node(prompt, nid, ctx: _Ctx) -> tuple[_Step, list[str]]:
         problems.append(f"{title}: required input{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                         f"{'are' if len(missing) > 1 else 'is'} missing")
     for name, v in inputs.items():
-        where = f"{title}: input '{name}' = {_short(v)}"
+        where = f"{title}: input '{name}' = {short(v)}"
         if _is_link(v):
             why = _link_problem(prompt, v)
             if why is None and name in spec:

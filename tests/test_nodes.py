@@ -3,6 +3,7 @@ rule, no input mutation, and every bad input named in the issue."""
 from __future__ import annotations
 
 import inspect
+import math
 import logging
 import sys
 import types
@@ -515,13 +516,42 @@ def test_progress_bar_used_when_comfy_present(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # bad input: VALIDATE_INPUTS (widget values) and execution errors, each naming node, input, value
 # ---------------------------------------------------------------------------------------------
+def _comfy_widget_checks(cls, values: dict) -> str | bool:
+    """ComfyUI's own checks of widget values against INPUT_TYPES (type, min, max, combo), imitated
+    with messages that name node, input and value."""
+    spec = {}
+    for section in ("required", "optional"):
+        spec.update(cls.INPUT_TYPES().get(section, {}))
+    node = cls.DISPLAY
+    for name, val in values.items():
+        if val is None or name not in spec:  # linked inputs arrive as None
+            continue
+        typ, opts = spec[name][0], (spec[name][1] if len(spec[name]) > 1 else {})
+        if isinstance(typ, (list, tuple)):
+            if val not in typ:
+                return f"{node}: input '{name}' = {val!r}: must be one of {', '.join(map(str, typ))}"
+            continue
+        if typ in ("INT", "FLOAT"):
+            if isinstance(val, bool) or not isinstance(val, (int, float)):
+                return f"{node}: input '{name}' = {val!r}: must be a number"
+            if typ == "INT" and float(val) != int(val):
+                return f"{node}: input '{name}' = {val!r}: must be an integer"
+            if not math.isfinite(float(val)):
+                return f"{node}: input '{name}' = {val!r}: must be a finite number"
+            if "min" in opts and val < opts["min"]:
+                return f"{node}: input '{name}' = {val!r}: must be >= {opts['min']}"
+            if "max" in opts and val > opts["max"]:
+                return f"{node}: input '{name}' = {val!r}: must be <= {opts['max']}"
+    return True
+
+
 def _validate(cls_name, **kw):
     """What validation says about these widget values before anything runs, as in ComfyUI: the checks
-    against INPUT_TYPES (min, max, combo; the headless runner's check_widgets stands in for ComfyUI's)
-    for the widgets VALIDATE_INPUTS does not take, then VALIDATE_INPUTS with only those it takes."""
+    against INPUT_TYPES (min, max, combo: _comfy_widget_checks) for the widgets VALIDATE_INPUTS does
+    not take, then VALIDATE_INPUTS with only those it takes."""
     cls = N[cls_name]
     takes = inspect.getfullargspec(cls.VALIDATE_INPUTS).args[1:] if hasattr(cls, "VALIDATE_INPUTS") else []
-    r = common.check_widgets(cls, {k: v for k, v in kw.items() if k not in takes})
+    r = _comfy_widget_checks(cls, {k: v for k, v in kw.items() if k not in takes})
     if r is True and takes:
         r = cls.VALIDATE_INPUTS(**{k: v for k, v in kw.items() if k in takes})
     return r
