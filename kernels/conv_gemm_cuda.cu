@@ -38,7 +38,8 @@
  *         mode: not TRANS_B, sbn == 1, sbk, sb_batch and N multiples of 4),
  *         KP (FP32 branch: two-level accumulation, the register partial sums are folded into
  *         register totals every KP values of k, so long K keeps FP32 precision; a multiple of
- *         TILE_K).
+ *         TILE_K; 0: one accumulator, half the registers, for tiles whose K slices the host keeps
+ *         at most SINGLE_CHAIN long), MIN_BLOCKS (CUDA: __launch_bounds__ minimum groups per SM).
  * Tiles are double-buffered in group-shared memory (one barrier per k step, the next tile's global
  * loads in flight during the current tile's FMAs). In the FP32 branch a thread whose WPT_M and
  * WPT_N are multiples of 4 owns 4x4 sub-blocks spread TM*4 rows / TN*4 columns apart, so it reads
@@ -103,8 +104,14 @@
 #if (TILE_M % WPT_M) || (TILE_N % WPT_N) || ((TILE_M * TILE_K) % NT) || ((TILE_N * TILE_K) % NT)
 #error "ad_conv_gemm: tile sizes must divide evenly among the threads"
 #endif
-#if (KP % TILE_K) || (KP < TILE_K)
-#error "ad_conv_gemm: KP must be a multiple of TILE_K"
+#if KP && ((KP % TILE_K) || (KP < TILE_K))
+#error "ad_conv_gemm: KP must be 0 (one accumulator) or a multiple of TILE_K"
+#endif
+/* CUDA: MIN_BLOCKS caps the registers so that many groups fit on an SM (__launch_bounds__) */
+#if defined(ANYDEVICE_CUDA) && defined(MIN_BLOCKS)
+#define AD_BOUNDS __launch_bounds__(NT, MIN_BLOCKS)
+#else
+#define AD_BOUNDS
 #endif
 #if VEC_A && (TRANS_A || ((TILE_M * TILE_K) % (4 * NT)) || (TILE_K % 4))
 #error "ad_conv_gemm: VEC_A needs k-contiguous A and TILE_M*TILE_K a multiple of 4 threads' vectors"
@@ -170,7 +177,7 @@ DEVICE_FN void ad_mma_tf32(float* d, const unsigned int* a, const unsigned int* 
 }
 #endif
 
-KERNEL void ad_conv_gemm(const int M, const int N, const int K,
+KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
                          const GLOBAL float* RESTRICT A, const int sam, const int sak, const OFF_T sa_batch,
                          const GLOBAL float* RESTRICT B, const int sbk, const int sbn, const OFF_T sb_batch,
                          GLOBAL float* RESTRICT C, const int ldc, const OFF_T sc_batch,
@@ -325,12 +332,19 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #else
     const int tx = LID0, ty = LID1;
     float acc[WPT_M][WPT_N];          /* partial sums of the current KP block of k */
+#if KP
     float tot[WPT_M][WPT_N];          /* sum of the folded blocks */
+    int since = 0;
+#endif
 #pragma unroll
     for (int i = 0; i < WPT_M; i++)
 #pragma unroll
-        for (int j = 0; j < WPT_N; j++) { acc[i][j] = 0.0f; tot[i][j] = 0.0f; }
-    int since = 0;
+        for (int j = 0; j < WPT_N; j++) {
+            acc[i][j] = 0.0f;
+#if KP
+            tot[i][j] = 0.0f;
+#endif
+        }
 #endif
 
     int cur = 0;
@@ -394,6 +408,7 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
                 for (int j = 0; j < WPT_N; j++) acc[i][j] = FMA(a[i], b[j], acc[i][j]);
         }
+#if KP
         since += TILE_K;
         if (since >= KP) {
             since = 0;
@@ -402,6 +417,7 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
                 for (int j = 0; j < WPT_N; j++) { tot[i][j] += acc[i][j]; acc[i][j] = 0.0f; }
         }
+#endif
 #endif
         if (more) {
             STORE_TILES(cur ^ 1)
@@ -426,7 +442,11 @@ KERNEL void ad_conv_gemm(const int M, const int N, const int K,
 #define OUT_M(i, e) (m0 + ty + (i) * TM)
 #define OUT_N(j, e) (n0 + tx + (j) * TN)
 #endif
+#if KP
 #define ACC(i, j, e) (tot[i][j] + acc[i][j])
+#else
+#define ACC(i, j, e) acc[i][j]
+#endif
 #define EPI_I WPT_M
 #define EPI_J WPT_N
 #define EPI_E 1

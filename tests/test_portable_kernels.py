@@ -39,7 +39,8 @@ i32, i64, f32 = np.int32, np.int64, np.float32
 CFG_S = cb.TILES["default"]["own"][-1]
 CFG_M = cb.TILES["default"]["own"][1]
 CFG_L = cb.TILES["default"]["own"][0]
-CONFIGS = {"64x64x16": CFG_S, "128x64x8": CFG_M, "128x64x16": CFG_L}
+CFG_ONE = cb._O_W  # one accumulator (KP=0), 8x8 per thread
+CONFIGS = {"64x64x16": CFG_S, "128x64x8": CFG_M, "128x64x16": CFG_L, "128x128x8-one": CFG_ONE}
 GEMM_MODES = [m for m in cb.OWN_MODES if m["IS_GEMM"] == 1 and not (m.get("VEC_A") or m.get("VEC_B"))]
 CONV_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 0 and not m.get("VEC_A"))
 CONVT_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANSPOSED"] == 1 and not m.get("VEC_A"))
@@ -319,8 +320,14 @@ def test_conv_gemm_long_k_two_level_accumulation(run):
     C1 = own_gemm(run, A.transpose(0, 2, 1), B, 1, 0, M, N, K, 2, True, True, CFG_M,
                   extra={"KP": CFG_M["TILE_K"] * 4096})
     err_one = _rel(C1, ref_g)
-    print(f"ad_conv_gemm K=4608: conv {err:.2e}, GEMM {err_g:.2e} (one accumulator: {err_one:.2e})")
-    assert err <= TOL and err_g <= TOL, (err, err_g)
+    # a one-accumulator tile (KP=0) with K split as the plan splits it (slices <= SINGLE_CHAIN)
+    ks = cb.plan([CFG_ONE], M, N, 2, K, 132)[1]
+    assert ks >= _cdiv(K, cb.SINGLE_CHAIN)
+    err_split = _rel(own_gemm(run, A.transpose(0, 2, 1), B, 1, 0, M, N, K, 2, True, True, CFG_ONE, ksplit=ks),
+                     ref_g)
+    print(f"ad_conv_gemm K=4608: conv {err:.2e}, GEMM {err_g:.2e} (one accumulator: {err_one:.2e}, "
+          f"in {ks} slices: {err_split:.2e})")
+    assert err <= TOL and err_g <= TOL and err_split <= TOL, (err, err_g, err_split)
     assert err_one > err_g  # the fold is what the precision comes from
 
 

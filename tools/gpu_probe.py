@@ -35,7 +35,8 @@ def _load_pack():
 
 
 def _tag(cfg):
-    return ",".join(f"{k}={v}" for k, v in cfg.items() if k != "USE_TF32")
+    short = {"TILE_M": "", "TILE_N": "x", "TILE_K": "x", "WPT_M": " ", "WPT_N": "x"}
+    return "".join(f"{short[k]}{v}" if k in short else f" {k}={v}" for k, v in cfg.items() if k != "USE_TF32")
 
 
 def variants(be, cb, families):
@@ -43,7 +44,8 @@ def variants(be, cb, families):
     out = []
     for family in families:
         if family == "own":
-            cfgs = [dict(TILE_M=m, TILE_N=n, TILE_K=k, WPT_M=wm, WPT_N=wn) for m, n, k, wm, wn in SWEEP]
+            cfgs = [dict(TILE_M=t[0], TILE_N=t[1], TILE_K=t[2], WPT_M=t[3], WPT_N=t[4], **(t[5] if len(t) > 5 else {}))
+                    for t in SWEEP if not SWEEP_ONLY or t[5:] and t[5].get("KP") == 0]
             for cfg in cfgs:
                 out += [(family, cfg, 0)] + [(family, cfg, ks) for ks in KSPLITS]
         else:
@@ -66,8 +68,13 @@ def _time(cp, fn, reps):
 
 
 #: own FP32 tiles swept besides the backend's table (TILE_M, TILE_N, TILE_K, WPT_M, WPT_N)
-SWEEP = [(128, 64, 16, 8, 4), (128, 64, 8, 8, 4), (64, 128, 16, 4, 8), (64, 64, 16, 4, 4), (128, 128, 8, 8, 8)]
+#: (optional sixth item: extra build macros, e.g. KP=0 for one accumulator)
+ONE = dict(KP=0, MIN_BLOCKS=2)
+SWEEP = [(128, 64, 16, 8, 4), (128, 64, 8, 8, 4), (64, 128, 16, 4, 8), (64, 64, 16, 4, 4), (128, 128, 8, 8, 8),
+         (128, 128, 8, 8, 8, ONE), (128, 128, 16, 8, 8, ONE), (128, 128, 8, 8, 8, dict(KP=0)),
+         (128, 64, 16, 8, 4, ONE), (64, 128, 16, 4, 8, ONE), (128, 256, 8, 8, 16, dict(KP=0, MIN_BLOCKS=1))]
 KSPLITS = (1, 2, 4, 8)
+SWEEP_ONLY = False  # --one-only: only the one-accumulator tiles
 
 
 def main(argv=None):
@@ -76,7 +83,11 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--only", default="", help="comma list: gemm,seed")
     ap.add_argument("--families", default="own,tf32", help="comma list of own,tf32")
+    ap.add_argument("--one-only", action="store_true", help="sweep only the one-accumulator tiles")
+    ap.add_argument("--sizes", default="", help="comma list of GEMM sizes")
     args = ap.parse_args(argv)
+    global SWEEP_ONLY
+    SWEEP_ONLY = args.one_only
     _load_pack()
     import torch
     import torch.nn.functional as F
@@ -101,7 +112,8 @@ def main(argv=None):
     families = [f for f in args.families.split(",") if f]
     # ---- GEMM ----------------------------------------------------------------------------------
     if not only or "gemm" in only:
-        for n in ([1024, 4096] if args.quick else [1024, 2048, 4096]):
+        sizes = [int(v) for v in args.sizes.split(",") if v] or ([1024, 4096] if args.quick else [1024, 2048, 4096])
+        for n in sizes:
             case = f"gemm {n}"
             flops = 2.0 * n ** 3
             ta = torch.randn(n, n, device="cuda")

@@ -50,7 +50,7 @@ class CudaLinalg:
         into a workspace, and ad_splitk_reduce writes ``out``)."""
         cp = self.cp
         fn = self._function(OWN_GEMM[0], OWN_GEMM[1], macros)
-        block = (cfg.TILE_N // cfg.WPT_N, cfg.TILE_M // cfg.WPT_M, 1)
+        block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
         ksplit, kchunk = kchunk_for(K, ksplit, cfg)
         per = max(1, GRID_YZ_MAX // ksplit)
         for z0 in range(0, Z, per):
@@ -59,7 +59,7 @@ class CudaLinalg:
             b, sbk, sbn, b_bs = args_b(z0)
             c, ldc, c_bs, bs = c_args(z0)
             ws = c if ksplit == 1 else cp.empty((z1 - z0) * ksplit * M * N, dtype=cp.float32)
-            grid = (_cdiv(N, cfg.TILE_N), _cdiv(M, cfg.TILE_M), (z1 - z0) * ksplit)
+            grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), (z1 - z0) * ksplit)
             # the scalar arguments as NumPy scalars, built once per geometry (per-call host cost)
             key = (M, N, K, sam, sak, a_bs, sbk, sbn, b_bs, ldc, c_bs, bias is not None, conv, ksplit, kchunk)
             tpl = self._arg_cache.get(key)

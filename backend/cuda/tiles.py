@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 from ..contract import UNARY_KERNEL_CODES
-from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, TILE_EFFICIENCY, _O_L, _O_M, _O_S, _O_X,  # noqa: F401
-                                 _T_L, _T_M, _T_S, _cdiv, _mode_macros, mode_fits, operand_layout, vec_fits)
+from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, TILE_EFFICIENCY, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_X,  # noqa: F401
+                                 _T_L, _T_M, _T_S, SINGLE_CHAIN, _cdiv, plan, _mode_macros, mode_fits, operand_layout, vec_fits)
 from ..kernel_source import kernel_source as _kernel_source
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
@@ -30,7 +30,7 @@ TILES = {
               "tf32": [_T_L, _T_M, _T_S]},
     "sm_86": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
     "sm_89": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
-    "sm_90": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S],
+    "sm_90": {"own": [_O_L, _O_S, _O_W], "own_conv": [_O_M, _O_S],
               "tf32": [_T_L, _T_M, _T_S]},
 }
 #: unary op codes of misc_cuda.cu

@@ -12,12 +12,21 @@ _O_L = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4)
 _O_M = dict(TILE_M=128, TILE_N=64, TILE_K=8, WPT_M=8, WPT_N=4)
 _O_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4)
 _O_X = dict(TILE_M=128, TILE_N=128, TILE_K=8, WPT_M=8, WPT_N=8)
+# one accumulator (KP=0): 8x8 per thread in half the registers of the two-level sum, two groups of
+# 256 threads per SM; the plan keeps each K slice at most SINGLE_CHAIN long for the precision
+_O_W = dict(TILE_M=128, TILE_N=128, TILE_K=8, WPT_M=8, WPT_N=8, KP=0)
+_O_W16 = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, KP=0)
 _T_L = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, SMEM_PAD=8, USE_TF32=1)
 _T_M = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
 _T_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
 
-#: relative FMA throughput of a thread tile (WPT_M, WPT_N) against 8x4, from the H100 sweep
-TILE_EFFICIENCY = {(8, 4): 1.0, (4, 4): 0.8, (8, 8): 0.9, (4, 8): 0.8}
+#: relative FMA throughput of a thread tile (WPT_M, WPT_N, one accumulator) against 8x4 with two,
+#: from the H100 sweep
+TILE_EFFICIENCY = {(8, 4, False): 1.0, (4, 4, False): 0.8, (8, 8, False): 0.9, (4, 8, False): 0.8,
+                   (8, 8, True): 1.2}
+#: longest K slice of a one-accumulator tile (KP=0): a float32 sum of 1024 products stays at about
+#: 6e-7 relative (Frobenius) error, 4096 at 1.1e-6 (cuBLAS FP32's own figure)
+SINGLE_CHAIN = 1024
 #: a K slice is at least this long (shorter slices lost to their fixed costs on the H100)
 MIN_KSLICE = 512
 #: own-kernel modes (build options besides the tile) the backend compiles; VEC_A / VEC_B (16-byte
@@ -90,13 +99,16 @@ def plan(cands: list, M: int, N: int, Z: int, K: int, units: int, forced: int | 
         tm, tn, tk = cfg["TILE_M"], cfg["TILE_N"], cfg["TILE_K"]
         blocks = _cdiv(M, tm) * _cdiv(N, tn) * Z
         threads = (tm // cfg["WPT_M"]) * (tn // cfg["WPT_N"])
-        regs = min(255, 2 * cfg["WPT_M"] * cfg["WPT_N"] + 64)  # acc + tot + operands, as compiled
+        one = cfg.get("KP", 1) == 0
+        acc = (1 if one else 2) * cfg["WPT_M"] * cfg["WPT_N"]
+        regs = min(255, acc + (56 if one else 64))  # accumulators + operands, as compiled
         slots = max(1, units) * max(1, min(2048 // threads, 65536 // (threads * regs)))
-        eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"]), 0.8)
+        eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"], one), 0.8)
+        least = _cdiv(K, SINGLE_CHAIN) if one else 1  # slices a single accumulator needs
         if forced:
-            splits = [max(1, min(forced, _cdiv(K, tk)))]
+            splits = [max(least, min(forced, _cdiv(K, tk)))]
         else:
-            splits = range(1, max(1, min(MAX_KSPLIT, K // MIN_KSLICE)) + 1)
+            splits = range(least, max(least, min(MAX_KSPLIT, K // MIN_KSLICE)) + 1)
         for ks in splits:
             kslice = _cdiv(_cdiv(K, ks), tk) * tk
             t = _cdiv(blocks * ks, slots) * tm * tn * kslice / eff
