@@ -39,7 +39,8 @@
  *         KP (FP32 branch: two-level accumulation, the register partial sums are folded into
  *         register totals every KP values of k, so long K keeps FP32 precision; a multiple of
  *         TILE_K; 0: one accumulator, half the registers, for tiles whose K slices the host keeps
- *         at most SINGLE_CHAIN long), MIN_BLOCKS (CUDA: __launch_bounds__ minimum groups per SM).
+ *         at most SINGLE_CHAIN long), WARP_N (FP32 branch: a warp's lanes laid out WARP_N along n
+ *         by 32/WARP_N along m; 0: the group's rows, 16 or 32 along n), MIN_BLOCKS (CUDA: __launch_bounds__ minimum groups per SM).
  * Tiles are double-buffered in group-shared memory (one barrier per k step, the next tile's global
  * loads in flight during the current tile's FMAs). In the FP32 branch a thread whose WPT_M and
  * WPT_N are multiples of 4 owns 4x4 sub-blocks spread TM*4 rows / TN*4 columns apart, so it reads
@@ -86,6 +87,9 @@
 #ifndef VEC_A
 #define VEC_A 0
 #endif
+#ifndef WARP_N
+#define WARP_N 0
+#endif
 #ifndef VEC_B
 #define VEC_B 0
 #endif
@@ -103,6 +107,9 @@
 
 #if (TILE_M % WPT_M) || (TILE_N % WPT_N) || ((TILE_M * TILE_K) % NT) || ((TILE_N * TILE_K) % NT)
 #error "ad_conv_gemm: tile sizes must divide evenly among the threads"
+#endif
+#if WARP_N && ((32 % WARP_N) || (TN % WARP_N) || (TM % (32 / WARP_N)))
+#error "ad_conv_gemm: WARP_N must divide 32 and TN, and 32/WARP_N divide TM"
 #endif
 #if KP && ((KP % TILE_K) || (KP < TILE_K))
 #error "ad_conv_gemm: KP must be 0 (one accumulator) or a multiple of TILE_K"
@@ -330,7 +337,16 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 #else
+#if WARP_N
+    /* warp-tiled thread layout: a warp's 32 lanes cover WARP_N threads along n by 32/WARP_N along
+     * m, so its 16-byte shared reads of A and B touch fewer distinct addresses (fewer shared
+     * wavefronts per FMA than 16 x 2) */
+    const int lane_ = tid & 31, warp_ = tid >> 5;
+    const int tx = (warp_ % (TN / WARP_N)) * WARP_N + lane_ % WARP_N;
+    const int ty = (warp_ / (TN / WARP_N)) * (32 / WARP_N) + lane_ / WARP_N;
+#else
     const int tx = LID0, ty = LID1;
+#endif
     float acc[WPT_M][WPT_N];          /* partial sums of the current KP block of k */
 #if KP
     float tot[WPT_M][WPT_N];          /* sum of the folded blocks */

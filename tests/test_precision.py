@@ -614,6 +614,8 @@ def _same_specials(y, ref32, ref64):
 def test_transposed_conv_inf_weight_like_torch(backend_target, coutg):
     """An Inf/NaN weight in a strided transposed conv reaches only the outputs its tap lands on (torch
     scatters products; it never multiplies the weight by the zeros between strides)."""
+    if backend_target.name == "torch-cuda":
+        pytest.skip("torch-cuda is cuDNN itself, whose transposed conv multiplies the weight by the stride's zeros")
     rng = np.random.default_rng(9)
     x = (rng.random((2, 8, 5, 6)) + 0.5).astype(np.float32)  # no zeros: 0 * Inf would be NaN anyway
     for bad in (np.inf, np.nan):

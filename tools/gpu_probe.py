@@ -45,7 +45,7 @@ def variants(be, cb, families):
     for family in families:
         if family == "own":
             cfgs = [dict(TILE_M=t[0], TILE_N=t[1], TILE_K=t[2], WPT_M=t[3], WPT_N=t[4], **(t[5] if len(t) > 5 else {}))
-                    for t in SWEEP if not SWEEP_ONLY or t[5:] and t[5].get("KP") == 0]
+                    for t in SWEEP if not SWEEP_ONLY or t[5:] and "WARP_N" in t[5]]
             for cfg in cfgs:
                 out += [(family, cfg, 0)] + [(family, cfg, ks) for ks in KSPLITS]
         else:
@@ -70,9 +70,12 @@ def _time(cp, fn, reps):
 #: own FP32 tiles swept besides the backend's table (TILE_M, TILE_N, TILE_K, WPT_M, WPT_N)
 #: (optional sixth item: extra build macros, e.g. KP=0 for one accumulator)
 ONE = dict(KP=0, MIN_BLOCKS=2)
-SWEEP = [(128, 64, 16, 8, 4), (128, 64, 8, 8, 4), (64, 128, 16, 4, 8), (64, 64, 16, 4, 4), (128, 128, 8, 8, 8),
-         (128, 128, 8, 8, 8, ONE), (128, 128, 16, 8, 8, ONE), (128, 128, 8, 8, 8, dict(KP=0)),
-         (128, 64, 16, 8, 4, ONE), (64, 128, 16, 4, 8, ONE), (128, 256, 8, 8, 16, dict(KP=0, MIN_BLOCKS=1))]
+SWEEP = [(128, 64, 16, 8, 4), (128, 64, 8, 8, 4), (64, 64, 16, 4, 4),
+         (128, 128, 16, 8, 8, ONE), (128, 128, 8, 8, 8, ONE), (128, 128, 16, 8, 8, dict(KP=0)),
+         (128, 128, 16, 8, 8, dict(ONE, WARP_N=8)), (128, 128, 16, 8, 8, dict(ONE, WARP_N=4)),
+         (128, 128, 8, 8, 8, dict(ONE, WARP_N=8)), (128, 128, 16, 8, 8, dict(KP=0, WARP_N=8)),
+         (128, 64, 16, 8, 4, dict(WARP_N=8)), (128, 64, 8, 8, 4, dict(WARP_N=8)), (128, 64, 8, 8, 4, dict(WARP_N=4)),
+         (64, 64, 16, 4, 4, dict(WARP_N=8)), (128, 64, 16, 8, 4, dict(ONE, WARP_N=8))]
 KSPLITS = (1, 2, 4, 8)
 SWEEP_ONLY = False  # --one-only: only the one-accumulator tiles
 
@@ -83,7 +86,7 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--only", default="", help="comma list: gemm,seed")
     ap.add_argument("--families", default="own,tf32", help="comma list of own,tf32")
-    ap.add_argument("--one-only", action="store_true", help="sweep only the one-accumulator tiles")
+    ap.add_argument("--one-only", action="store_true", help="sweep only the warp-tiled tiles")
     ap.add_argument("--sizes", default="", help="comma list of GEMM sizes")
     args = ap.parse_args(argv)
     global SWEEP_ONLY
