@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
 PTX_ARCH = "compute_90"
+#: spilled bytes allowed in a build that caps registers on purpose (MIN_BLOCKS)
+CAPPED_SPILL = 128
 #: kernels whose register spills fail the check (the GEMM/conv inner loops)
 MAIN_KERNEL = re.compile(r"gemm|conv")
 
@@ -259,7 +261,10 @@ def run_check(kernels_dir: Path | str | None = None, compiler: str = "auto", job
             problems.append(f"compile error in {r.fname} [{r.label}]:\n{r.log}")
             continue
         for k in r.kernels:
-            if MAIN_KERNEL.search(k.kernel) and (k.spill_stores or k.spill_loads):
+            # a register cap (MIN_BLOCKS: __launch_bounds__) may cost some spilled bytes (L1-cached): measured
+            # and chosen (runtime/conv_gemm.py's _O_WW), so up to CAPPED_SPILL bytes pass there
+            allowed = CAPPED_SPILL if "MIN_BLOCKS" in r.macros else 0
+            if MAIN_KERNEL.search(k.kernel) and max(k.spill_stores, k.spill_loads) > allowed:
                 problems.append(f"register spills in {k.kernel} ({r.fname} [{r.label}], {k.arch}): "
                                 f"{k.spill_stores} B stores, {k.spill_loads} B loads")
         archs = {k.arch for k in r.kernels}

@@ -55,9 +55,10 @@ for label, fn in (("matmul 4x4", lambda: be.matmul(a, b)), ("conv k1", lambda: b
     t0 = time.perf_counter()
     for _ in range(2000): fn(); be.synchronize()
     print(f"{label}: {(time.perf_counter() - t0) / 2000 * 1e6:.1f} us per call + sync")
-pr = cProfile.Profile(); pr.enable()
-for _ in range(2000): be.matmul(a, b); be.synchronize()
-pr.disable(); pstats.Stats(pr).sort_stats("tottime").print_stats(28)
+for label, fn in (("matmul 4x4", lambda: be.matmul(a, b)), ("relu", lambda: be.relu(a)), ("conv k1", lambda: be.conv2d(x, w))):
+    pr = cProfile.Profile(); pr.enable()
+    for _ in range(2000): fn(); be.synchronize()
+    pr.disable(); print("=====", label); pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 PY
       timeout 120 python3 /tmp/prof_one.py 2>&1 | tee "$OUT/prof.txt" | cut -c1-150 | head -70 ;;
     ncu)

@@ -35,12 +35,12 @@ from __future__ import annotations
 from .device import _describe, create, probe
 from .tiles import (BLOCK, CACHE_NAME, DIRECT_MAX_COUT_G, GRID_YZ_MAX, INSTALL_HINT, KERNELS_DIR, MAX_KSPLIT,
                     MIN_KSLICE, MISC, OWN_GEMM, OWN_MODES, TILE_EFFICIENCY, TILES, UNARY_CODES, _O_L,
-                    _O_M, _O_S, _O_W, _O_W16, _O_X, SINGLE_CHAIN, plan, _T_L, _T_M, _T_S, build_options, kernel_source, mode_fits,
+                    _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X, SINGLE_CHAIN, plan, _T_L, _T_M, _T_S, build_options, kernel_source, mode_fits,
                     shipped_configs, vec_fits)
 
 __all__ = ["BLOCK", "CACHE_NAME", "DIRECT_MAX_COUT_G", "GRID_YZ_MAX", "INSTALL_HINT", "KERNELS_DIR", "MAX_KSPLIT",
            "MIN_KSLICE", "MISC", "OWN_GEMM", "OWN_MODES", "TILE_EFFICIENCY", "TILES", "UNARY_CODES",
-           "_O_L", "_O_M", "_O_S", "_O_W", "_O_W16", "_O_X", "SINGLE_CHAIN", "plan", "_T_L", "_T_M", "_T_S", "build_options",
+           "_O_L", "_O_M", "_O_S", "_O_W", "_O_W16", "_O_WW", "_O_X", "SINGLE_CHAIN", "plan", "_T_L", "_T_M", "_T_S", "build_options",
            "kernel_source", "mode_fits", "shipped_configs", "vec_fits", "_describe", "create", "probe",
            "CudaBackend"]
 

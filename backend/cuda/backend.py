@@ -65,7 +65,8 @@ class CudaBackend(CudaLinalg, Backend):
         try:
             if not torch.cuda.is_initialized():
                 return
-            ptr = torch.cuda.current_stream(self.index).cuda_stream
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # one C call (the profile's
+            ptr = raw(self.index) if raw else torch.cuda.current_stream(self.index).cuda_stream  # top item)
         except Exception:
             return
         cur = cp.cuda.get_current_stream()

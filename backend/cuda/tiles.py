@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from ..contract import UNARY_KERNEL_CODES
-from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, TILE_EFFICIENCY, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_X,  # noqa: F401
+from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, TILE_EFFICIENCY, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X,  # noqa: F401
                                  _T_L, _T_M, _T_S, SINGLE_CHAIN, _cdiv, plan, _mode_macros, mode_fits, operand_layout, vec_fits)
 from ..kernel_source import kernel_source as _kernel_source
 
@@ -30,7 +30,7 @@ TILES = {
               "tf32": [_T_L, _T_M, _T_S]},
     "sm_86": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
     "sm_89": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
-    "sm_90": {"own": [_O_L, _O_S, _O_W], "own_conv": [_O_M, _O_S],
+    "sm_90": {"own": [_O_L, _O_S, _O_WW], "own_conv": [_O_M, _O_S],
               "tf32": [_T_L, _T_M, _T_S]},
 }
 #: unary op codes of misc_cuda.cu
@@ -54,11 +54,12 @@ def shipped_configs() -> dict[str, list[dict]]:
         if cfg not in lst:
             lst.append(cfg)
 
-    for table in TILES.values():
-        for cfg in table["own"] + table["own_conv"] + table["tf32"]:
-            for mode in OWN_MODES:
-                if mode_fits(cfg, mode):
-                    add(OWN_GEMM[0], {**cfg, **_mode_macros(mode)})
+    for table in TILES.values():  # "own" tiles serve GEMMs, "own_conv" convolutions, "tf32" both
+        for family, kinds in (("own", (1,)), ("own_conv", (0,)), ("tf32", (0, 1))):
+            for cfg in table[family]:
+                for mode in OWN_MODES:
+                    if mode["IS_GEMM"] in kinds and mode_fits(cfg, mode):
+                        add(OWN_GEMM[0], {**cfg, **_mode_macros(mode)})
     add(MISC, {"BLOCK": BLOCK})
     return out
 
