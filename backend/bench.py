@@ -76,6 +76,12 @@ CASES += [
          _conv_flops((32, 512, 7, 7), (512, 512, k, k), s, p), gpu_only=True)
     for k, s, p in SEED_CONVS if (k, s, p) != (3, 1, 1)  # k3 s1 p1 is the "conv 32x512" case above
 ]
+# ---- layer-op cases: pooling, interpolate, group_norm ----
+
+# ---- attention cases ----
+
+# ---- big-kernel cases (separable / FFT convolution) ----
+
 
 
 @dataclass

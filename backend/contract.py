@@ -25,7 +25,10 @@ import sys
 import numpy as np
 
 from .errors import AnyDeviceError
+from .attention import AttentionOps
 from .layers import LayerOps
+from .movement import MovementOps
+from .windows import WindowOps
 from .transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
 # argument checks and shape plans live in plans.py; the names other modules import from here stay here
 from .plans import (  # noqa: F401
@@ -71,7 +74,7 @@ def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-class Backend(LayerOps, TransferCounts):
+class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
     """Base class: validation, conversion and composite ops. Subclasses implement primitives."""
 
     name = "base"

@@ -529,3 +529,15 @@ def check_size(op: str, shape, limit_bytes: int) -> None:
         raise AnyDeviceError(op, "output", tuple(shape),
                              f"result would need {nbytes / 2**30:.1f} GiB, over the limit "
                              f"ANYDEVICE_MAX_TENSOR_MB={limit_bytes // 2**20}")
+
+
+# ---- window ops: pooling, interpolate (windows.py) ---------------------------------------------
+
+
+# ---- data movement, selection, losses, dropout, batch_norm (movement.py, layers.py) -------------
+
+
+# ---- attention (attention.py) --------------------------------------------------------------------
+
+
+# ---- robustness: argument rules added for the robust-ops work ------------------------------------
