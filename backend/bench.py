@@ -33,6 +33,11 @@ class Case:
     flops: float
     per_call_us: bool = False  # report microseconds per call instead of GFLOPS
     gpu_only: bool = False     # only measured on GPU backends (too slow to be useful on a CPU)
+    #: any other op: make(rng) -> (list of float32 input arrays, extra kwargs); the op is then called
+    #: as be.<op>(*inputs, **kw, **extra) and PyTorch as torch_fn(*tensors, **kw, **extra), where
+    #: torch_fn is "F.<name>" (torch.nn.functional) or "torch.<name>"; a and b are then unused
+    make: object = None
+    torch_fn: str = ""
 
 
 def _conv_flops(x, w, stride=1, padding=0, groups=1):
@@ -121,20 +126,27 @@ def bench_case(be, case: Case, budget_s: float = 0.6, max_reps: int = 200) -> Ro
     import torch
     import torch.nn.functional as F
     rng = np.random.default_rng(0)
-    a = rng.standard_normal(case.a).astype(np.float32)
-    b = (rng.standard_normal(case.b) / np.sqrt(np.prod(case.b[1:]) if len(case.b) > 2 else 1)).astype(np.float32)
+    if case.make is not None:
+        arrays, extra = case.make(rng)
+        kw = {**case.kw, **extra}
+        mod, _, name = case.torch_fn.partition(".")
+        tfn = getattr(F if mod == "F" else torch, name)
+    else:
+        a = rng.standard_normal(case.a).astype(np.float32)
+        b = (rng.standard_normal(case.b) / np.sqrt(np.prod(case.b[1:]) if len(case.b) > 2 else 1)).astype(np.float32)
+        arrays, kw = [a, b], case.kw
+        tfn = {"matmul": torch.matmul, "conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}[case.op]
     tdev = _torch_device_for(be)
-    ta, tb = torch.from_numpy(a).to(tdev), torch.from_numpy(b).to(tdev)
-    na, nb = be.to_device(a), be.to_device(b)
+    targs = [torch.from_numpy(np.ascontiguousarray(x)).to(tdev) for x in arrays]
+    nargs = [be.to_device(x) for x in arrays]
     fn = getattr(be, case.op)
-    tfn = {"matmul": torch.matmul, "conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}[case.op]
 
     def run_backend():
-        fn(na, nb, **case.kw)
+        fn(*nargs, **kw)
         be.synchronize()
 
     def run_torch():
-        tfn(ta, tb, **case.kw)
+        tfn(*targs, **kw)
         _sync_torch(tdev)
 
     t0 = time.perf_counter()
