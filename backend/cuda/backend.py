@@ -44,6 +44,8 @@ class CudaBackend(CudaLinalg, Backend):
         self._tuned = self._load_tuned()
         self._plan_cache: dict = {}
         self._arg_cache: dict = {}
+        self._launch_cache: dict = {}   # call signature -> recorded launch (linalg._own_launch)
+        self._geo_cache: dict = {}      # conv arguments -> ConvGeometry
         # read once (per-call os.environ lookups showed in the host-side profile)
         self._forced_ksplit = config.get("ANYDEVICE_CUDA_KSPLIT")  # None: chosen per problem
         self._dummy = None
@@ -278,6 +280,7 @@ class CudaBackend(CudaLinalg, Backend):
                 results[key] = best[1]
         self._tuned.update(results)
         self._plan_cache.clear()
+        self._launch_cache.clear()
         self._tiles_store().update(self._cache_key(), results)
         return results
 
