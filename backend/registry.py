@@ -228,8 +228,27 @@ def get_backend(name: str | None = None):
             _failed[base] = why
             info.available, info.reason = False, why
             raise AnyDeviceError("get_backend", "name", name, why) from exc
+        from . import selfcheck  # on first use, never at import: the backend proves itself (selfcheck.py)
+        why = selfcheck.verdict(backend, info, _import(info.module), impl_name, index)
+        if why:
+            if index == 0:  # the name's default device: the automatic choice moves on
+                _failed[base] = why
+                info.available, info.reason = False, why
+            raise AnyDeviceError("get_backend", "name", name, why)
         _instances[key] = backend
         return backend
+
+
+def selfcheck_status(info: BackendInfo, index: int = 0) -> str:
+    """The self-check verdict ``anydevice devices`` shows ("" where there is none); never raises."""
+    if not info.module:
+        return ""
+    try:
+        from . import selfcheck
+        impl_name = dict(_spec(info.name).impls)[info.module]
+        return selfcheck.status(info, _import(info.module), impl_name, index)
+    except Exception as exc:
+        return f"unknown ({type(exc).__name__}: {exc})"
 
 
 def _spec(name: str) -> BackendSpec:
