@@ -20,6 +20,7 @@ cannot run here, is a ``config.ConfigError`` naming the variable (never silently
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -81,6 +82,8 @@ _infos: dict[str, BackendInfo] | None = None
 _instances: dict[tuple[str, int], object] = {}
 _auto: str | None = None
 _failed: dict[str, str] = {}  # name -> reason creation failed (so auto moves on)
+_unchecked: set[tuple[str, int]] = set()  # instances created while the self-check was deferred
+_local = threading.local()
 
 
 def _import(module: str):
@@ -201,12 +204,21 @@ def get_backend(name: str | None = None):
     """The backend for ``name`` ("cuda", "opencl:1", ...); None or "auto" gives the auto choice."""
     if name is None or name == "auto":
         name = auto_name()
+        if not _deferred() and parse_name(name) in _unchecked:  # chosen at start-up, not yet checked
+            try:
+                return get_backend(name)
+            except AnyDeviceError:
+                if _auto is not None:
+                    raise
+                name = auto_name()  # it failed its self-check: the automatic choice moves on
     if not isinstance(name, str):
         raise AnyDeviceError("get_backend", "name", name, "must be a string such as 'numpy' or 'opencl:0'")
     base, index = parse_name(name)
     with _lock:
         key = (base, index)
         if key in _instances:
+            if key in _unchecked and not _deferred():
+                _selfcheck(name, key, _instances[key])
             return _instances[key]
         infos = _probe_all()
         info = infos.get(base)
@@ -228,15 +240,48 @@ def get_backend(name: str | None = None):
             _failed[base] = why
             info.available, info.reason = False, why
             raise AnyDeviceError("get_backend", "name", name, why) from exc
-        from . import selfcheck  # on first use, never at import: the backend proves itself (selfcheck.py)
-        why = selfcheck.verdict(backend, info, _import(info.module), impl_name, index)
-        if why:
-            if index == 0:  # the name's default device: the automatic choice moves on
-                _failed[base] = why
-                info.available, info.reason = False, why
-            raise AnyDeviceError("get_backend", "name", name, why)
         _instances[key] = backend
+        _unchecked.add(key)
+        _selfcheck(name, key, backend, run=not _deferred())
         return backend
+
+
+def _selfcheck(name: str, key: tuple[str, int], backend, run: bool = True) -> None:
+    """The backend proves itself on first use (selfcheck.py; ``run=False``: only a cached failure
+    counts). On failure it is dropped and the error raised; device 0 is marked unavailable with
+    the reason, so the automatic choice moves on to the next backend."""
+    global _auto
+    from . import selfcheck
+    base, index = key
+    info = _probe_all()[base]
+    impl_name = dict(_spec(base).impls)[info.module]
+    why = selfcheck.verdict(backend, info, _import(info.module), impl_name, index, run=run)
+    if run or why:
+        _unchecked.discard(key)
+    if why:
+        _instances.pop(key, None)
+        if index == 0:
+            _failed[base] = why
+            info.available, info.reason = False, why
+            if _auto is not None and parse_name(_auto)[0] == base:
+                _auto = None
+        raise AnyDeviceError("get_backend", "name", name, why)
+
+
+@contextlib.contextmanager
+def deferred_selfcheck():
+    """Within it (ComfyUI start-up: the load-time choice and its log line) backends are created
+    without running their self-check; it runs on their first ``get_backend`` after it. A cached
+    failed verdict still counts at once."""
+    _local.defer = getattr(_local, "defer", 0) + 1
+    try:
+        yield
+    finally:
+        _local.defer -= 1
+
+
+def _deferred() -> bool:
+    return getattr(_local, "defer", 0) > 0
 
 
 def selfcheck_status(info: BackendInfo, index: int = 0) -> str:

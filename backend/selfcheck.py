@@ -53,7 +53,9 @@ _memo: dict[str, dict] = {}
 # channel counts, every conv kind: strided+dilated, grouped, depthwise, a long reduction (K > 576
 # takes the im2col/GEMM path on CPU OpenCL; 3x3 stride 1 with >= 32 channels takes Winograd).
 CASES = (
+    ("matmul", ((9, 17), (17, 11)), {}),
     ("matmul", ((67, 131), (131, 45)), {}),
+    ("matmul", ((37, 2053), (2053, 29)), {}),  # long K: split-K and its ordered reduction on GPUs
     ("matmul", ((3, 33, 70), (70, 129)), {}),
     ("conv2d", ((2, 5, 19, 23), (7, 5, 3, 5), (7,)), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2))),
     ("conv2d", ((1, 6, 17, 13), (9, 2, 3, 3), (9,)), dict(stride=1, padding=1, groups=3)),
@@ -193,9 +195,10 @@ def _cached(key: str, want: dict) -> dict | None:
     return None
 
 
-def verdict(backend, info, module, impl_name: str, index: int = 0) -> str | None:
+def verdict(backend, info, module, impl_name: str, index: int = 0, run: bool = True) -> str | None:
     """The registry's gate: None when the backend may be used (passed, trusted, off), else why not.
-    Reuses a cached verdict; otherwise runs the check on ``backend`` and stores the result."""
+    Reuses a cached verdict; otherwise runs the check on ``backend`` and stores the result
+    (``run=False``: only a cached failure counts, nothing runs)."""
     if trusted(info) or not enabled():
         return None
     try:
@@ -205,6 +208,8 @@ def verdict(backend, info, module, impl_name: str, index: int = 0) -> str | None
         subject = None
     key, want = subject or (None, {})
     entry = _cached(key, want) if key else None
+    if entry is None and not run:
+        return None
     if entry is None:
         tf32 = bool(getattr(backend, "tf32", False))
         counts = backend.transfers()
