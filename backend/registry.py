@@ -17,6 +17,9 @@ measured on an H100 (README, speed) cuBLAS/cuDNN are faster on most ops, so the 
 only where PyTorch has no CUDA (``ANYDEVICE_PREFER_OWN=1`` puts them first anyway).
 ``ANYDEVICE_BACKEND=name[:index]`` overrides it; a value that names no backend, or one that
 cannot run here, is a ``config.ConfigError`` naming the variable (never silently another backend).
+
+An own-kernel backend runs its self-check (selfcheck.py) on first use here; one that fails is
+marked unavailable with the reason and the automatic choice moves on.
 """
 from __future__ import annotations
 

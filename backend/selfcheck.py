@@ -69,6 +69,10 @@ CASES = (
 )
 
 
+#: the cases and bounds themselves: a verdict made with other cases is run again
+_CHECK_HASH = hashlib.sha256(repr((CASES, TOLERANCE, TOLERANCE_TF32)).encode()).hexdigest()[:16]
+
+
 def _pair(v):
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
@@ -184,7 +188,8 @@ def _subject(name: str, index: int, module, impl_name: str) -> tuple[str, dict] 
     if ident_fn is None:
         return None
     ident = ident_fn(impl_name, index)
-    return f"{name}|{ident['device']}", {"driver": str(ident["driver"]), "sources": source_hash(ident["sources"])}
+    return f"{name}|{ident['device']}", {"driver": str(ident["driver"]), "sources": source_hash(ident["sources"]),
+                                         "check": _CHECK_HASH}
 
 
 def _cached(key: str, want: dict) -> dict | None:
@@ -226,7 +231,8 @@ def verdict(backend, info, module, impl_name: str, index: int = 0, run: bool = T
             backend.device, "passed" if ok else "FAILED", seconds, f": {reason}" if reason else "")
     if entry["ok"]:
         return None
-    return f"failed its self-check on {backend.device}: {entry.get('reason') or 'wrong results'}"
+    return (f"failed its self-check on {backend.device}: {entry.get('reason') or 'wrong results'} "
+            f"(a new driver runs it again; ANYDEVICE_SELFCHECK=0 skips it)")
 
 
 def _uncount(backend, before: dict) -> None:
