@@ -181,6 +181,11 @@ def auto_name() -> str:
     names no backend or one that cannot start here raises config.ConfigError (not cached)."""
     global _auto
     with _lock:
+        if _auto is not None and not _deferred() and parse_name(_auto) in _unchecked:
+            try:  # chosen while the self-check was deferred (start-up): it runs now
+                get_backend(_auto)
+            except AnyDeviceError:  # it failed: _auto is reset and the choice moves on
+                pass
         if _auto is not None:
             return _auto
         env = config.backend_override()
@@ -207,13 +212,6 @@ def get_backend(name: str | None = None):
     """The backend for ``name`` ("cuda", "opencl:1", ...); None or "auto" gives the auto choice."""
     if name is None or name == "auto":
         name = auto_name()
-        if not _deferred() and parse_name(name) in _unchecked:  # chosen at start-up, not yet checked
-            try:
-                return get_backend(name)
-            except AnyDeviceError:
-                if _auto is not None:
-                    raise
-                name = auto_name()  # it failed its self-check: the automatic choice moves on
     if not isinstance(name, str):
         raise AnyDeviceError("get_backend", "name", name, "must be a string such as 'numpy' or 'opencl:0'")
     base, index = parse_name(name)
@@ -266,8 +264,8 @@ def _selfcheck(name: str, key: tuple[str, int], backend, run: bool = True) -> No
         if index == 0:
             _failed[base] = why
             info.available, info.reason = False, why
-            if _auto is not None and parse_name(_auto)[0] == base:
-                _auto = None
+        if _auto is not None and parse_name(_auto) == key:
+            _auto = None
         raise AnyDeviceError("get_backend", "name", name, why)
 
 

@@ -316,3 +316,14 @@ print("RESULT", os.path.exists(os.path.join(r"{tmp_path}", "selfcheck.json")), l
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "RESULT False 0" in out.stdout, out.stdout[-2000:]
+
+
+@needs_opencl
+def test_auto_name_after_startup_runs_the_deferred_check(reg, monkeypatch):
+    """auto_name() itself (describe() uses it) checks a start-up choice before handing it out."""
+    reg.use(_module(WrongConv))
+    order = _from_opencl_on(monkeypatch)
+    with registry.deferred_selfcheck():
+        assert registry.auto_name() == "opencl"
+    assert registry.auto_name() == order[1] and reg.calls == ["WrongConv"]
+    assert registry.describe().startswith(f"using {order[1]}")
