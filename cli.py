@@ -63,8 +63,10 @@ def _cmd_devices(args) -> int:
             chosen = registry.parse_name(registry.auto_name())[0]
         except config.ConfigError as exc:  # ANYDEVICE_BACKEND names a backend that cannot run here
             problems.append(exc)
+    checks = {i.name: registry.selfcheck_status(i) for i in infos}  # passed / failed / not yet run / skipped
     if args.json:
-        print(json.dumps([dict(i.as_dict(), chosen=i.name == chosen) for i in infos], indent=2))
+        print(json.dumps([dict(i.as_dict(), chosen=i.name == chosen, selfcheck=checks[i.name]) for i in infos],
+                         indent=2))
     else:
         print(f"{'':2}{'backend':<11}{'available':<11}{'priority':<9}device / reason")
         for i in infos:
@@ -73,6 +75,8 @@ def _cmd_devices(args) -> int:
             print(f"{mark}{i.name:<11}{('yes' if i.available else 'no'):<11}{i.priority:<9}{detail}")
             if i.available and i.notes:
                 print(f"{'':33}(note: {i.notes})")
+            if i.available and checks[i.name]:
+                print(f"{'':33}(self-check: {checks[i.name]})")
         if chosen:
             print("\n* = chosen automatically (override with ANYDEVICE_BACKEND=name[:index])")
         else:

@@ -135,6 +135,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "device type)", _choice("cpu", "gpu")),
     Setting("ANYDEVICE_OPENCL_TUNE", "0", "`1`: time a few GEMM variants per shape class on first use (at "
             "most 10 s, logged), stored per device and driver", _flag),
+    Setting("ANYDEVICE_SELFCHECK", "1", "`0`: skip the self-check an own-kernel backend runs on first use "
+            "(GEMM and convs against a float64 reference; verdict cached per device, driver and kernels)", _flag),
     Setting("ANYDEVICE_ALLOW_TF32", "0", "`1`: TF32 tensor cores for GEMM/conv (faster, not FP32-exact) on "
             "the CUDA backends", _flag),
     Setting("ANYDEVICE_CUDA_KSPLIT", "", "force the CUDA GEMM/conv kernel's K split (default: chosen per "

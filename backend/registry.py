@@ -17,9 +17,13 @@ measured on an H100 (README, speed) cuBLAS/cuDNN are faster on most ops, so the 
 only where PyTorch has no CUDA (``ANYDEVICE_PREFER_OWN=1`` puts them first anyway).
 ``ANYDEVICE_BACKEND=name[:index]`` overrides it; a value that names no backend, or one that
 cannot run here, is a ``config.ConfigError`` naming the variable (never silently another backend).
+
+An own-kernel backend runs its self-check (selfcheck.py) on first use here; one that fails is
+marked unavailable with the reason and the automatic choice moves on.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -81,6 +85,8 @@ _infos: dict[str, BackendInfo] | None = None
 _instances: dict[tuple[str, int], object] = {}
 _auto: str | None = None
 _failed: dict[str, str] = {}  # name -> reason creation failed (so auto moves on)
+_unchecked: set[tuple[str, int]] = set()  # instances created while the self-check was deferred
+_local = threading.local()
 
 
 def _import(module: str):
@@ -175,6 +181,11 @@ def auto_name() -> str:
     names no backend or one that cannot start here raises config.ConfigError (not cached)."""
     global _auto
     with _lock:
+        if _auto is not None and not _deferred() and parse_name(_auto) in _unchecked:
+            try:  # chosen while the self-check was deferred (start-up): it runs now
+                get_backend(_auto)
+            except AnyDeviceError:  # it failed: _auto is reset and the choice moves on
+                pass
         if _auto is not None:
             return _auto
         env = config.backend_override()
@@ -207,6 +218,8 @@ def get_backend(name: str | None = None):
     with _lock:
         key = (base, index)
         if key in _instances:
+            if key in _unchecked and not _deferred():
+                _selfcheck(name, key, _instances[key])
             return _instances[key]
         infos = _probe_all()
         info = infos.get(base)
@@ -229,7 +242,59 @@ def get_backend(name: str | None = None):
             info.available, info.reason = False, why
             raise AnyDeviceError("get_backend", "name", name, why) from exc
         _instances[key] = backend
+        _unchecked.add(key)
+        _selfcheck(name, key, backend, run=not _deferred())
         return backend
+
+
+def _selfcheck(name: str, key: tuple[str, int], backend, run: bool = True) -> None:
+    """The backend proves itself on first use (selfcheck.py; ``run=False``: only a cached failure
+    counts). On failure it is dropped and the error raised; device 0 is marked unavailable with
+    the reason, so the automatic choice moves on to the next backend."""
+    global _auto
+    from . import selfcheck
+    base, index = key
+    info = _probe_all()[base]
+    impl_name = dict(_spec(base).impls)[info.module]
+    why = selfcheck.verdict(backend, info, _import(info.module), impl_name, index, run=run)
+    if run or why:
+        _unchecked.discard(key)
+    if why:
+        _instances.pop(key, None)
+        if index == 0:
+            _failed[base] = why
+            info.available, info.reason = False, why
+        if _auto is not None and parse_name(_auto) == key:
+            _auto = None
+        raise AnyDeviceError("get_backend", "name", name, why)
+
+
+@contextlib.contextmanager
+def deferred_selfcheck():
+    """Within it (ComfyUI start-up: the load-time choice and its log line) backends are created
+    without running their self-check; it runs on their first ``get_backend`` after it. A cached
+    failed verdict still counts at once."""
+    _local.defer = getattr(_local, "defer", 0) + 1
+    try:
+        yield
+    finally:
+        _local.defer -= 1
+
+
+def _deferred() -> bool:
+    return getattr(_local, "defer", 0) > 0
+
+
+def selfcheck_status(info: BackendInfo, index: int = 0) -> str:
+    """The self-check verdict ``anydevice devices`` shows ("" where there is none); never raises."""
+    if not info.module:
+        return ""
+    try:
+        from . import selfcheck
+        impl_name = dict(_spec(info.name).impls)[info.module]
+        return selfcheck.status(info, _import(info.module), impl_name, index)
+    except Exception as exc:
+        return f"unknown ({type(exc).__name__}: {exc})"
 
 
 def _spec(name: str) -> BackendSpec:

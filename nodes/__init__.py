@@ -35,10 +35,11 @@ def log_backend_choice() -> None:
     _logged = True
     name = "numpy"
     try:
-        from ..backend import describe
+        from ..backend import describe, registry
         from .common import load_time_backend_name
-        name = load_time_backend_name()
-        log.info("AnyDevice: %s", describe())
+        with registry.deferred_selfcheck():  # start-up: a backend's self-check runs on its first use
+            name = load_time_backend_name()
+            log.info("AnyDevice: %s", describe())
     except Exception as exc:  # noqa: BLE001 - loading the pack must never fail on this
         # e.g. ANYDEVICE_BACKEND naming no backend (config.ConfigError names the variable)
         log.warning("AnyDevice: %s; nodes without a DEVICE input run on %s", exc, name)

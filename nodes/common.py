@@ -331,11 +331,17 @@ def resolve_backend(device, node: str):
         name = device
     elif device is not None:
         raise NodeError(node, "device", type(device).__name__, "must come from a DeviceSelect (AnyDevice) node")
-    if name in (None, "auto"):
+    auto = name in (None, "auto")
+    if auto:
         name = load_time_backend_name()
     try:
         return get_backend(name)
     except AnyDeviceError as exc:
+        global _LOAD_TIME
+        if auto and _LOAD_TIME == name:  # the start-up choice failed its self-check on first use
+            _LOAD_TIME = None
+            if load_time_backend_name() != name:  # the automatic choice moved on
+                return resolve_backend(None, node)
         raise NodeError(node, "device", name, exc.reason or str(exc)) from exc
 
 

@@ -60,3 +60,23 @@ def _describe(cp, props, hip) -> str:
         return f"{dev} ({arch or 'gfx'}) via the pack's own HIP kernels (CuPy {cp.__version__}, hipRTC)"
     return (f"{dev} (sm_{props['major']}{props['minor']}) via the pack's own CUDA kernels "
             f"(CuPy {cp.__version__}, NVRTC)")
+
+
+def selfcheck_identity(name: str = "cuda", index: int = 0) -> dict:
+    """Who a self-check verdict belongs to (backend/selfcheck.py): the device (with CuPy's version
+    and whether TF32 is allowed), the driver, runtime and compiler versions, and the kernel files
+    the backend builds; cheap (no kernel builds)."""
+    from .. import config
+    from .tiles import MISC, OWN_GEMM
+    cp = _cupy()
+    rt = cp.cuda.runtime
+    hip = bool(getattr(rt, "is_hip", False))
+    props = rt.getDeviceProperties(index)
+    tf32 = config.tf32_allowed() and not hip and int(props["major"]) >= 8
+    try:
+        rtc = ".".join(map(str, cp.cuda.nvrtc.getVersion()))
+    except Exception:
+        rtc = "?"
+    return {"device": _describe(cp, props, hip) + (" [TF32 allowed]" if tf32 else ""),
+            "driver": f"driver {rt.driverGetVersion()}, runtime {rt.runtimeGetVersion()}, RTC {rtc}",
+            "sources": [(OWN_GEMM[0], "cuda", True), (MISC, "cuda", True)]}

@@ -34,11 +34,12 @@ program binaries, tuning store and kernel signatures are the shared runtime's (`
 from __future__ import annotations
 
 from .backend import OpenCLBackend
-from .device import _describe, _device_key, _enumerate, _is_gpu, _usable, cache_root, create, probe
+from .device import (_describe, _device_key, _enumerate, _is_gpu, _usable, cache_root, create, probe,
+                     selfcheck_identity)
 from .memory import BufferPool, CLArray
 from .params import KFILES, SIGS
 from .programs import ProgramCache
 from ..runtime.binaries import MAGIC as _MAGIC
 
 __all__ = ["OpenCLBackend", "BufferPool", "CLArray", "ProgramCache", "KFILES", "SIGS", "_MAGIC", "_describe",
-           "_device_key", "_enumerate", "_is_gpu", "_usable", "cache_root", "create", "probe"]
+           "_device_key", "_enumerate", "_is_gpu", "_usable", "cache_root", "create", "probe", "selfcheck_identity"]

@@ -115,3 +115,16 @@ def create(name: str = "opencl", index: int = 0, family: str | None = None):
         raise RuntimeError(f"OpenCL device index {index} out of range ({len(good)} usable)")
     from .backend import OpenCLBackend
     return OpenCLBackend(good[index][2], index=index, family=family)
+
+
+def selfcheck_identity(name: str = "opencl", index: int = 0) -> dict:
+    """Who a self-check verdict belongs to (backend/selfcheck.py): the device with its kernel
+    family, its driver, and every kernel file the backend builds; cheap (no context, no builds)."""
+    from .params import KFILES
+    good, _ = _usable()
+    dev = good[index][2]
+    fam = config.get("ANYDEVICE_OPENCL_FAMILY") or ("gpu" if _is_gpu(dev) else "cpu")
+    p = dev.platform
+    return {"device": f"{dev.name.strip()} | {p.name.strip()} | {dev.vendor.strip()} [{fam} kernel family]",
+            "driver": f"{p.version} | {dev.version} | {dev.driver_version}",
+            "sources": [(fname, "opencl", portable) for fname, portable in KFILES.values()]}
