@@ -737,7 +737,10 @@ def class_dim(op: str, shape) -> int:
     """The class dim of a loss input: 0 for an unbatched (C,) input, else 1."""
     if len(shape) == 0:
         raise AnyDeviceError(op, "input", tuple(shape), "must have at least 1 dim (C) or (N, C, ...)")
-    return 0 if len(shape) == 1 else 1
+    cd = 0 if len(shape) == 1 else 1
+    if shape[cd] == 0:
+        raise AnyDeviceError(op, "input", tuple(shape), "needs at least 1 class (its class dim is empty)")
+    return cd
 
 
 def index_targets(op: str, shape, target: np.ndarray, ignore_index, sw) -> None:
