@@ -71,7 +71,7 @@ class MovementOps:
         op = "permute"
         kind, like, x = self._inputs(op, input=input)
         axes = permute_dims(op, len(self._shape(x)), dims)
-        return self._out(self._permute(x, axes), kind, like)
+        return self._out(self._permute(x, axes) if axes else x, kind, like)
 
     def transpose(self, input, dim0, dim1):
         """torch.transpose: swap two dims (a view; OpenCL: a copy)."""
@@ -80,8 +80,9 @@ class MovementOps:
         nd = len(self._shape(x))
         d0, d1 = one_dim(op, nd, dim0, "dim0"), one_dim(op, nd, dim1, "dim1")
         axes = list(range(nd))
-        if nd:
-            axes[d0], axes[d1] = axes[d1], axes[d0]
+        if not nd:
+            return self._out(x, kind, like)
+        axes[d0], axes[d1] = axes[d1], axes[d0]
         return self._out(self._permute(x, tuple(axes)), kind, like)
 
     def expand(self, input, *sizes):

@@ -542,17 +542,18 @@ COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 
 def crop_check(op: str, hw, pads, mode, value) -> None:
     """pad with negative amounts (cropping), torch's rules: constant and circular crop first (the
-    crop may empty a dim but not go past it), reflect and replicate pad first and must leave at
-    least 1 element per dim; circular may not wrap past the cropped size (torch reads
-    uninitialised memory there)."""
+    crop may empty a dim but not go past it), reflect and replicate pad first and may not leave a
+    negative size, nor an empty output (torch: a (left, right) pad must leave W >= 1, a 4-tuple
+    H >= 1 or W >= 1); circular may not wrap past the cropped size (torch reads uninitialised
+    memory there)."""
     (h, w), (t, b, l, r) = tuple(hw), pads
+    outs = (h + t + b, w + l + r)
+    if mode in ("reflect", "replicate") and (min(outs) < 0 or (outs[1] < 1 if len(value) == 2 else max(outs) < 1)):
+        raise AnyDeviceError(op, "pad", value, f"leaves an empty output ({outs[0]}x{outs[1]} of {h}x{w})")
     for size, lo, hi in ((h, t, b), (w, l, r)):
         kept = size + min(lo, 0) + min(hi, 0)
-        out = size + lo + hi
         if mode in ("zeros", "circular") and kept < 0:
             raise AnyDeviceError(op, "pad", value, f"crops {-min(lo, 0) - min(hi, 0)} elements off a dim of {size}")
-        if mode in ("reflect", "replicate") and out < 1:
-            raise AnyDeviceError(op, "pad", value, f"leaves an empty output ({out} of a dim of {size})")
         if mode == "circular" and max(lo, hi) > kept:
             raise AnyDeviceError(op, "pad", value, f"circular padding of {max(lo, hi)} wraps past the "
                                                    f"{kept} elements left after cropping")
