@@ -240,6 +240,10 @@ class LayerOps:
             wpos = self._reduce("sum", self._where(mask, self._reshape(w, classes), zero), (cd,), False)
         return picked, wpos
 
+    def _neg(self, x):
+        """-x as x * -1 (exact; keeps 0-d results arrays on every backend)."""
+        return self._binary("mul", x, -1.0)
+
     def _all(self, x):
         return self._reduce("sum", x, tuple(range(len(self._shape(x)))), False)
 
@@ -257,7 +261,7 @@ class LayerOps:
         cd = class_dim(op, shape)
         index_targets(op, shape, t, ignore_index, *self._shapes(w))
         picked, wpos = self._pick(op, x, t, cd, int(ignore_index), w)
-        loss = self._unary("neg", self._binary("mul", wpos, picked))
+        loss = self._neg(self._binary("mul", wpos, picked))
         if reduction == "mean":
             loss = self._binary("div", self._all(loss), self._all(wpos))
         elif reduction == "sum":
@@ -293,17 +297,17 @@ class LayerOps:
             prod = self._binary("mul", logp, tp)
             if w is not None:
                 prod = self._binary("mul", prod, self._reshape(w, classes))
-            loss = self._unary("neg", self._reduce("sum", prod, (cd,), False))
+            loss = self._neg(self._reduce("sum", prod, (cd,), False))
             if reduction == "mean":
                 loss = self._binary("div", self._all(loss), float(math.prod(shape) // C if C else 0))
             elif reduction == "sum":
                 loss = self._all(loss)
             return self._out(loss, kind, like)
         picked, wpos = self._pick(op, logp, t, cd, int(ignore_index), w)
-        loss = self._unary("neg", self._binary("mul", wpos, picked))
+        loss = self._neg(self._binary("mul", wpos, picked))
         if eps > 0:
             sm = logp if w is None else self._binary("mul", logp, self._reshape(w, classes))
-            smooth = self._unary("neg", self._reduce("sum", sm, (cd,), False))
+            smooth = self._neg(self._reduce("sum", sm, (cd,), False))
             valid = self.to_device((t != int(ignore_index)).astype(np.float32), op, "target")
             zero = self.to_device(np.zeros((), np.float32), op, "zero", constant=True)
             smooth = self._where(valid, smooth, zero)

@@ -58,6 +58,9 @@ def run(be, kind, fn, *arrays):
     ins = [as_kind(be, a, kind) for a in arrays]
     before = [host(be, i).copy() for i in ins]
     y = fn(*ins)
+    want = {"numpy": np.ndarray, "torch": torch.Tensor}.get(kind)
+    for part in (y if isinstance(y, tuple) else (y,)):
+        assert want is None or isinstance(part, want), type(part)  # the first input's kind
     for b, i in zip(before, ins):
         np.testing.assert_array_equal(host(be, i), b)
     return y
