@@ -454,3 +454,28 @@ def test_bad_arguments(backend_target, monkeypatch, case):
     e = ei.value
     assert (e.op, e.arg) == (op, arg), str(e)
     assert fragment in str(e), str(e)
+
+
+# ---- no host round trip ----------------------------------------------------------------------
+def test_device_residency(backend_target):
+    """On a device backend, device inputs stay there: no downloads, no uploads but constants."""
+    be = backend_target
+    if be.host_memory:
+        pytest.skip("native arrays are host memory: nothing moves")
+    rng = np.random.default_rng(10)
+    d = be.to_device(data(rng, (3, 4, 5)))
+    c = be.to_device((rng.uniform(size=(3, 4, 5)) > 0.5).astype(np.float32))
+    be.reset_transfers()
+    ys = [be.reshape(d, (12, 5)), be.permute(d, (2, 1, 0)), be.transpose(d, 0, 1), be.expand(d, 2, 3, 4, 5),
+          be.narrow(d, 1, 1, 2), be.slice(d, 2, 0, None, 2), be.cat([d, d], -1), be.stack([d, d]),
+          *be.split(d, 2, 1), *be.chunk(d, 2), be.contiguous(d), be.where(c, d, d),
+          be.where(c, d, 0.0), be.eq(d, d), be.lt(d, 0.5), be.pad(d, (-1, 2, 1, -1), "reflect")]
+    t = be.transfers()
+    assert t["downloads"] == 0 and t["uploads"] == 0, t
+    assert all(not isinstance(y, np.ndarray) for y in ys)
+    # the losses read the integer targets on the host; the input stays on the device
+    x = be.to_device(data(rng, (4, 5), special=False))
+    be.reset_transfers()
+    be.cross_entropy(x, np.array([0, 1, 2, 3]), label_smoothing=0.1)
+    be.batch_norm(x, None, None, training=True)
+    assert be.transfers()["downloads"] == 0
