@@ -479,3 +479,36 @@ def test_device_residency(backend_target):
     be.cross_entropy(x, np.array([0, 1, 2, 3]), label_smoothing=0.1)
     be.batch_norm(x, None, None, training=True)
     assert be.transfers()["downloads"] == 0
+
+
+# ---- property: slicing, splitting and joining agree with torch on any shape ------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+HYP = settings(max_examples=int(__import__("os").environ.get("ANYDEVICE_HYPOTHESIS_EXAMPLES", "25")),
+               deadline=None, derandomize=True, print_blob=True,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@HYP
+@given(shape=st.lists(st.integers(0, 5), min_size=1, max_size=4), dim=st.integers(-4, 3),
+       start=st.none() | st.integers(-7, 7), stop=st.none() | st.integers(-7, 7), step=st.integers(1, 4),
+       pieces=st.integers(1, 4))
+def test_slice_split_cat_property(backend_target, shape, dim, start, stop, step, pieces):
+    be = backend_target
+    shape = tuple(shape)
+    dim = dim % len(shape)
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 3.5
+    t = torch.from_numpy(x)
+    d = be.to_device(x)
+    idx = (slice(None),) * dim + (slice(start, stop, step),)
+    same(be, be.slice(d, dim, start, stop, step), t[idx])
+    parts = be.chunk(d, pieces, dim)
+    refs = t.chunk(pieces, dim)
+    assert len(parts) == len(refs)
+    for p, r in zip(parts, refs):
+        same(be, p, r)
+    same(be, be.cat(list(parts), dim), t)
+    same(be, be.stack(list(parts[:1]) * 2, -1), torch.stack([refs[0]] * 2, -1))
+    perm = tuple(reversed(range(len(shape))))
+    same(be, be.reshape(be.permute(d, perm), (-1,)), t.permute(perm).reshape(-1))
