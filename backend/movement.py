@@ -15,7 +15,6 @@ and selects, so the unselected side's Inf / NaN never reach the result.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from .errors import AnyDeviceError
