@@ -304,14 +304,14 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
     def pad(self, input, pad, mode="constant"):
         """torch.nn.functional.pad for the last two dims, pad = (left, right, top, bottom).
 
-        Modes: constant (zeros), reflect, replicate, circular."""
+        Modes: constant (zeros), reflect, replicate, circular. Negative amounts crop, as torch's."""
         op = "pad"
         kind, like, x = self._inputs(op, input=input)
         shape = self._shape(x)
         pads, mode = pad_plan(op, shape, pad, mode)
         lead = shape[:-2]
         x4 = self._reshape(x, (math.prod(lead), 1) + shape[-2:])
-        y = self._pad(x4, pads, mode)
+        y = self._pad_crop(x4, pads, mode)
         y = self._reshape(y, lead + self._shape(y)[-2:])
         return self._out(y, kind, like)
 

@@ -371,6 +371,18 @@ class NumpyBackend(Backend):
         with np.errstate(all="ignore"):
             return np.asarray(_BINARY[op](a, b), dtype=F32)
 
+    def _slice(self, x, dim, start, length, step):
+        return x[(slice(None),) * dim + (slice(start, start + (length - 1) * step + 1 if length else start, step),)]
+
+    def _cat(self, parts, dim):
+        return np.concatenate(parts, axis=dim)
+
+    def _where(self, c, a, b):
+        return np.asarray(np.where(c != 0, a, b), dtype=F32)
+
+    def _contiguous(self, x):
+        return np.ascontiguousarray(x) if x.ndim else x
+
     def _reduce(self, op, x, dims, keepdim):
         if op == "sum":
             y = np.sum(x, axis=dims, dtype=np.float64, keepdims=keepdim)
@@ -387,7 +399,9 @@ class NumpyBackend(Backend):
 
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-           "pow": np.power, "minimum": np.minimum, "maximum": np.maximum}
+           "pow": np.power, "minimum": np.minimum, "maximum": np.maximum,
+           "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+           "ge": np.greater_equal}
 
 
 def _sigmoid(x):

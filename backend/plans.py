@@ -269,15 +269,15 @@ def pad_plan(op: str, shape, pad, mode) -> tuple[tuple[int, int, int, int], str]
     """torch.nn.functional.pad on the last two dims: ((top, bottom, left, right), mode)."""
     if not (isinstance(pad, (tuple, list)) and len(pad) in (2, 4) and all(_is_int(p) for p in pad)):
         raise AnyDeviceError(op, "pad", pad, "must be (left, right) or (left, right, top, bottom) ints")
-    if min(pad) < 0:
-        raise AnyDeviceError(op, "pad", pad, "negative padding (cropping) is not supported")
-    l, r, t, bo = (tuple(pad) + (0, 0))[:4]
+    l, r, t, bo = (tuple(int(p) for p in pad) + (0, 0))[:4]
     mode = {"constant": "zeros"}.get(mode, mode)
     if mode not in PADDING_MODES:
         raise AnyDeviceError(op, "mode", mode, "must be constant, reflect, replicate or circular")
     if len(shape) < 2:
         raise AnyDeviceError(op, "input", tuple(shape), "needs at least 2 dims")
-    _check_pad_mode(op, shape[-2:], (t, bo, l, r), mode, "pad", pad)
+    _check_pad_mode(op, shape[-2:], tuple(max(v, 0) for v in (t, bo, l, r)), mode, "pad", pad)
+    if min(pad) < 0:
+        crop_check(op, shape[-2:], (t, bo, l, r), mode, pad)
     return (t, bo, l, r), mode
 
 
@@ -535,6 +535,281 @@ def check_size(op: str, shape, limit_bytes: int) -> None:
 
 
 # ---- data movement, selection, losses, dropout, batch_norm (movement.py, layers.py) -------------
+
+#: comparisons (movement.py): float32 1.0 / 0.0 results (torch: bool)
+COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def crop_check(op: str, hw, pads, mode, value) -> None:
+    """pad with negative amounts (cropping), torch's rules: constant and circular crop first (the
+    crop may empty a dim but not go past it), reflect and replicate pad first and may not leave a
+    negative size, nor an empty output (torch: a (left, right) pad must leave W >= 1, a 4-tuple
+    H >= 1 or W >= 1); circular may not wrap past the cropped size (torch reads uninitialised
+    memory there)."""
+    (h, w), (t, b, l, r) = tuple(hw), pads
+    outs = (h + t + b, w + l + r)
+    if mode in ("reflect", "replicate") and (min(outs) < 0 or (outs[1] < 1 if len(value) == 2 else max(outs) < 1)):
+        raise AnyDeviceError(op, "pad", value, f"leaves an empty output ({outs[0]}x{outs[1]} of {h}x{w})")
+    for size, lo, hi in ((h, t, b), (w, l, r)):
+        kept = size + min(lo, 0) + min(hi, 0)
+        if mode in ("zeros", "circular") and kept < 0:
+            raise AnyDeviceError(op, "pad", value, f"crops {-min(lo, 0) - min(hi, 0)} elements off a dim of {size}")
+        if mode == "circular" and max(lo, hi) > kept:
+            raise AnyDeviceError(op, "pad", value, f"circular padding of {max(lo, hi)} wraps past the "
+                                                   f"{kept} elements left after cropping")
+
+
+def _int_seq(op, arg, value):
+    seq = [value] if _is_int(value) else list(value) if isinstance(value, (tuple, list)) else None
+    if seq is None or not all(_is_int(v) for v in seq):
+        raise AnyDeviceError(op, arg, value, "must be an int or a sequence of ints")
+    return [int(v) for v in seq]
+
+
+def view_shape(op: str, shape, new_shape, arg: str = "shape") -> tuple:
+    """reshape/view's target shape with its one -1 inferred (torch's rules)."""
+    dims = _int_seq(op, arg, new_shape)
+    n = math.prod(shape)
+    if dims.count(-1) > 1:
+        raise AnyDeviceError(op, arg, new_shape, "only one dim can be -1")
+    if any(d < -1 for d in dims):
+        raise AnyDeviceError(op, arg, new_shape, "sizes must be >= 0 (or -1 for one inferred dim)")
+    if -1 in dims:
+        rest = math.prod(d for d in dims if d != -1)
+        if rest == 0 or n % rest:
+            raise AnyDeviceError(op, arg, new_shape, f"is invalid for an input of {n} elements",
+                                 refs={"input": tuple(shape)})
+        dims[dims.index(-1)] = n // rest
+    if math.prod(dims) != n:
+        raise AnyDeviceError(op, arg, new_shape, f"is invalid for an input of {n} elements",
+                             refs={"input": tuple(shape)})
+    return tuple(dims)
+
+
+def one_dim(op: str, ndim: int, dim, arg: str = "dim", extra: int = 0) -> int:
+    """One dim of a tensor with ``ndim`` dims (``extra`` = 1: stack's new dim), as an axis >= 0."""
+    if not _is_int(dim):
+        raise AnyDeviceError(op, arg, dim, "must be an int")
+    rank = max(ndim + extra, 1)
+    if not -rank <= dim < rank:
+        raise AnyDeviceError(op, arg, dim, f"out of range for a tensor with {ndim} dims (expected "
+                                           f"[{-rank}, {rank - 1}])")
+    return int(dim) % rank
+
+
+def permute_dims(op: str, ndim: int, dims) -> tuple[int, ...]:
+    dims_ = _int_seq(op, "dims", dims)
+    if len(dims_) != ndim:
+        raise AnyDeviceError(op, "dims", dims, f"must name each of the input's {ndim} dims once")
+    out = tuple(one_dim(op, ndim, d, "dims") for d in dims_)
+    if len(set(out)) != len(out):
+        raise AnyDeviceError(op, "dims", dims, "names a dim twice")
+    return out
+
+
+def expand_shape(op: str, shape, sizes, arg: str = "size") -> tuple:
+    """expand/broadcast_to: the new shape (-1 keeps a dim; new dims go in front)."""
+    sizes_ = _int_seq(op, arg, sizes)
+    shape = tuple(shape)
+    lead = len(sizes_) - len(shape)
+    if lead < 0:
+        raise AnyDeviceError(op, arg, sizes, f"has fewer dims than the input's {len(shape)}",
+                             refs={"input": shape})
+    out = []
+    for i, s in enumerate(sizes_):
+        if i < lead:
+            if s < 0:
+                raise AnyDeviceError(op, arg, sizes, "a new leading dim must be >= 0 (-1 is not allowed there)")
+            out.append(s)
+            continue
+        have = shape[i - lead]
+        if s == -1:
+            s = have
+        if s < 0 or (have != 1 and s != have):
+            raise AnyDeviceError(op, arg, sizes, f"cannot expand {{input}}'s dim {i - lead} of size {have} to {s}",
+                                 refs={"input": shape})
+        out.append(s)
+    return tuple(out)
+
+
+def _sliceable(op, shape):
+    if len(shape) == 0:
+        raise AnyDeviceError(op, "input", tuple(shape), "cannot be sliced: it is 0-d")
+
+
+def narrow_args(op: str, shape, dim, start, length) -> tuple[int, int, int]:
+    """narrow: (dim, start >= 0, length)."""
+    _sliceable(op, shape)
+    d = one_dim(op, len(shape), dim)
+    n = shape[d]
+    if not _is_int(start) or not -n <= start <= n:
+        raise AnyDeviceError(op, "start", start, f"must be an int in [{-n}, {n}] (dim {d} has size {n})")
+    start = int(start) % n if n and start < 0 else int(start)
+    if not _is_int(length) or length < 0 or start + length > n:
+        raise AnyDeviceError(op, "length", length, f"must be an int >= 0 with start + length <= {n} "
+                                                   f"(start {start}, dim {d} has size {n})")
+    return d, start, int(length)
+
+
+def slice_args(op: str, shape, dim, start, stop, step) -> tuple[int, int, int, int]:
+    """x[..., start:stop:step] along dim, Python's clamping: (dim, start, length, step)."""
+    _sliceable(op, shape)
+    d = one_dim(op, len(shape), dim)
+    for arg, v in (("start", start), ("stop", stop)):
+        if v is not None and not _is_int(v):
+            raise AnyDeviceError(op, arg, v, "must be an int or None")
+    if not _is_int(step) or step <= 0:
+        raise AnyDeviceError(op, "step", step, "must be a positive int (torch refuses steps <= 0)")
+    s, _, st = slice(start, stop, int(step)).indices(shape[d])
+    return d, s, len(range(*slice(start, stop, int(step)).indices(shape[d]))), st
+
+
+def _tensor_list(op, arg, tensors):
+    if not isinstance(tensors, (tuple, list)) or not tensors:
+        raise AnyDeviceError(op, arg, type(tensors).__name__ if not isinstance(tensors, (tuple, list)) else tensors,
+                             "must be a non-empty sequence of tensors")
+
+
+def cat_plan(op: str, shapes, dim) -> tuple[int, tuple, list[int]]:
+    """cat: (dim, output shape, the indices of the parts that take part: torch skips 1-D empty
+    tensors (legacy) when another part has more dims)."""
+    shapes = [tuple(s) for s in shapes]
+    keep = [i for i, s in enumerate(shapes) if s != (0,)]
+    if not keep:
+        keep = [0]
+    ref = shapes[keep[0]]
+    if len(ref) == 0:
+        raise AnyDeviceError(op, f"tensors[{keep[0]}]", ref, "a 0-d tensor cannot be concatenated")
+    d = one_dim(op, len(ref), dim)
+    total = 0
+    for i in keep:
+        s = shapes[i]
+        if len(s) != len(ref) or s[:d] + s[d + 1:] != ref[:d] + ref[d + 1:]:
+            raise AnyDeviceError(op, f"tensors[{i}]", s, f"must match {{first}} in every dim but dim {d}",
+                                 refs={"first": ref})
+        total += s[d]
+    return d, ref[:d] + (total,) + ref[d + 1:], keep
+
+
+def stack_plan(op: str, shapes, dim) -> tuple[int, tuple]:
+    shapes = [tuple(s) for s in shapes]
+    ref = shapes[0]
+    d = one_dim(op, len(ref), dim, extra=1)
+    for i, s in enumerate(shapes):
+        if s != ref:
+            raise AnyDeviceError(op, f"tensors[{i}]", s, "must have the shape of {first}", refs={"first": ref})
+    return d, ref[:d] + (len(shapes),) + ref[d:]
+
+
+def split_sizes(op: str, shape, split_size_or_sections, dim) -> tuple[int, list[int]]:
+    """split: (dim, the sizes of the parts along it)."""
+    _sliceable(op, shape)
+    d = one_dim(op, len(shape), dim)
+    n = shape[d]
+    v = split_size_or_sections
+    if _is_int(v):
+        if v < 0 or (v == 0 and n):
+            raise AnyDeviceError(op, "split_size_or_sections", v, f"must be positive (0 only for an empty dim; "
+                                                                 f"dim {d} has size {n})")
+        if n == 0:
+            return d, [0]
+        return d, [min(v, n - i) for i in range(0, n, v)]
+    if isinstance(v, (tuple, list)) and all(_is_int(s) and s >= 0 for s in v) and v:
+        if sum(v) != n:
+            raise AnyDeviceError(op, "split_size_or_sections", v, f"must sum to the size {n} of dim {d}")
+        return d, [int(s) for s in v]
+    raise AnyDeviceError(op, "split_size_or_sections", v, "must be an int or a non-empty list of ints >= 0")
+
+
+def chunk_sizes(op: str, shape, chunks, dim) -> tuple[int, list[int]]:
+    """chunk: torch's sizes (ceil(n / chunks) each, the last smaller; maybe fewer parts)."""
+    if not _is_int(chunks) or chunks < 1:
+        raise AnyDeviceError(op, "chunks", chunks, "must be a positive int")
+    _sliceable(op, shape)
+    d = one_dim(op, len(shape), dim)
+    n = shape[d]
+    if n == 0:
+        return d, [0] * int(chunks)
+    step = -(-n // chunks)
+    return d, [min(step, n - i) for i in range(0, n, step)]
+
+
+def class_dim(op: str, shape) -> int:
+    """The class dim of a loss input: 0 for an unbatched (C,) input, else 1."""
+    if len(shape) == 0:
+        raise AnyDeviceError(op, "input", tuple(shape), "must have at least 1 dim (C) or (N, C, ...)")
+    cd = 0 if len(shape) == 1 else 1
+    if shape[cd] == 0:
+        raise AnyDeviceError(op, "input", tuple(shape), "needs at least 1 class (its class dim is empty)")
+    return cd
+
+
+def index_targets(op: str, shape, target: np.ndarray, ignore_index, sw) -> None:
+    """Class-index targets (host integers): shape (), (N) or (N, d1, ...) as the input (C), (N, C)
+    or (N, C, d1, ...); each in [0, C) or ignore_index; weight (C,)."""
+    shape = tuple(shape)
+    cd = class_dim(op, shape)
+    if not _is_int(ignore_index):
+        raise AnyDeviceError(op, "ignore_index", ignore_index, "must be an int")
+    want = shape[:cd] + shape[cd + 1:]
+    if tuple(target.shape) != want:
+        raise AnyDeviceError(op, "target", tuple(target.shape), f"must have shape {want} for {{input}}",
+                             refs={"input": shape})
+    C = shape[cd]
+    bad = (target != ignore_index) & ((target < 0) | (target >= C))
+    if bad.any():
+        raise AnyDeviceError(op, "target", target, f"class index {int(target[bad].flat[0])} is out of bounds "
+                                                   f"for {C} classes (ignore_index {ignore_index})")
+    if sw is not None and tuple(sw) != (C,):
+        raise AnyDeviceError(op, "weight", tuple(sw), f"must have shape ({C},), one weight per class")
+
+
+def prob_targets(op: str, shape, st, sw) -> None:
+    """Class-probability targets: the input's shape; weight (C,)."""
+    cd = class_dim(op, shape)
+    if tuple(st) != tuple(shape):
+        raise AnyDeviceError(op, "target", tuple(st), "class probabilities must have the shape of {input} "
+                                                      "(class indices: an integer array)", refs={"input": tuple(shape)})
+    if sw is not None and tuple(sw) != (shape[cd],):
+        raise AnyDeviceError(op, "weight", tuple(sw), f"must have shape ({shape[cd]},), one weight per class")
+
+
+def label_smoothing_arg(op: str, value) -> float:
+    v = _number(op, "label_smoothing", value)
+    if not 0.0 <= v <= 1.0:
+        raise AnyDeviceError(op, "label_smoothing", value, "must be between 0.0 and 1.0")
+    return v
+
+
+def dropout_args(op: str, p, training, inplace, seed) -> float:
+    p = _number(op, "p", p)
+    if not 0.0 <= p <= 1.0:
+        raise AnyDeviceError(op, "p", p, "dropout probability has to be between 0 and 1")
+    if inplace:
+        raise AnyDeviceError(op, "inplace", inplace, "no op writes into its input; use inplace=False")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise AnyDeviceError(op, "seed", seed, "must be None or an int >= 0")
+    return p
+
+
+def batch_norm_args(op: str, shape, srm, srv, sw, sb, training, momentum, eps) -> tuple[float, float]:
+    """(momentum, eps) of batch_norm on (N, C, *), after checking the shapes of the (C,) vectors."""
+    shape = tuple(shape)
+    if len(shape) < 2:
+        raise AnyDeviceError(op, "input", shape, "must have at least 2 dims (N, C, *)")
+    C = shape[1]
+    momentum = _number(op, "momentum", momentum)
+    eps = norm_eps(op, eps)
+    for arg, s in (("running_mean", srm), ("running_var", srv), ("weight", sw), ("bias", sb)):
+        if s is not None and tuple(s) != (C,):
+            raise AnyDeviceError(op, arg, tuple(s), f"must have shape ({C},)", refs={"input": shape})
+    if not training and (srm is None or srv is None):
+        arg = "running_mean" if srm is None else "running_var"
+        raise AnyDeviceError(op, arg, None, "must be given in evaluation mode (training=False)")
+    if training and shape[0] * math.prod(shape[2:]) == 1:
+        raise AnyDeviceError(op, "input", shape, "expected more than 1 value per channel when training")
+    return momentum, eps
+
 
 
 # ---- attention (attention.py) --------------------------------------------------------------------

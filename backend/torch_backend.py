@@ -215,10 +215,27 @@ class TorchBackend(Backend):
             if not isinstance(b, torch.Tensor):
                 b = torch.tensor(b, dtype=torch.float32, device=self.dev)
         fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-              "pow": torch.pow, "minimum": torch.minimum, "maximum": torch.maximum}[op]
+              "pow": torch.pow, "minimum": torch.minimum, "maximum": torch.maximum}.get(op)
+        if fn is None:  # comparisons: float32 1.0 / 0.0
+            cmp = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}[op]
+            if not isinstance(a, torch.Tensor):
+                a = torch.tensor(a, dtype=torch.float32, device=self.dev)
+            return cmp(a, b).to(torch.float32)
         if not isinstance(a, torch.Tensor):  # scalar first: torch.sub(2.0, t) is not allowed
             a = torch.tensor(a, dtype=torch.float32, device=self.dev)
         return fn(a, b)
+
+    def _slice(self, x, dim, start, length, step):
+        return x[(slice(None),) * dim + (slice(start, start + (length - 1) * step + 1 if length else start, step),)]
+
+    def _cat(self, parts, dim):
+        return self.torch.cat(parts, dim=dim)
+
+    def _where(self, c, a, b):
+        return self.torch.where(c != 0, a, b)
+
+    def _contiguous(self, x):
+        return x.contiguous()
 
     def _reduce(self, op, x, dims, keepdim):
         torch = self.torch

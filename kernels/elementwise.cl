@@ -34,6 +34,8 @@ __kernel void unary(__global const float *x, const long x_off, __global float *y
     switch (op) { \
     BIN_CASE(BOP_ADD, A, B) BIN_CASE(BOP_SUB, A, B) BIN_CASE(BOP_MUL, A, B) BIN_CASE(BOP_DIV, A, B) \
     BIN_CASE(BOP_POW, A, B) BIN_CASE(BOP_MIN, A, B) BIN_CASE(BOP_MAX, A, B) \
+    BIN_CASE(BOP_EQ, A, B) BIN_CASE(BOP_NE, A, B) BIN_CASE(BOP_LT, A, B) BIN_CASE(BOP_LE, A, B) \
+    BIN_CASE(BOP_GT, A, B) BIN_CASE(BOP_GE, A, B) \
     default: break; \
     }
 
@@ -79,6 +81,30 @@ __kernel void binary_nd(__global const float *a, const long a_off, __global cons
         long ao, bo;
         nd_offsets(i, meta, &ao, &bo);
         y[i] = ad_binary_op(op, a[ao], b[bo]);
+    }
+}
+
+/* torch.where: y = c != 0 ? a : b (a select: the other side's Inf/NaN never show; NaN c is true);
+   meta = [nd, shape[nd], cstride[nd], astride[nd], bstride[nd]] (0 = broadcast) */
+__kernel void where_nd(__global const float *c, const long c_off, __global const float *a, const long a_off,
+                       __global const float *b, const long b_off, __global float *y, const long y_off,
+                       const long n, const long chunk, __global const long *meta)
+{
+    const long i0 = (long)get_global_id(0) * chunk;
+    const long i1 = min(n, i0 + chunk);
+    const int nd = (int)meta[0];
+    c += c_off; a += a_off; b += b_off; y += y_off;
+    for (long i = i0; i < i1; i++) {
+        long r = i, co = 0, ao = 0, bo = 0;
+        for (int d = nd - 1; d >= 0; d--) {
+            const long s = meta[1 + d];
+            const long q = r / s, k = r - q * s;
+            co += k * meta[1 + nd + d];
+            ao += k * meta[1 + 2 * nd + d];
+            bo += k * meta[1 + 3 * nd + d];
+            r = q;
+        }
+        y[i] = c[co] != 0.0f ? a[ao] : b[bo];
     }
 }
 

@@ -110,6 +110,13 @@ DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const f
 #define BOP_POW 4
 #define BOP_MIN 5
 #define BOP_MAX 6
+/* comparisons (torch.eq ... ge): 1.0f / 0.0f; NaN compares false except in ne */
+#define BOP_EQ 7
+#define BOP_NE 8
+#define BOP_LT 9
+#define BOP_LE 10
+#define BOP_GT 11
+#define BOP_GE 12
 
 DEVICE_FN float ad_binary_op(const int op, const float a, const float b)
 {
@@ -120,6 +127,12 @@ DEVICE_FN float ad_binary_op(const int op, const float a, const float b)
     case BOP_DIV: return a / b;
     case BOP_POW: return AD_POW(a, b);
     case BOP_MIN: return (a < b || AD_ISNAN(a)) ? a : b;
+    case BOP_EQ: return a == b ? 1.0f : 0.0f;
+    case BOP_NE: return a != b ? 1.0f : 0.0f;
+    case BOP_LT: return a < b ? 1.0f : 0.0f;
+    case BOP_LE: return a <= b ? 1.0f : 0.0f;
+    case BOP_GT: return a > b ? 1.0f : 0.0f;
+    case BOP_GE: return a >= b ? 1.0f : 0.0f;
     default: return (a > b || AD_ISNAN(a)) ? a : b;
     }
 }

@@ -206,12 +206,28 @@ class CudaBackend(CudaLinalg, Backend):
         a = np.float32(a) if isinstance(a, float) else a
         b = np.float32(b) if isinstance(b, float) else b
         fn = {"add": cp.add, "sub": cp.subtract, "mul": cp.multiply, "div": cp.true_divide,
-              "pow": cp.power, "minimum": cp.minimum, "maximum": cp.maximum}[op]
+              "pow": cp.power, "minimum": cp.minimum, "maximum": cp.maximum}.get(op)
         if not isinstance(a, cp.ndarray):  # scalar first
             a = cp.full((), a, dtype=cp.float32)
         if not isinstance(b, cp.ndarray):
             b = cp.full((), b, dtype=cp.float32)
+        if fn is None:  # comparisons: float32 1.0 / 0.0 (NaN as in torch and elementwise_math.h)
+            cmp = {"eq": cp.equal, "ne": cp.not_equal, "lt": cp.less, "le": cp.less_equal, "gt": cp.greater,
+                   "ge": cp.greater_equal}[op]
+            return cmp(a, b).astype(cp.float32)
         return fn(a, b, dtype=cp.float32)
+
+    def _slice(self, x, dim, start, length, step):
+        return x[(slice(None),) * dim + (slice(start, start + (length - 1) * step + 1 if length else start, step),)]
+
+    def _cat(self, parts, dim):
+        return self.cp.concatenate(parts, axis=dim)
+
+    def _where(self, c, a, b):
+        return self.cp.where(c != 0, a, b).astype(self.cp.float32, copy=False)
+
+    def _contiguous(self, x):
+        return self._contig(x)
 
     def _reduce(self, op, x, dims, keepdim):
         cp = self.cp

@@ -322,6 +322,48 @@ class OpenCLBackend(LinalgOps, Backend):
         self._run("binary_nd", g, l, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0, n, chunk, code, meta)
         return out
 
+    def _slice(self, x, dim, start, length, step):
+        shape = x.shape
+        outer, n, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+        out_shape = shape[:dim] + (length,) + shape[dim + 1:]
+        if math.prod(out_shape) == 0 or (outer == 1 and (step == 1 or length == 1)):
+            return CLArray(out_shape, x.block, x.offset + start * inner)  # one contiguous run: a view
+        out = self._empty(out_shape)
+        self._copy_strided(x, x.offset + start * inner, (outer, length, inner), (n * inner, step * inner, 1),
+                           out, 0, (length * inner, inner, 1))
+        return out
+
+    def _cat(self, parts, dim):
+        shape = parts[0].shape
+        outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
+        total = sum(p.shape[dim] for p in parts)
+        out = self._empty(shape[:dim] + (total,) + shape[dim + 1:])
+        pos = 0
+        for p in parts:
+            k = p.shape[dim] * inner
+            self._copy_strided(p, p.offset, (outer, k), (k, 1), out, pos, (total * inner, 1))
+            pos += k
+        return out
+
+    def _where(self, c, a, b):
+        shape = tuple(np.broadcast_shapes(c.shape, a.shape, b.shape))
+        out = self._empty(shape)
+        n = out.size
+        if n == 0:
+            return out
+
+        def bstrides(s):
+            s = (1,) * (len(shape) - len(s)) + s
+            st = _contig_strides(s)
+            return tuple(0 if (d == 1 and t != 1) else st[i] for i, (d, t) in enumerate(zip(s, shape)))
+        shape2, (sc, sa, sb, _) = _collapse(shape, bstrides(c.shape), bstrides(a.shape), bstrides(b.shape),
+                                            _contig_strides(shape))
+        meta = self._meta((len(shape2),) + shape2 + sc + sa + sb)
+        g, l, chunk = self._flat_geometry(n)
+        self._run("where_nd", g, l, c.buffer, c.offset, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0,
+                  n, chunk, meta)
+        return out
+
     # ---- padding ----------------------------------------------------------------------------
     def _pad(self, x, pads, mode):
         t, bo, l, r = pads

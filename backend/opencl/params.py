@@ -15,7 +15,8 @@ F32 = np.float32
 TUNE_BUDGET_S = 10.0
 
 UNARY_CODES = UNARY_KERNEL_CODES
-BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "minimum": 5, "maximum": 6}
+BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "minimum": 5, "maximum": 6,
+                "eq": 7, "ne": 8, "lt": 9, "le": 10, "gt": 11, "ge": 12}
 PAD_CODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
 
 #: CPU family: direct conv when CinG*KH*KW is at most this (and the rows are wide enough)
@@ -33,7 +34,7 @@ WINO_OB = 4
 
 #: the OpenCL backend's kernels: name -> (source file, portable?) and scalar dtypes, both from the
 #: runtime's signature table (portable GPU-family files get the OpenCL prelude)
-OPENCL_KERNELS = ("unary", "binary_flat", "binary_nd", "copy_nd", "pad2d", "reduce_ori", "gemm_small",
+OPENCL_KERNELS = ("unary", "binary_flat", "binary_nd", "copy_nd", "where_nd", "pad2d", "reduce_ori", "gemm_small",
                   "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
                   "wino_filter", "wino_in", "wino_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv")
 #: portable sources (built with the OpenCL prelude): the CUDA backend's kernels, as OpenCL C

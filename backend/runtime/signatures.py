@@ -42,6 +42,7 @@ KERNELS: dict[str, KernelSig] = {
     "binary_flat": _s("elementwise.cl", "b l b l b l l l i i f f"),
     "binary_nd": _s("elementwise.cl", "b l b l b l l l i b"),
     "copy_nd": _s("elementwise.cl", "b l b l l l b"),
+    "where_nd": _s("elementwise.cl", "b l b l b l b l l l b"),
     "pad2d": _s("elementwise.cl", "b l b l i i i i i i i"),
     "reduce_ori": _s("elementwise.cl", "b l b l l l l l l i f"),
     "gemm_small": _s("elementwise.cl", "i i i b l i i l b l i i l b l b i i"),
