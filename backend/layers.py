@@ -73,7 +73,7 @@ class LayerOps:
         """torch.nn.functional.layer_norm over the trailing dims ``normalized_shape`` names."""
         op = "layer_norm"
         eps = norm_eps(op, eps)
-        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias)
         dims = normalized_dims(op, self._shape(x), normalized_shape, *self._shapes(w, b))
         self._check_size(op, self._shape(x))
         y = self._normalize(x, dims, eps)
@@ -83,7 +83,7 @@ class LayerOps:
         """torch.nn.functional.group_norm on (N, C, *): each of num_groups channel groups per sample."""
         op = "group_norm"
         eps = norm_eps(op, eps)
-        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias)
         shape = self._shape(x)
         grouped = group_norm_shape(op, shape, num_groups, *self._shapes(w, b))
         self._check_size(op, shape)
@@ -98,7 +98,7 @@ class LayerOps:
         machine epsilon (torch: that of the input's dtype; the pack computes in float32)."""
         op = "rms_norm"
         eps = norm_eps(op, eps, float(np.finfo(np.float32).eps))
-        kind, like, x, w = self._inputs(op, input=input, weight=weight)
+        kind, like, x, w = self._inputs(op, ("weight", "bias"), input=input, weight=weight)
         dims = normalized_dims(op, self._shape(x), normalized_shape, *self._shapes(w))
         self._check_size(op, self._shape(x))
         ms = self._reduce("mean", self._binary("mul", x, x), dims, True)

@@ -59,7 +59,7 @@ def _number(op: str, arg: str, value, *, allow_none=False):
 
 def positive(op: str, arg: str, value) -> float:
     value = _number(op, arg, value)
-    if value <= 0:
+    if not value > 0:  # NaN too
         raise AnyDeviceError(op, arg, value, "must be positive")
     return value
 
@@ -80,10 +80,11 @@ def known(op: str, arg: str, value, choices, what: str) -> None:
 # ----------------------------------------------------------------------------------------------
 def broadcast_shapes(op: str, a: Sequence[int], b: Sequence[int], names=("input", "other")) -> tuple:
     try:
-        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+        shape = tuple(np.broadcast_shapes(tuple(a), tuple(b)))
     except ValueError:
         raise AnyDeviceError(op, names[1], tuple(b), f"shape does not broadcast with {{{names[0]}}}",
                              refs={names[0]: tuple(a)}) from None
+    return planned(op, shape)
 
 
 def pair_shapes(op: str, sa, sb, same_shape: bool) -> None:
@@ -156,7 +157,7 @@ def matmul_plan(op: str, sa, sb) -> MatmulPlan:
                              refs={"input": sa}) from None
     M, N = sa2[-2], sb2[-1]
     out = batch + ((M,) if not a_vec else ()) + ((N,) if not b_vec else ())
-    return MatmulPlan(sa2, sb2, batch, M, N, out)
+    return MatmulPlan(sa2, sb2, batch, M, N, planned(op, out))
 
 
 def linear_shapes(op: str, sx, sw, sb) -> None:
@@ -174,6 +175,7 @@ def linear_shapes(op: str, sx, sw, sb) -> None:
             raise AnyDeviceError(op, "bias", sb, f"must have shape ({sw[0]},)")
         if len(sw) == 1:
             broadcast_shapes(op, sx[:-1], sb, ("output", "bias"))
+    planned(op, sx[:-1] + sw[:-1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,6 +280,7 @@ def pad_plan(op: str, shape, pad, mode) -> tuple[tuple[int, int, int, int], str]
     if len(shape) < 2:
         raise AnyDeviceError(op, "input", tuple(shape), "needs at least 2 dims")
     _check_pad_mode(op, shape[-2:], (t, bo, l, r), mode, "pad", pad)
+    planned(op, tuple(shape[:-2]) + (shape[-2] + t + bo, shape[-1] + l + r))
     return (t, bo, l, r), mode
 
 
@@ -366,7 +369,7 @@ def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode=
                              f"{hp}x{wp}")
     oh = conv_output_size(h, kh, stride[0], pads[0] + pads[1], dilation[0])
     ow = conv_output_size(w, kw, stride[1], pads[2] + pads[3], dilation[1])
-    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
+    out_shape = planned(op, (cout, oh, ow) if unbatched else (n, cout, oh, ow))
     return Conv2dPlan(stride, dilation, pads, out_shape, unbatched)
 
 
@@ -396,7 +399,7 @@ def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, group
     ow = conv_transpose_output_size(w, kw, stride[1], padding[1], output_padding[1], dilation[1])
     if oh < 1 or ow < 1:
         raise AnyDeviceError(op, "padding", padding, f"leaves an empty output ({oh}x{ow})")
-    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
+    out_shape = planned(op, (cout, oh, ow) if unbatched else (n, cout, oh, ow))
     return ConvTranspose2dPlan(stride, dilation, padding, output_padding, out_shape, unbatched)
 
 
@@ -485,15 +488,15 @@ def loss_threshold(op: str, arg: str, value, reduction) -> float:
     """reduction and the threshold of smooth_l1 (beta >= 0) or huber (delta > 0)."""
     check_reduction(op, reduction)
     value = _number(op, arg, value)
-    if arg == "beta" and value < 0:
+    if arg == "beta" and not value >= 0:  # NaN is refused, as torch
         raise AnyDeviceError(op, arg, value, "must be >= 0")
-    if arg == "delta" and value <= 0:
+    if arg == "delta" and not value > 0:
         raise AnyDeviceError(op, arg, value, "must be positive")
     return value
 
 
 def bce_range(op: str, shape, lo: float, hi: float) -> None:
-    if lo < 0 or hi > 1:  # NaN passes, as in torch
+    if not (lo >= 0 and hi <= 1):  # a NaN element is refused too, as torch (2.13) does
         raise AnyDeviceError(op, "input", tuple(shape),
                              f"all elements must be between 0 and 1 (found min {lo:g}, max {hi:g})")
 
@@ -502,11 +505,11 @@ def ssim_args(op: str, data_range, window_size, sigma) -> tuple[float, float]:
     """(data_range, sigma) of an ssim call, after checking them and window_size."""
     data_range = _number(op, "data_range", data_range)
     sigma = _number(op, "sigma", sigma)
-    if data_range <= 0:
+    if not data_range > 0:  # NaN too
         raise AnyDeviceError(op, "data_range", data_range, "must be positive")
     if not _is_int(window_size) or window_size < 1 or window_size % 2 == 0:
         raise AnyDeviceError(op, "window_size", window_size, "must be a positive odd int")
-    if sigma <= 0:
+    if not sigma > 0:  # NaN too
         raise AnyDeviceError(op, "sigma", sigma, "must be positive")
     return data_range, sigma
 
@@ -541,3 +544,15 @@ def check_size(op: str, shape, limit_bytes: int) -> None:
 
 
 # ---- robustness: argument rules added for the robust-ops work ------------------------------------
+def planned(op: str, shape, arg: str = "output") -> tuple:
+    """The one size check: every plan passes the output shape it computed (and the nodes the
+    constants they build) through here; over ANYDEVICE_MAX_TENSOR_MB it is refused, naming ``arg``."""
+    from .config import max_tensor_bytes
+    shape = tuple(int(v) for v in shape)
+    limit = max_tensor_bytes()
+    if arg == "output":
+        check_size(op, shape, limit)
+    elif 4 * math.prod(shape) > limit:
+        raise AnyDeviceError(op, arg, shape, f"builds a {shape} float32 array of {4 * math.prod(shape) / 2**30:.1f} "
+                             f"GiB, over the limit ANYDEVICE_MAX_TENSOR_MB={limit // 2**20}")
+    return shape
