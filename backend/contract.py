@@ -447,8 +447,9 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         kind, like, a, b = self._pair_inputs(op, input, target)
         ad = self._unary("abs", self._binary("sub", a, b))
         m = self._binary("minimum", ad, delta)  # 0.5 m^2 + delta (|d| - m)
-        loss = self._binary("add", self._binary("mul", self._binary("mul", m, m), 0.5),
-                            self._binary("mul", self._binary("sub", ad, m), delta))
+        loss = self._binary("mul", self._binary("mul", m, m), 0.5)
+        if delta != math.inf:  # delta = inf: the quadratic part only (inf * 0 would be NaN)
+            loss = self._binary("add", loss, self._binary("mul", self._binary("sub", ad, m), delta))
         return self._out(self._reduction(op, loss, reduction), kind, like)
 
     def binary_cross_entropy(self, input, target, weight=None, reduction="mean"):
