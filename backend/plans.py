@@ -553,6 +553,14 @@ def planned(op: str, shape, arg: str = "output") -> tuple:
     if arg == "output":
         check_size(op, shape, limit)
     elif 4 * math.prod(shape) > limit:
-        raise AnyDeviceError(op, arg, shape, f"builds a {shape} float32 array of {4 * math.prod(shape) / 2**30:.1f} "
+        raise AnyDeviceError(op, arg, shape, f"would build a {shape} float32 array of {4 * math.prod(shape) / 2**30:.1f} "
                              f"GiB, over the limit ANYDEVICE_MAX_TENSOR_MB={limit // 2**20}")
     return shape
+
+
+def conv_image(op: str, sx) -> None:
+    """A conv input (N, C, H, W) with H or W 0 is refused, as torch ("only zero batch or zero channel
+    inputs are supported"); the nodes check it before padding the input themselves."""
+    if len(sx) >= 2 and 0 in tuple(sx)[-2:]:
+        raise AnyDeviceError(op, "input", tuple(sx), "has an empty image (height or width 0); PyTorch's "
+                             "convolutions take only an empty batch or empty channels")

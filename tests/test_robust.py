@@ -230,3 +230,51 @@ def test_damaged_opencl_cache_keeps_opencl_working(tmp_path, monkeypatch, fname,
     assert info.available, info.reason
     be = opencl_backend.create("opencl", 0)
     np.testing.assert_allclose(be.matmul(np.ones((4, 4), np.float32), np.ones((4, 4), np.float32)), 4.0)
+
+
+# ---- 3. empty inputs to conv2d: torch's result or torch's refusal -----------------------------------
+def test_conv_empty_inputs_as_torch(backend_target):
+    be = backend_target
+    w, b = np.ones((3, 2, 3, 3), np.float32), np.ones(3, np.float32)
+    for shape, kw in (((0, 2, 5, 5), {}), ((0, 2, 5, 5), {"padding": 1, "padding_mode": "reflect"})):
+        want = F.conv2d(torch.zeros(shape), torch.from_numpy(w), torch.from_numpy(b), padding=kw.get("padding", 0))
+        assert np.shape(be.conv2d(np.zeros(shape, np.float32), w, b, **kw)) == tuple(want.shape)
+    for shape in ((1, 2, 0, 5), (3, 2, 5, 0), (2, 0, 5)):  # torch refuses an empty image, whatever the padding
+        with pytest.raises(RuntimeError):
+            F.conv2d(torch.zeros(shape), torch.ones(3, shape[-3], 3, 3), padding=2)
+        _refused(lambda: be.conv2d(np.zeros(shape, np.float32), np.ones((3, shape[-3], 3, 3), np.float32),
+                                   padding=2), "conv2d", "input", "empty image")
+
+
+@pytest.mark.parametrize("kw", [{}, {"kernel_size": 4}, {"kernel_size": 4, "padding_mode": "zeros"},
+                                {"padding": "valid", "preset": "sobel_x"}, {"transposed": True}])
+@pytest.mark.parametrize("shape", [(3, 0, 5), (3, 5, 0), (0, 5)])
+def test_conv_node_on_an_empty_mask_says_so(kw, shape):
+    with pytest.raises(AnyDeviceError) as info:
+        _node("AnyDeviceConv2D", input=torch.zeros(shape), device={"name": "numpy"}, **kw)
+    msg = str(info.value)
+    assert msg.startswith("Conv2D (AnyDevice): input 'input' = 'MASK of shape"), msg
+    assert "empty image" in msg and "larger" not in msg, msg
+
+
+# ---- 4. a node's huge kernel is refused before it is built -------------------------------------------
+@pytest.mark.parametrize("kw", [{"preset": "box_blur"}, {"preset": "gaussian"}, {"preset": "identity"},
+                                {"kernel_source": "random"},
+                                {"kernel_source": "random", "channel_mode": "grouped", "out_channels": 6, "groups": 3},
+                                {"kernel_source": "random", "channel_mode": "grouped", "transposed": True}])
+def test_conv_node_huge_kernel_refused_before_allocating(kw, monkeypatch):
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        with pytest.raises(AnyDeviceError) as info:
+            _node("AnyDeviceConv2D", input=torch.rand(2, 8, 8, 3), kernel_size=50000, device={"name": "numpy"}, **kw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(info.value)
+    assert msg.startswith("Conv2D (AnyDevice): input 'kernel_size' = 50000: would build a "), msg
+    assert "over the limit ANYDEVICE_MAX_TENSOR_MB" in msg
+    assert peak < 64 * 2**20  # nothing of the kernel's size was allocated
+    monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "1")  # the setting is the one limit
+    with pytest.raises(AnyDeviceError, match="'kernel_size' = 400: would build"):
+        _node("AnyDeviceConv2D", input=torch.rand(1, 8, 8, 3), kernel_size=400, device={"name": "numpy"}, **kw)
