@@ -280,10 +280,32 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         if padding_mode != "zeros" and any(pads):
             x = self._pad(x, pads, padding_mode)
             pads = (0, 0, 0, 0)
-        y = self._conv2d(x, w, b, plan.stride, pads, plan.dilation, groups)
+        if any(plan.out_pads) or plan.picks != (None, None):  # huge geometry (plans.conv_reach)
+            y = self._conv_reach(x, w, b, plan, pads, groups)
+        else:
+            y = self._conv2d(x, w, b, plan.stride, pads, plan.dilation, groups)
         if unbatched:
             y = self._reshape(y, self._shape(y)[1:])
         return self._out(y, kind, like)
+
+    def _conv_reach(self, x, w, b, plan, pads, groups):
+        """conv2d on the outputs that can reach the input, zeros around them, then the bias."""
+        t, bo, l, r = plan.out_pads
+        n, cout = self._shape(x)[0], self._shape(w)[0]
+        oh, ow = plan.out_shape[-2:]
+        if t + bo >= oh or l + r >= ow:  # nothing reaches the input
+            y = self.to_device(np.zeros((n, cout, oh, ow), np.float32), "conv2d", "output", constant=True)
+        else:
+            y = self._conv2d(x, w, None, plan.stride, pads, plan.dilation, groups)
+            for dim, pick in enumerate(plan.picks):
+                if pick is not None:  # keep output ``pick`` along H (dim 0) or W (dim 1)
+                    s = self._shape(y)
+                    lead, rest = math.prod(s[:2 + dim]), math.prod(s[3 + dim:])
+                    y = self._slice1(self._reshape(y, (lead, s[2 + dim], rest, 1, 1)), pick)
+                    y = self._reshape(y, s[:2 + dim] + (1,) + s[3 + dim:])
+            if any(plan.out_pads):
+                y = self._pad(y, plan.out_pads, "zeros")
+        return y if b is None else self._binary("add", y, self._reshape(b, (cout, 1, 1)))
 
     def conv_transpose2d(self, input, weight, bias=None, stride=1, padding=0, output_padding=0,
                          groups=1, dilation=1):

@@ -318,6 +318,11 @@ class Conv2dPlan:
     pads: tuple[int, int, int, int]  # (top, bottom, left, right)
     out_shape: tuple
     unbatched: bool
+    #: rows/columns of the output (top, bottom, left, right) no kernel tap can reach from the input:
+    #: the conv computes the rest, these are 0 (+ bias); see ``conv_reach``
+    out_pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    #: per spatial dim, None or the index of the conv's output to keep (a single output inside the input)
+    picks: tuple = (None, None)
 
 
 @dataclass(frozen=True)
@@ -370,7 +375,10 @@ def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode=
     oh = conv_output_size(h, kh, stride[0], pads[0] + pads[1], dilation[0])
     ow = conv_output_size(w, kw, stride[1], pads[2] + pads[3], dilation[1])
     out_shape = planned(op, (cout, oh, ow) if unbatched else (n, cout, oh, ow))
-    return Conv2dPlan(stride, dilation, pads, out_shape, unbatched)
+    stride, dilation, cpads, out_pads, picks = conv_reach(op, (h, w), (kh, kw), stride, dilation, pads, (oh, ow),
+                                                          padding_mode == "zeros")
+    return Conv2dPlan(stride, dilation, cpads if padding_mode == "zeros" else pads, out_shape, unbatched, out_pads,
+                      picks)
 
 
 def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, groups,
@@ -400,6 +408,7 @@ def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, group
     if oh < 1 or ow < 1:
         raise AnyDeviceError(op, "padding", padding, f"leaves an empty output ({oh}x{ow})")
     out_shape = planned(op, (cout, oh, ow) if unbatched else (n, cout, oh, ow))
+    stride, dilation = conv_transpose_reach(op, (h, w), (kh, kw), stride, padding, output_padding, dilation)
     return ConvTranspose2dPlan(stride, dilation, padding, output_padding, out_shape, unbatched)
 
 
@@ -564,3 +573,69 @@ def conv_image(op: str, sx) -> None:
     if len(sx) >= 2 and 0 in tuple(sx)[-2:]:
         raise AnyDeviceError(op, "input", tuple(sx), "has an empty image (height or width 0); PyTorch's "
                              "convolutions take only an empty batch or empty channels")
+
+
+#: the largest geometry value (stride, dilation, padded extent) the conv kernels index with (32-bit ints)
+CONV_INDEX_MAX = 2**31 - 1
+
+
+def conv_reach(op, hw, k, stride, dilation, pads, out_hw, zero_pad=True):
+    """A conv's geometry reduced to what can reach the input, as torch computes it with 64-bit sizes:
+    (stride, dilation, pads for the kernel, out_pads, picks). Only where a value is past
+    CONV_INDEX_MAX (e.g. stride=2**40, dilation=2**40, padding=2**31): a dilation of a 1-tap kernel
+    is 1, output rows/columns whose taps all land in the zero padding are left out of the conv
+    (``out_pads``), the padding is cut to what the rest reads and a stride past the single remaining
+    output is shortened; a single output that starts inside the input is computed as the second of
+    a conv whose stride is its offset (``picks``: take that index). What is still too large for
+    the kernels is refused, naming the argument."""
+    extent = max(hw[0] + pads[0] + pads[1], hw[1] + pads[2] + pads[3])
+    if max(max(stride), max(dilation), extent) <= CONV_INDEX_MAX:
+        return stride, dilation, pads, (0, 0, 0, 0), (None, None)
+    s_, d_, p_, o_, picks = [], [], [], [], []
+    for i in range(2):
+        h, kk, s, d, pt, pb, n = hw[i], k[i], stride[i], dilation[i], pads[2 * i], pads[2 * i + 1], out_hw[i]
+        if not zero_pad:  # the input is padded first (reflect, ...): every output reads it
+            h, pt, pb = h + pt + pb, 0, 0
+        d = 1 if kk == 1 else d
+        eh = d * (kk - 1) + 1
+        lo = max(0, -((eh - 1 - pt) // s))  # the first output whose last tap reaches row 0
+        hi = min(n - 1, (h - 1 + pt) // s)  # the last output whose first tap is in the input
+        pick = None
+        if lo > hi:  # no output reaches the input: all 0 (+ bias)
+            s, d, pt, pb, lo, hi = 1, 1, 0, 0, n, n - 1
+        elif lo == hi and lo * s > pt:  # one output, starting inside the input at row r0
+            r0 = lo * s - pt
+            s, pt, pb, pick = r0, 0, max(0, r0 + eh - h), 1
+        else:
+            lo = min(lo, pt // s)  # no negative padding: start at an output that reads the padding
+            pt -= lo * s
+            pb = max(0, (hi - lo) * s + eh - pt - h)
+            if hi == lo:
+                s = min(s, h + pt + pb - eh + 1)
+        s_.append(s), d_.append(d), p_.extend((pt, pb)), o_.extend((lo, n - 1 - hi)), picks.append(pick)
+        if h + pt + pb > CONV_INDEX_MAX:
+            arg, value = (("dilation", dilation) if eh - 1 > CONV_INDEX_MAX // 2 else
+                          ("stride", stride) if s > CONV_INDEX_MAX // 2 else ("padding", pads))
+            raise AnyDeviceError(op, arg, value, f"spans {h + pt + pb} rows/columns even where no tap can reach "
+                                 f"the input; the kernels index with 32-bit ints (at most {CONV_INDEX_MAX})")
+    return tuple(s_), tuple(d_), tuple(p_), tuple(o_), tuple(picks)
+
+
+def conv_transpose_reach(op, hw, k, stride, padding, output_padding, dilation):
+    """(stride, dilation) of a transposed conv with what cannot matter shortened (the stride of a
+    1-pixel input, the dilation of a 1-tap kernel); a value still past CONV_INDEX_MAX is refused."""
+    s_, d_ = [], []
+    for i in range(2):
+        s, d = stride[i], dilation[i]
+        if s > CONV_INDEX_MAX and hw[i] == 1:
+            s = output_padding[i] + 1  # keeps output_padding < stride
+        if d > CONV_INDEX_MAX and k[i] == 1:
+            d = 1 if output_padding[i] < s else output_padding[i] + 1
+        s_.append(s), d_.append(d)
+        for arg, value, v in (("stride", stride, s), ("dilation", dilation, d), ("padding", padding, padding[i]),
+                              ("output_padding", output_padding, output_padding[i]),
+                              ("stride", stride, (hw[i] - 1) * s + d * (k[i] - 1) + 1)):
+            if v > CONV_INDEX_MAX:
+                raise AnyDeviceError(op, arg, value, f"is past what the kernels index with 32-bit ints "
+                                     f"(at most {CONV_INDEX_MAX})")
+    return tuple(s_), tuple(d_)

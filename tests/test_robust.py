@@ -278,3 +278,71 @@ def test_conv_node_huge_kernel_refused_before_allocating(kw, monkeypatch):
     monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "1")  # the setting is the one limit
     with pytest.raises(AnyDeviceError, match="'kernel_size' = 400: would build"):
         _node("AnyDeviceConv2D", input=torch.rand(1, 8, 8, 3), kernel_size=400, device={"name": "numpy"}, **kw)
+
+
+# ---- 2. huge stride / dilation / padding: computed as torch does (small results) -------------------
+HUGE_CONV = [  # (input shape, weight shape, kwargs)
+    ((1, 2, 5, 5), (3, 2, 3, 3), {"stride": 2**40}),
+    ((1, 2, 5, 5), (3, 2, 1, 1), {"dilation": 2**40}),
+    ((1, 1, 1, 1), (1, 1, 1, 1), {"padding": 2**31, "stride": 2**31}),
+    ((2, 2, 3, 6), (4, 1, 1, 3), {"padding": (2**31, 1), "stride": (2**31, 1), "groups": 2}),
+    ((1, 1, 3, 3), (2, 1, 1, 1), {"padding": 2**32, "stride": 2**33}),  # no output reaches the input
+    ((2, 4, 4), (2, 1, 3, 3), {"stride": (1, 2**35), "padding": 1, "groups": 2}),  # unbatched
+    ((1, 2, 6, 7), (2, 2, 3, 3), {"stride": 2**32, "padding": 1, "padding_mode": "reflect"}),
+    ((1, 1, 4, 9), (1, 1, 1, 3), {"stride": (1, 2**32 + 4), "padding": (0, 2**32)}),  # one output, inside
+    ((1, 2, 9, 9), (2, 2, 3, 3), {"stride": (2**32 + 4, 3), "padding": (2**32, 1)}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(HUGE_CONV)))
+def test_huge_conv_geometry_computed_as_torch(backend_target, case):
+    sx, sw, kw = HUGE_CONV[case]
+    rng = np.random.default_rng(case)
+    x = rng.standard_normal(sx).astype(np.float32)
+    w = rng.standard_normal(sw).astype(np.float32)
+    b = rng.standard_normal(sw[0]).astype(np.float32)
+    x0 = x.copy()
+    tkw = dict(kw)
+    mode = tkw.pop("padding_mode", "zeros")
+    xt = torch.from_numpy(x)
+    if mode != "zeros":  # torch's padding_mode is nn.Conv2d's: pad first
+        p = tkw.pop("padding")
+        xt = F.pad(xt, (p,) * 4, mode=mode)
+    want = F.conv2d(xt, torch.from_numpy(w), torch.from_numpy(b), **tkw).numpy()
+    got = backend_target.conv2d(x, w, b, **kw)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(x, x0)
+
+
+HUGE_CONV_T = [  # (input, weight, kwargs, the same with values torch takes: it computes these in 32 bits)
+    ((1, 2, 1, 1), (2, 3, 3, 3), {"stride": 2**40}, {"stride": 1}),
+    ((1, 2, 1, 4), (2, 1, 3, 1), {"stride": (2**40, 2), "output_padding": (5, 1)},
+     {"stride": (6, 2), "output_padding": (5, 1)}),
+    ((1, 2, 3, 3), (2, 1, 1, 1), {"dilation": 2**40, "stride": 2}, {"stride": 2}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(HUGE_CONV_T)))
+def test_huge_conv_transpose_geometry_computed_as_torch(backend_target, case):
+    sx, sw, kw, same = HUGE_CONV_T[case]
+    rng = np.random.default_rng(case)
+    x, w = rng.standard_normal(sx).astype(np.float32), rng.standard_normal(sw).astype(np.float32)
+    with pytest.raises(RuntimeError):  # torch 2.13 truncates these to 32 bits and refuses them
+        F.conv_transpose2d(torch.from_numpy(x), torch.from_numpy(w), **kw)
+    want = F.conv_transpose2d(torch.from_numpy(x), torch.from_numpy(w), **same).numpy()
+    got = backend_target.conv_transpose2d(x, w, **kw)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_huge_conv_geometry_the_kernels_cannot_take_is_refused(backend_target):
+    be = backend_target
+    x, w = np.ones((1, 1, 5, 5), np.float32), np.ones((1, 1, 3, 3), np.float32)
+    # every output row reads two taps 2**40 apart: nothing to trim, too large for 32-bit indexing
+    _refused(lambda: be.conv2d(x, w, padding=2**40, dilation=2**40), "conv2d", "dilation", "32-bit")
+    _refused(lambda: be.conv2d(x, np.ones((1, 1, 2, 2), np.float32), stride=2**31, padding=2**31 - 1,
+                               dilation=2**31), "conv2d", "dilation", "32-bit")
+    _refused(lambda: be.conv_transpose2d(np.ones((1, 1, 2, 2), np.float32), w[..., :1, :1], stride=2**40,
+                                         padding=2**39),
+             "conv_transpose2d", "stride", "32-bit")
