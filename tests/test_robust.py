@@ -179,11 +179,11 @@ def test_converter_output_never_aliases_input(case):
                                          ("AnyDeviceImageToTensor", "image", {"layout": "NHWC"}),
                                          ("AnyDeviceTensorSource", "image", {"mode": "image"})])
 @pytest.mark.parametrize("c", [1, 3])
-def test_converter_of_a_computed_value_never_aliases_it(name, arg, kw, c):
+def test_converter_of_a_computed_value_never_aliases_it(backend_target, name, arg, kw, c):
     """A value an AnyDevice node made (its device copy is remembered) converts without sharing memory."""
     src = torch.rand(2, 5, 6, c)
     made = _node("AnyDeviceActivation", input=src if arg == "image" else src[..., 0], activation="relu",
-                 device={"name": "numpy"})
+                 device={"name": backend_target.name})
     before = made.clone()
     out = _host(_node(name, **{arg: made}, **kw))
     assert not _overlap(out, made)
