@@ -168,7 +168,7 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         counted under ``constants`` for a constant parameter such as a kernel or a bias)."""
         key = "constants" if constant else "uploads"
         if isinstance(x, np.ndarray) or isinstance(x, (list, tuple, int, float, np.number)):
-            a = _as_float32(x if isinstance(x, np.ndarray) else np.asarray(x), op, arg)
+            a = _as_float32(x if isinstance(x, np.ndarray) else _host_array(x, op, arg), op, arg)
             self._count(key, 4 * a.size)
             return self._from_numpy(a)
         if _is_torch_tensor(x):
@@ -191,12 +191,15 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         self._count("downloads", 4 * math.prod(self._shape(x)))
         return self._to_numpy(x)
 
-    def _inputs(self, op: str, **arrays):
-        """Convert the named inputs; return (kind_of_first, like_first, natives...)."""
+    def _inputs(self, op: str, optional=("bias",), **arrays):
+        """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
+        arguments named in ``optional`` may be None (a None elsewhere is refused, naming it)."""
         natives = []
         kind = like = None
         for arg, value in arrays.items():
             if value is None:
+                if arg not in optional:
+                    raise AnyDeviceError(op, arg, None, "is required: pass a tensor, not None")
                 natives.append(None)
                 continue
             if kind is None:
@@ -229,7 +232,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
             return self._mm(a, b)
         plan = matmul_plan(op, sa, sb)
         batch = plan.batch
-        self._check_size(op, batch + (plan.M, plan.N))
         B = math.prod(batch)
         a3 = self._batch3(a, plan.a_shape, batch, B)
         b3 = self._batch3(b, plan.b_shape, batch, B)
@@ -271,7 +273,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
         plan = conv2d_plan(op, self._shape(x), self._shape(w), None if b is None else self._shape(b),
                            stride, padding, dilation, groups, padding_mode)
-        self._check_size(op, plan.out_shape)
         unbatched = plan.unbatched
         if unbatched:
             x = self._reshape(x, (1,) + self._shape(x))
@@ -279,10 +280,32 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         if padding_mode != "zeros" and any(pads):
             x = self._pad(x, pads, padding_mode)
             pads = (0, 0, 0, 0)
-        y = self._conv2d(x, w, b, plan.stride, pads, plan.dilation, groups)
+        if any(plan.out_pads) or plan.picks != (None, None):  # huge geometry (plans.conv_reach)
+            y = self._conv_reach(x, w, b, plan, pads, groups)
+        else:
+            y = self._conv2d(x, w, b, plan.stride, pads, plan.dilation, groups)
         if unbatched:
             y = self._reshape(y, self._shape(y)[1:])
         return self._out(y, kind, like)
+
+    def _conv_reach(self, x, w, b, plan, pads, groups):
+        """conv2d on the outputs that can reach the input, zeros around them, then the bias."""
+        t, bo, l, r = plan.out_pads
+        n, cout = self._shape(x)[0], self._shape(w)[0]
+        oh, ow = plan.out_shape[-2:]
+        if t + bo >= oh or l + r >= ow:  # nothing reaches the input
+            y = self.to_device(np.zeros((n, cout, oh, ow), np.float32), "conv2d", "output", constant=True)
+        else:
+            y = self._conv2d(x, w, None, plan.stride, pads, plan.dilation, groups)
+            for dim, pick in enumerate(plan.picks):
+                if pick is not None:  # keep output ``pick`` along H (dim 0) or W (dim 1)
+                    s = self._shape(y)
+                    lead, rest = math.prod(s[:2 + dim]), math.prod(s[3 + dim:])
+                    y = self._slice1(self._reshape(y, (lead, s[2 + dim], rest, 1, 1)), pick)
+                    y = self._reshape(y, s[:2 + dim] + (1,) + s[3 + dim:])
+            if any(plan.out_pads):
+                y = self._pad(y, plan.out_pads, "zeros")
+        return y if b is None else self._binary("add", y, self._reshape(b, (cout, 1, 1)))
 
     def conv_transpose2d(self, input, weight, bias=None, stride=1, padding=0, output_padding=0,
                          groups=1, dilation=1):
@@ -292,7 +315,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         plan = conv_transpose2d_plan(op, self._shape(x), self._shape(w),
                                      None if b is None else self._shape(b),
                                      stride, padding, output_padding, groups, dilation)
-        self._check_size(op, plan.out_shape)
         if plan.unbatched:
             x = self._reshape(x, (1,) + self._shape(x))
         y = self._conv_transpose2d(x, w, b, plan.stride, plan.padding, plan.output_padding,
@@ -374,8 +396,7 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
             b = float(other)
         else:
             kind, like, a, b = self._inputs(op, input=input, other=other)
-            shape = broadcast_shapes(op, self._shape(a), self._shape(b))
-            self._check_size(op, shape)
+            broadcast_shapes(op, self._shape(a), self._shape(b))  # checks the result's size too
         return self._out(self._binary(op, a, b), kind, like)
 
     def add(self, input, other): return self.binary("add", input, other)
@@ -448,14 +469,18 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         kind, like, a, b = self._pair_inputs(op, input, target)
         ad = self._unary("abs", self._binary("sub", a, b))
         m = self._binary("minimum", ad, delta)  # 0.5 m^2 + delta (|d| - m)
-        loss = self._binary("add", self._binary("mul", self._binary("mul", m, m), 0.5),
-                            self._binary("mul", self._binary("sub", ad, m), delta))
+        loss = self._binary("mul", self._binary("mul", m, m), 0.5)
+        if delta != math.inf:  # delta = inf: the quadratic part only (inf * 0 would be NaN)
+            loss = self._binary("add", loss, self._binary("mul", self._binary("sub", ad, m), delta))
         return self._out(self._reduction(op, loss, reduction), kind, like)
 
     def binary_cross_entropy(self, input, target, weight=None, reduction="mean"):
         op = "binary_cross_entropy"
         check_reduction(op, reduction)
         kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
+        wt = None if weight is None else self.to_device(weight, op, "weight")
+        if wt is not None:  # before any work: the shape and the size of the weighted loss
+            broadcast_shapes(op, self._shape(a), self._shape(wt), ("input", "weight"))
         empty = math.prod(self._shape(a)) == 0
         lo = 0.0 if empty else float(self.read_check(self._reduce("min", a, tuple(range(len(self._shape(a)))), False)))
         hi = 0.0 if empty else float(self.read_check(self._reduce("max", a, tuple(range(len(self._shape(a)))), False)))
@@ -465,9 +490,7 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         # -(t * log(x) + (1 - t) * log(1 - x))
         loss = self._unary("neg", self._binary("add", self._binary("mul", b, log_a),
                                                 self._binary("mul", self._binary("sub", 1.0, b), log_1a)))
-        if weight is not None:
-            wt = self.to_device(weight, op, "weight")
-            broadcast_shapes(op, self._shape(loss), self._shape(wt), ("input", "weight"))
+        if wt is not None:
             loss = self._binary("mul", loss, wt)
         return self._out(self._reduction(op, loss, reduction), kind, like)
 
@@ -561,6 +584,14 @@ def _kind(x, backend) -> str:
     if _is_torch_tensor(x):
         return "torch"
     return "numpy"
+
+
+def _host_array(x, op: str, arg: str) -> np.ndarray:
+    """A list, tuple or number as a NumPy array (a ragged list is refused, naming the argument)."""
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError) as exc:
+        raise AnyDeviceError(op, arg, x, f"is not a rectangular array of numbers ({exc})") from None
 
 
 def _as_float32(a: np.ndarray, op: str, arg: str) -> np.ndarray:

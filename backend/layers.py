@@ -83,7 +83,7 @@ class LayerOps:
         """torch.nn.functional.layer_norm over the trailing dims ``normalized_shape`` names."""
         op = "layer_norm"
         eps = norm_eps(op, eps)
-        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias)
         dims = normalized_dims(op, self._shape(x), normalized_shape, *self._shapes(w, b))
         self._check_size(op, self._shape(x))
         y = self._normalize(x, dims, eps)
@@ -93,7 +93,7 @@ class LayerOps:
         """torch.nn.functional.group_norm on (N, C, *): each of num_groups channel groups per sample."""
         op = "group_norm"
         eps = norm_eps(op, eps)
-        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias)
         shape = self._shape(x)
         grouped = group_norm_shape(op, shape, num_groups, *self._shapes(w, b))
         self._check_size(op, shape)
@@ -108,7 +108,7 @@ class LayerOps:
         machine epsilon (torch: that of the input's dtype; the pack computes in float32)."""
         op = "rms_norm"
         eps = norm_eps(op, eps, float(np.finfo(np.float32).eps))
-        kind, like, x, w = self._inputs(op, input=input, weight=weight)
+        kind, like, x, w = self._inputs(op, ("weight", "bias"), input=input, weight=weight)
         dims = normalized_dims(op, self._shape(x), normalized_shape, *self._shapes(w))
         self._check_size(op, self._shape(x))
         ms = self._reduce("mean", self._binary("mul", x, x), dims, True)
@@ -140,8 +140,9 @@ class LayerOps:
         statistic, the variance unbiased); in evaluation mode, or for None running stats, those
         are copies of the inputs (or None)."""
         op = "batch_norm"
-        kind, like, x, rm, rv, w, b = self._inputs(op, input=input, running_mean=running_mean,
-                                                   running_var=running_var, weight=weight, bias=bias)
+        kind, like, x, rm, rv, w, b = self._inputs(op, ("running_mean", "running_var", "weight", "bias"),
+                                                    input=input, running_mean=running_mean,
+                                                    running_var=running_var, weight=weight, bias=bias)
         shape = self._shape(x)
         momentum, eps = batch_norm_args(op, shape, *self._shapes(rm, rv, w, b), bool(training), momentum, eps)
         self._check_size(op, shape)
@@ -256,7 +257,7 @@ class LayerOps:
         t = self._class_indices(op, target)
         if t is None:
             raise AnyDeviceError(op, "target", target, "must hold integer class indices")
-        kind, like, x, w = self._inputs(op, input=input, weight=weight)
+        kind, like, x, w = self._inputs(op, ("weight",), input=input, weight=weight)
         shape = self._shape(x)
         cd = class_dim(op, shape)
         index_targets(op, shape, t, ignore_index, *self._shapes(w))
@@ -279,11 +280,11 @@ class LayerOps:
         eps = label_smoothing_arg(op, label_smoothing)
         t = self._class_indices(op, target)
         if t is None:
-            kind, like, x, tp, w = self._inputs(op, input=input, target=target, weight=weight)
+            kind, like, x, tp, w = self._inputs(op, ("weight",), input=input, target=target, weight=weight)
             shape = self._shape(x)
             prob_targets(op, shape, self._shape(tp), *self._shapes(w))
         else:
-            kind, like, x, w = self._inputs(op, input=input, weight=weight)
+            kind, like, x, w = self._inputs(op, ("weight",), input=input, weight=weight)
             shape = self._shape(x)
             index_targets(op, shape, t, ignore_index, *self._shapes(w))
         cd = class_dim(op, shape)

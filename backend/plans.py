@@ -59,7 +59,7 @@ def _number(op: str, arg: str, value, *, allow_none=False):
 
 def positive(op: str, arg: str, value) -> float:
     value = _number(op, arg, value)
-    if value <= 0:
+    if not value > 0:  # NaN too
         raise AnyDeviceError(op, arg, value, "must be positive")
     return value
 
@@ -80,10 +80,11 @@ def known(op: str, arg: str, value, choices, what: str) -> None:
 # ----------------------------------------------------------------------------------------------
 def broadcast_shapes(op: str, a: Sequence[int], b: Sequence[int], names=("input", "other")) -> tuple:
     try:
-        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+        shape = tuple(np.broadcast_shapes(tuple(a), tuple(b)))
     except ValueError:
         raise AnyDeviceError(op, names[1], tuple(b), f"shape does not broadcast with {{{names[0]}}}",
                              refs={names[0]: tuple(a)}) from None
+    return planned(op, shape)
 
 
 def pair_shapes(op: str, sa, sb, same_shape: bool) -> None:
@@ -156,7 +157,7 @@ def matmul_plan(op: str, sa, sb) -> MatmulPlan:
                              refs={"input": sa}) from None
     M, N = sa2[-2], sb2[-1]
     out = batch + ((M,) if not a_vec else ()) + ((N,) if not b_vec else ())
-    return MatmulPlan(sa2, sb2, batch, M, N, out)
+    return MatmulPlan(sa2, sb2, batch, M, N, planned(op, out))
 
 
 def linear_shapes(op: str, sx, sw, sb) -> None:
@@ -174,6 +175,7 @@ def linear_shapes(op: str, sx, sw, sb) -> None:
             raise AnyDeviceError(op, "bias", sb, f"must have shape ({sw[0]},)")
         if len(sw) == 1:
             broadcast_shapes(op, sx[:-1], sb, ("output", "bias"))
+    planned(op, sx[:-1] + sw[:-1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,6 +280,7 @@ def pad_plan(op: str, shape, pad, mode) -> tuple[tuple[int, int, int, int], str]
     _check_pad_mode(op, shape[-2:], tuple(max(v, 0) for v in (t, bo, l, r)), mode, "pad", pad)
     if min(pad) < 0:
         crop_check(op, shape[-2:], (t, bo, l, r), mode, pad)
+    planned(op, tuple(shape[:-2]) + (shape[-2] + t + bo, shape[-1] + l + r))
     return (t, bo, l, r), mode
 
 
@@ -315,6 +318,11 @@ class Conv2dPlan:
     pads: tuple[int, int, int, int]  # (top, bottom, left, right)
     out_shape: tuple
     unbatched: bool
+    #: rows/columns of the output (top, bottom, left, right) no kernel tap can reach from the input:
+    #: the conv computes the rest, these are 0 (+ bias); see ``conv_reach``
+    out_pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    #: per spatial dim, None or the index of the conv's output to keep (a single output inside the input)
+    picks: tuple = (None, None)
 
 
 @dataclass(frozen=True)
@@ -366,8 +374,11 @@ def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode=
                              f"{hp}x{wp}")
     oh = conv_output_size(h, kh, stride[0], pads[0] + pads[1], dilation[0])
     ow = conv_output_size(w, kw, stride[1], pads[2] + pads[3], dilation[1])
-    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
-    return Conv2dPlan(stride, dilation, pads, out_shape, unbatched)
+    out_shape = planned(op, (cout, oh, ow) if unbatched else (n, cout, oh, ow))
+    stride, dilation, cpads, out_pads, picks = conv_reach(op, (h, w), (kh, kw), stride, dilation, pads, (oh, ow),
+                                                          padding_mode == "zeros")
+    return Conv2dPlan(stride, dilation, cpads if padding_mode == "zeros" else pads, out_shape, unbatched, out_pads,
+                      picks)
 
 
 def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, groups,
@@ -396,7 +407,8 @@ def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, group
     ow = conv_transpose_output_size(w, kw, stride[1], padding[1], output_padding[1], dilation[1])
     if oh < 1 or ow < 1:
         raise AnyDeviceError(op, "padding", padding, f"leaves an empty output ({oh}x{ow})")
-    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
+    out_shape = planned(op, (cout, oh, ow) if unbatched else (n, cout, oh, ow))
+    stride, dilation = conv_transpose_reach(op, (h, w), (kh, kw), stride, padding, output_padding, dilation)
     return ConvTranspose2dPlan(stride, dilation, padding, output_padding, out_shape, unbatched)
 
 
@@ -485,15 +497,15 @@ def loss_threshold(op: str, arg: str, value, reduction) -> float:
     """reduction and the threshold of smooth_l1 (beta >= 0) or huber (delta > 0)."""
     check_reduction(op, reduction)
     value = _number(op, arg, value)
-    if arg == "beta" and value < 0:
+    if arg == "beta" and not value >= 0:  # NaN is refused, as torch
         raise AnyDeviceError(op, arg, value, "must be >= 0")
-    if arg == "delta" and value <= 0:
+    if arg == "delta" and not value > 0:
         raise AnyDeviceError(op, arg, value, "must be positive")
     return value
 
 
 def bce_range(op: str, shape, lo: float, hi: float) -> None:
-    if lo < 0 or hi > 1:  # NaN passes, as in torch
+    if not (lo >= 0 and hi <= 1):  # a NaN element is refused too, as torch (2.13) does
         raise AnyDeviceError(op, "input", tuple(shape),
                              f"all elements must be between 0 and 1 (found min {lo:g}, max {hi:g})")
 
@@ -502,11 +514,11 @@ def ssim_args(op: str, data_range, window_size, sigma) -> tuple[float, float]:
     """(data_range, sigma) of an ssim call, after checking them and window_size."""
     data_range = _number(op, "data_range", data_range)
     sigma = _number(op, "sigma", sigma)
-    if data_range <= 0:
+    if not data_range > 0:  # NaN too
         raise AnyDeviceError(op, "data_range", data_range, "must be positive")
     if not _is_int(window_size) or window_size < 1 or window_size % 2 == 0:
         raise AnyDeviceError(op, "window_size", window_size, "must be a positive odd int")
-    if sigma <= 0:
+    if not sigma > 0:  # NaN too
         raise AnyDeviceError(op, "sigma", sigma, "must be positive")
     return data_range, sigma
 
@@ -816,3 +828,89 @@ def batch_norm_args(op: str, shape, srm, srv, sw, sb, training, momentum, eps) -
 
 
 # ---- robustness: argument rules added for the robust-ops work ------------------------------------
+def planned(op: str, shape, arg: str = "output") -> tuple:
+    """The one size check: every plan passes the output shape it computed (and the nodes the
+    constants they build) through here; over ANYDEVICE_MAX_TENSOR_MB it is refused, naming ``arg``."""
+    from .config import max_tensor_bytes
+    shape = tuple(int(v) for v in shape)
+    limit = max_tensor_bytes()
+    if arg == "output":
+        check_size(op, shape, limit)
+    elif 4 * math.prod(shape) > limit:
+        raise AnyDeviceError(op, arg, shape, f"would build a {shape} float32 array of {4 * math.prod(shape) / 2**30:.1f} "
+                             f"GiB, over the limit ANYDEVICE_MAX_TENSOR_MB={limit // 2**20}")
+    return shape
+
+
+def conv_image(op: str, sx) -> None:
+    """A conv input (N, C, H, W) with H or W 0 is refused, as torch ("only zero batch or zero channel
+    inputs are supported"); the nodes check it before padding the input themselves."""
+    if len(sx) >= 2 and 0 in tuple(sx)[-2:]:
+        raise AnyDeviceError(op, "input", tuple(sx), "has an empty image (height or width 0); PyTorch's "
+                             "convolutions take only an empty batch or empty channels")
+
+
+#: the largest geometry value (stride, dilation, padded extent) the conv kernels index with (32-bit ints)
+CONV_INDEX_MAX = 2**31 - 1
+
+
+def conv_reach(op, hw, k, stride, dilation, pads, out_hw, zero_pad=True):
+    """A conv's geometry reduced to what can reach the input, as torch computes it with 64-bit sizes:
+    (stride, dilation, pads for the kernel, out_pads, picks). Only where a value is past
+    CONV_INDEX_MAX (e.g. stride=2**40, dilation=2**40, padding=2**31): a dilation of a 1-tap kernel
+    is 1, output rows/columns whose taps all land in the zero padding are left out of the conv
+    (``out_pads``), the padding is cut to what the rest reads and a stride past the single remaining
+    output is shortened; a single output that starts inside the input is computed as the second of
+    a conv whose stride is its offset (``picks``: take that index). What is still too large for
+    the kernels is refused, naming the argument."""
+    extent = max(hw[0] + pads[0] + pads[1], hw[1] + pads[2] + pads[3])
+    if max(max(stride), max(dilation), extent) <= CONV_INDEX_MAX:
+        return stride, dilation, pads, (0, 0, 0, 0), (None, None)
+    s_, d_, p_, o_, picks = [], [], [], [], []
+    for i in range(2):
+        h, kk, s, d, pt, pb, n = hw[i], k[i], stride[i], dilation[i], pads[2 * i], pads[2 * i + 1], out_hw[i]
+        if not zero_pad:  # the input is padded first (reflect, ...): every output reads it
+            h, pt, pb = h + pt + pb, 0, 0
+        d = 1 if kk == 1 else d
+        eh = d * (kk - 1) + 1
+        lo = max(0, -((eh - 1 - pt) // s))  # the first output whose last tap reaches row 0
+        hi = min(n - 1, (h - 1 + pt) // s)  # the last output whose first tap is in the input
+        pick = None
+        if lo > hi:  # no output reaches the input: all 0 (+ bias)
+            s, d, pt, pb, lo, hi = 1, 1, 0, 0, n, n - 1
+        elif lo == hi and lo * s > pt:  # one output, starting inside the input at row r0
+            r0 = lo * s - pt
+            s, pt, pb, pick = r0, 0, max(0, r0 + eh - h), 1
+        else:
+            lo = min(lo, pt // s)  # no negative padding: start at an output that reads the padding
+            pt -= lo * s
+            pb = max(0, (hi - lo) * s + eh - pt - h)
+            if hi == lo:
+                s = min(s, h + pt + pb - eh + 1)
+        s_.append(s), d_.append(d), p_.extend((pt, pb)), o_.extend((lo, n - 1 - hi)), picks.append(pick)
+        if h + pt + pb > CONV_INDEX_MAX:
+            arg, value = (("dilation", dilation) if eh - 1 > CONV_INDEX_MAX // 2 else
+                          ("stride", stride) if s > CONV_INDEX_MAX // 2 else ("padding", pads))
+            raise AnyDeviceError(op, arg, value, f"spans {h + pt + pb} rows/columns even where no tap can reach "
+                                 f"the input; the kernels index with 32-bit ints (at most {CONV_INDEX_MAX})")
+    return tuple(s_), tuple(d_), tuple(p_), tuple(o_), tuple(picks)
+
+
+def conv_transpose_reach(op, hw, k, stride, padding, output_padding, dilation):
+    """(stride, dilation) of a transposed conv with what cannot matter shortened (the stride of a
+    1-pixel input, the dilation of a 1-tap kernel); a value still past CONV_INDEX_MAX is refused."""
+    s_, d_ = [], []
+    for i in range(2):
+        s, d = stride[i], dilation[i]
+        if s > CONV_INDEX_MAX and hw[i] == 1:
+            s = output_padding[i] + 1  # keeps output_padding < stride
+        if d > CONV_INDEX_MAX and k[i] == 1:
+            d = 1 if output_padding[i] < s else output_padding[i] + 1
+        s_.append(s), d_.append(d)
+        for arg, value, v in (("stride", stride, s), ("dilation", dilation, d), ("padding", padding, padding[i]),
+                              ("output_padding", output_padding, output_padding[i]),
+                              ("stride", stride, (hw[i] - 1) * s + d * (k[i] - 1) + 1)):
+            if v > CONV_INDEX_MAX:
+                raise AnyDeviceError(op, arg, value, f"is past what the kernels index with 32-bit ints "
+                                     f"(at most {CONV_INDEX_MAX})")
+    return tuple(s_), tuple(d_)

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..backend import ACTIVATIONS, LOSSES
-from ..backend.plans import check_groups, normalize_dims, pair, same_pads
+from ..backend.plans import check_groups, conv_image, normalize_dims, pair, planned, same_pads
 from . import presets as P
 from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge, cpu_f32,
                      kind_of, parse_ints, parse_matrix, parse_vector, resolve_backend)
@@ -264,6 +264,13 @@ class AnyDeviceConv2D(ComputeNode):
         xshape = nchw_shape(shape_of(input, kind), kind, node, "input")
         n, c, h, w_ = xshape
         op = "conv_transpose2d" if transposed else "conv2d"
+        if kernel_source == "random" or (kernel_source == "preset" and preset in P.SIZED_KERNELS):
+            # the size check before the node builds a (kernel_size, kernel_size) kernel for every channel
+            k = int(kernel_size)
+            self.arg_inputs.update(weight="kernel_size")
+            oc, gs = int(out_channels), max(1, int(groups))
+            lead = (c, 1) if channel_mode != "grouped" else (c, max(1, oc // gs)) if transposed else (oc, max(1, c // gs))
+            planned(op, lead + (k, k), "weight")
         k2, w4, wbias, label, karg = self._kernel(kernel_source, preset, kernel_size, sigma, kernel_text, init_seed,
                                                   weights)
         sized = kernel_source == "random" or (kernel_source == "preset" and preset in P.SIZED_KERNELS)
@@ -317,6 +324,7 @@ class AnyDeviceConv2D(ComputeNode):
             pads = (ph, ph, pw, pw)
         if n == 0:
             raise NodeError(node, "input", f"shape {xshape}", "is an empty batch: there is nothing to filter")
+        conv_image(op, xshape)  # an empty image is refused as torch does, before the node pads it
         pbar = Progress(n)
         t = Timer()
         # the whole batch in one call: the backend keeps its scratch within workspace_budget_bytes()

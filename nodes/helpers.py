@@ -139,7 +139,7 @@ class AnyDeviceTensorSource(PackNode):
             if dev is not None:  # the IMAGE an AnyDevice node made: its device copy, nothing moves
                 out = DeviceTensor(dev[1], dev[0])
                 return {"ui": badge(dev[0], t.ms(dev[0]), shape=list(out.shape)), "result": (out,)}
-            out = cpu_f32(image).permute(0, 3, 1, 2).contiguous()
+            out = cpu_f32(image).permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)  # never a view
         elif mode == "text":
             try:
                 m = parse_matrix(text)
@@ -331,7 +331,7 @@ class AnyDeviceImageToTensor(_ToTensor):
         x = cpu_f32(image)
         if x.ndim != 4:
             raise NodeError(self.DISPLAY, "image", x, "an IMAGE must be [B, H, W, C]")
-        out = x.permute(0, 3, 1, 2).contiguous() if layout == "NCHW" else x.clone()
+        out = (x.permute(0, 3, 1, 2) if layout == "NCHW" else x).clone(memory_format=torch.contiguous_format)
         return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (DeviceTensor.from_host(out),)}
 
 
@@ -353,7 +353,7 @@ class AnyDeviceMaskToTensor(_ToTensor):
             x = x.unsqueeze(0)
         if x.ndim != 3:
             raise NodeError(self.DISPLAY, "mask", x, "a MASK must be [B, H, W] or [H, W]")
-        out = x.unsqueeze(1).contiguous() if layout == "NCHW" else x.clone()
+        out = (x.unsqueeze(1) if layout == "NCHW" else x).clone(memory_format=torch.contiguous_format)
         return {"ui": _host_badge(t.ms(), shape=list(out.shape)), "result": (DeviceTensor.from_host(out),)}
 
 

@@ -80,9 +80,9 @@ class CudaBackend(CudaLinalg, Backend):
             self._streams[ptr] = st
         st.use()
 
-    def _inputs(self, op, **arrays):
+    def _inputs(self, op, optional=("bias",), **arrays):
         self._enter()
-        return super()._inputs(op, **arrays)
+        return super()._inputs(op, optional, **arrays)
 
     def synchronize(self):
         self.cp.cuda.Device(self.index).synchronize()

@@ -106,8 +106,9 @@ class OpenCLBackend(LinalgOps, Backend):
         if (shape_class and key not in self._tune and fname == "gemm_cpu.cl"
                 and config.get("ANYDEVICE_OPENCL_TUNE")):
             self._autotune_gemm_cpu(shape_class)
-        params.update(self._tune.get(fname, {}))
-        params.update(self._tune.get(key, {}))
+        for stored in (self._tune.get(fname), self._tune.get(key)):
+            if isinstance(stored, dict):  # an entry of another type (a damaged tune.json) is ignored
+                params.update(stored)
         return params
 
     def _autotune_gemm_cpu(self, shape_class: str) -> None:

@@ -88,13 +88,20 @@ class JsonStore:
         try:
             data = json.loads(text)
             if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            return data
+                raise ValueError(f"a JSON {type(data).__name__}, not an object")
         except ValueError as exc:
-            if str(self.path) not in self._warned:
-                self._warned.add(str(self.path))
-                log.warning("anydevice: cache file %s is corrupt (%s); rebuilding it", self.path, exc)
+            self._warn(str(exc))
             return {}
+        bad = [k for k, v in data.items() if not isinstance(v, dict)]
+        if bad:  # every section is an object: a section of another type is dropped and rebuilt
+            self._warn(f"section {bad[0]!r} is a JSON {type(data[bad[0]]).__name__}, not an object")
+            data = {k: v for k, v in data.items() if k not in bad}
+        return data
+
+    def _warn(self, why: str) -> None:
+        if str(self.path) not in self._warned:
+            self._warned.add(str(self.path))
+            log.warning("anydevice: cache file %s is corrupt (%s); rebuilding it", self.path, why)
 
     def section(self, key: str) -> dict:
         value = self.read().get(key, {})
