@@ -88,20 +88,14 @@ class AttentionOps:
         for r0 in range(0, L, rows):
             n = min(rows, L - r0)
             qb = q if n == L else self._narrow(q, len(sq) - 2, r0, n)
-            kb, vb = kt, v
             mb = None
             if m is not None:
-                mb = m if len(ms) < 2 or ms[-2] == 1 or n == L else self._narrow(m, len(ms) - 2, r0, n)
-            elif causal:
-                keys = min(S, r0 + n)  # the keys after the block's last row are masked out for every row
-                if keys < S:
-                    kb = self._narrow(kt, len(self._shape(kt)) - 1, 0, keys)
-                    vb = self._narrow(v, len(self._shape(v)) - 2, 0, keys)
-                cols = np.arange(keys)[None, :]
-                rws = np.arange(r0, r0 + n)[:, None]
+                mb = m if ms[-2] == 1 or n == L else self._narrow(m, len(ms) - 2, r0, n)
+            elif causal:  # all S keys, as torch: a NaN key or an Inf value past the diagonal gives NaN
+                cols, rws = np.arange(S)[None, :], np.arange(r0, r0 + n)[:, None]
                 mb = self.to_device(np.where(cols <= rws, 0.0, -np.inf).astype(np.float32),
                                     "scaled_dot_product_attention", "is_causal", constant=True)
-            parts.append(self._attention_rows(qb, kb, vb, mb))
+            parts.append(self._attention_rows(qb, kt, v, mb))
         if len(parts) == 1:
             return self._reshape(parts[0], plan.out_shape)
         B, Ev = math.prod(plan.batch), plan.Ev

@@ -588,6 +588,8 @@ def attention_plan(op: str, sq, sk, sv, sm, dropout_p, is_causal, scale, enable_
     bv = sv[:-3] + (sv[-3] * groups[1],) if groups[1] > 1 else sv[:-2]
     batch = broadcast_shapes(op, sq[:-2], bk, ("query", "key"))
     batch = broadcast_shapes(op, batch, bv, ("query", "value"))
+    if sm is not None and len(sm) < 2:
+        raise AnyDeviceError(op, "attn_mask", tuple(sm), "must have at least 2 dims (..., L, S)")
     if sm is not None:
         want = batch + (L, S)
         try:
