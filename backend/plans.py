@@ -431,8 +431,9 @@ def _check_unary_params(op, params):
 
 
 def correction_arg(op: str, correction) -> float:
-    """var/std's correction: any number (the divisor is max(0, count - correction), as torch)."""
-    return _number(op, "correction", correction)
+    """var/std's correction: any number (the divisor is max(0, count - correction), as torch;
+    None is torch's default, 1)."""
+    return 1.0 if correction is None else _number(op, "correction", correction)
 
 
 def norm_eps(op: str, eps, default: float | None = None) -> float:
