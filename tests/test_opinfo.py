@@ -31,6 +31,14 @@ with warnings.catch_warnings():
     from torch.testing._internal.common_methods_invocations import op_db
 
 MAX_SAMPLES = 24
+#: elementwise ops whose OpInfo reference inputs (extremal values: NaN, +-Inf, huge, tiny, -0) are
+#: replayed as well, at most MAX_REFERENCE of them per op
+REFERENCE_OPS = {"nn.functional.relu", "nn.functional.gelu", "nn.functional.elu", "nn.functional.leaky_relu",
+                 "nn.functional.softplus", "nn.functional.silu", "sigmoid", "tanh", "exp", "log", "sqrt",
+                 "rsqrt", "erf", "sin", "cos", "abs", "neg", "add", "sub", "mul", "div", "pow", "minimum",
+                 "maximum"}
+MAX_REFERENCE = 6
+MAX_REFERENCE_NUMEL = 2**14  # the big ones are large-tensor cases, slow and not about special values
 
 
 class Excluded(Exception):
@@ -224,16 +232,32 @@ def _key(info) -> str:
 _SAMPLES: dict[str, tuple] = {}   # key -> (opinfo, [samples])
 
 
-def _samples(info):
-    key = _key(info)
+def _numel(sample) -> int:
+    vals = [sample.input, *sample.args, *sample.kwargs.values()]
+    return sum(v.numel() for v in vals if isinstance(v, torch.Tensor))
+
+
+def _spaced(samples, most):
+    """At most ``most`` samples, evenly spaced (first and last included)."""
+    if len(samples) <= most:
+        return samples
+    return [samples[i] for i in sorted(set(np.linspace(0, len(samples) - 1, most).round().astype(int)))]
+
+
+def _samples(info, reference=False):
+    key = _key(info) + ("/ref" if reference else "")
     if key not in _SAMPLES:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            all_ = list(info.sample_inputs("cpu", torch.float32, requires_grad=False))
-        if len(all_) > MAX_SAMPLES:  # evenly spaced, first and last included
-            idx = np.linspace(0, len(all_) - 1, MAX_SAMPLES).round().astype(int)
-            all_ = [all_[i] for i in sorted(set(idx))]
-        _SAMPLES[key] = (info, all_)
+            if reference:
+                plain = len(list(info.sample_inputs("cpu", torch.float32, requires_grad=False)))
+                # reference_inputs starts with the plain samples: only the ones after them
+                found = [r for r in list(info.reference_inputs("cpu", torch.float32, requires_grad=False))[plain:]
+                         if _numel(r) <= MAX_REFERENCE_NUMEL]
+                found = _spaced(found, MAX_REFERENCE)
+            else:
+                found = _spaced(list(info.sample_inputs("cpu", torch.float32, requires_grad=False)), MAX_SAMPLES)
+        _SAMPLES[key] = (info, found)
     return _SAMPLES[key][1]
 
 
@@ -261,15 +285,16 @@ def _params():
             out.append(pytest.param(key, -1, id=f"{key}-absent",
                                     marks=pytest.mark.skip(reason=f"no Backend.{OPS[info.name].method} here yet")))
             continue
-        for i, s in enumerate(_samples(info)):
-            marks = []
-            try:
-                _prepare(info.name, s)
-            except Excluded as exc:
-                marks.append(pytest.mark.skip(reason="excluded: " + _reason(info.name, exc.args[0])))
-            if (key, i) in KNOWN_BUGS:
-                marks.append(pytest.mark.xfail(reason=KNOWN_BUGS[(key, i)], strict=False))
-            out.append(pytest.param(key, i, id=f"{key}-{i}", marks=marks))
+        for skey in (key, key + "/ref") if info.name in REFERENCE_OPS else (key,):
+            for i, s in enumerate(_samples(info, skey.endswith("/ref"))):
+                marks = []
+                try:
+                    _prepare(info.name, s)
+                except Excluded as exc:
+                    marks.append(pytest.mark.skip(reason="excluded: " + _reason(info.name, exc.args[0])))
+                if (skey, i) in KNOWN_BUGS:
+                    marks.append(pytest.mark.xfail(reason=KNOWN_BUGS[(skey, i)], strict=False))
+                out.append(pytest.param(skey, i, id=f"{skey}-{i}", marks=marks))
     return out
 
 
@@ -284,7 +309,9 @@ def test_opinfo_sample(backend_target, key, index):
     info, samples = _SAMPLES[key]
     s = samples[index]
     args, kwargs = _prepare(info.name, s)
-    ref = info.op(_t64(s.input), *[_t64(a) for a in s.args], **{k: _t64(v) for k, v in s.kwargs.items()})
+    with warnings.catch_warnings():  # torch's own warnings on the reference (e.g. var's degrees of freedom)
+        warnings.simplefilter("ignore")
+        ref = info.op(_t64(s.input), *[_t64(a) for a in s.args], **{k: _t64(v) for k, v in s.kwargs.items()})
     arrays = [a for a in list(args) + list(kwargs.values()) if isinstance(a, np.ndarray)]
     arrays += [a for v in list(args) if isinstance(v, (list, tuple)) for a in v if isinstance(a, np.ndarray)]
     before = _snapshot(*arrays)
