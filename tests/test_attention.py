@@ -232,3 +232,15 @@ def test_sdpa_shape_errors(sq, sk, sv, gqa, arg):
     assert exc.value.arg == arg
     with pytest.raises(RuntimeError):  # torch refuses them too
         SDPA(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), enable_gqa=gqa)
+
+
+def test_sdpa_bench_case_runs(backend_target):
+    """The bench's attention case (make + torch_fn), on a small shape."""
+    from anydevice.backend import bench
+    case = next(c for c in bench.CASES if c.name.startswith("attention"))
+    assert case.torch_fn == "F.scaled_dot_product_attention" and case.op == "scaled_dot_product_attention"
+    small = bench.Case("attention small", case.op, (), (), {}, 4.0 * 2 * 32 * 32 * 8,
+                       make=lambda rng: ([rng.standard_normal((1, 2, 32, 8)).astype(np.float32) for _ in range(3)], {}),
+                       torch_fn=case.torch_fn)
+    row = bench.bench_case(backend_target, small, budget_s=0.01, max_reps=3)
+    assert row.ms > 0 and row.torch_ms > 0
