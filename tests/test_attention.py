@@ -9,11 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from anydevice.backend import AnyDeviceError
 from anydevice.backend.config import workspace_budget_bytes
 from anydevice.backend.plans import attention_plan
 
-from test_precision import _assert_unchanged, _snapshot, check, relerr, t64, tol_for
+from test_precision import HYP, _assert_unchanged, _snapshot, check, relerr, t64, tol_for
 
 SDPA = F.scaled_dot_product_attention
 
@@ -244,3 +247,46 @@ def test_sdpa_bench_case_runs(backend_target):
                        torch_fn=case.torch_fn)
     row = bench.bench_case(backend_target, small, budget_s=0.01, max_reps=3)
     assert row.ms > 0 and row.torch_ms > 0
+
+
+@st.composite
+def sdpa_args(draw):
+    lead = draw(st.sampled_from([(), (1,), (2,), (2, 1), (1, 3), (2, 2)]))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    gqa = draw(st.booleans()) and heads > 1
+    kv_heads = draw(st.sampled_from([h for h in (1, 2, 4) if heads % h == 0])) if gqa else heads
+    L, S = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    E, Ev = draw(st.sampled_from([1, 3, 8, 16])), draw(st.sampled_from([1, 4, 8]))
+    mask = draw(st.sampled_from([None, None, "bool", "float", "causal"]))
+    mshape = draw(st.sampled_from([(L, S), (1, S), (heads, L, S), (heads, 1, S)]))
+    scale = draw(st.sampled_from([None, None, 0.5, 2.0]))
+    block_rows = draw(st.sampled_from([None, 1, 3, 7]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return lead, heads, kv_heads, gqa, L, S, E, Ev, mask, mshape, scale, block_rows, seed
+
+
+@HYP
+@given(a=sdpa_args())
+def test_sdpa_random(backend_target, a):
+    lead, heads, kv_heads, gqa, L, S, E, Ev, mask, mshape, scale, block_rows, seed = a
+    q, k, v = _data(seed, lead + (heads, L, E), lead + (kv_heads, S, E), lead + (kv_heads, S, Ev))
+    rng = np.random.default_rng(seed + 1)
+    m = None
+    if mask == "bool":
+        m = rng.random(mshape) > 0.3
+    elif mask == "float":
+        m = rng.standard_normal(mshape).astype(np.float32)
+        m[rng.random(mshape) < 0.2] = -np.inf
+    kw = dict(is_causal=mask == "causal", scale=scale, enable_gqa=gqa)
+    be = backend_target
+    if block_rows is None:
+        y = be.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
+    else:  # force blocks of block_rows query rows
+        batch = math.prod(lead) * heads
+        old = be.attention_block_bytes
+        be.attention_block_bytes = 4 * batch * S * block_rows
+        try:
+            y = be.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
+        finally:
+            be.attention_block_bytes = old
+    check(y, _ref(q, k, v, m, **kw), f"sdpa {a}", tol_for(be))
