@@ -84,6 +84,11 @@ CASES += [
 # ---- layer-op cases: pooling, interpolate, group_norm ----
 
 # ---- attention cases ----
+CASES += [
+    Case("attention 1x8x4096x64", "scaled_dot_product_attention", (), (), {}, 4.0 * 8 * 4096 * 4096 * 64,
+         make=lambda rng: ([rng.standard_normal((1, 8, 4096, 64)).astype(np.float32) for _ in range(3)], {}),
+         torch_fn="F.scaled_dot_product_attention"),
+]
 
 # ---- big-kernel cases (separable / FFT convolution) ----
 
