@@ -3,7 +3,7 @@ a block at a time, so long sequences stay within the workspace budget.
 
 Per block of query rows: scores = (q * scale) @ k^T (+ the mask), an exact row softmax (the row
 max subtracted, exp, sum) and (exp @ v) / sum. Built from ``_bmm`` (through ``_matmul``),
-``_binary``, ``_unary``, ``_reduce``, ``_reshape``, ``_permute``, ``_expand``, ``_narrow``,
+``_binary``, ``_unary``, ``_reduce``, ``_reshape``, ``_permute``, ``_expand``, ``_slice``,
 ``_pad`` and ``_concat_channels``, so every backend runs it.
 
 Like torch 2.13 on the CPU, a row whose keys are all masked out gives zeros: its max is -inf,
@@ -50,7 +50,8 @@ class AttentionOps:
         enable_gqa: key/value heads (dim -3) are repeated to the query's. dropout_p must be 0."""
         op = "scaled_dot_product_attention"
         bool_mask = _is_bool(attn_mask)
-        kind, like, q, k, v, m = self._inputs(op, query=query, key=key, value=value, attn_mask=attn_mask)
+        kind, like, q, k, v, m = self._inputs(op, ("attn_mask",), query=query, key=key, value=value,
+                                              attn_mask=attn_mask)
         plan = attention_plan(op, self._shape(q), self._shape(k), self._shape(v),
                               None if m is None else self._shape(m), dropout_p, is_causal, scale, enable_gqa)
         self._check_size(op, plan.out_shape)
@@ -94,10 +95,10 @@ class AttentionOps:
         parts = []
         for r0 in range(0, L, rows):
             n = min(rows, L - r0)
-            qb = q if n == L else self._narrow(q, len(sq) - 2, r0, n)
+            qb = q if n == L else self._slice(q, len(sq) - 2, r0, n, 1)
             mb = None
             if m is not None:
-                mb = m if ms[-2] == 1 or n == L else self._narrow(m, len(ms) - 2, r0, n)
+                mb = m if ms[-2] == 1 or n == L else self._slice(m, len(ms) - 2, r0, n, 1)
             elif causal:  # all S keys, as torch: a NaN key or an Inf value past the diagonal gives NaN
                 cols, rws = np.arange(S)[None, :], np.arange(r0, r0 + n)[:, None]
                 mb = self.to_device(np.where(cols <= rws, 0.0, -np.inf).astype(np.float32),
@@ -114,7 +115,7 @@ class AttentionOps:
             blocks.append(p)
         y = self._reshape(self._concat_channels(blocks, B, 1, rows, Ev), (B, len(blocks) * rows, Ev))
         if len(blocks) * rows != L:
-            y = self._narrow(y, 1, 0, L)
+            y = self._slice(y, 1, 0, L, 1)
         return self._reshape(y, plan.out_shape)
 
     def _attention_rows(self, q, kt, v, m):

@@ -128,10 +128,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         """x broadcast to ``shape`` (materialised if the backend needs it)."""
         raise NotImplementedError
 
-    def _narrow(self, x, dim, start, length):
-        """x.narrow(dim, start, length): a copy or a read-only view."""
-        raise NotImplementedError
-
     def _bmm(self, a, b):
         """a (Ba, M, K) @ b (Bb, K, N) with Ba, Bb in {1, B} -> (B, M, N)."""
         raise NotImplementedError

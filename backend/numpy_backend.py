@@ -86,9 +86,6 @@ class NumpyBackend(Backend):
     def _expand(self, x, shape):
         return np.broadcast_to(x, shape)
 
-    def _narrow(self, x, dim, start, length):
-        return x[(slice(None),) * dim + (slice(start, start + length),)]
-
     def _concat_channels(self, parts, n, c, h, w):
         return np.concatenate(parts, axis=1)
 

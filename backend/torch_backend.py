@@ -151,9 +151,6 @@ class TorchBackend(Backend):
     def _expand(self, x, shape):
         return x.expand(*shape)
 
-    def _narrow(self, x, dim, start, length):
-        return x.narrow(dim, start, length)
-
     def _concat_channels(self, parts, n, c, h, w):
         return self.torch.cat(parts, dim=1)
 

@@ -134,9 +134,6 @@ class CudaBackend(CudaLinalg, Backend):
     def _expand(self, x, shape):
         return self.cp.broadcast_to(x, tuple(shape))
 
-    def _narrow(self, x, dim, start, length):
-        return x[(slice(None),) * dim + (slice(start, start + length),)]
-
     def _concat_channels(self, parts, n, c, h, w):
         return self.cp.concatenate(parts, axis=1)
 

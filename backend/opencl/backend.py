@@ -255,15 +255,6 @@ class OpenCLBackend(LinalgOps, Backend):
         self._copy_strided(x, x.offset, shape, sstr, out, 0, _contig_strides(shape))
         return out
 
-    def _narrow(self, x, dim, start, length):
-        st = _contig_strides(x.shape)
-        shape = x.shape[:dim] + (int(length),) + x.shape[dim + 1:]
-        if all(s == 1 for s in x.shape[:dim]):  # a contiguous run: a view
-            return CLArray(shape, x.block, x.offset + int(start) * st[dim])
-        out = self._empty(shape)
-        self._copy_strided(x, x.offset + int(start) * st[dim], shape, st, out, 0, _contig_strides(shape))
-        return out
-
     def _concat_channels(self, parts, n, c, h, w):
         k = len(parts)
         out = self._empty((n, k * c, h, w))
