@@ -48,7 +48,8 @@ class Excluded(Exception):
 #: (op, feature) -> why the pack does not take such samples
 EXCLUDED = {
     ("nn.functional.pad", "pad of more than 2 dims"): "the pack pads the last two dims only",
-    ("nn.functional.pad", "negative pad"): "cropping through pad is refused (AnyDeviceError)",
+    ("nn.functional.batch_norm", "1-D input"): "batch_norm takes (N, C, *) inputs (torch also passes an "
+                                                "empty 1-D one through)",
     ("nn.functional.pad", "constant value"): "constant padding is zeros; pad has no value argument",
     ("clamp", "tensor bounds"): "min/max are numbers in the pack (torch also takes tensors)",
     ("add", "alpha"): "add/sub take no alpha (other * alpha would round once more)",
@@ -86,8 +87,6 @@ def _pad(x, args, kw):
     value = args[2] if len(args) > 2 else kw.get("value")
     if len(pad) > 4:
         raise Excluded("pad of more than 2 dims")
-    if min(pad) < 0:
-        raise Excluded("negative pad")
     if mode == "constant" and value not in (None, 0, 0.0):
         raise Excluded("constant value")
     return (x, tuple(pad), mode), {}
@@ -159,6 +158,12 @@ def _norm(x, args, kw):
     return (x, *args), kw
 
 
+def _batch_norm(x, args, kw):
+    if x.ndim < 2:
+        raise Excluded("1-D input")
+    return (x, *args), kw
+
+
 def _where(x, args, kw):  # OpInfo's where is lambda self, condition, other: torch.where(condition, self, other)
     return (args[0], x, *args[1:]), kw
 
@@ -199,7 +204,7 @@ OPS: dict[str, Op] = {
     "stack": Op("stack"),
     "nn.functional.cross_entropy": Op("cross_entropy"),
     "nn.functional.nll_loss": Op("nll_loss"),
-    "nn.functional.batch_norm": Op("batch_norm"),
+    "nn.functional.batch_norm": Op("batch_norm", _batch_norm),
     "nn.functional.dropout": Op("dropout", _dropout),
 }
 
