@@ -272,6 +272,10 @@ class OpenCLBackend(LinalgOps, Backend):
         self._copy_strided(x, x.offset + i * inner, (n, inner), (k * inner, 1), out, 0, (inner, 1))
         return out
 
+    def _piece(self, x, i0, i1, j0, j1, r0, r1):
+        n, c, h, w = x.shape  # the pieces ssim takes are contiguous spans: a view
+        return CLArray((i1 - i0, j1 - j0, r1 - r0, w), x.block, x.offset + ((i0 * c + j0) * h + r0) * w)
+
     def _fill(self, out: CLArray, value: float = 0.0):
         if out.size:
             self.cl.enqueue_fill_buffer(self.queue, out.buffer, np.float32(value), 4 * out.offset, 4 * out.size)
