@@ -225,7 +225,8 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         return y
 
     def _check_size(self, op: str, shape) -> None:
-        check_size(op, shape, max_tensor_bytes())
+        from .config import tensor_limit
+        check_size(op, shape, *tensor_limit(self, 4 * math.prod(shape)))
 
     # ---- matmul / linear ------------------------------------------------------------------
     def matmul(self, input, other):

@@ -43,8 +43,8 @@ class OpenCLBackend(LinalgOps, Backend):
         self.queue = cl.CommandQueue(self.ctx, dev)
         self.programs = ProgramCache(self.ctx, dev)
         self.compute_units = max(1, int(dev.max_compute_units))
-        limit = min(int(dev.global_mem_size) // 4, 2 << 30)
-        self.pool = BufferPool(self.ctx, limit)
+        limit = min(int(dev.global_mem_size) // 4, 2 << 30)  # on a CPU device also a share of free RAM
+        self.pool = BufferPool(self.ctx, limit, host_ram=self.is_cpu_device)
         self._kernels: dict[tuple, object] = {}
         self._meta_cache: dict[tuple, object] = {}
         self._sources: dict[str, str] = {}
@@ -86,6 +86,13 @@ class OpenCLBackend(LinalgOps, Backend):
     def free_memory(self) -> None:
         """Give the buffer pool's free buffers back to the driver (arrays in use stay)."""
         self.pool.clear()
+
+    def device_free_bytes(self) -> int | None:
+        """A GPU's global memory less the pool's buffers in use (OpenCL has no free-memory query);
+        None on a CPU device, whose memory is the host's RAM."""
+        if self.is_cpu_device:
+            return None
+        return max(0, int(self.dev.global_mem_size) - self.pool.live)
 
     @staticmethod
     def _tune_store() -> JsonStore:
