@@ -127,6 +127,9 @@ class BufferPool:
 
     def clear(self) -> None:
         with self.lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             for lst in self.free.values():
                 for b in lst:
                     b.release()
