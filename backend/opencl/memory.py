@@ -34,7 +34,8 @@ class BufferPool:
     """Size-bucketed free lists of cl.Buffer. A buffer is only here while no _Block holds it.
 
     Bounded by ``limit`` and, on a CPU device (PoCL: its buffers are host RAM, taken from ComfyUI's
-    models), by HOST_SHARE of the host's available RAM. Emptied when nothing was allocated for
+    models), by HOST_SHARE of the host's available RAM; there a miss also gives back as many pooled
+    bytes (of other sizes) as it allocates, so the pool never adds to a peak. Emptied when nothing was allocated for
     IDLE_S seconds (a timer), and by ``clear()`` (``free_memory()``: ComfyUI asking for memory)."""
 
     #: on a CPU device, the pool keeps at most this share of the host's available RAM
@@ -82,6 +83,9 @@ class BufferPool:
                 self.hits += 1
                 return _Block(buf, size, self)
             self.misses += 1
+            spare = self._evict(size) if self.host_ram else []
+        for b in spare:  # host RAM: a new buffer takes the place of pooled ones of other sizes
+            b.release()
         cl = _cl()
         try:
             try:
@@ -104,6 +108,21 @@ class BufferPool:
                 self._arm()
                 return
         buf.release()
+
+    def _evict(self, nbytes: int) -> list:
+        """(lock held) Take at least ``nbytes`` of pooled buffers out (the largest first), to release."""
+        out, got = [], 0
+        for size in sorted(self.free, reverse=True):
+            lst = self.free[size]
+            while lst and got < nbytes:
+                out.append(lst.pop())
+                got += size
+                self.pooled -= size
+            if not lst:
+                del self.free[size]
+            if got >= nbytes:
+                break
+        return out
 
     def _arm(self) -> None:
         """(lock held) A timer that empties the pool once it has been idle IDLE_S seconds."""
