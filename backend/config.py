@@ -123,8 +123,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "process)", _count),
     Setting("ANYDEVICE_WORKSPACE_MB", "256", "scratch memory one conv may take at once; larger work is "
             "chunked", _megabytes),
-    Setting("ANYDEVICE_MAX_TENSOR_MB", "8192", "largest result an op (or the runner's EmptyImage) may produce; "
-            "beyond it the op is refused with an error", _megabytes),
+    Setting("ANYDEVICE_MAX_TENSOR_MB", "", "largest result an op (or the runner's EmptyImage) may produce; "
+            "beyond it the op is refused with an error (default: half the memory free on the op's device: "
+            "host RAM for numpy, cpu and OpenCL on a CPU, free GPU memory for GPUs; read at most once a "
+            "second)", _megabytes),
     Setting("ANYDEVICE_RESIDENT_MB", "1024", "device memory that values may keep between AnyDevice nodes "
             "(TENSORs, device copies of IMAGE/MASK/LATENT, kernels and weights); past it the least "
             "recently used move to the host; 0 keeps nothing on a device between nodes", _megabytes_or_zero),
@@ -200,9 +202,19 @@ def workspace_budget_bytes() -> int:
     return get("ANYDEVICE_WORKSPACE_MB")
 
 
-def max_tensor_bytes() -> int:
+def max_tensor_bytes(backend=None, want: int = 0) -> int:
     """Largest single result an op may produce; beyond it the op is refused, not OOM-killed."""
-    return get("ANYDEVICE_MAX_TENSOR_MB")
+    return tensor_limit(backend, want)[0]
+
+
+def tensor_limit(backend=None, want: int = 0) -> tuple[int, int | None, str | None]:
+    """(limit, free, where): ANYDEVICE_MAX_TENSOR_MB, free and where None; unset, a share of the
+    memory free on the backend's device (the host without one), with that reading and its place."""
+    limit = get("ANYDEVICE_MAX_TENSOR_MB")
+    if limit is not None:
+        return limit, None, None
+    from .memstat import default_tensor_limit
+    return default_tensor_limit(backend, want)
 
 
 def prefer_own() -> bool:

@@ -73,6 +73,18 @@ def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
     return g / g.sum()
 
 
+#: the fewest elements (per input) an ssim chunk has; smaller inputs are done in one piece
+SSIM_MIN_CHUNK = 1 << 18
+
+
+def ssim_chunk_elements(total: int) -> int:
+    """Elements of each input one ssim chunk covers: 1/32 of the input, at least SSIM_MIN_CHUNK,
+    at most what keeps a chunk's scratch (~64 arrays of its size, with a conv's im2col) in
+    ANYDEVICE_WORKSPACE_MB."""
+    cap = max(SSIM_MIN_CHUNK, workspace_budget_bytes() // (4 * 64))
+    return max(SSIM_MIN_CHUNK, min(cap, total // 32))
+
+
 # ----------------------------------------------------------------------------------------------
 class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
     """Base class: validation, conversion and composite ops. Subclasses implement primitives."""
@@ -216,7 +228,8 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         return y
 
     def _check_size(self, op: str, shape) -> None:
-        check_size(op, shape, max_tensor_bytes())
+        from .config import tensor_limit
+        check_size(op, shape, *tensor_limit(self, 4 * math.prod(shape)))
 
     # ---- matmul / linear ------------------------------------------------------------------
     def matmul(self, input, other):
@@ -509,40 +522,84 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
     def ssim(self, input, target, data_range=1.0, window_size=11, sigma=1.5, k1=0.01, k2=0.03):
         """Structural similarity (Wang et al. 2004): Gaussian window, no padding, per channel, mean.
 
-        input/target are (N, C, H, W), (C, H, W) or (H, W)."""
+        input/target are (N, C, H, W), (C, H, W) or (H, W). Large inputs are done in chunks (groups
+        of whole channel planes, or row bands of one plane, overlapping by window_size - 1 rows) so
+        the scratch memory stays a fraction of the inputs (``ssim_chunk_elements``)."""
         op = "ssim"
         data_range, sigma = ssim_args(op, data_range, window_size, sigma)
         kind, like, a, b = self._pair_inputs(op, input, target, same_shape=True)
         shape4 = ssim_shape(op, self._shape(a), window_size)
         n, c, h, w = shape4
+        planes, ws = n * c, window_size
+        oh, ow = h - ws + 1, w - ws + 1
+        g = gaussian_window(ws, sigma).astype(np.float32)
+        wv = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, -1, 1), (5, 1, ws, 1))),
+                            op, "window", constant=True)
+        wh = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, 1, -1), (5, 1, 1, ws))),
+                            op, "window", constant=True)
+        consts = ((k1 * data_range) ** 2, (k2 * data_range) ** 2)
+        chunk = ssim_chunk_elements(planes * h * w)
+        if planes * h * w <= chunk:  # one piece: the ssim map's mean as one reduction
+            m = self._ssim_map(self._reshape(a, (planes, 1, h, w)), self._reshape(b, (planes, 1, h, w)),
+                               wv, wh, consts)
+            return self._out(self._reduction(op, m, "mean"), kind, like)
         a, b = self._reshape(a, shape4), self._reshape(b, shape4)
-        # stack x, y, x*x, y*y, x*y on the channel dim and blur all 5C channels at once
+        if c * h * w <= chunk:  # pieces of whole batch items
+            step = chunk // (c * h * w)
+            pieces = [(i, min(n, i + step), 0, c, 0, h) for i in range(0, n, step)]
+        elif h * w <= chunk:  # groups of whole planes of one batch item
+            step = chunk // (h * w)
+            pieces = [(i, i + 1, j, min(c, j + step), 0, h) for i in range(n) for j in range(0, c, step)]
+        else:  # row bands of one plane: `band` output rows from band + ws - 1 input rows
+            band = max(1, chunk // w - (ws - 1))
+            pieces = [(i, i + 1, j, j + 1, r, min(oh, r + band) + ws - 1)
+                      for i in range(n) for j in range(c) for r in range(0, oh, band)]
+        total = None
+        for i0, i1, j0, j1, r0, r1 in pieces:
+            k = (i1 - i0) * (j1 - j0)
+            xa = self._reshape(self._piece(a, i0, i1, j0, j1, r0, r1), (k, 1, r1 - r0, w))
+            xb = self._reshape(self._piece(b, i0, i1, j0, j1, r0, r1), (k, 1, r1 - r0, w))
+            m = self._ssim_map(xa, xb, wv, wh, consts)
+            del xa, xb
+            s = self._reduce("sum", m, (0, 1, 2, 3), False)
+            total = s if total is None else self._binary("add", total, s)
+            del m, s
+        y = self._binary("div", total, float(planes * oh * ow))
+        return self._out(y, kind, like)
+
+    def _ssim_map(self, a, b, wv, wh, consts):
+        """The ssim map (k, 1, h - ws + 1, w - ws + 1) of k single-channel planes (k, 1, h, w)."""
+        k, _, h, w = self._shape(a)
+        # stack x, y, x*x, y*y, x*y on the channel dim and blur all 5 channels at once
         stack = self._concat_channels([a, b, self._binary("mul", a, a), self._binary("mul", b, b),
-                                       self._binary("mul", a, b)], n, c, h, w)
-        g = gaussian_window(window_size, sigma).astype(np.float32)
-        wv = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, -1, 1), (5 * c, 1, window_size, 1))),
-                            op, "window", constant=True)
-        wh = self.to_device(np.ascontiguousarray(np.broadcast_to(g.reshape(1, 1, 1, -1), (5 * c, 1, 1, window_size))),
-                            op, "window", constant=True)
-        blur = self._conv2d(self._conv2d(stack, wv, None, (1, 1), (0, 0, 0, 0), (1, 1), 5 * c),
-                            wh, None, (1, 1), (0, 0, 0, 0), (1, 1), 5 * c)
-        oh, ow = h - window_size + 1, w - window_size + 1
-        blur = self._reshape(blur, (n, 5, c, oh, ow))
-        parts = [self._reshape(self._slice1(blur, i), (n, c, oh, ow)) for i in range(5)]
-        mu_x, mu_y, exx, eyy, exy = parts
-        c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
+                                       self._binary("mul", a, b)], k, 1, h, w)
+        blur = self._conv2d(stack, wv, None, (1, 1), (0, 0, 0, 0), (1, 1), 5)
+        del stack
+        blur = self._conv2d(blur, wh, None, (1, 1), (0, 0, 0, 0), (1, 1), 5)
+        oh, ow = self._shape(blur)[2:]
+        mu_x, mu_y, exx, eyy, exy = [self._reshape(self._slice1(blur, i), (k, 1, oh, ow)) for i in range(5)]
+        del blur
+        c1, c2 = consts
         mu_xy = self._binary("mul", mu_x, mu_y)
         mu_xx = self._binary("mul", mu_x, mu_x)
         mu_yy = self._binary("mul", mu_y, mu_y)
+        del mu_x, mu_y
         s_xy = self._binary("sub", exy, mu_xy)
         s_xx = self._binary("sub", exx, mu_xx)
         s_yy = self._binary("sub", eyy, mu_yy)
+        del exx, eyy, exy
         num = self._binary("mul", self._binary("add", self._binary("mul", mu_xy, 2.0), c1),
                            self._binary("add", self._binary("mul", s_xy, 2.0), c2))
+        del mu_xy, s_xy
         den = self._binary("mul", self._binary("add", self._binary("add", mu_xx, mu_yy), c1),
                            self._binary("add", self._binary("add", s_xx, s_yy), c2))
-        y = self._reduction(op, self._binary("div", num, den), "mean")
-        return self._out(y, kind, like)
+        del mu_xx, mu_yy, s_xx, s_yy
+        return self._binary("div", num, den)
+
+    def _piece(self, x, i0, i1, j0, j1, r0, r1):
+        """x[i0:i1, j0:j1, r0:r1] of a 4-D array, where the rows and channels not taken make it one
+        contiguous span of a contiguous x (ssim's chunks; a view where the backend has them)."""
+        return x[i0:i1, j0:j1, r0:r1]
 
     def _concat_channels(self, parts, n, c, h, w):
         """Stack k arrays (n, c, h, w) into (n, k*c, h, w)."""

@@ -9,6 +9,7 @@ Reductions accumulate in float64 so long sums keep FP32 precision.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -341,12 +342,7 @@ class NumpyBackend(Backend):
             if op == "silu":
                 return x * _sigmoid(x)
             if op == "gelu":
-                if p["approximate"] == "tanh":
-                    x64 = x.astype(np.float64)
-                    inner = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64 ** 3)
-                    return (0.5 * x64 * (1.0 + np.tanh(inner))).astype(F32)
-                x64 = x.astype(np.float64)
-                return (0.5 * x64 * erfc_neg(x64 / math.sqrt(2.0))).astype(F32)
+                return _blocked(x, _gelu_tanh if p["approximate"] == "tanh" else _gelu)
             if op == "elu":
                 return np.where(x > 0, x, F32(p["alpha"]) * np.expm1(x)).astype(F32, copy=False)
             if op == "leaky_relu":
@@ -402,6 +398,41 @@ _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true
            "pow": np.power, "minimum": np.minimum, "maximum": np.maximum,
            "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
            "ge": np.greater_equal}
+
+
+def _gelu(x):
+    x64 = x.astype(np.float64)
+    return (0.5 * x64 * erfc_neg(x64 / math.sqrt(2.0))).astype(F32)
+
+
+def _gelu_tanh(x):
+    x64 = x.astype(np.float64)
+    inner = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64 ** 3)
+    return (0.5 * x64 * (1.0 + np.tanh(inner))).astype(F32)
+
+
+#: elements per block of an elementwise op with float64 temporaries (~14 of them: 64 K elements each)
+BLOCK = 1 << 16
+
+
+def _blocked(x, fn):
+    """fn (elementwise, float32 -> float32) over x in blocks of BLOCK elements on the thread pool:
+    the float64 temporaries stay a few MB whatever the size of x (the result is the same)."""
+    if x.size <= BLOCK:
+        return fn(x)
+    flat = x.reshape(-1)  # a view of a contiguous x (a copy otherwise)
+    out = np.empty(x.size, F32)
+
+    def task(r):
+        out[r[0]:r[1]] = fn(flat[r[0]:r[1]])
+
+    tasks = [(i, min(x.size, i + BLOCK)) for i in range(0, x.size, BLOCK)]
+    if threading.current_thread().name.startswith("anydevice"):  # already on the pool: no nesting
+        for t in tasks:
+            task(t)
+    else:
+        _parallel(task, tasks)
+    return out.reshape(x.shape)
 
 
 def _sigmoid(x):

@@ -536,12 +536,21 @@ def ssim_shape(op: str, shape, window_size: int) -> tuple[int, int, int, int]:
     return (1,) * (4 - len(shape)) + shape
 
 
-def check_size(op: str, shape, limit_bytes: int) -> None:
+def check_size(op: str, shape, limit_bytes: int, free: int | None = None, where: str | None = None) -> None:
+    """A float32 result of ``shape`` must fit in ``limit_bytes``; ``free``/``where``: the limit is the
+    default share of that much free memory there (the error says so)."""
     nbytes = 4 * math.prod(shape)
     if nbytes > limit_bytes:
-        raise AnyDeviceError(op, "output", tuple(shape),
-                             f"result would need {nbytes / 2**30:.1f} GiB, over the limit "
-                             f"ANYDEVICE_MAX_TENSOR_MB={limit_bytes // 2**20}")
+        if free is None:
+            limit = f"ANYDEVICE_MAX_TENSOR_MB={limit_bytes // 2**20}"
+        else:
+            limit = (f"of {_mem(limit_bytes)} (half of the {_mem(free)} free in {where}; "
+                     f"ANYDEVICE_MAX_TENSOR_MB sets another)")
+        raise AnyDeviceError(op, "output", tuple(shape), f"result would need {_mem(nbytes)}, over the limit {limit}")
+
+
+def _mem(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 # ---- window ops: pooling, interpolate (windows.py) ---------------------------------------------

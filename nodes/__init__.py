@@ -47,4 +47,8 @@ def log_backend_choice() -> None:
 
 log_backend_choice()
 
+from . import memory_hooks  # noqa: E402
+
+memory_hooks.install()  # inside ComfyUI: give pooled memory back when it asks; otherwise nothing
+
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -89,11 +89,12 @@ def _save_images(ctx: _Ctx, images, filename_prefix: str, kind: str, folder: Pat
 def _image_bytes(batch_size, height, width, channels) -> str | None:
     """None, or why a float32 result of that size is refused (ANYDEVICE_MAX_TENSOR_MB)."""
     nbytes = batch_size * height * width * channels * 4
-    limit = config.max_tensor_bytes()
+    limit, free, where = config.tensor_limit(None, nbytes)
     if nbytes <= limit:
         return None
+    why = "" if free is None else f": half of the {free / 2**20:.0f} MB free in {where}"
     return (f"inputs batch_size x height x width = {batch_size} x {height} x {width}: {nbytes / 2**20:.0f} MB, "
-            f"over the limit of {limit / 2**20:.0f} MB (ANYDEVICE_MAX_TENSOR_MB)")
+            f"over the limit of {limit / 2**20:.0f} MB{why} (ANYDEVICE_MAX_TENSOR_MB)")
 
 
 class _Core:

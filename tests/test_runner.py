@@ -353,7 +353,7 @@ MISUSE = {
     "width not a number": ({"1": empty_image(width="wide"), "2": preview(["1", 0])},
                            "#1 EmptyImage: input 'width' = 'wide': must be an INT value"),
     "batch over ANYDEVICE_MAX_TENSOR_MB": ({"1": empty_image(width=16384, height=16384, batch_size=64),
-                                           "2": preview(["1", 0])}, "over the limit of 8192 MB (ANYDEVICE_MAX_TENSOR_MB)"),
+                                           "2": preview(["1", 0])}, "free in host RAM (ANYDEVICE_MAX_TENSOR_MB)"),
     "pack node without its widgets": ({"1": empty_image(), "2": preview(["3", 0]), "3": {
         "class_type": "AnyDeviceActivation", "inputs": {"input": ["1", 0]}}},
         "#3 Activation (AnyDevice): required inputs 'activation', 'negative_slope', 'alpha',"),

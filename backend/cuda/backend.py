@@ -89,7 +89,15 @@ class CudaBackend(CudaLinalg, Backend):
 
     def free_memory(self):
         """Give CuPy's pooled blocks back to the driver (e.g. when ComfyUI unloads models)."""
-        self.cp.get_default_memory_pool().free_all_blocks()
+        with self.cp.cuda.Device(self.index):
+            self.cp.get_default_memory_pool().free_all_blocks()
+
+    def device_free_bytes(self) -> int:
+        """The GPU's free memory plus the blocks CuPy's pool holds free (ANYDEVICE_MAX_TENSOR_MB's
+        default is a share of it)."""
+        with self.cp.cuda.Device(self.index):
+            free, _total = self.cp.cuda.runtime.memGetInfo()
+            return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
 
     # ---- conversion / layout ----------------------------------------------------------------
     def _from_numpy(self, a):

@@ -43,8 +43,8 @@ class OpenCLBackend(LinalgOps, Backend):
         self.queue = cl.CommandQueue(self.ctx, dev)
         self.programs = ProgramCache(self.ctx, dev)
         self.compute_units = max(1, int(dev.max_compute_units))
-        limit = min(int(dev.global_mem_size) // 4, 2 << 30)
-        self.pool = BufferPool(self.ctx, limit)
+        limit = min(int(dev.global_mem_size) // 4, 2 << 30)  # on a CPU device also a share of free RAM
+        self.pool = BufferPool(self.ctx, limit, host_ram=self.is_cpu_device)
         self._kernels: dict[tuple, object] = {}
         self._meta_cache: dict[tuple, object] = {}
         self._sources: dict[str, str] = {}
@@ -86,6 +86,13 @@ class OpenCLBackend(LinalgOps, Backend):
     def free_memory(self) -> None:
         """Give the buffer pool's free buffers back to the driver (arrays in use stay)."""
         self.pool.clear()
+
+    def device_free_bytes(self) -> int | None:
+        """A GPU's global memory less the pool's buffers in use (OpenCL has no free-memory query);
+        None on a CPU device, whose memory is the host's RAM."""
+        if self.is_cpu_device:
+            return None
+        return max(0, int(self.dev.global_mem_size) - self.pool.live)
 
     @staticmethod
     def _tune_store() -> JsonStore:
@@ -272,6 +279,10 @@ class OpenCLBackend(LinalgOps, Backend):
         out = self._empty((n,) + rest)
         self._copy_strided(x, x.offset + i * inner, (n, inner), (k * inner, 1), out, 0, (inner, 1))
         return out
+
+    def _piece(self, x, i0, i1, j0, j1, r0, r1):
+        n, c, h, w = x.shape  # the pieces ssim takes are contiguous spans: a view
+        return CLArray((i1 - i0, j1 - j0, r1 - r0, w), x.block, x.offset + ((i0 * c + j0) * h + r0) * w)
 
     def _fill(self, out: CLArray, value: float = 0.0):
         if out.size:

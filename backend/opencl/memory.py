@@ -2,12 +2,16 @@
 the size-bucketed buffer pool they come from."""
 from __future__ import annotations
 
+import logging
 import math
 import threading
+import time
 
 import numpy as np
 
 from .device import _cl
+
+log = logging.getLogger("anydevice")
 
 
 class _Block:
@@ -27,16 +31,30 @@ class _Block:
 
 
 class BufferPool:
-    """Size-bucketed free lists of cl.Buffer. A buffer is only here while no _Block holds it."""
+    """Size-bucketed free lists of cl.Buffer. A buffer is only here while no _Block holds it.
 
-    def __init__(self, ctx, limit_bytes: int):
+    Bounded by ``limit`` and, on a CPU device (PoCL: its buffers are host RAM, taken from ComfyUI's
+    models), by HOST_SHARE of the host's available RAM; there a miss also gives back as many pooled
+    bytes (of other sizes) as it allocates, so the pool never adds to a peak. Emptied when nothing was allocated for
+    IDLE_S seconds (a timer), and by ``clear()`` (``free_memory()``: ComfyUI asking for memory)."""
+
+    #: on a CPU device, the pool keeps at most this share of the host's available RAM
+    HOST_SHARE = 1 / 16
+    #: seconds without an allocation after which the pooled buffers go back to the driver
+    IDLE_S = 10.0
+
+    def __init__(self, ctx, limit_bytes: int, host_ram: bool = False):
         self.ctx = ctx
         self.limit = limit_bytes
+        self.host_ram = host_ram
         self.free: dict[int, list] = {}
         self.pooled = 0
+        self.live = 0  # bytes of buffers held by arrays
         self.hits = 0
         self.misses = 0
         self.lock = threading.Lock()
+        self.last_use = time.monotonic()
+        self._timer = None
 
     @staticmethod
     def bucket(nbytes: int) -> int:
@@ -46,9 +64,18 @@ class BufferPool:
         step = 1 << max(12, (nbytes - 1).bit_length() - 3)  # 8 buckets per power of two
         return -(-nbytes // step) * step
 
+    def bound(self) -> int:
+        """The most the pool may keep now."""
+        if not self.host_ram:
+            return self.limit
+        from ..memstat import free_bytes
+        return min(self.limit, int(free_bytes(None)[0] * self.HOST_SHARE))
+
     def alloc(self, nbytes: int) -> _Block:
         size = self.bucket(nbytes)
         with self.lock:
+            self.last_use = time.monotonic()
+            self.live += size
             lst = self.free.get(size)
             if lst:
                 buf = lst.pop()
@@ -56,24 +83,72 @@ class BufferPool:
                 self.hits += 1
                 return _Block(buf, size, self)
             self.misses += 1
+            spare = self._evict(size) if self.host_ram else []
+        for b in spare:  # host RAM: a new buffer takes the place of pooled ones of other sizes
+            b.release()
         cl = _cl()
         try:
-            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
-        except Exception:
-            self.clear()
-            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+            try:
+                buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+            except Exception:
+                self.clear()
+                buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+        except BaseException:
+            with self.lock:
+                self.live -= size
+            raise
         return _Block(buf, size, self)
 
     def release(self, buf, size: int) -> None:
         with self.lock:
-            if self.pooled + size <= self.limit:
+            self.live -= size
+            if self.pooled + size <= self.bound():
                 self.free.setdefault(size, []).append(buf)
                 self.pooled += size
+                self._arm()
                 return
         buf.release()
 
+    def _evict(self, nbytes: int) -> list:
+        """(lock held) Take at least ``nbytes`` of pooled buffers out (the largest first), to release."""
+        out, got = [], 0
+        for size in sorted(self.free, reverse=True):
+            lst = self.free[size]
+            while lst and got < nbytes:
+                out.append(lst.pop())
+                got += size
+                self.pooled -= size
+            if not lst:
+                del self.free[size]
+            if got >= nbytes:
+                break
+        return out
+
+    def _arm(self) -> None:
+        """(lock held) A timer that empties the pool once it has been idle IDLE_S seconds."""
+        if self._timer is None:
+            delay = max(0.05, self.last_use + self.IDLE_S - time.monotonic())
+            self._timer = threading.Timer(delay, self._idle)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _idle(self) -> None:
+        with self.lock:
+            self._timer = None
+            if not self.pooled:
+                return
+            if time.monotonic() - self.last_use < self.IDLE_S:
+                self._arm()
+                return
+        log.debug("AnyDevice: OpenCL buffer pool idle for %.0f s, %d MB given back", self.IDLE_S,
+                  self.pooled >> 20)
+        self.clear()
+
     def clear(self) -> None:
         with self.lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             for lst in self.free.values():
                 for b in lst:
                     b.release()
