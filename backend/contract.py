@@ -25,6 +25,7 @@ import sys
 import numpy as np
 
 from .errors import AnyDeviceError
+from .memstat import CURRENT_BACKEND
 from .attention import AttentionOps
 from .layers import LayerOps
 from .movement import MovementOps
@@ -206,6 +207,7 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
     def _inputs(self, op: str, optional=("bias",), **arrays):
         """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
         arguments named in ``optional`` may be None (a None elsewhere is refused, naming it)."""
+        CURRENT_BACKEND.set(self)  # plans.planned checks result sizes against this device
         natives = []
         kind = like = None
         for arg, value in arrays.items():

@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from contextvars import ContextVar
 
 log = logging.getLogger("anydevice")
 
@@ -28,6 +29,9 @@ TTL_S = 1.0
 FRESH_SHARE = 1 / 16
 
 _cache: dict[object, tuple[float, int, str]] = {}
+#: the backend whose op is being planned (set by contract._inputs), so plans.planned checks sizes
+#: against that backend's device
+CURRENT_BACKEND: ContextVar = ContextVar("anydevice_current_backend", default=None)
 _lock = threading.Lock()
 
 

@@ -906,14 +906,17 @@ def attention_plan(op: str, sq, sk, sv, sm, dropout_p, is_causal, scale, enable_
 def planned(op: str, shape, arg: str = "output") -> tuple:
     """The one size check: every plan passes the output shape it computed (and the nodes the
     constants they build) through here; over ANYDEVICE_MAX_TENSOR_MB it is refused, naming ``arg``."""
-    from .config import max_tensor_bytes
+    from .config import tensor_limit
+    from .memstat import CURRENT_BACKEND
     shape = tuple(int(v) for v in shape)
-    limit = max_tensor_bytes()
+    limit, free, where = tensor_limit(CURRENT_BACKEND.get(), 4 * math.prod(shape))
     if arg == "output":
-        check_size(op, shape, limit)
+        check_size(op, shape, limit, free, where)
     elif 4 * math.prod(shape) > limit:
         raise AnyDeviceError(op, arg, shape, f"would build a {shape} float32 array of {4 * math.prod(shape) / 2**30:.1f} "
-                             f"GiB, over the limit ANYDEVICE_MAX_TENSOR_MB={limit // 2**20}")
+                             f"GiB, over the limit of {_mem(limit)}"
+                             + (" (ANYDEVICE_MAX_TENSOR_MB)" if free is None else f" (half of the {_mem(free)} free "
+                                f"in {where}; ANYDEVICE_MAX_TENSOR_MB sets another)"))
     return shape
 
 
