@@ -316,6 +316,10 @@ class NumpyBackend(Backend):
 
     # ---- elementwise ------------------------------------------------------------------------
     def _unary(self, op, x, **p):
+        y = self._unary_np(op, x, **p)
+        return y if isinstance(y, np.ndarray) else np.asarray(y, dtype=F32)  # 0-d stays an array
+
+    def _unary_np(self, op, x, **p):
         with np.errstate(all="ignore"):
             if op == "abs":
                 return np.abs(x)
