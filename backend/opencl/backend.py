@@ -336,6 +336,38 @@ class OpenCLBackend(LinalgOps, Backend):
                   H, W, OH, OW, t, l, PAD_CODES[mode])
         return out
 
+    def _window2d(self, x, mode, rows, cols):
+        (ri, rw), (ci, cw) = rows, cols
+        lead, (H, W) = x.shape[:-2], x.shape[-2:]
+        OH, OW, T, S = ri.shape[0], ci.shape[0], ri.shape[1], ci.shape[1]
+        out = self._empty(lead + (OH, OW))
+        if out.size == 0:
+            return out
+        P = math.prod(lead)
+        xs = self._at0(x, x.offset, x.size)
+        tabs = [self._table_buffer(a) for a in (ri, rw, ci, cw)]
+        # the common small windows (bilinear 2x2, bicubic 4x4, 3x3 pooling) unrolled at build time
+        params = {"WT": T if T <= 4 else 0, "WS": S if S <= 4 else 0}
+        L = 64 if self.family == "gpu" or OW >= 64 else 1 << max(0, (OW - 1).bit_length())
+        self._run("ad_window2d", (-(-OW // L) * L, min(P * OH, 1 << 24)), (L, 1), xs.buffer, out.buffer,
+                  *tabs, P, H, W, OH, OW, T, S, int(mode == "max"), params=params)
+        return out
+
+    def _table_buffer(self, a):
+        """A window table (small host array) as a read-only constant buffer, cached by content."""
+        cache = self.__dict__.setdefault("_tables", {})
+        key = (a.dtype.str, a.shape, a.tobytes())
+        buf = cache.get(key)
+        if buf is None:
+            if len(cache) > 256:
+                cache.clear()
+            cl = self.cl
+            host = np.ascontiguousarray(a)
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+            self._count("constants", host.nbytes)
+            cache[key] = buf
+        return buf
+
     # ---- reductions -----------------------------------------------------------------------
     def _reduce_pass(self, x: CLArray, O, R, I, opcode, scale) -> CLArray:
         """x viewed (O, R, I) -> (O, I)."""
