@@ -347,7 +347,8 @@ class OpenCLBackend(LinalgOps, Backend):
         xs = self._at0(x, x.offset, x.size)
         tabs = [self._table_buffer(a) for a in (ri, rw, ci, cw)]
         # the common small windows (bilinear 2x2, bicubic 4x4, 3x3 pooling) unrolled at build time
-        params = {"WT": T if T <= 4 else 0, "WS": S if S <= 4 else 0}
+        spec = T if T == S and T <= 4 else 0
+        params = {"WT": spec, "WS": spec}
         L = 64 if self.family == "gpu" or OW >= 64 else 1 << max(0, (OW - 1).bit_length())
         self._run("ad_window2d", (-(-OW // L) * L, min(P * OH, 1 << 24)), (L, 1), xs.buffer, out.buffer,
                   *tabs, P, H, W, OH, OW, T, S, int(mode == "max"), params=params)
