@@ -191,7 +191,7 @@ class TorchBackend(Backend):
         if idx.size == 0 or x.numel() == 0:
             return x.new_zeros(shape)
         ti = torch.as_tensor(idx.astype(np.int64), device=self.dev)
-        tw = torch.as_tensor(wgt, device=self.dev)
+        tw = torch.as_tensor(np.array(wgt), device=self.dev)
         bshape = (-1, 1) if axis == -2 else (-1,)
         acc = None
         for j in range(idx.shape[1]):
