@@ -24,6 +24,8 @@ CHUNK_BYTES = 512 * 1024
 PARALLEL_FLOPS = 4e6
 #: from this many flops a GEMM is always split over the pack's threads (see _gemm)
 SPLIT_FLOPS = 1e9
+#: floats of input and output one window pass works on at a time (in L2)
+WINDOW_BLOCK = 64 * 1024
 
 
 def _erfc_abs(x: np.ndarray) -> np.ndarray:
@@ -161,30 +163,30 @@ class NumpyBackend(Backend):
             return out.reshape(lead + (OH, OW))
         is_max = mode == "max"
         nt = threads.num_threads()
-        # columns first (the gathers along the last axis on the smaller array), over rows of x
+        # columns first (the gathers along the last axis, on the smaller array), over blocks of
+        # rows of x; then the rows, over blocks of columns of every plane: each step of a table's
+        # plan (_axis_plan) is one NumPy pass, so the blocks keep those passes in cache
         x2 = np.ascontiguousarray(x).reshape(P * H, W)
         t = np.empty((P * H, OW), F32)
-        cplan = _axis_plan(ci, cw)
+        cplan, rplan = _axis_plan(ci, cw), _axis_plan(ri, rw)
+        rb = max(1, WINDOW_BLOCK // (W + OW))
 
         def cols_task(r):
-            t[r[0]:r[1]] = _apply_axis(x2[r[0]:r[1]], cplan, OW, 1, is_max)
+            for r0 in range(r[0], r[1], rb):
+                r1 = min(r[1], r0 + rb)
+                _apply_axis(x2[r0:r1], cplan, t[r0:r1], 1, is_max)
 
         _parallel(cols_task, _split(P * H, nt) if P * H * OW > 1 << 15 else [(0, P * H)])
         t3 = t.reshape(P, H, OW)
-        if P >= nt or P * OH * OW <= 1 << 15:
-            rplan = _axis_plan(ri, rw)
+        cb = max(8, WINDOW_BLOCK // (H + OH))
+        pb = max(1, WINDOW_BLOCK // ((H + OH) * OW))
+        blocks = [(p0, min(P, p0 + pb), c0, min(OW, c0 + cb)) for p0 in range(0, P, pb) for c0 in range(0, OW, cb)]
 
-            def rows_task(r):
-                out[r[0]:r[1]] = _apply_axis(t3[r[0]:r[1]], rplan, OH, 1, is_max)
-            _parallel(rows_task, _split(P, nt))
-        else:  # few planes: blocks of output rows
-            blocks = _split(OH, nt)
-            plans = [_axis_plan(ri[a:b], rw[a:b]) for a, b in blocks]
+        def rows_task(r):
+            for p0, p1, c0, c1 in blocks[r[0]:r[1]]:
+                _apply_axis(t3[p0:p1, :, c0:c1], rplan, out[p0:p1, :, c0:c1], 1, is_max)
 
-            def rows_task(i):
-                a, b = blocks[i]
-                out[:, a:b] = _apply_axis(t3, plans[i], b - a, 1, is_max)
-            _parallel(rows_task, list(range(len(blocks))))
+        _parallel(rows_task, _split(len(blocks), nt) if P * OH * OW > 1 << 15 else [(0, len(blocks))])
         return out.reshape(lead + (OH, OW))
 
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
@@ -503,13 +505,11 @@ def _axis_plan(idx, wgt):
     return plan
 
 
-def _apply_axis(x, plan, n_out, axis, is_max):
-    """x (..., n, ...) through an axis plan along ``axis`` (1 of a 2-D or 3-D array, or the last)
-    -> the same with n_out there."""
+def _apply_axis(x, plan, acc, axis, is_max):
+    """x (..., n, ...) through an axis plan along ``axis`` (1 of a 2-D or 3-D array, or the last),
+    written into ``acc`` (the same with the table's output count there)."""
     last = axis == x.ndim - 1
-    shape = list(x.shape)
-    shape[axis] = n_out
-    acc = np.full(shape, -np.inf if is_max else 0.0, F32)
+    acc.fill(-np.inf if is_max else 0.0)
     pre = (slice(None),) * axis
     with np.errstate(all="ignore"):
         for st in plan:
