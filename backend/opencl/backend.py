@@ -349,8 +349,11 @@ class OpenCLBackend(LinalgOps, Backend):
         # the common small windows (bilinear 2x2, bicubic 4x4, 3x3 pooling) unrolled at build time
         spec = T if T == S and T <= 4 else 0
         params = {"WT": spec, "WS": spec}
-        L = 64 if self.family == "gpu" or OW >= 64 else 1 << max(0, (OW - 1).bit_length())
-        self._run("ad_window2d", (-(-OW // L) * L, min(P * OH, 1 << 24)), (L, 1), xs.buffer, out.buffer,
+        if self.family == "gpu":
+            gsize, lsize = (-(-OW // 64) * 64, min(P * OH, 1 << 24)), (64, 1)
+        else:  # CPU: a few work items, each whole output rows in order (PoCL pays per work group)
+            gsize, lsize = (1, min(P * OH, 16 * self.compute_units)), (1, 1)
+        self._run("ad_window2d", gsize, lsize, xs.buffer, out.buffer,
                   *tabs, P, H, W, OH, OW, T, S, int(mode == "max"), params=params)
         return out
 
