@@ -75,10 +75,16 @@ __kernel void binary_nd(__global const float *a, const long a_off, __global cons
     const long i0 = (long)get_global_id(0) * chunk;
     const long i1 = min(n, i0 + chunk);
     a += a_off; b += b_off; y += y_off;
-    for (long i = i0; i < i1; i++) {
+    /* offsets once per run along the innermost dim, then strided steps (no divisions per element) */
+    const int nd = (int)meta[0];
+    const long inner = meta[nd], sa = meta[2 * nd], sb = meta[3 * nd];
+    for (long i = i0; i < i1;) {
         long ao, bo;
         nd_offsets(i, meta, &ao, &bo);
-        y[i] = ad_binary_op(op, a[ao], b[bo]);
+        const long run = min(i1 - i, inner - i % inner);
+        for (long k = 0; k < run; k++)
+            y[i + k] = ad_binary_op(op, a[ao + k * sa], b[bo + k * sb]);
+        i += run;
     }
 }
 
