@@ -136,14 +136,26 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
     const __global float *xp = x + x_off + (o * R) * I + i;
     float res;
     if (op == 0) {
-        float s = 0.0f, c = 0.0f;
-        for (long r = r0; r < r1; r++) {
-            const float v = xp[r * I];
-            const float t = s + v;
-            c += fabs(s) >= fabs(v) ? (s - t) + v : (v - t) + s;
-            s = t;
+        /* four compensated (Neumaier) sums of interleaved elements: four independent dependency
+           chains instead of one (the chain's latency bounds a long row), combined compensated */
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+        long r = r0;
+#define AD_NEUMAIER(S, C, V) { const float v_ = (V), t_ = S + v_; \
+                               C += fabs(S) >= fabs(v_) ? (S - t_) + v_ : (v_ - t_) + S; S = t_; }
+        for (; r + 4 <= r1; r += 4) {
+            AD_NEUMAIER(s0, c0, xp[r * I]);
+            AD_NEUMAIER(s1, c1, xp[(r + 1) * I]);
+            AD_NEUMAIER(s2, c2, xp[(r + 2) * I]);
+            AD_NEUMAIER(s3, c3, xp[(r + 3) * I]);
         }
-        res = isfinite(s) ? (s + c) * scale : s * scale;
+        for (; r < r1; r++)
+            AD_NEUMAIER(s0, c0, xp[r * I]);
+        AD_NEUMAIER(s0, c0, s1);
+        AD_NEUMAIER(s0, c0, s2);
+        AD_NEUMAIER(s0, c0, s3);
+#undef AD_NEUMAIER
+        const float c = c0 + (c1 + c2 + c3);
+        res = isfinite(s0) ? (s0 + c) * scale : s0 * scale;
     } else if (op == 1) {
         float m = -INFINITY;
         for (long r = r0; r < r1; r++) { const float v = xp[r * I]; m = (v > m || isnan(v)) ? v : m; if (isnan(m)) break; }
