@@ -82,8 +82,18 @@ __kernel void binary_nd(__global const float *a, const long a_off, __global cons
         long ao, bo;
         nd_offsets(i, meta, &ao, &bo);
         const long run = min(i1 - i, inner - i % inner);
-        for (long k = 0; k < run; k++)
-            y[i + k] = ad_binary_op(op, a[ao + k * sa], b[bo + k * sb]);
+        if (sa == 1 && sb == 0) {  /* a row against one value of b (x - mean, x * scale) */
+            const float bv = b[bo];
+            for (long k = 0; k < run; k++)
+                y[i + k] = ad_binary_op(op, a[ao + k], bv);
+        } else if (sa == 0 && sb == 1) {
+            const float av = a[ao];
+            for (long k = 0; k < run; k++)
+                y[i + k] = ad_binary_op(op, av, b[bo + k]);
+        } else {
+            for (long k = 0; k < run; k++)
+                y[i + k] = ad_binary_op(op, a[ao + k * sa], b[bo + k * sb]);
+        }
         i += run;
     }
 }
