@@ -82,6 +82,19 @@ CASES += [
     for k, s, p in SEED_CONVS if (k, s, p) != (3, 1, 1)  # k3 s1 p1 is the "conv 32x512" case above
 ]
 # ---- layer-op cases: pooling, interpolate, group_norm ----
+CASES += [  # "GFLOPS" of these: the arithmetic per output (a rough rate, the ratio is what counts)
+    Case("group_norm 1x512x64x64 g32", "group_norm", (), (), {"num_groups": 32}, 8.0 * 512 * 64 * 64,
+         make=lambda rng: ([rng.standard_normal((1, 512, 64, 64), dtype=np.float32)], {}),
+         torch_fn="F.group_norm"),
+    Case("bilinear 2x upsample 1x128x256x256", "interpolate", (), (),
+         {"scale_factor": 2, "mode": "bilinear"}, 6.0 * 128 * 512 * 512,
+         make=lambda rng: ([rng.standard_normal((1, 128, 256, 256), dtype=np.float32)], {}),
+         torch_fn="F.interpolate"),
+    Case("max_pool2d 3x3 s2 p1 32x64x112x112", "max_pool2d", (), (),
+         {"kernel_size": 3, "stride": 2, "padding": 1}, 9.0 * 32 * 64 * 56 * 56,
+         make=lambda rng: ([rng.standard_normal((32, 64, 112, 112), dtype=np.float32)], {}),
+         torch_fn="F.max_pool2d"),
+]
 
 # ---- attention cases ----
 CASES += [

@@ -162,6 +162,13 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         """pads = (top, bottom, left, right) on the last two dims; mode reflect/replicate/circular/zeros."""
         raise NotImplementedError
 
+    def _window2d(self, x, mode, rows, cols):
+        """x (..., H, W) -> (..., OH, OW) through a row table and a column table (windows.py):
+        rows = (idx int32 (OH, T), wgt float32 (OH, T)), cols = (idx (OW, S), wgt (OW, S)); idx -1
+        skips a tap. mode "sum": y = sum over valid taps of wr * wc * x[hr, hc]; "max": the max over
+        valid taps, NaN propagating (as torch's max_pool2d), -inf where no tap is valid."""
+        raise NotImplementedError
+
     def _unary(self, op: str, x, **params):
         raise NotImplementedError
 

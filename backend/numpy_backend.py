@@ -25,6 +25,8 @@ CHUNK_BYTES = 512 * 1024
 PARALLEL_FLOPS = 4e6
 #: from this many flops a GEMM is always split over the pack's threads (see _gemm)
 SPLIT_FLOPS = 1e9
+#: floats of input and output one window pass works on at a time (in L2)
+WINDOW_BLOCK = 256 * 1024
 
 
 def _erfc_abs(x: np.ndarray) -> np.ndarray:
@@ -151,6 +153,42 @@ class NumpyBackend(Backend):
         np_mode = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
         width = [(0, 0)] * (x.ndim - 2) + [(t, b), (l, r)]
         return np.pad(x, width, mode=np_mode)
+
+    def _window2d(self, x, mode, rows, cols):
+        (ri, rw), (ci, cw) = rows, cols
+        lead, (H, W) = x.shape[:-2], x.shape[-2:]
+        OH, OW = ri.shape[0], ci.shape[0]
+        P = math.prod(lead)
+        out = np.empty((P, OH, OW), F32)
+        if out.size == 0:
+            return out.reshape(lead + (OH, OW))
+        is_max = mode == "max"
+        nt = threads.num_threads()
+        # columns first (the gathers along the last axis, on the smaller array), over blocks of
+        # rows of x; then the rows, over blocks of columns of every plane: each step of a table's
+        # plan (_axis_plan) is one NumPy pass, so the blocks keep those passes in cache
+        x2 = np.ascontiguousarray(x).reshape(P * H, W)
+        t = np.empty((P * H, OW), F32)
+        cplan, rplan = _axis_plan(ci, cw), _axis_plan(ri, rw)
+        rb = max(1, WINDOW_BLOCK // (W + OW))
+
+        def cols_task(r):
+            for r0 in range(r[0], r[1], rb):
+                r1 = min(r[1], r0 + rb)
+                _apply_axis(x2[r0:r1], cplan, t[r0:r1], 1, is_max)
+
+        _parallel(cols_task, _split(P * H, nt) if P * H * OW > 1 << 15 else [(0, P * H)])
+        t3 = t.reshape(P, H, OW)
+        cb = max(512, WINDOW_BLOCK // (H + OH))  # (measured: narrower strips cost more than cache misses)
+        pb = max(1, WINDOW_BLOCK // ((H + OH) * OW))
+        blocks = [(p0, min(P, p0 + pb), c0, min(OW, c0 + cb)) for p0 in range(0, P, pb) for c0 in range(0, OW, cb)]
+
+        def rows_task(r):
+            for p0, p1, c0, c1 in blocks[r[0]:r[1]]:
+                _apply_axis(t3[p0:p1, :, c0:c1], rplan, out[p0:p1, :, c0:c1], 1, is_max)
+
+        _parallel(rows_task, _split(len(blocks), nt) if P * OH * OW > 1 << 15 else [(0, len(blocks))])
+        return out.reshape(lead + (OH, OW))
 
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
         if any(pads):
@@ -459,3 +497,89 @@ def _split(n: int, parts: int):
     parts = max(1, min(parts, n))
     step = math.ceil(n / parts)
     return [(i, min(n, i + step)) for i in range(0, n, step)]
+
+
+# ---- window tables (_window2d): strided runs where the table allows them ---------------------
+_PLANS: dict = {}
+
+
+def _axis_plan(idx, wgt):
+    """A table (idx (O, T), wgt (O, T)) as a list of steps, each tap j cut into strided runs:
+    ("slice", j, o0, o1, ostep, s0, sstep, w) for outputs o0:o1:ostep reading s0, s0 + sstep, ...
+    (w a scalar or one weight per output), and ("take", j, outs, srcs, ws) for what is left.
+    The period ostep (1-8) is the one that leaves the fewest steps (2x upsampling: 2)."""
+    key = (idx.shape, idx.tobytes(), wgt.tobytes())
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    O, T = idx.shape
+    plan = []
+    for j in range(T):
+        c, w = idx[:, j].astype(np.int64), wgt[:, j]
+        best = None
+        for per in range(1, min(8, O) + 1):
+            steps, rest = [], []
+            for ph in range(per):
+                os_ = np.arange(ph, O, per)
+                k = 0
+                while k < len(os_):
+                    if c[os_[k]] < 0:
+                        k += 1
+                        continue
+                    e = k + 1
+                    if e < len(os_) and c[os_[e]] >= 0:
+                        step = c[os_[e]] - c[os_[k]]
+                        while e < len(os_) and c[os_[e]] >= 0 and c[os_[e]] - c[os_[e - 1]] == step:
+                            e += 1
+                    if e - k >= 4 and step >= 0:
+                        ws = w[os_[k:e]]
+                        wv = ws[0] if (ws == ws[0]).all() else ws.copy()
+                        steps.append(("slice", j, int(os_[k]), int(os_[e - 1]) + 1, per, int(c[os_[k]]), int(step), wv))
+                    else:
+                        rest.extend(os_[k:e].tolist())
+                    k = e
+            cost = len(steps) + (1 + len(rest) / 16 if rest else 0)
+            if best is None or cost < best[0]:
+                best = (cost, steps, rest)
+            if cost <= 1:
+                break
+        _, steps, rest = best
+        plan.extend(steps)
+        if rest:
+            rest = np.asarray(sorted(rest), np.int64)
+            plan.append(("take", j, rest, c[rest], w[rest].copy()))
+    if len(_PLANS) > 256:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _apply_axis(x, plan, acc, axis, is_max):
+    """x (..., n, ...) through an axis plan along ``axis`` (1 of a 2-D or 3-D array, or the last),
+    written into ``acc`` (the same with the table's output count there)."""
+    last = axis == x.ndim - 1
+    acc.fill(-np.inf if is_max else 0.0)
+    pre = (slice(None),) * axis
+    with np.errstate(all="ignore"):
+        for st in plan:
+            if st[0] == "slice":
+                _, j, o0, o1, ostep, s0, sstep, w = st
+                cnt = len(range(o0, o1, ostep))
+                src = x[pre + (slice(s0, s0 + sstep * (cnt - 1) + 1, sstep if sstep else None),)] if sstep else \
+                    np.broadcast_to(x[pre + (slice(s0, s0 + 1),)], x.shape[:axis] + (cnt,) + x.shape[axis + 1:])
+                dst = acc[pre + (slice(o0, o1, ostep),)]
+                if is_max:
+                    np.maximum(dst, src, out=dst)
+                else:
+                    wv = w if np.ndim(w) == 0 or last else np.reshape(w, (-1,) + (1,) * (x.ndim - axis - 1))
+                    dst += src * wv
+            else:
+                _, j, outs, srcs, w = st
+                src = np.take(x, srcs, axis=axis)
+                sel = pre + (outs,)
+                if is_max:
+                    acc[sel] = np.maximum(acc[sel], src)
+                else:
+                    wv = w if last else np.reshape(w, (-1,) + (1,) * (x.ndim - axis - 1))
+                    acc[sel] += src * wv
+    return acc

@@ -177,6 +177,35 @@ class TorchBackend(Backend):
         mode = {"zeros": "constant"}.get(mode, mode)
         return self.F.pad(x, (l, r, t, b), mode=mode)
 
+    def _window2d(self, x, mode, rows, cols):
+        (ri, rw), (ci, cw) = rows, cols
+        y = self._window_axis(x, ci, cw, -1, mode)  # columns first: the smaller gather
+        return self._window_axis(y, ri, rw, -2, mode)
+
+    def _window_axis(self, x, idx, wgt, axis, mode):
+        """One table along ``axis``: per tap, gather (index_select), weight and accumulate; skipped
+        taps (idx -1) are masked out, so a NaN there never reaches the sum."""
+        torch = self.torch
+        shape = list(x.shape)
+        shape[axis] = idx.shape[0]
+        if idx.size == 0 or x.numel() == 0:
+            return x.new_zeros(shape)
+        ti = torch.as_tensor(idx.astype(np.int64), device=self.dev)
+        tw = torch.as_tensor(np.array(wgt), device=self.dev)
+        bshape = (-1, 1) if axis == -2 else (-1,)
+        acc = None
+        for j in range(idx.shape[1]):
+            valid = ti[:, j] >= 0
+            src = torch.index_select(x, x.dim() + axis, ti[:, j].clamp(min=0))
+            keep = valid.reshape(bshape)
+            if mode == "max":
+                src = src.masked_fill(~keep, float("-inf"))
+                acc = src if acc is None else torch.maximum(acc, src)
+            else:
+                src = (src * tw[:, j].reshape(bshape)).masked_fill(~keep, 0.0)
+                acc = src if acc is None else acc + src
+        return acc
+
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
         t, b, l, r = pads
         with self._precision():

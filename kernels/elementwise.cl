@@ -77,10 +77,26 @@ __kernel void binary_nd(__global const float *a, const long a_off, __global cons
     const long i0 = (long)get_global_id(0) * chunk;
     const long i1 = min(n, i0 + chunk);
     a += a_off; b += b_off; y += y_off;
-    for (long i = i0; i < i1; i++) {
+    /* offsets once per run along the innermost dim, then strided steps (no divisions per element) */
+    const int nd = (int)meta[0];
+    const long inner = meta[nd], sa = meta[2 * nd], sb = meta[3 * nd];
+    for (long i = i0; i < i1;) {
         long ao, bo;
         nd_offsets(i, meta, &ao, &bo);
-        y[i] = ad_binary_op(op, a[ao], b[bo]);
+        const long run = min(i1 - i, inner - i % inner);
+        if (sa == 1 && sb == 0) {  /* a row against one value of b (x - mean, x * scale) */
+            const float bv = b[bo];
+            for (long k = 0; k < run; k++)
+                y[i + k] = ad_binary_op(op, a[ao + k], bv);
+        } else if (sa == 0 && sb == 1) {
+            const float av = a[ao];
+            for (long k = 0; k < run; k++)
+                y[i + k] = ad_binary_op(op, av, b[bo + k]);
+        } else {
+            for (long k = 0; k < run; k++)
+                y[i + k] = ad_binary_op(op, a[ao + k * sa], b[bo + k * sb]);
+        }
+        i += run;
     }
 }
 
@@ -156,14 +172,26 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
     const __global float *xp = x + x_off + (o * R) * I + i;
     float res;
     if (op == 0) {
-        float s = 0.0f, c = 0.0f;
-        for (long r = r0; r < r1; r++) {
-            const float v = xp[r * I];
-            const float t = s + v;
-            c += fabs(s) >= fabs(v) ? (s - t) + v : (v - t) + s;
-            s = t;
+        /* four compensated (Neumaier) sums of interleaved elements: four independent dependency
+           chains instead of one (the chain's latency bounds a long row), combined compensated */
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+        long r = r0;
+#define AD_NEUMAIER(S, C, V) { const float v_ = (V), t_ = S + v_; \
+                               C += fabs(S) >= fabs(v_) ? (S - t_) + v_ : (v_ - t_) + S; S = t_; }
+        for (; r + 4 <= r1; r += 4) {
+            AD_NEUMAIER(s0, c0, xp[r * I]);
+            AD_NEUMAIER(s1, c1, xp[(r + 1) * I]);
+            AD_NEUMAIER(s2, c2, xp[(r + 2) * I]);
+            AD_NEUMAIER(s3, c3, xp[(r + 3) * I]);
         }
-        res = isfinite(s) ? (s + c) * scale : s * scale;
+        for (; r < r1; r++)
+            AD_NEUMAIER(s0, c0, xp[r * I]);
+        AD_NEUMAIER(s0, c0, s1);
+        AD_NEUMAIER(s0, c0, s2);
+        AD_NEUMAIER(s0, c0, s3);
+#undef AD_NEUMAIER
+        const float c = c0 + (c1 + c2 + c3);
+        res = isfinite(s0) ? (s0 + c) * scale : s0 * scale;
     } else if (op == 1) {
         float m = -INFINITY;
         for (long r = r0; r < r1; r++) { const float v = xp[r * I]; m = (v > m || isnan(v)) ? v : m; if (isnan(m)) break; }

@@ -199,6 +199,37 @@ class CudaBackend(CudaLinalg, Backend):
                         pack_args("ad_pad", (x, y, planes, H, W, t, l, OH, OW, code)))
         return y
 
+    def _window2d(self, x, mode, rows, cols):
+        (ri, rw), (ci, cw) = rows, cols
+        x = self._contig(x)
+        *lead, H, W = x.shape
+        OH, OW, T, S = ri.shape[0], ci.shape[0], ri.shape[1], ci.shape[1]
+        y = self._empty((*lead, OH, OW))
+        if y.size == 0:
+            return y
+        P = math.prod(lead)
+        tabs = [self._table_array(a) for a in (ri, rw, ci, cw)]
+        # the common small windows (bilinear 2x2, bicubic 4x4, 3x3 pooling) unrolled at build time
+        spec = T if T == S and T <= 4 else 0
+        fn = self._function("window.cu", "ad_window2d", {"BLOCK": BLOCK, "WT": spec, "WS": spec})
+        L = 128 if OW > 64 else 64
+        grid = (max(1, min(_cdiv(OW, L), 1024)), max(1, min(P * OH, 65535)))
+        fn(grid, (L, 1), pack_args("ad_window2d", (x, y, *tabs, P, H, W, OH, OW, T, S, int(mode == "max"))))
+        return y
+
+    def _table_array(self, a):
+        """A window table (small host array) on the device, cached by content."""
+        cache = self.__dict__.setdefault("_tables", {})
+        key = (self.index, a.dtype.str, a.shape, a.tobytes())
+        arr = cache.get(key)
+        if arr is None:
+            if len(cache) > 256:
+                cache.clear()
+            arr = self.cp.asarray(np.ascontiguousarray(a))
+            self._count("constants", a.nbytes)
+            cache[key] = arr
+        return arr
+
     def _unary(self, op, x, **p):
         x = self._contig(x)
         y = self._empty(x.shape)

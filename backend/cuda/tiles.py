@@ -61,6 +61,8 @@ def shipped_configs() -> dict[str, list[dict]]:
                     if mode["IS_GEMM"] in kinds and mode_fits(cfg, mode):
                         add(OWN_GEMM[0], {**cfg, **_mode_macros(mode)})
     add(MISC, {"BLOCK": BLOCK})
+    for spec in range(5):  # window.cu: square windows up to 4x4 unrolled, 0 the generic build
+        add("window.cu", {"BLOCK": BLOCK, "WT": spec, "WS": spec})
     return out
 
 

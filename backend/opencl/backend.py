@@ -390,6 +390,63 @@ class OpenCLBackend(LinalgOps, Backend):
                   H, W, OH, OW, t, l, PAD_CODES[mode])
         return out
 
+    def _window2d(self, x, mode, rows, cols):
+        (ri, rw), (ci, cw) = rows, cols
+        lead, (H, W) = x.shape[:-2], x.shape[-2:]
+        OH, OW, T, S = ri.shape[0], ci.shape[0], ri.shape[1], ci.shape[1]
+        out = self._empty(lead + (OH, OW))
+        if out.size == 0:
+            return out
+        P = math.prod(lead)
+        xs = self._at0(x, x.offset, x.size)
+        if self.family == "gpu":
+            tabs = [self._table_buffer(a) for a in (ri, rw, ci, cw)]
+            spec = T if T == S and T <= 4 else 0
+            self._run("ad_window2d", (-(-OW // 64) * 64, min(P * OH, 1 << 24)), (64, 1), xs.buffer, out.buffer,
+                      *tabs, P, H, W, OH, OW, T, S, int(mode == "max"), params={"WT": spec, "WS": spec})
+            return out
+        # CPU family: one output per work item, groups of L x R items (PoCL runs a group as one
+        # vectorised loop and pays per group); small windows unrolled, index checks dropped where a
+        # table has no skipped tap (max: a skipped tap is replaced by one of its row's others)
+        ri, dense_r = _dense_table(ri, mode)
+        ci, dense_c = _dense_table(ci, mode)
+        m = int(mode == "max")
+        tabs = [self._table_buffer(a) for a in (ri, rw, ci, cw)]
+        spec = {"WT": T if T <= 4 else 0, "WS": S if S <= 4 else 0, "DENSE_R": dense_r, "DENSE_C": dense_c}
+        # separable where it saves gathers: columns into a scratch t (P, H, OW), then the rows with
+        # contiguous loads (ad_window_rows: whole rows per work item); same sums in the same order
+        if T > 1 and H * S + OH * T // 4 < OH * T * S:
+            t = self._empty((P, H, OW))
+            self._window_px(xs, t, tabs, P, H, W, H, OW, 1, S, m, {**spec, "WT": 1, "IDENT_R": 1})
+            rows = P * OH
+            self._run("ad_window_rows", (min(rows, 64 * self.compute_units),), (1,), t.buffer, out.buffer,
+                      tabs[0], tabs[1], P, H, OW, OH, T, m)
+        else:
+            self._window_px(xs, out, tabs, P, H, W, OH, OW, T, S, m, spec)
+        return out
+
+    def _window_px(self, x, out, tabs, P, H, W, OH, OW, T, S, m, params):
+        """CPU family: ad_window2d_px, one output per work item, in groups of up to 64 along a row
+        (PoCL runs a group's items as one vectorised loop)."""
+        L = min(64, 1 << max(0, (OW - 1).bit_length()))
+        self._run("ad_window2d_px", (-(-OW // L) * L, OH, P), (L, 1, 1), x.buffer, out.buffer,
+                  *tabs, P, H, W, OH, OW, T, S, m, params=params)
+
+    def _table_buffer(self, a):
+        """A window table (small host array) as a read-only constant buffer, cached by content."""
+        cache = self.__dict__.setdefault("_tables", {})
+        key = (a.dtype.str, a.shape, a.tobytes())
+        buf = cache.get(key)
+        if buf is None:
+            if len(cache) > 256:
+                cache.clear()
+            cl = self.cl
+            host = np.ascontiguousarray(a)
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+            self._count("constants", host.nbytes)
+            cache[key] = buf
+        return buf
+
     # ---- reductions -----------------------------------------------------------------------
     def _reduce_pass(self, x: CLArray, O, R, I, opcode, scale) -> CLArray:
         """x viewed (O, R, I) -> (O, I)."""
@@ -444,3 +501,14 @@ class OpenCLBackend(LinalgOps, Backend):
             cur_shape = cur_shape[:s] + [1] * (e - s) + cur_shape[e:]
         return self._reshape(cur, out_shape)
 
+
+def _dense_table(idx, mode):
+    """(idx, 1) when the table has no skipped tap, or (for max, where a repeated tap changes
+    nothing) each row's skipped taps replaced by its first valid one; else (idx, 0)."""
+    valid = idx >= 0
+    if valid.all():
+        return idx, 1
+    if mode != "max" or not valid.any(axis=1).all():
+        return idx, 0
+    first = idx[np.arange(idx.shape[0]), valid.argmax(axis=1)]
+    return np.where(valid, idx, first[:, None]).astype(np.int32), 1

@@ -62,6 +62,9 @@ KERNELS: dict[str, KernelSig] = {
     "ad_pad": _s("misc_cuda.cu", "b b", "i" * 8),
     "ad_unary": _s("misc_cuda.cu", "b b l i f f i"),
     "ad_direct_conv": _s("misc_cuda.cu", "b b b i b", "i" * 18),
+    "ad_window2d": _s("window.cu", "b b b b b b", "i" * 8),
+    "ad_window2d_px": _s("window.cu", "b b b b b b", "i" * 8),
+    "ad_window_rows": _s("window.cu", "b b b b", "i" * 6),
 }
 
 
