@@ -48,6 +48,8 @@ class Excluded(Exception):
 #: (op, feature) -> why the pack does not take such samples
 EXCLUDED = {
     ("nn.functional.pad", "pad of more than 2 dims"): "the pack pads the last two dims only",
+    ("nn.functional.interpolate", "volume"): "interpolate takes 3-D and 4-D inputs (one or two spatial dims); "
+                                             "5-D volumes and trilinear are outside the contract",
     ("nn.functional.batch_norm", "1-D input"): "batch_norm takes (N, C, *) inputs (torch also passes an "
                                                 "empty 1-D one through)",
     ("nn.functional.pad", "constant value"): "constant padding is zeros; pad has no value argument",
@@ -158,6 +160,12 @@ def _norm(x, args, kw):
     return (x, *args), kw
 
 
+def _interpolate(x, args, kw):
+    if x.ndim > 4 or kw.get("mode") == "trilinear":
+        raise Excluded("volume")
+    return (x, *args), kw
+
+
 def _batch_norm(x, args, kw):
     if x.ndim < 2:
         raise Excluded("1-D input")
@@ -198,7 +206,7 @@ OPS: dict[str, Op] = {
     "nn.functional.avg_pool2d": Op("avg_pool2d"),
     "nn.functional.adaptive_avg_pool2d": Op("adaptive_avg_pool2d"),
     "nn.functional.adaptive_max_pool2d": Op("adaptive_max_pool2d", _pool),
-    "nn.functional.interpolate": Op("interpolate"),
+    "nn.functional.interpolate": Op("interpolate", _interpolate),
     "where": Op("where", _where),
     "cat": Op("cat"),
     "stack": Op("stack"),
