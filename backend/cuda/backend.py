@@ -251,10 +251,24 @@ class CudaBackend(CudaLinalg, Backend):
         if not isinstance(b, cp.ndarray):
             b = cp.full((), b, dtype=cp.float32)
         if fn is None:  # comparisons: float32 1.0 / 0.0 (NaN as in torch and elementwise_math.h)
-            cmp = {"eq": cp.equal, "ne": cp.not_equal, "lt": cp.less, "le": cp.less_equal, "gt": cp.greater,
-                   "ge": cp.greater_equal}[op]
-            return cmp(a, b).astype(cp.float32)
+            return self._compare(op, a, b)
         return fn(a, b, dtype=cp.float32)
+
+    def _compare(self, op, a, b):
+        """Comparisons on order-preserving integer keys of the float bits: CuPy's float compares
+        flush denormals to zero (1e-38 == 0 measured on an H100), torch's do not. -0 and +0 get the
+        same key; a NaN on either side makes every comparison false but ne."""
+        cp = self.cp
+
+        def key(x):
+            i = cp.ascontiguousarray(x).view(cp.int32)
+            return cp.where(i < 0, np.int32(-2**31) - i, i)
+
+        ka, kb = key(a), key(b)
+        nan = cp.isnan(a) | cp.isnan(b)
+        r = {"eq": cp.equal, "ne": cp.equal, "lt": cp.less, "le": cp.less_equal, "gt": cp.greater,
+             "ge": cp.greater_equal}[op](ka, kb) & ~nan
+        return (~r if op == "ne" else r).astype(cp.float32)
 
     def _slice(self, x, dim, start, length, step):
         return x[(slice(None),) * dim + (slice(start, start + (length - 1) * step + 1 if length else start, step),)]
