@@ -33,6 +33,7 @@ from .windows import WindowOps
 from .transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
 # argument checks and shape plans live in plans.py; the names other modules import from here stay here
 from .plans import (  # noqa: F401
+    is_scalar,
     ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, UNARY_OPS, UNARY_PARAMS, _check_unary_params,
     bce_range, broadcast_shapes, check_reduction, check_size, conv2d_plan, conv_transpose2d_plan, known,
     linear_shapes, loss_threshold, matmul_plan, pad_plan, pair_shapes, positive, reduce_dims, softmax_dim,
@@ -407,7 +408,11 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
 
     def binary(self, op: str, input, other):
         known("binary", "op", op, BINARY_OPS, "op")
-        a_scalar, b_scalar = _is_scalar(input), _is_scalar(other)
+        return self._elementwise2(op, input, other)
+
+    def _elementwise2(self, op: str, input, other):
+        """A binary op or comparison with torch's broadcasting; either side may be a number."""
+        a_scalar, b_scalar = is_scalar(input), is_scalar(other)
         if a_scalar and b_scalar:
             raise AnyDeviceError(op, "input", input, "at least one argument must be a tensor")
         if a_scalar:
@@ -638,10 +643,6 @@ def _torch():
 def _is_torch_tensor(x) -> bool:
     torch = sys.modules.get("torch")  # no torch imported: nothing can be a tensor
     return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _is_scalar(x) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 def _kind(x, backend) -> str:

@@ -18,12 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import AnyDeviceError
-from .plans import (COMPARE_OPS, broadcast_shapes, cat_plan, chunk_sizes, expand_shape, known, narrow_args,
+from .plans import (COMPARE_OPS, broadcast_shapes, is_scalar, cat_plan, chunk_sizes, expand_shape, known, narrow_args,
                     one_dim, permute_dims, slice_args, split_sizes, stack_plan, view_shape, _tensor_list)
-
-
-def _scalar(x) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 class MovementOps:
@@ -181,26 +177,14 @@ class MovementOps:
         return self._out(self._where(c, a, b), kind, like)
 
     def _operand(self, op, arg, v):
-        if _scalar(v):
+        if is_scalar(v):
             return self.to_device(np.float32(v), op, arg, constant=True)
         return self.to_device(v, op, arg)
 
     def compare(self, op: str, input, other):
         """eq, ne, lt, le, gt, ge by name: float32 1.0 where true, 0.0 where false (torch: bool)."""
         known("compare", "op", op, COMPARE_OPS, "comparison")
-        a_scalar, b_scalar = _scalar(input), _scalar(other)
-        if a_scalar and b_scalar:
-            raise AnyDeviceError(op, "input", input, "at least one argument must be a tensor")
-        if a_scalar:
-            kind, like, b = self._inputs(op, other=other)
-            a = float(input)
-        elif b_scalar:
-            kind, like, a = self._inputs(op, input=input)
-            b = float(other)
-        else:
-            kind, like, a, b = self._inputs(op, input=input, other=other)
-            self._check_size(op, broadcast_shapes(op, self._shape(a), self._shape(b)))
-        return self._out(self._binary(op, a, b), kind, like)
+        return self._elementwise2(op, input, other)
 
     def eq(self, input, other): return self.compare("eq", input, other)
     def ne(self, input, other): return self.compare("ne", input, other)

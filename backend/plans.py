@@ -31,6 +31,11 @@ REDUCTIONS = ("mean", "sum", "none")
 # ----------------------------------------------------------------------------------------------
 # single arguments
 # ----------------------------------------------------------------------------------------------
+def is_scalar(x) -> bool:
+    """A Python or NumPy number (not a bool): ops take it in place of a tensor."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 

@@ -14,27 +14,8 @@ TOL = 1e-6
 NAN, INF = float("nan"), float("inf")
 
 
-def host(be, y):
-    if isinstance(y, torch.Tensor):
-        return y.detach().cpu().numpy()
-    if isinstance(y, np.ndarray):
-        return y
-    return be.to_numpy(y)
-
-
-def relerr(y, ref) -> float:
-    y = np.asarray(y, dtype=np.float64)
-    ref = np.asarray(ref.detach().numpy() if isinstance(ref, torch.Tensor) else ref, dtype=np.float64)
-    assert y.shape == ref.shape, f"shape {y.shape} != reference {ref.shape}"
-    nan_y, nan_r = np.isnan(y), np.isnan(ref)
-    assert (nan_y == nan_r).all(), f"NaN positions differ ({nan_y.sum()} vs reference {nan_r.sum()})"
-    inf_r = np.isinf(ref)
-    assert (np.isinf(y) == inf_r).all() and (y[inf_r] == ref[inf_r]).all(), "Inf positions differ"
-    fin = ~(nan_r | inf_r)
-    num, den = np.linalg.norm(y[fin] - ref[fin]), np.linalg.norm(ref[fin])
-    if den == 0:
-        return 0.0 if num <= 1e-30 else float("inf")
-    return float(num / den)
+from test_movement import host  # noqa: E402
+from test_precision import relerr  # noqa: E402
 
 
 def check(be, y, ref, what=""):
