@@ -65,6 +65,7 @@ def unary_kernel_args(op: str, p: dict) -> tuple[int, float, float, int, int]:
 
 
 from .config import max_tensor_bytes, tf32_allowed, workspace_budget_bytes  # noqa: E402,F401  (moved; re-exported)
+from . import bigconv  # noqa: E402  (conv2d's separable / FFT / chunked dispatch)
 
 
 def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
@@ -279,7 +280,7 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         if padding_mode != "zeros" and any(pads):
             x = self._pad(x, pads, padding_mode)
             pads = (0, 0, 0, 0)
-        y = self._conv2d(x, w, b, plan.stride, pads, plan.dilation, groups)
+        y = bigconv.conv2d(self, x, w, b, plan.stride, pads, plan.dilation, groups)  # separable / FFT / chunked
         if unbatched:
             y = self._reshape(y, self._shape(y)[1:])
         return self._out(y, kind, like)
@@ -295,8 +296,8 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         self._check_size(op, plan.out_shape)
         if plan.unbatched:
             x = self._reshape(x, (1,) + self._shape(x))
-        y = self._conv_transpose2d(x, w, b, plan.stride, plan.padding, plan.output_padding,
-                                   plan.dilation, groups)
+        y = bigconv.chunked_transpose(self, self._conv_transpose2d, x, w, b, plan.stride, plan.padding,
+                                      plan.output_padding, plan.dilation, groups)
         if plan.unbatched:
             y = self._reshape(y, self._shape(y)[1:])
         return self._out(y, kind, like)
