@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import numpy as np
 
@@ -37,9 +38,9 @@ SEP_TOL = 1e-7
 #: kernels with fewer taps than this keep the backend's own conv (it is fast enough there)
 SEP_MIN_TAPS = 16
 #: FFT path: fewest taps (KH*KW*CinG) where a backend goes through the FFT
-FFT_MIN_TAPS = {"numpy": 240, "opencl": 577}
+FFT_MIN_TAPS = {"numpy": 120, "opencl": 577}
 #: conservative multiply-adds per second of each backend's direct conv (chunk sizing only)
-MACS_PER_S = {"numpy": 1.0e9, "opencl": 1.0e9, "cpu": 0.25e9}
+MACS_PER_S = {"numpy": 1.0e9, "opencl": 4.0e9, "cpu": 0.25e9}
 DEFAULT_MACS_PER_S = 5e11  # GPUs
 
 
@@ -98,26 +99,40 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
             outs.append(fn(_batch(be, x, n0, n1), w, bias, stride, pads, dilation, groups))
             _sync(be)
         return _cat(be, outs, 0)
-    rows = max(1, int(g.OH * cancel.CHUNK_SECONDS / per_image))
+    # row bands: the first (a quarter of the estimate) is timed, the others sized from it (one size,
+    # so device code built per launch size is built once more at most)
+    rows = max(1, int(g.OH * cancel.CHUNK_SECONDS / per_image) // 4)
     KHe = g.dh * (g.KH - 1) + 1
-    bands = []
-    for r0 in range(0, g.OH, rows):
-        r1 = min(g.OH, r0 + rows)
+
+    def band(r0, r1):
         start, stop = r0 * g.sh - g.pt, (r1 - 1) * g.sh - g.pt + KHe
         a, b = max(0, start), min(g.H, stop)
-        if a >= b:  # a band entirely in the padding: no row band split for this geometry
-            return fn(x, w, bias, stride, pads, dilation, groups)
-        bands.append((a, b, a - start, stop - b))
+        return a, b, a - start, stop - b
+
     outs = []
+    done, total_rows = 0, g.N * g.OH
     for n in range(g.N):
         xn = x if g.N == 1 else _batch(be, x, n, n + 1)
         parts = []
-        for i, (a, b, top, bottom) in enumerate(bands):
-            if i or n:
+        r0 = 0
+        while r0 < g.OH:
+            if done:
                 cancel.check()
+            r1 = min(g.OH, r0 + rows)
+            a, b, top, bottom = band(r0, r1)
+            if a >= b:  # a band reading only padding (huge strides): the whole image at once
+                parts = [fn(xn, w, bias, stride, pads, dilation, groups)]
+                done += g.OH - r0
+                break
+            t0 = time.perf_counter()
             parts.append(fn(_rows(be, xn, a, b), w, bias, stride, (top, bottom, pads[2], pads[3]), dilation, groups))
             _sync(be)
-            cancel.progress(n * len(bands) + i + 1, g.N * len(bands))
+            dt = time.perf_counter() - t0
+            if done == 0 and dt > 0:
+                rows = max(1, min(g.OH, int((r1 - r0) * cancel.CHUNK_SECONDS / dt)))
+            done += r1 - r0
+            r0 = r1
+            cancel.progress(done, total_rows)
         outs.append(_cat(be, parts, 2))
     return _cat(be, outs, 0)
 
@@ -181,9 +196,12 @@ def conv2d(be, x, w, bias, stride, pads, dilation, groups):
     sep = g.CinG == 1 and g.KH > 1 and g.KW > 1 and taps >= SEP_MIN_TAPS
     fft = _fft_capable(be) and taps * g.CinG >= FFT_MIN_TAPS.get(be.name, 1 << 30) and _fft_fits(g)
     if sep or fft:
+        cancel.check()
         wh = _host_weight(be, w)
-        if not np.isfinite(wh).all() or not _finite(be, x):
+        xh = be._to_numpy(x) if fft and not sep else None  # the FFT reads the input on the host
+        if not np.isfinite(wh).all() or not _finite(be, x if xh is None else xh):
             sep = fft = False
+        cancel.check()
         if sep:
             fac = rank1_factors(wh.reshape(g.Cout, g.KH, g.KW))
             if fac is not None:
@@ -191,7 +209,7 @@ def conv2d(be, x, w, bias, stride, pads, dilation, groups):
                 return _separable(be, x, fac, bias, g)
         if fft:
             log.debug("anydevice conv2d: FFT path (%dx%d, %d in-channels per group)", g.KH, g.KW, g.CinG)
-            return _fft_conv(be, x, wh, bias, g)
+            return _fft_conv(be, x, wh, bias, g, xh)
     return chunked(be, be._conv2d, x, w, bias, stride, pads, dilation, groups)
 
 
@@ -233,9 +251,9 @@ def _fft_fits(g) -> bool:
     return spectra <= workspace_budget_bytes()
 
 
-def _fft_conv(be, x, wh, bias, g):
+def _fft_conv(be, x, wh, bias, g, xh=None):
     """Overlap-save FFT conv2d in float64 (cross-correlation: the kernel is flipped), output row bands."""
-    xh = np.asarray(be._to_numpy(x), dtype=F32)
+    xh = np.asarray(be._to_numpy(x) if xh is None else xh, dtype=F32)
     bh = None if bias is None else np.asarray(be._to_numpy(bias), dtype=np.float64)
     N, C, H, W = g.N, g.C, g.H, g.W
     KHe, KWe = g.dh * (g.KH - 1) + 1, g.dw * (g.KW - 1) + 1
@@ -251,6 +269,7 @@ def _fft_conv(be, x, wh, bias, g):
     wk[:, :, ::g.dh, ::g.dw] = wh
     # flipped kernels, spectra (G, CoutG, CinG, Fh, Fw/2+1)
     Wf = np.fft.rfft2(wk[:, :, ::-1, ::-1], s=(Fh, Fw)).reshape(g.G, g.CoutG, g.CinG, Fh, Fw // 2 + 1)
+    cancel.check()
     out = np.empty((N, g.Cout, g.OH, g.OW), F32)
     col_sl = slice(KWe - 1, KWe - 1 + (g.OW - 1) * g.sw + 1, g.sw)
     nb = -(-g.OH // rows)
