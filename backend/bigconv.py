@@ -260,7 +260,7 @@ def _fft_conv(be, x, wh, bias, g, xh=None):
     Wp = W + g.pl + g.pr
     Fw = fast_len(Wp)
     # band: output rows per band so that a band's transforms stay near 2^23 elements (a fraction of a second)
-    elems = int((1 << 22) * min(1.0, cancel.CHUNK_SECONDS / 0.2))
+    elems = int((1 << 21) * min(1.0, cancel.CHUNK_SECONDS / 0.2))
     fh_cap = max(2 * KHe, elems // max(1, Fw * (g.CinG + 1)))
     need = (g.OH - 1) * g.sh + KHe  # padded input rows the whole output reads
     Fh = fast_len(min(need, max(fh_cap, 2 * KHe)))

@@ -47,12 +47,11 @@ def check() -> None:
 
 
 def progress(done: int, total: int) -> None:
+    """Report a chunk done. Not guarded: ComfyUI's progress hook is itself an interrupt check (it
+    raises, and clears the interrupt flag), so what it raises must reach the caller."""
     fn = _progress
     if fn is not None:
-        try:
-            fn(done, total)
-        except Exception as exc:  # noqa: BLE001 - progress is cosmetic; a cancel goes through check()
-            log.debug("anydevice progress callback failed: %s", exc)
+        fn(done, total)
 
 
 def chunks(total: int, per_chunk: int):

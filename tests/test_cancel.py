@@ -1,7 +1,8 @@
 """Cancel in a real ComfyUI (COMFYUI_DIR; skipped without it): a long Conv2D (4096x4096 image, 31x31
 random non-separable kernel) is interrupted 3 s in with POST /interrupt and the prompt must end within
-1 s of the cancel. The latency is measured by polling /history every 20 ms and logged (and written to
-test-artifacts/cancel_latency.json)."""
+1 s of the cancel. The latency is the execution_interrupted message's timestamp (ComfyUI's clock,
+the same machine) minus the time the cancel was posted; /history is polled every 20 ms to find it.
+Both are logged and written to test-artifacts/cancel_latency.json."""
 from __future__ import annotations
 
 import json
@@ -57,6 +58,8 @@ def test_cancel_ends_a_long_conv_within_a_second(srv, device):
         pytest.skip(f"backend {device} is not available in this ComfyUI")
     batch, _ = DEVICES[device]
     code, r = srv.post_prompt(_prompt(device, batch, seed=int(time.time()) % 100000))
+    if code == 400 and r.get("node_errors", {}).get("2"):
+        pytest.skip(f"backend {device} is not available in this ComfyUI: {json.dumps(r['node_errors']['2'])[:300]}")
     assert code == 200, r
     pid = r["prompt_id"]
     # wait until the prompt is running (not queued), then 3 s more
@@ -81,13 +84,15 @@ def test_cancel_ends_a_long_conv_within_a_second(srv, device):
             hist = h[pid]
             break
         time.sleep(0.02)
-    latency = time.time() - t_cancel
-    LATENCY[device] = round(latency, 3)
+    seen = time.time() - t_cancel  # when the poll saw it (adds HTTP and scheduling delays)
+    assert hist is not None, "the prompt did not end within 60 s of the cancel"
+    msgs = dict((m[0], m[1]) for m in hist.get("status", {}).get("messages", []))
+    assert "execution_interrupted" in msgs, list(msgs)
+    # when ComfyUI itself ended the prompt: the interrupted message's timestamp (ms, same clock)
+    latency = msgs["execution_interrupted"]["timestamp"] / 1000.0 - t_cancel
+    LATENCY[device] = {"ended_s": round(latency, 3), "seen_by_poll_s": round(seen, 3)}
     H.ARTIFACTS.mkdir(exist_ok=True)
     (H.ARTIFACTS / "cancel_latency.json").write_text(json.dumps(LATENCY, indent=1))
-    log.warning("cancel latency on %s: %.3f s", device, latency)
-    assert hist is not None, "the prompt did not end within 60 s of the cancel"
-    msgs = [m[0] for m in hist.get("status", {}).get("messages", [])]
-    assert "execution_interrupted" in msgs, msgs
+    log.warning("cancel latency on %s: ended %.3f s after the cancel (poll saw it at %.3f s)", device, latency, seen)
     assert latency <= 1.0, f"the prompt ended {latency:.2f} s after the cancel"
     assert srv.alive()
