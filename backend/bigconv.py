@@ -170,9 +170,8 @@ def rank1_factors(wh: np.ndarray):
 
 
 def _finite(be, x) -> bool:
-    if isinstance(x, np.ndarray):
-        return bool(np.isfinite(x).all()) if x.size < (1 << 22) else all(
-            np.isfinite(x.reshape(-1)[i:i + (1 << 22)]).all() for i in range(0, x.size, 1 << 22))
+    if isinstance(x, np.ndarray):  # plane by plane (x may be a strided view: no flattening copy)
+        return all(bool(np.isfinite(x[i]).all()) for i in np.ndindex(*x.shape[:-2]))
     f = getattr(be, "_all_finite", None)
     if f is not None:
         return f(x)
@@ -260,7 +259,7 @@ def _fft_conv(be, x, wh, bias, g, xh=None):
     Wp = W + g.pl + g.pr
     Fw = fast_len(Wp)
     # band: output rows per band so that a band's transforms stay near 2^23 elements (a fraction of a second)
-    elems = int((1 << 21) * min(1.0, cancel.CHUNK_SECONDS / 0.2))
+    elems = int((1 << 20) * min(1.0, cancel.CHUNK_SECONDS / 0.2))
     fh_cap = max(2 * KHe, elems // max(1, Fw * (g.CinG + 1)))
     need = (g.OH - 1) * g.sh + KHe  # padded input rows the whole output reads
     Fh = fast_len(min(need, max(fh_cap, 2 * KHe)))
@@ -287,6 +286,8 @@ def _fft_conv(be, x, wh, bias, g, xh=None):
                 band[:, a - start:b - start, g.pl:g.pl + W] = xh[n, :, a:b]
 
             def task(gi, band=band, n=n, r0=r0, r1=r1):
+                if gi:
+                    cancel.check()
                 Xf = np.fft.rfft2(band[gi * g.CinG:(gi + 1) * g.CinG])
                 if g.CinG == 1:
                     Yf = Wf[gi, :, 0] * Xf[0]
