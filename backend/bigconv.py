@@ -36,7 +36,7 @@ F32 = np.float32
 #: rank-1 test: the rest of the spectrum (sqrt of sum of s_i^2, i >= 1) at most this times s_0
 SEP_TOL = 1e-7
 #: kernels with fewer taps than this keep the backend's own conv (it is fast enough there)
-SEP_MIN_TAPS = 16
+SEP_MIN_TAPS = 49
 #: FFT path: fewest taps (KH*KW*CinG) where a backend goes through the FFT
 FFT_MIN_TAPS = {"numpy": 120, "opencl": 577}
 #: conservative multiply-adds per second of each backend's direct conv (chunk sizing only)
@@ -154,7 +154,8 @@ def chunked_transpose(be, fn, x, w, bias, stride, padding, output_padding, dilat
 
 # ---- dispatch ------------------------------------------------------------------------------------
 def _host_weight(be, w) -> np.ndarray:
-    return np.asarray(be._to_numpy(w), dtype=np.float64)
+    """The kernel on the host (a device backend counts the read as a check: it picks the path)."""
+    return np.asarray(be.read_check(w), dtype=np.float64)
 
 
 def rank1_factors(wh: np.ndarray):
@@ -178,6 +179,15 @@ def _finite(be, x) -> bool:
     return False
 
 
+def _download(be, x) -> np.ndarray:
+    """x on the host for the FFT path (counted as a download on a device backend)."""
+    if isinstance(x, np.ndarray):
+        return x
+    h = be._to_numpy(x)
+    be._count("downloads", h.nbytes)
+    return h
+
+
 def _fft_capable(be) -> bool:
     if be.name == "numpy":
         return True
@@ -197,7 +207,7 @@ def conv2d(be, x, w, bias, stride, pads, dilation, groups):
     if sep or fft:
         cancel.check()
         wh = _host_weight(be, w)
-        xh = be._to_numpy(x) if fft and not sep else None  # the FFT reads the input on the host
+        xh = _download(be, x) if fft and not sep else None  # the FFT reads the input on the host
         if not np.isfinite(wh).all() or not _finite(be, x if xh is None else xh):
             sep = fft = False
         cancel.check()
@@ -252,7 +262,7 @@ def _fft_fits(g) -> bool:
 
 def _fft_conv(be, x, wh, bias, g, xh=None):
     """Overlap-save FFT conv2d in float64 (cross-correlation: the kernel is flipped), output row bands."""
-    xh = np.asarray(be._to_numpy(x) if xh is None else xh, dtype=F32)
+    xh = np.asarray(_download(be, x) if xh is None else xh, dtype=F32)
     bh = None if bias is None else np.asarray(be._to_numpy(bias), dtype=np.float64)
     N, C, H, W = g.N, g.C, g.H, g.W
     KHe, KWe = g.dh * (g.KH - 1) + 1, g.dw * (g.KW - 1) + 1
@@ -302,4 +312,4 @@ def _fft_conv(be, x, wh, bias, g, xh=None):
             threads.run_parallel(task, range(g.G))
             done += 1
             cancel.progress(done, N * nb)
-    return be.to_device(out) if not isinstance(x, np.ndarray) else out
+    return out if isinstance(x, np.ndarray) else be.to_device(out, "conv2d")  # counted as an upload

@@ -51,7 +51,7 @@ SEP_CASES = [  # (x shape, k, multiplier, stride, padding, dilation, mode, kerne
     ((1, 2, 30, 30), 7, 2, 2, 3, 1, "reflect", "box"),
     ((1, 3, 36, 28), 11, 1, 1, 5, 1, "circular", "outer"),
     ((1, 1, 45, 45), 31, 1, 1, 15, 1, "replicate", "gaussian"),
-    ((1, 3, 24, 50), 5, 1, 3, 0, 2, "zeros", "outer"),
+    ((1, 3, 24, 50), 7, 1, 3, 0, 2, "zeros", "outer"),
 ]
 
 
@@ -190,7 +190,7 @@ def test_checker_stops_long_op(backend_target, tiny_chunks, what):
             backend_target.conv2d(x, rng.standard_normal((3, 1, 25, 25)).astype(np.float32), None, 1, 12, 1, 3)
         else:
             backend_target.conv_transpose2d(np.concatenate([x, x]), rng.uniform(-1, 1, (3, 2, 3, 3)).astype(np.float32), None, 2, 1)
-    assert calls["n"] == 4  # stopped at the first check after k chunks
+    assert 4 <= calls["n"] <= 4 + 2  # stopped at the first check after k chunks (FFT: one per busy worker)
     cancel.set_checker(None)
 
 
