@@ -37,7 +37,8 @@ F32 = np.float32
 SEP_TOL = 1e-7
 #: kernels with fewer taps than this keep the backend's own conv (it is fast enough there)
 SEP_MIN_TAPS = 49
-#: FFT path: fewest taps (KH*KW*CinG) where a backend goes through the FFT
+#: FFT path: fewest kernel taps (KH*KW) where a backend goes through the FFT (small kernels with
+#: many channels stay GEMMs: the FFT only pays for itself on big spatial kernels)
 FFT_MIN_TAPS = {"numpy": 120, "opencl": 577}
 #: conservative multiply-adds per second of each backend's direct conv (chunk sizing only)
 MACS_PER_S = {"numpy": 1.0e9, "opencl": 4.0e9, "cpu": 0.25e9}
@@ -203,7 +204,7 @@ def conv2d(be, x, w, bias, stride, pads, dilation, groups):
         return be._conv2d(x, w, bias, stride, pads, dilation, groups)
     taps = g.KH * g.KW
     sep = g.CinG == 1 and g.KH > 1 and g.KW > 1 and taps >= SEP_MIN_TAPS
-    fft = _fft_capable(be) and taps * g.CinG >= FFT_MIN_TAPS.get(be.name, 1 << 30) and _fft_fits(g)
+    fft = _fft_capable(be) and taps >= FFT_MIN_TAPS.get(be.name, 1 << 30) and _fft_fits(g)
     if sep or fft:
         cancel.check()
         wh = _host_weight(be, w)
