@@ -40,9 +40,11 @@ SEP_MIN_TAPS = 49
 #: FFT path: fewest kernel taps (KH*KW) where a backend goes through the FFT (small kernels with
 #: many channels stay GEMMs: the FFT only pays for itself on big spatial kernels)
 FFT_MIN_TAPS = {"numpy": 120, "opencl": 577}
-#: conservative multiply-adds per second of each backend's direct conv (chunk sizing only)
-MACS_PER_S = {"numpy": 1.0e9, "opencl": 4.0e9, "cpu": 0.25e9}
-DEFAULT_MACS_PER_S = 5e11  # GPUs
+#: multiply-adds per second of each backend's conv, (few channels: depthwise-like, many: GEMM-like),
+#: measured here and rounded down; they only decide whether an op is long enough to be cut into
+#: chunks (the row bands are then sized from the first band's measured time)
+MACS_PER_S = {"numpy": (1.0e9, 2e10), "opencl": (4.0e9, 2e10), "cpu": (0.25e9, 2e10)}
+DEFAULT_MACS_PER_S = (5e11, 5e12)  # GPUs
 
 
 # ---- chunking ------------------------------------------------------------------------------------
@@ -80,8 +82,9 @@ def _sync(be):
         pass
 
 
-def _seconds(be, macs: float) -> float:
-    return macs / MACS_PER_S.get(be.name, DEFAULT_MACS_PER_S)
+def _seconds(be, macs: float, g) -> float:
+    slow, fast = MACS_PER_S.get(be.name, DEFAULT_MACS_PER_S)
+    return macs / (slow if g.CinG * g.CoutG < 16 else fast)
 
 
 def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
@@ -89,7 +92,7 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
     cancel.CHUNK_SECONDS: images, then output row bands, with cancel.check() between chunks."""
     g = conv2d_geometry(be._shape(x), be._shape(w), stride, pads, dilation, groups)
     macs = float(g.N) * g.Cout * g.OH * g.OW * g.CinG * g.KH * g.KW
-    secs = _seconds(be, macs)
+    secs = _seconds(be, macs, g)
     if secs <= cancel.CHUNK_SECONDS or g.N * g.OH <= 1:
         return fn(x, w, bias, stride, pads, dilation, groups)
     per_image = secs / g.N
@@ -142,7 +145,7 @@ def chunked_transpose(be, fn, x, w, bias, stride, padding, output_padding, dilat
     """conv_transpose2d in batch chunks with cancel.check() between them."""
     g = conv_transpose2d_geometry(be._shape(x), be._shape(w), stride, padding, output_padding, dilation, groups)
     macs = float(g.N) * g.C * g.H * g.W * g.CoutG * g.KH * g.KW
-    secs = _seconds(be, macs)
+    secs = _seconds(be, macs, g)
     if secs <= cancel.CHUNK_SECONDS or g.N <= 1:
         return fn(x, w, bias, stride, padding, output_padding, dilation, groups)
     per = max(1, int(g.N * cancel.CHUNK_SECONDS / secs))
@@ -177,6 +180,9 @@ def _finite(be, x) -> bool:
     f = getattr(be, "_all_finite", None)
     if f is not None:
         return f(x)
+    cp = getattr(be, "cp", None)  # the CUDA backend (CuPy arrays)
+    if cp is not None and isinstance(x, cp.ndarray):
+        return bool(cp.isfinite(x).all())
     return False
 
 
