@@ -229,3 +229,32 @@ def test_huge_dilation(backend_target):
     y = backend_target.conv_transpose2d(x, wt, None, stride=1, padding=15000, dilation=30000)
     ref = F.conv_transpose2d(t64(x), t64(wt), None, 1, 15000, dilation=30000).numpy()
     check(y, ref, "huge transpose dilation")
+
+
+def test_node_registers_comfyuis_interrupt_check(monkeypatch, tiny_chunks):
+    """Inside ComfyUI (faked here) a node's run registers comfy.model_management's interrupt check,
+    and a long conv in the node stops at the next chunk once it raises."""
+    import sys
+    import types
+    import torch as _torch
+    from anydevice.nodes import NODE_CLASS_MAPPINGS
+
+    class Interrupted(Exception):
+        pass
+    state = {"calls": 0}
+
+    def throw():
+        state["calls"] += 1
+        if state["calls"] > 2:
+            raise Interrupted
+    mm = types.ModuleType("comfy.model_management")
+    mm.throw_exception_if_processing_interrupted = throw
+    monkeypatch.setitem(sys.modules, "comfy", types.ModuleType("comfy"))
+    monkeypatch.setitem(sys.modules, "comfy.model_management", mm)
+    node = NODE_CLASS_MAPPINGS["AnyDeviceConv2D"]()
+    img = _torch.rand(1, 48, 40, 3)
+    with pytest.raises(Interrupted):
+        node.run(input=img, kernel_source="random", kernel_size=15, init_seed=1, channel_mode="depthwise",
+                 padding="same", padding_mode="zeros", device="numpy")
+    assert cancel.get_checker() is throw and state["calls"] == 3
+    assert cancel._progress is None  # the node's chunk progress is removed after its run
