@@ -104,6 +104,25 @@ CASES += [
 ]
 
 # ---- big-kernel cases (separable / FFT convolution) ----
+def _bigkernel_make(k: int, kind: str):
+    """1x3x1024^2 image, depthwise k x k kernel: gaussian (sigma k/6, separable) or random (not)."""
+    def make(rng):
+        x = rng.standard_normal((1, 3, 1024, 1024)).astype(np.float32)
+        if kind == "gaussian":
+            t = np.arange(k, dtype=np.float64) - (k - 1) / 2.0
+            g = np.exp(-(t * t) / (2.0 * (k / 6.0) ** 2))
+            w = np.broadcast_to(np.outer(g, g) / np.outer(g, g).sum(), (3, 1, k, k)).astype(np.float32)
+        else:
+            w = (rng.standard_normal((3, 1, k, k)) / k).astype(np.float32)
+        return [x, w], {"groups": 3}
+    return make
+
+
+CASES += [
+    Case(f"depthwise 1x3x1024^2 {kind} k{k} p{k // 2}", "conv2d", (), (), {"padding": k // 2},
+         2.0 * 3 * 1024 * 1024 * k * k, make=_bigkernel_make(k, kind), torch_fn="F.conv2d")
+    for k in (15, 31, 63) for kind in ("gaussian", "random")
+]
 
 
 

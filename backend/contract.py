@@ -67,6 +67,7 @@ def unary_kernel_args(op: str, p: dict) -> tuple[int, float, float, int, int]:
 
 
 from .config import max_tensor_bytes, tf32_allowed, workspace_budget_bytes  # noqa: E402,F401  (moved; re-exported)
+from . import bigconv  # noqa: E402  (conv2d's separable / FFT / chunked dispatch)
 
 
 def gaussian_window(window_size: int, sigma: float) -> np.ndarray:
@@ -305,8 +306,8 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
             pads = (0, 0, 0, 0)
         if any(plan.out_pads) or plan.picks != (None, None):  # huge geometry (plans.conv_reach)
             y = self._conv_reach(x, w, b, plan, pads, groups)
-        else:
-            y = self._conv2d(x, w, b, plan.stride, pads, plan.dilation, groups)
+        else:  # separable / FFT / chunked (bigconv.py)
+            y = bigconv.conv2d(self, x, w, b, plan.stride, pads, plan.dilation, groups)
         if unbatched:
             y = self._reshape(y, self._shape(y)[1:])
         return self._out(y, kind, like)
@@ -340,8 +341,8 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
                                      stride, padding, output_padding, groups, dilation)
         if plan.unbatched:
             x = self._reshape(x, (1,) + self._shape(x))
-        y = self._conv_transpose2d(x, w, b, plan.stride, plan.padding, plan.output_padding,
-                                   plan.dilation, groups)
+        y = bigconv.chunked_transpose(self, self._conv_transpose2d, x, w, b, plan.stride, plan.padding,
+                                      plan.output_padding, plan.dilation, groups)
         if plan.unbatched:
             y = self._reshape(y, self._shape(y)[1:])
         return self._out(y, kind, like)

@@ -191,6 +191,7 @@ class NumpyBackend(Backend):
         return out.reshape(lead + (OH, OW))
 
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        x, stride, pads, dilation = _gather_windows(x, w.shape, stride, pads, dilation)
         if any(pads):
             x = self._pad(x, pads, "zeros")
         x = np.ascontiguousarray(x)
@@ -312,9 +313,6 @@ class NumpyBackend(Backend):
         x = np.ascontiguousarray(x)
         N, Cin, H, W, _, Cing, Coutg, KH, KW, OH, OW, sh, sw, ph, _, pw, _, dh, dw, G = conv_transpose2d_geometry(
             x.shape, w.shape, stride, padding, output_padding, dilation, groups)
-        # full canvas, before cropping `padding` from each side
-        HC = max((H - 1) * sh + dh * (KH - 1) + 1, ph + OH)
-        WC = max((W - 1) * sw + dw * (KW - 1) + 1, pw + OW)
         out = np.empty((N, Coutg * G, OH, OW), F32)
         if out.size == 0:
             return out
@@ -334,16 +332,20 @@ class NumpyBackend(Backend):
             wblk = np.ascontiguousarray(
                 wg[g].reshape(Cing, Coutg, KH * KW)[:, c0:c1].reshape(Cing, nco * KH * KW).T)
             xg = x[n, g * Cing:(g + 1) * Cing].reshape(Cing, H * W)
-            canvas = np.zeros((nco, HC, WC), F32)
+            # only the output window of the canvas (huge strides / paddings / dilations stay small)
+            canvas = np.zeros((nco, OH, OW), F32)
             for r0 in range(0, H, rows):
                 r1 = min(H, r0 + rows)
                 cols = (wblk @ xg[:, r0 * W:r1 * W]).reshape(nco, KH, KW, r1 - r0, W)
                 for i in range(KH):
-                    o = i * dh + r0 * sh
+                    hs = _tap_slices(r0, r1, i * dh, sh, ph, OH)
+                    if hs is None:
+                        continue
                     for j in range(KW):
-                        canvas[:, o: o + (r1 - r0 - 1) * sh + 1: sh,
-                               j * dw: j * dw + (W - 1) * sw + 1: sw] += cols[:, i, j]
-            blk = canvas[:, ph:ph + OH, pw:pw + OW]
+                        ws_ = _tap_slices(0, W, j * dw, sw, pw, OW)
+                        if ws_ is not None:
+                            canvas[:, hs[1], ws_[1]] += cols[:, i, j, hs[0], ws_[0]]
+            blk = canvas
             if bias is not None:
                 blk = blk + bias[g * Coutg + c0:g * Coutg + c1, None, None]
             out[n, g * Coutg + c0:g * Coutg + c1] = blk
@@ -491,6 +493,37 @@ def _quiet(fn, *args, **kw):
 
 def _parallel(task, tasks) -> None:
     threads.run_parallel(lambda t: _quiet(task, t), tasks)
+
+
+def _tap_slices(r0, r1, off, s, p, out_len):
+    """Transposed conv, one kernel tap at offset ``off``: (slice of the input rows r0..r1 (local),
+    slice of the output) for the inputs whose product lands inside the output window, or None."""
+    lo = max(r0, -(-(p - off) // s))
+    hi = min(r1, (out_len - 1 + p - off) // s + 1)
+    if lo >= hi:
+        return None
+    d0 = lo * s + off - p
+    return slice(lo - r0, hi - r0), slice(d0, d0 + (hi - lo - 1) * s + 1, s)
+
+
+def _gather_windows(x, wshape, stride, pads, dilation):
+    """conv2d along a dim whose padded extent is far larger than its windows (huge padding, stride
+    or dilation): gather each output's KH (KW) input rows (zeros outside the input) into a compact
+    input read with stride K, dilation 1 and no padding, so no padding is ever materialised."""
+    stride, dilation, pads = list(stride), list(dilation), list(pads)
+    for ax, k in ((2, wshape[2]), (3, wshape[3])):
+        d = ax - 2
+        n, lo, hi, s, dl = x.shape[ax], pads[2 * d], pads[2 * d + 1], stride[d], dilation[d]
+        ext = n + lo + hi
+        out = (ext - dl * (k - 1) - 1) // s + 1
+        if ext <= 1024 or ext <= 2 * out * k:
+            continue
+        idx = (np.arange(out) * s)[:, None] + (np.arange(k) * dl)[None, :] - lo
+        idx = np.where((idx >= 0) & (idx < n), idx, n).reshape(-1)
+        zero = np.zeros(x.shape[:ax] + (1,) + x.shape[ax + 1:], F32)
+        x = np.take(np.concatenate([x, zero], axis=ax), idx, axis=ax)
+        stride[d], dilation[d], pads[2 * d], pads[2 * d + 1] = k, 1, 0, 0
+    return x, tuple(stride), tuple(pads), tuple(dilation)
 
 
 def _split(n: int, parts: int):

@@ -34,6 +34,7 @@ from ..backend import AnyDeviceError, get_backend, list_backends
 from ..backend.contract import TRANSFER_KEYS, transfer_totals
 from ..backend.errors import short
 from ..backend import registry as _registry
+from ..backend import cancel as _cancel
 from . import resident
 from .resident import DeviceTensor
 
@@ -374,6 +375,33 @@ class Progress:
             self.bar.update(n)
 
 
+def comfy_cancel_hooks() -> bool:
+    """Inside ComfyUI: register its interrupt check as the backend's cancel checker (long ops call it
+    between chunks, so Cancel stops them). Returns whether ComfyUI's model_management is there."""
+    mm = sys.modules.get("comfy.model_management")
+    fn = getattr(mm, "throw_exception_if_processing_interrupted", None) if mm is not None else None
+    if fn is None:
+        return False
+    if _cancel.get_checker() is not fn:
+        _cancel.set_checker(fn)
+    return True
+
+
+class _ChunkProgress:
+    """cancel.set_progress target during a node's run: ComfyUI's ProgressBar over a long op's chunks."""
+
+    def __init__(self):
+        self.bar = None
+
+    def __call__(self, done: int, total: int):
+        utils = sys.modules.get("comfy.utils")
+        if utils is None:
+            return
+        if self.bar is None or self.bar.total != total:
+            self.bar = utils.ProgressBar(total)
+        self.bar.update_absolute(done, total)
+
+
 class Timer:
     def __init__(self):
         self.t0 = time.perf_counter()
@@ -424,6 +452,9 @@ class PackNode:
     def run(self, **kwargs):
         self.arg_inputs = dict(self.ARGS)
         before = transfer_totals()
+        in_comfy = comfy_cancel_hooks()
+        if in_comfy:
+            _cancel.set_progress(_ChunkProgress())
         try:
             resident.budget_bytes()  # a bad ANYDEVICE_RESIDENT_MB is said before anything runs
             out = self._run(**kwargs)
@@ -431,6 +462,9 @@ class PackNode:
             raise
         except AnyDeviceError as exc:
             raise restate(self.DISPLAY, exc, self._table(kwargs)) from exc
+        finally:
+            if in_comfy:
+                _cancel.set_progress(None)
         if self.WARN_NONFINITE:
             self._warn_nonfinite(out)
         after = transfer_totals()  # this run's host<->device transfers, on every backend it used

@@ -282,6 +282,30 @@ class LinalgOps:
         self.cl.enqueue_copy(self.queue, bad, flag.buffer, is_blocking=True)
         return not bad[0]
 
+    # ---- chunks of long convs (bigconv.chunked): batch and row-band views, concatenation ----------
+    def _band_batch(self, x: CLArray, a: int, b: int) -> CLArray:
+        inner = math.prod(x.shape[1:])
+        return CLArray((b - a,) + tuple(x.shape[1:]), x.block, x.offset + a * inner)
+
+    def _band_rows(self, x: CLArray, a: int, b: int) -> CLArray:
+        N, C, H, W = x.shape
+        out = self._empty((N, C, b - a, W))
+        self._copy_strided(x, x.offset + a * W, (N * C, b - a, W), (H * W, W, 1), out, 0, ((b - a) * W, W, 1))
+        return out
+
+    def _band_cat(self, parts, axis: int) -> CLArray:
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        out = self._empty(shape)
+        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        pos = 0
+        for p in parts:
+            k = p.shape[axis]
+            self._copy_strided(p, p.offset, (outer, k * inner), (k * inner, 1), out, pos * inner,
+                               (shape[axis] * inner, 1))
+            pos += k
+        return out
+
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
         g = conv_transpose2d_geometry(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
         N, C, H, W, _, CinG, CoutG, KH, KW, OH, OW, sh, sw, ph, _, pw, _, dh, dw, G = g
