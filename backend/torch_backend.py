@@ -6,6 +6,8 @@ backend's device; CPU inputs are moved there and results moved back to the input
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .contract import Backend, tf32_allowed
@@ -73,6 +75,13 @@ def _probe(name: str) -> tuple[bool, str, list[str]]:
     return False, f"unknown torch device {name}", []
 
 
+def switches_mutable(backends):
+    """A context in which torch.backends' cuDNN switches may be set: torch's testing utilities
+    freeze them (``disable_global_flags``); its own ``flags()`` context lifts that the same way."""
+    allow = getattr(backends, "__allow_nonbracketed_mutation", None)
+    return allow() if allow is not None else contextlib.nullcontext()
+
+
 class TorchBackend(Backend):
     kind = "vendor"
 
@@ -97,12 +106,14 @@ class TorchBackend(Backend):
             self.b = torch.backends
 
         def __enter__(self):
-            self.saved = (self.b.cudnn.allow_tf32, self.b.cuda.matmul.allow_tf32)
-            self.b.cudnn.allow_tf32 = False
-            self.b.cuda.matmul.allow_tf32 = False
+            with switches_mutable(self.b):
+                self.saved = (self.b.cudnn.allow_tf32, self.b.cuda.matmul.allow_tf32)
+                self.b.cudnn.allow_tf32 = False
+                self.b.cuda.matmul.allow_tf32 = False
 
         def __exit__(self, *exc):
-            self.b.cudnn.allow_tf32, self.b.cuda.matmul.allow_tf32 = self.saved
+            with switches_mutable(self.b):
+                self.b.cudnn.allow_tf32, self.b.cuda.matmul.allow_tf32 = self.saved
             return False
 
     def _precision(self):

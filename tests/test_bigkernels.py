@@ -132,8 +132,9 @@ def test_nonfinite_input_keeps_torch_semantics(backend_target, bad):
 # ---- chunks and cancellation -------------------------------------------------------------------
 @pytest.fixture
 def tiny_chunks(monkeypatch):
-    """Every conv counts as long: chunks of a few rows."""
+    """Every conv counts as long: chunks of a few rows (a GPU's modelled rate too)."""
     monkeypatch.setattr(cancel, "CHUNK_SECONDS", 1e-6)
+    monkeypatch.setattr(bigconv, "DEFAULT_MACS_PER_S", bigconv.MACS_PER_S["numpy"])
     yield
     cancel.set_checker(None)
     cancel.set_progress(None)

@@ -348,3 +348,21 @@ def test_huge_conv_geometry_the_kernels_cannot_take_is_refused(backend_target):
     _refused(lambda: be.conv_transpose2d(np.ones((1, 1, 2, 2), np.float32), w[..., :1, :1], stride=2**40,
                                          padding=2**39),
              "conv_transpose2d", "stride", "32-bit")
+
+
+# ---- torch's testing utilities freeze the cuDNN switches (found on an H100 run) -------------------
+def test_fp32_switch_works_when_torch_froze_the_flags():
+    """Importing torch.testing._internal (the OpInfo replay does) calls
+    torch.backends.disable_global_flags(); the torch-cuda backend's FP32 switch must still work."""
+    from anydevice.backend.torch_backend import TorchBackend
+    b = torch.backends
+    frozen = b.flags_frozen()
+    b.disable_global_flags()
+    try:
+        before = (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
+        with TorchBackend._FP32(torch):
+            assert (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32) == (False, False)
+        assert (b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32) == before
+    finally:
+        if not frozen:
+            setattr(b, "__allow_nonbracketed_mutation_flag", True)
