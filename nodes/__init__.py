@@ -17,11 +17,12 @@ except ModuleNotFoundError as _exc:
 
 from .compute import COMPUTE_NODES
 from .helpers import HELPER_NODES
+from .norm_nodes import NORM_NODES
 from .window_nodes import WINDOW_NODES
 
 log = logging.getLogger("anydevice")
 
-ALL_NODES = COMPUTE_NODES + HELPER_NODES + WINDOW_NODES
+ALL_NODES = COMPUTE_NODES + HELPER_NODES + WINDOW_NODES + NORM_NODES
 NODE_CLASS_MAPPINGS: dict = {cls.__name__: cls for cls in ALL_NODES}
 NODE_DISPLAY_NAME_MAPPINGS: dict = {cls.__name__: cls.DISPLAY for cls in ALL_NODES}
 
