@@ -75,6 +75,9 @@ class AnyDeviceNormalize(ComputeNode):
         if method == "group" and c % int(num_groups):
             raise NodeError(node, "num_groups", num_groups,
                             f"must divide the input's {c} channels ({kind} of shape {src}, as (N, C, H, W) {shape})")
+        if method == "batch" and shape[0] * shape[2] * shape[3] == 1:
+            raise NodeError(node, "input", f"{kind} of shape {src}",
+                            "method batch needs more than 1 value per channel (N x H x W is 1); use layer or rms")
         x = data(input, kind, be, "nchw", node)
         eps = float(eps)
         t = Timer()

@@ -98,6 +98,15 @@ def test_mask(device, method):
     close(out, ref(mask[:, None].double(), method)[:, 0])
 
 
+@pytest.mark.parametrize("method", ["layer", "batch"])
+def test_video_latent_frames_are_samples(device, method):
+    lat = {"samples": torch.randn(2, 4, 3, 6, 5, generator=gen(5))}  # [B, C, T, H, W]
+    out = run(input=lat, method=method, device=device)
+    frames = lat["samples"].double().permute(0, 2, 1, 3, 4).reshape(6, 4, 6, 5)
+    want = ref(frames, method).reshape(2, 3, 4, 6, 5).permute(0, 2, 1, 3, 4)
+    close(out["samples"], want)
+
+
 def test_group_extremes_are_layer_and_instance(device):
     lat = {"samples": torch.randn(1, 4, 8, 8, generator=gen(4))}
     x = lat["samples"].double()
