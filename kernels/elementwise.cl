@@ -204,6 +204,57 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
     y[y_off + (o * P + p) * I + i] = res;
 }
 
+/* compensated (Neumaier) sum of v(x[i]) over a contiguous row of n, times inv_n: sixteen chains
+   (two float8s, so the loop runs on the vector unit), their sums and compensations combined
+   compensated at the end, a finite sum as (s + c) (as reduce_ori's op 0). MODE 0: x; 1: x - a;
+   2: ((x - a) - b)^2 (the square rounded to float before it is added: no contraction). */
+#define AD_NEUMAIER(S, C, V) { const float v_ = (V), t_ = S + v_; \
+                               C += fabs(S) >= fabs(v_) ? (S - t_) + v_ : (v_ - t_) + S; S = t_; }
+#define AD_NEUMAIER8(S, C, V) { const float8 t_ = S + V; \
+                                C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
+#define AD_ROW_VAL(MODE, X) ((MODE) == 0 ? (X) : (MODE) == 1 ? (X) - a : (((X) - a) - b) * (((X) - a) - b))
+#define AD_ROW_SUM(MODE, RES) { \
+    float8 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f; \
+    long i = 0; \
+    for (; i + 16 <= n; i += 16) { \
+        const float8 x0 = vload8(0, xp + i), x1 = vload8(0, xp + i + 8); \
+        const float8 q0 = AD_ROW_VAL(MODE, x0), q1 = AD_ROW_VAL(MODE, x1); \
+        AD_NEUMAIER8(s0, c0, q0); AD_NEUMAIER8(s1, c1, q1); \
+    } \
+    float s = 0.0f, c = 0.0f; \
+    for (; i < n; i++) { const float q = AD_ROW_VAL(MODE, xp[i]); AD_NEUMAIER(s, c, q); } \
+    const float sl[16] = {s0.s0, s0.s1, s0.s2, s0.s3, s0.s4, s0.s5, s0.s6, s0.s7, \
+                          s1.s0, s1.s1, s1.s2, s1.s3, s1.s4, s1.s5, s1.s6, s1.s7}; \
+    for (int j = 0; j < 16; j++) AD_NEUMAIER(s, c, sl[j]); \
+    const float8 cc = c0 + c1; \
+    c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7)); \
+    RES = isfinite(s) ? (s + c) * inv_n : s * inv_n; }
+
+/* each row of x viewed (rows, n) normalised, as layers.py's composite _normalize: m = mean(x),
+   d = x - m, c = mean(d) (the corrected two-pass mean), v = mean((d - c)^2),
+   y = (d - c) * rsqrt(v + eps); one work item a row (CPU family). Launch: global (rows). */
+__kernel void norm_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
+                        const long rows, const long n, const float inv_n, const float eps)
+{
+    const long r = get_global_id(0);
+    if (r >= rows) return;
+    const __global float *xp = x + x_off + r * n;
+    __global float *yp = y + y_off + r * n;
+    float a = 0.0f, b = 0.0f, v;
+    AD_ROW_SUM(0, a)
+    AD_ROW_SUM(1, b)
+    AD_ROW_SUM(2, v)
+    const float t = v + eps;
+    const float rs = AD_RSQRT(t);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) vstore8(((vload8(0, xp + i) - a) - b) * rs, 0, yp + i);
+    for (; i < n; i++) yp[i] = ((xp[i] - a) - b) * rs;
+}
+#undef AD_ROW_SUM
+#undef AD_ROW_VAL
+#undef AD_NEUMAIER8
+#undef AD_NEUMAIER
+
 /* small matmul: one work item per C element, two-level summation. C[b] = A[b] . B[b] (+bias)
    A[m,k] = A[a_off + b*a_bs + m*sam + k*sak], B[k,n] = B[b_off + b*b_bs + k*sbk + n*sbn], C contiguous.
    Launch: global (N, M, batches). */

@@ -468,6 +468,16 @@ class OpenCLBackend(LinalgOps, Backend):
         self._run("reduce_ori", (I, O), lsz, tmp.buffer, 0, out.buffer, 0, O, parts, I, 1, parts, opcode, scale)
         return out
 
+    def _norm_rows(self, x, eps):
+        """layers._normalize fused: one work item a row (CPU family, enough rows to fill the
+        device or rows short enough that one work item each is cheap)."""
+        rows, n = x.shape
+        if self.family != "cpu" or (rows < self.compute_units and n > 65536):
+            return None
+        out = self._empty((rows, n))
+        self._run("norm_rows", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps)
+        return out
+
     def _reduce(self, op, x, dims, keepdim):
         shape = x.shape
         if len(dims) == 0:
