@@ -437,6 +437,35 @@ class NumpyBackend(Backend):
             y = np.min(x, axis=dims, keepdims=keepdim)
         return np.asarray(y, dtype=F32)
 
+    def _norm_rows(self, x, eps):
+        """layers._normalize fused: the composite's steps (float64 sums, float32 values) in place
+        on one output buffer, blocks of rows on the thread pool."""
+        rows, n = x.shape
+        x = np.ascontiguousarray(x)
+        out = np.empty((rows, n), F32)
+        eps32 = F32(eps)
+
+        def mean(a):  # as _reduce("mean"): the float64 sum / count, rounded to float32
+            return (np.sum(a, axis=1, dtype=np.float64, keepdims=True) / n).astype(F32)
+
+        def task(r):
+            xb, d = x[r[0]:r[1]], out[r[0]:r[1]]
+            np.subtract(xb, mean(xb), out=d)
+            d -= mean(d)
+            sq = np.multiply(d, d)
+            t = mean(sq)
+            t += eps32
+            d *= (1.0 / np.sqrt(t.astype(np.float64))).astype(F32)
+
+        per = max(1, BLOCK * 4 // max(n, 1))
+        tasks = [(i, min(rows, i + per)) for i in range(0, rows, per)]
+        if len(tasks) == 1 or threading.current_thread().name.startswith("anydevice"):
+            for t in tasks:
+                _quiet(task, t)
+        else:
+            _parallel(task, tasks)
+        return out
+
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
            "pow": np.power, "minimum": np.minimum, "maximum": np.maximum,
