@@ -250,6 +250,42 @@ __kernel void norm_rows(__global const float *x, const long x_off, __global floa
     for (; i + 8 <= n; i += 8) vstore8(((vload8(0, xp + i) - a) - b) * rs, 0, yp + i);
     for (; i < n; i++) yp[i] = ((xp[i] - a) - b) * rs;
 }
+
+/* the exact softmax's numerators of each row of x viewed (rows, n), as attention.py's composite:
+   m = max(max(row), -FLT_MAX) (NaN if the row has one), y = exp(x - m) (y may be x) and
+   t[r] = max(compensated sum of y's row, 1). One work item a row (CPU family). Launch: global (rows). */
+__kernel void softmax_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
+                           __global float *t, const long t_off, const long rows, const long n)
+{
+    const long r = get_global_id(0);
+    if (r >= rows) return;
+    const __global float *xp = x + x_off + r * n;
+    __global float *yp = y + y_off + r * n;
+    float8 m8 = -INFINITY;
+    int8 nan8 = 0;
+    long i = 0;
+    for (; i + 8 <= n; i += 8) { const float8 v = vload8(0, xp + i); m8 = fmax(m8, v); nan8 |= isnan(v); }
+    float m = fmax(fmax(fmax(m8.s0, m8.s1), fmax(m8.s2, m8.s3)), fmax(fmax(m8.s4, m8.s5), fmax(m8.s6, m8.s7)));
+    int has_nan = any(nan8);
+    for (; i < n; i++) { m = fmax(m, xp[i]); has_nan |= isnan(xp[i]); }
+    m = has_nan ? NAN : fmax(m, -FLT_MAX);
+    float8 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f;
+    for (i = 0; i + 16 <= n; i += 16) {
+        const float8 e0 = exp(vload8(0, xp + i) - m), e1 = exp(vload8(0, xp + i + 8) - m);
+        vstore8(e0, 0, yp + i);
+        vstore8(e1, 0, yp + i + 8);
+        AD_NEUMAIER8(s0, c0, e0); AD_NEUMAIER8(s1, c1, e1);
+    }
+    float s = 0.0f, c = 0.0f;
+    for (; i < n; i++) { const float e = AD_EXP(xp[i] - m); yp[i] = e; AD_NEUMAIER(s, c, e); }
+    const float sl[16] = {s0.s0, s0.s1, s0.s2, s0.s3, s0.s4, s0.s5, s0.s6, s0.s7,
+                          s1.s0, s1.s1, s1.s2, s1.s3, s1.s4, s1.s5, s1.s6, s1.s7};
+    for (int j = 0; j < 16; j++) AD_NEUMAIER(s, c, sl[j]);
+    const float8 cc = c0 + c1;
+    c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7));
+    const float tot = isfinite(s) ? s + c : s;
+    t[t_off + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
+}
 #undef AD_ROW_SUM
 #undef AD_ROW_VAL
 #undef AD_NEUMAIER8

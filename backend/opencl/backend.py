@@ -478,6 +478,16 @@ class OpenCLBackend(LinalgOps, Backend):
         self._run("norm_rows", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps)
         return out
 
+    def _softmax_rows(self, s):
+        """attention's exp(s - row max) in place and the rows' sums (at least 1), one kernel
+        launch (CPU family)."""
+        if self.family != "cpu":
+            return None
+        rows, n = s.shape
+        t = self._empty((rows, 1))
+        self._run("softmax_rows", (rows,), (1,), s.buffer, s.offset, s.buffer, s.offset, t.buffer, 0, rows, n)
+        return s, t
+
     def _reduce(self, op, x, dims, keepdim):
         shape = x.shape
         if len(dims) == 0:
