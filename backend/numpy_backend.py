@@ -466,6 +466,31 @@ class NumpyBackend(Backend):
             _parallel(task, tasks)
         return out
 
+    def _softmax_rows(self, s):
+        """attention's exp(s - max(row max, -FLT_MAX)) in place on s and the rows' float64 sums
+        (at least 1), as its composite, blocks of rows on the thread pool."""
+        rows, n = s.shape
+        if not s.flags.c_contiguous or not s.flags.writeable:
+            return None
+        t = np.empty((rows, 1), F32)
+        lo = F32(-np.finfo(F32).max)
+
+        def task(r):
+            sb = s[r[0]:r[1]]
+            mx = np.maximum(np.max(sb, axis=1, keepdims=True), lo)
+            np.subtract(sb, mx, out=sb)
+            np.exp(sb, out=sb)
+            t[r[0]:r[1]] = np.maximum(np.sum(sb, axis=1, dtype=np.float64, keepdims=True), 1.0)
+
+        per = max(1, BLOCK // max(n, 1))
+        tasks = [(i, min(rows, i + per)) for i in range(0, rows, per)]
+        if len(tasks) == 1 or threading.current_thread().name.startswith("anydevice"):
+            for r in tasks:
+                _quiet(task, r)
+        else:
+            _parallel(task, tasks)
+        return s, t
+
 
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
            "pow": np.power, "minimum": np.minimum, "maximum": np.maximum,
