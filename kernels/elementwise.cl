@@ -251,40 +251,59 @@ __kernel void norm_rows(__global const float *x, const long x_off, __global floa
     for (; i < n; i++) yp[i] = ((xp[i] - a) - b) * rs;
 }
 
-/* the exact softmax's numerators of each row of x viewed (rows, n), as attention.py's composite:
-   m = max(max(row), -FLT_MAX) (NaN if the row has one), y = exp(x - m) (y may be x) and
-   t[r] = max(compensated sum of y's row, 1). One work item a row (CPU family). Launch: global (rows). */
+/* the exact softmax's numerators of each row of x viewed (B, M, n), as attention.py's composite:
+   m = max(max(row), -FLT_MAX) (NaN if the row has one), e = exp(x - m) and t[b * M + i] =
+   max(compensated sum of e, 1). e goes to y in gemm_cpu's packed-A layout with MR = mr rows a
+   tile ([b][ceil(M/mr)][n][mr], the rows past M zeros), so the product e @ v needs no pack_a;
+   mr = 1 is the plain (B, M, n) layout (y may then be x). One work item a row (CPU family).
+   Launch: global (B * ceil(M/mr) * mr). */
 __kernel void softmax_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
-                           __global float *t, const long t_off, const long rows, const long n)
+                           __global float *t, const long t_off, const long B, const long M, const long n,
+                           const int mr)
 {
-    const long r = get_global_id(0);
-    if (r >= rows) return;
-    const __global float *xp = x + x_off + r * n;
-    __global float *yp = y + y_off + r * n;
+    const long mt = (M + mr - 1) / mr, mp = mt * mr;
+    const long g = get_global_id(0);
+    if (g >= B * mp) return;
+    const long b = g / mp, i = g - b * mp;
+    __global float *yp = y + y_off + ((b * mt + i / mr) * n) * mr + i % mr;
+    long j = 0;
+    if (i >= M) {
+        for (j = 0; j < n; j++) yp[j * mr] = 0.0f;
+        return;
+    }
+    const __global float *xp = x + x_off + (b * M + i) * n;
     float8 m8 = -INFINITY;
     int8 nan8 = 0;
-    long i = 0;
-    for (; i + 8 <= n; i += 8) { const float8 v = vload8(0, xp + i); m8 = fmax(m8, v); nan8 |= isnan(v); }
+    for (; j + 8 <= n; j += 8) { const float8 v = vload8(0, xp + j); m8 = fmax(m8, v); nan8 |= isnan(v); }
     float m = fmax(fmax(fmax(m8.s0, m8.s1), fmax(m8.s2, m8.s3)), fmax(fmax(m8.s4, m8.s5), fmax(m8.s6, m8.s7)));
     int has_nan = any(nan8);
-    for (; i < n; i++) { m = fmax(m, xp[i]); has_nan |= isnan(xp[i]); }
+    for (; j < n; j++) { m = fmax(m, xp[j]); has_nan |= isnan(xp[j]); }
     m = has_nan ? NAN : fmax(m, -FLT_MAX);
     float8 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f;
-    for (i = 0; i + 16 <= n; i += 16) {
-        const float8 e0 = exp(vload8(0, xp + i) - m), e1 = exp(vload8(0, xp + i + 8) - m);
-        vstore8(e0, 0, yp + i);
-        vstore8(e1, 0, yp + i + 8);
+    for (j = 0; j + 16 <= n; j += 16) {
+        const float8 e0 = exp(vload8(0, xp + j) - m), e1 = exp(vload8(0, xp + j + 8) - m);
+        if (mr == 1) {
+            vstore8(e0, 0, yp + j);
+            vstore8(e1, 0, yp + j + 8);
+        } else {
+            __global float *d = yp + j * mr;
+            d[0] = e0.s0; d[mr] = e0.s1; d[2 * mr] = e0.s2; d[3 * mr] = e0.s3;
+            d[4 * mr] = e0.s4; d[5 * mr] = e0.s5; d[6 * mr] = e0.s6; d[7 * mr] = e0.s7;
+            d += 8 * mr;
+            d[0] = e1.s0; d[mr] = e1.s1; d[2 * mr] = e1.s2; d[3 * mr] = e1.s3;
+            d[4 * mr] = e1.s4; d[5 * mr] = e1.s5; d[6 * mr] = e1.s6; d[7 * mr] = e1.s7;
+        }
         AD_NEUMAIER8(s0, c0, e0); AD_NEUMAIER8(s1, c1, e1);
     }
     float s = 0.0f, c = 0.0f;
-    for (; i < n; i++) { const float e = AD_EXP(xp[i] - m); yp[i] = e; AD_NEUMAIER(s, c, e); }
+    for (; j < n; j++) { const float e = AD_EXP(xp[j] - m); yp[j * mr] = e; AD_NEUMAIER(s, c, e); }
     const float sl[16] = {s0.s0, s0.s1, s0.s2, s0.s3, s0.s4, s0.s5, s0.s6, s0.s7,
                           s1.s0, s1.s1, s1.s2, s1.s3, s1.s4, s1.s5, s1.s6, s1.s7};
-    for (int j = 0; j < 16; j++) AD_NEUMAIER(s, c, sl[j]);
+    for (int q = 0; q < 16; q++) AD_NEUMAIER(s, c, sl[q]);
     const float8 cc = c0 + c1;
     c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7));
     const float tot = isfinite(s) ? s + c : s;
-    t[t_off + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
+    t[t_off + b * M + i] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
 }
 #undef AD_ROW_SUM
 #undef AD_ROW_VAL

@@ -485,7 +485,8 @@ class OpenCLBackend(LinalgOps, Backend):
             return None
         rows, n = s.shape
         t = self._empty((rows, 1))
-        self._run("softmax_rows", (rows,), (1,), s.buffer, s.offset, s.buffer, s.offset, t.buffer, 0, rows, n)
+        self._run("softmax_rows", (rows,), (1,), s.buffer, s.offset, s.buffer, s.offset, t.buffer, 0,
+                  1, rows, n, 1)
         return s, t
 
     def _reduce(self, op, x, dims, keepdim):

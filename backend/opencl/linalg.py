@@ -62,6 +62,41 @@ class LinalgOps:
                   out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
         return out
 
+    def _gemm_packed_a(self, Ap, M, N, K, batches, B, b_off, sbk, sbn, b_bs, params):
+        """_gemm's CPU-family GEMM with A already in pack_a's layout (per batch ceil(M/MR)*MR*K)."""
+        out = self._empty((batches, M, N))
+        mr, msub = params["MR"], params["MSUB"]
+        bb = batches if b_bs else 1
+        mt, nt = -(-M // mr), -(-N // 32)
+        Bp = self._empty((bb, nt * 32 * K))
+        cpu_l = (1, 1, 1)
+        self._run("pack_b", (-(-K // PACK_K), nt, bb), cpu_l, N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer,
+                  params=params)
+        self._run("gemm_cpu", (-(-M // (mr * msub)), nt, batches), cpu_l,
+                  M, N, K, Ap.buffer, (mt * mr * K) if batches > 1 else 0, Bp.buffer, (nt * 32 * K) if bb > 1 else 0,
+                  out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+        return out
+
+    def _attention_rows(self, q, kt, v, m):
+        """CPU family, no mask, one batch shape: softmax_rows writes exp(s - max) straight into
+        gemm_cpu's packed A of e @ v (no pack_a pass over the block's largest operand)."""
+        sq, sv = q.shape, v.shape
+        B, M, S, Ev = math.prod(sq[:-2]), sq[-2], kt.shape[-1], sv[-1]
+        if (self.family != "cpu" or m is not None or kt.shape[:-2] != sq[:-2] or sv[:-2] != sq[:-2]
+                or M * Ev * S <= SMALL_GEMM_MACS or B * M * S * Ev == 0):
+            return super()._attention_rows(q, kt, v, m)
+        s = self._matmul(q, kt, "scaled_dot_product_attention")
+        params = self.tunables("gemm_cpu.cl", self._shape_class(M, Ev, S))
+        mr = params["MR"]
+        mt = -(-M // mr)
+        Ap = self._empty((B, mt * mr * S))
+        t = self._empty(sq[:-1] + (1,))
+        self._run("softmax_rows", (B * mt * mr,), (1,), s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0,
+                  B, M, S, mr)
+        del s
+        y = self._gemm_packed_a(Ap, M, Ev, S, B, v, v.offset, Ev, 1, S * Ev if B > 1 else 0, params)
+        return self._binary("div", self._reshape(y, sq[:-1] + (Ev,)), t)
+
     # ---- GPU family: the CUDA backend's kernels built as OpenCL C --------------------------------
     def _at0(self, x: CLArray, off: int, span: int) -> CLArray:
         """x's elements [off, off + span) at offset 0 of a buffer (the GPU-family kernels take no
