@@ -91,8 +91,8 @@ class LinalgOps:
         mt = -(-M // mr)
         Ap = self._empty((B, mt * mr * S))
         t = self._empty(sq[:-1] + (1,))
-        self._run("softmax_rows", (B * mt * mr,), (1,), s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0,
-                  B, M, S, mr)
+        self._run("softmax_tile" if mr <= 16 else "softmax_rows", (B * mt * (1 if mr <= 16 else mr),), (1,),
+                  s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0, B, M, S, mr)
         del s
         y = self._gemm_packed_a(Ap, M, Ev, S, B, v, v.offset, Ev, 1, S * Ev if B > 1 else 0, params)
         return self._binary("div", self._reshape(y, sq[:-1] + (Ev,)), t)
