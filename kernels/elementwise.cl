@@ -374,6 +374,55 @@ __kernel void softmax_tile(__global const float *x, const long x_off, __global f
         t[t_off + b * M + i0 + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
     }
 }
+
+/* norm_rows for the GPU family: a work group of NR_WG work items a row, each summing a strided
+   share compensated (Neumaier), the shares combined compensated in a local-memory tree; the
+   same three means and the same output formula. Launch: global (rows * NR_WG), local (NR_WG). */
+#define NR_WG 256
+__kernel void norm_rows_wg(__global const float *x, const long x_off, __global float *y, const long y_off,
+                           const long rows, const long n, const float inv_n, const float eps)
+{
+    __local float ls[NR_WG], lc[NR_WG];
+    const long r = get_group_id(0);
+    const int l = (int)get_local_id(0);
+    if (r >= rows) return;
+    const __global float *xp = x + x_off + r * n;
+    __global float *yp = y + y_off + r * n;
+    float a = 0.0f, b = 0.0f, v = 0.0f;
+    for (int mode = 0; mode < 3; mode++) {
+        float s = 0.0f, c = 0.0f;
+        for (long i0 = 0; i0 < n; i0 += NR_WG) {  /* a trip count uniform over the group (PoCL
+                                                      crashed on per-item ones with rows < NR_WG) */
+            const long i = i0 + l;
+            const float xv = i < n ? xp[i] : 0.0f;
+            const float d = (xv - a) - b;
+            const float q = i >= n ? 0.0f : mode == 0 ? xv : mode == 1 ? xv - a : d * d;
+            AD_NEUMAIER(s, c, q);
+        }
+        ls[l] = s;
+        lc[l] = c;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int h = NR_WG / 2; h > 0; h >>= 1) {
+            if (l < h) {
+                float S = ls[l], C = lc[l] + lc[l + h];
+                AD_NEUMAIER(S, C, ls[l + h]);
+                ls[l] = S;
+                lc[l] = C;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        const float S = ls[0], C = lc[0];
+        const float res = isfinite(S) ? (S + C) * inv_n : S * inv_n;
+        barrier(CLK_LOCAL_MEM_FENCE);  /* every item has read ls[0] before the next mode writes */
+        if (mode == 0) a = res; else if (mode == 1) b = res; else v = res;
+    }
+    const float t = v + eps;
+    const float rs = AD_RSQRT(t);
+    for (long i0 = 0; i0 < n; i0 += NR_WG) {
+        const long i = i0 + l;
+        if (i < n) yp[i] = ((xp[i] - a) - b) * rs;
+    }
+}
 #undef AD_ROW_SUM
 #undef AD_ROW_VAL
 #undef AD_NEUMAIER8

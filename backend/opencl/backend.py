@@ -470,10 +470,18 @@ class OpenCLBackend(LinalgOps, Backend):
 
     def _norm_rows(self, x, eps):
         """layers._normalize fused: one work item a row (CPU family, enough rows to fill the
-        device or rows short enough that one work item each is cheap)."""
+        device or rows short enough that one work item each is cheap), a work group a row (GPU
+        family)."""
         rows, n = x.shape
-        if self.family != "cpu" or (rows < self.compute_units and n > 65536):
+        if rows < self.compute_units and n > 65536:  # too few rows to fill the device
             return None
+        if self.family != "cpu":  # GPU family: a work group of 256 a row (norm_rows_wg)
+            if self.dev.max_work_group_size < 256:
+                return None
+            out = self._empty((rows, n))
+            self._run("norm_rows_wg", (rows * 256,), (256,), x.buffer, x.offset, out.buffer, 0, rows, n,
+                      1.0 / n, eps)
+            return out
         out = self._empty((rows, n))
         self._run("norm_rows", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps)
         return out
