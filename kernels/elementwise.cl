@@ -212,22 +212,24 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
                                C += fabs(S) >= fabs(v_) ? (S - t_) + v_ : (v_ - t_) + S; S = t_; }
 #define AD_NEUMAIER8(S, C, V) { const float8 t_ = S + V; \
                                 C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
+#define AD_NEUMAIER16(S, C, V) { const float16 t_ = S + V; \
+                                 C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
 #define AD_ROW_VAL(MODE, X) ((MODE) == 0 ? (X) : (MODE) == 1 ? (X) - a : (((X) - a) - b) * (((X) - a) - b))
 #define AD_ROW_SUM(MODE, RES) { \
-    float8 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f; \
+    float16 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f; \
     long i = 0; \
-    for (; i + 16 <= n; i += 16) { \
-        const float8 x0 = vload8(0, xp + i), x1 = vload8(0, xp + i + 8); \
-        const float8 q0 = AD_ROW_VAL(MODE, x0), q1 = AD_ROW_VAL(MODE, x1); \
-        AD_NEUMAIER8(s0, c0, q0); AD_NEUMAIER8(s1, c1, q1); \
+    for (; i + 32 <= n; i += 32) { \
+        const float16 x0 = vload16(0, xp + i), x1 = vload16(0, xp + i + 16); \
+        const float16 q0 = AD_ROW_VAL(MODE, x0), q1 = AD_ROW_VAL(MODE, x1); \
+        AD_NEUMAIER16(s0, c0, q0); AD_NEUMAIER16(s1, c1, q1); \
     } \
     float s = 0.0f, c = 0.0f; \
     for (; i < n; i++) { const float q = AD_ROW_VAL(MODE, xp[i]); AD_NEUMAIER(s, c, q); } \
-    const float sl[16] = {s0.s0, s0.s1, s0.s2, s0.s3, s0.s4, s0.s5, s0.s6, s0.s7, \
-                          s1.s0, s1.s1, s1.s2, s1.s3, s1.s4, s1.s5, s1.s6, s1.s7}; \
-    for (int j = 0; j < 16; j++) AD_NEUMAIER(s, c, sl[j]); \
-    const float8 cc = c0 + c1; \
-    c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7)); \
+    float sl[32]; vstore16(s0, 0, sl); vstore16(s1, 1, sl); \
+    for (int j = 0; j < 32; j++) AD_NEUMAIER(s, c, sl[j]); \
+    const float16 cc = c0 + c1; \
+    const float8 c8 = cc.lo + cc.hi; \
+    c += ((c8.s0 + c8.s1) + (c8.s2 + c8.s3)) + ((c8.s4 + c8.s5) + (c8.s6 + c8.s7)); \
     RES = isfinite(s) ? (s + c) * inv_n : s * inv_n; }
 
 /* each row of x viewed (rows, n) normalised, as layers.py's composite _normalize: m = mean(x),
@@ -426,6 +428,7 @@ __kernel void norm_rows_wg(__global const float *x, const long x_off, __global f
 #undef AD_ROW_SUM
 #undef AD_ROW_VAL
 #undef AD_NEUMAIER8
+#undef AD_NEUMAIER16
 #undef AD_NEUMAIER
 
 /* small matmul: one work item per C element, two-level summation. C[b] = A[b] . B[b] (+bias)
