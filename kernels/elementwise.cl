@@ -312,7 +312,7 @@ __kernel void softmax_rows(__global const float *x, const long x_off, __global f
 /* softmax_rows with mr > 1, a tile of mr (<= 16) rows a work item: each row's max first, then k
    outer and the tile's rows inner, so the packed-A stores run contiguously ([k][mr] blocks) and
    the mr rows are read as mr sequential streams. Same values as softmax_rows (per row: the same
-   max, exps and sixteen-chain compensated sum). Launch: global (B * ceil(M/mr)). */
+   max and exps, a sixteen-chain compensated sum). Launch: global (B * ceil(M/mr)). */
 __kernel void softmax_tile(__global const float *x, const long x_off, __global float *y, const long y_off,
                            __global float *t, const long t_off, const long B, const long M, const long n,
                            const int mr)
@@ -336,24 +336,20 @@ __kernel void softmax_tile(__global const float *x, const long x_off, __global f
         for (; j < n; j++) { m = fmax(m, xp[j]); has_nan |= isnan(xp[j]); }
         mx[r] = has_nan ? NAN : fmax(m, -FLT_MAX);
     }
-    float8 s0[16], s1[16], c0[16], c1[16];
-    for (int r = 0; r < rows; r++) { s0[r] = 0.0f; s1[r] = 0.0f; c0[r] = 0.0f; c1[r] = 0.0f; }
+    float16 s0[16], c0[16];
+    for (int r = 0; r < rows; r++) { s0[r] = 0.0f; c0[r] = 0.0f; }
     long j = 0;
     for (; j + 16 <= n; j += 16) {
         __global float *d = yt + j * mr;
         for (int r = 0; r < rows; r++) {
-            const __global float *xp = xt + r * n + j;
-            const float8 e0 = exp(vload8(0, xp) - mx[r]), e1 = exp(vload8(1, xp) - mx[r]);
+            const float16 e0 = exp(vload16(0, xt + r * n + j) - mx[r]);
             d[r] = e0.s0; d[mr + r] = e0.s1; d[2 * mr + r] = e0.s2; d[3 * mr + r] = e0.s3;
             d[4 * mr + r] = e0.s4; d[5 * mr + r] = e0.s5; d[6 * mr + r] = e0.s6; d[7 * mr + r] = e0.s7;
-            d[8 * mr + r] = e1.s0; d[9 * mr + r] = e1.s1; d[10 * mr + r] = e1.s2; d[11 * mr + r] = e1.s3;
-            d[12 * mr + r] = e1.s4; d[13 * mr + r] = e1.s5; d[14 * mr + r] = e1.s6; d[15 * mr + r] = e1.s7;
-            float8 S = s0[r], C = c0[r];
-            AD_NEUMAIER8(S, C, e0);
+            d[8 * mr + r] = e0.s8; d[9 * mr + r] = e0.s9; d[10 * mr + r] = e0.sa; d[11 * mr + r] = e0.sb;
+            d[12 * mr + r] = e0.sc; d[13 * mr + r] = e0.sd; d[14 * mr + r] = e0.se; d[15 * mr + r] = e0.sf;
+            float16 S = s0[r], C = c0[r];
+            AD_NEUMAIER16(S, C, e0);
             s0[r] = S; c0[r] = C;
-            S = s1[r]; C = c1[r];
-            AD_NEUMAIER8(S, C, e1);
-            s1[r] = S; c1[r] = C;
         }
         for (int r = rows; r < mr; r++)
             for (int q = 0; q < 16; q++) d[q * mr + r] = 0.0f;
@@ -367,11 +363,10 @@ __kernel void softmax_tile(__global const float *x, const long x_off, __global f
         const float m = mx[r];
         float s = 0.0f, c = 0.0f;
         for (long k = j; k < n; k++) { const float e = AD_EXP(xp[k] - m); yt[k * mr + r] = e; AD_NEUMAIER(s, c, e); }
-        const float8 a0 = s0[r], a1 = s1[r];
-        const float sl[16] = {a0.s0, a0.s1, a0.s2, a0.s3, a0.s4, a0.s5, a0.s6, a0.s7,
-                              a1.s0, a1.s1, a1.s2, a1.s3, a1.s4, a1.s5, a1.s6, a1.s7};
+        float sl[16];
+        vstore16(s0[r], 0, sl);
         for (int q = 0; q < 16; q++) AD_NEUMAIER(s, c, sl[q]);
-        const float8 cc = c0[r] + c1[r];
+        const float8 cc = c0[r].lo + c0[r].hi;
         c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7));
         const float tot = isfinite(s) ? s + c : s;
         t[t_off + b * M + i0 + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
