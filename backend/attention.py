@@ -118,12 +118,23 @@ class AttentionOps:
             y = self._slice(y, 1, 0, L, 1)
         return self._reshape(y, plan.out_shape)
 
+    def _softmax_rows(self, s):
+        """exp(s - max(row max, -FLT_MAX)) of the contiguous (rows, n) scores ``s`` (which it may
+        overwrite) and each row's sum, at least 1 (rows, 1), fused; None where the backend has no
+        such kernel (the composite runs)."""
+        return None
+
     def _attention_rows(self, q, kt, v, m):
         """softmax(q @ kt + m) @ v for one block of query rows (q already scaled)."""
         s = self._matmul(q, kt, "scaled_dot_product_attention")
         if m is not None:
             s = self._binary("add", s, m)
         d = len(self._shape(s)) - 1
+        ss = self._shape(s)
+        fused = self._softmax_rows(self._reshape(s, (math.prod(ss[:-1]), ss[-1]))) if math.prod(ss) else None
+        if fused is not None:  # the same steps in one pass over s, in place
+            e, total = (self._reshape(a, ss[:-1] + (n,)) for a, n in zip(fused, (ss[-1], 1)))
+            return self._binary("div", self._matmul(e, v, "scaled_dot_product_attention"), total)
         mx = self._binary("maximum", self._reduce("max", s, (d,), True), -_FLT_MAX)
         e = self._unary("exp", self._binary("sub", s, mx))
         del s

@@ -119,10 +119,23 @@ class LayerOps:
         return tuple(None if a is None else self._shape(a) for a in arrays)
 
     def _normalize(self, x, dims, eps):
-        """(x - mean) / sqrt(biased var + eps) over dims (as var, in two passes)."""
+        """(x - mean) / sqrt(biased var + eps) over dims (as var, in two passes). Trailing dims go
+        to the backend's fused ``_norm_rows`` where it has one (None: this composite)."""
+        shape = self._shape(x)
+        k = len(shape) - len(dims)
+        if tuple(dims) == tuple(range(k, len(shape))) and math.prod(shape):
+            rows, n = math.prod(shape[:k]), math.prod(shape[k:])
+            y = self._norm_rows(self._reshape(x, (rows, n)), eps)
+            if y is not None:
+                return self._reshape(y, shape)
         d = self._centered(x, dims)
         var = self._reduce("mean", self._binary("mul", d, d), dims, True)
         return self._binary("mul", d, self._unary("rsqrt", self._binary("add", var, eps)))
+
+    def _norm_rows(self, x, eps):
+        """Each row of the contiguous (rows, n) ``x`` normalised as ``_normalize``'s composite, in
+        one fused pass; None where the backend has no such kernel (the composite runs)."""
+        return None
 
     def _affine(self, y, w, b):
         y = y if w is None else self._binary("mul", y, w)

@@ -204,6 +204,229 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
     y[y_off + (o * P + p) * I + i] = res;
 }
 
+/* compensated (Neumaier) sum of v(x[i]) over a contiguous row of n, times inv_n: 32 chains
+   (two float16s, so the loop runs on the vector unit; float16 measured 1.5x faster than two
+   float8s on an AVX-512 host), their sums and compensations combined
+   compensated at the end, a finite sum as (s + c) (as reduce_ori's op 0). MODE 0: x; 1: x - a;
+   2: ((x - a) - b)^2 (the square rounded to float before it is added: no contraction). */
+#define AD_NEUMAIER(S, C, V) { const float v_ = (V), t_ = S + v_; \
+                               C += fabs(S) >= fabs(v_) ? (S - t_) + v_ : (v_ - t_) + S; S = t_; }
+#define AD_NEUMAIER8(S, C, V) { const float8 t_ = S + V; \
+                                C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
+#define AD_NEUMAIER16(S, C, V) { const float16 t_ = S + V; \
+                                 C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
+#define AD_ROW_VAL(MODE, X) ((MODE) == 0 ? (X) : (MODE) == 1 ? (X) - a : (((X) - a) - b) * (((X) - a) - b))
+#define AD_ROW_SUM(MODE, RES) { \
+    float16 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f; \
+    long i = 0; \
+    for (; i + 32 <= n; i += 32) { \
+        const float16 x0 = vload16(0, xp + i), x1 = vload16(0, xp + i + 16); \
+        const float16 q0 = AD_ROW_VAL(MODE, x0), q1 = AD_ROW_VAL(MODE, x1); \
+        AD_NEUMAIER16(s0, c0, q0); AD_NEUMAIER16(s1, c1, q1); \
+    } \
+    float s = 0.0f, c = 0.0f; \
+    for (; i < n; i++) { const float q = AD_ROW_VAL(MODE, xp[i]); AD_NEUMAIER(s, c, q); } \
+    float sl[32]; vstore16(s0, 0, sl); vstore16(s1, 1, sl); \
+    for (int j = 0; j < 32; j++) AD_NEUMAIER(s, c, sl[j]); \
+    const float16 cc = c0 + c1; \
+    const float8 c8 = cc.lo + cc.hi; \
+    c += ((c8.s0 + c8.s1) + (c8.s2 + c8.s3)) + ((c8.s4 + c8.s5) + (c8.s6 + c8.s7)); \
+    RES = isfinite(s) ? (s + c) * inv_n : s * inv_n; }
+
+/* each row of x viewed (rows, n) normalised, as layers.py's composite _normalize: m = mean(x),
+   d = x - m, c = mean(d) (the corrected two-pass mean), v = mean((d - c)^2),
+   y = (d - c) * rsqrt(v + eps); one work item a row (CPU family). Launch: global (rows). */
+__kernel void norm_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
+                        const long rows, const long n, const float inv_n, const float eps)
+{
+    const long r = get_global_id(0);
+    if (r >= rows) return;
+    const __global float *xp = x + x_off + r * n;
+    __global float *yp = y + y_off + r * n;
+    float a = 0.0f, b = 0.0f, v;
+    AD_ROW_SUM(0, a)
+    AD_ROW_SUM(1, b)
+    AD_ROW_SUM(2, v)
+    const float t = v + eps;
+    const float rs = AD_RSQRT(t);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) vstore8(((vload8(0, xp + i) - a) - b) * rs, 0, yp + i);
+    for (; i < n; i++) yp[i] = ((xp[i] - a) - b) * rs;
+}
+
+/* the exact softmax's numerators of each row of x viewed (B, M, n), as attention.py's composite:
+   m = max(max(row), -FLT_MAX) (NaN if the row has one), e = exp(x - m) and t[b * M + i] =
+   max(compensated sum of e, 1). e goes to y in gemm_cpu's packed-A layout with MR = mr rows a
+   tile ([b][ceil(M/mr)][n][mr], the rows past M zeros), so the product e @ v needs no pack_a;
+   mr = 1 is the plain (B, M, n) layout (y may then be x). One work item a row (CPU family).
+   Launch: global (B * ceil(M/mr) * mr). */
+__kernel void softmax_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
+                           __global float *t, const long t_off, const long B, const long M, const long n,
+                           const int mr)
+{
+    const long mt = (M + mr - 1) / mr, mp = mt * mr;
+    const long g = get_global_id(0);
+    if (g >= B * mp) return;
+    const long b = g / mp, i = g - b * mp;
+    __global float *yp = y + y_off + ((b * mt + i / mr) * n) * mr + i % mr;
+    long j = 0;
+    if (i >= M) {
+        for (j = 0; j < n; j++) yp[j * mr] = 0.0f;
+        return;
+    }
+    const __global float *xp = x + x_off + (b * M + i) * n;
+    float8 m8 = -INFINITY;
+    int8 nan8 = 0;
+    for (; j + 8 <= n; j += 8) { const float8 v = vload8(0, xp + j); m8 = fmax(m8, v); nan8 |= isnan(v); }
+    float m = fmax(fmax(fmax(m8.s0, m8.s1), fmax(m8.s2, m8.s3)), fmax(fmax(m8.s4, m8.s5), fmax(m8.s6, m8.s7)));
+    int has_nan = any(nan8);
+    for (; j < n; j++) { m = fmax(m, xp[j]); has_nan |= isnan(xp[j]); }
+    m = has_nan ? NAN : fmax(m, -FLT_MAX);
+    float8 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f;
+    for (j = 0; j + 16 <= n; j += 16) {
+        const float8 e0 = exp(vload8(0, xp + j) - m), e1 = exp(vload8(0, xp + j + 8) - m);
+        if (mr == 1) {
+            vstore8(e0, 0, yp + j);
+            vstore8(e1, 0, yp + j + 8);
+        } else {
+            __global float *d = yp + j * mr;
+            d[0] = e0.s0; d[mr] = e0.s1; d[2 * mr] = e0.s2; d[3 * mr] = e0.s3;
+            d[4 * mr] = e0.s4; d[5 * mr] = e0.s5; d[6 * mr] = e0.s6; d[7 * mr] = e0.s7;
+            d += 8 * mr;
+            d[0] = e1.s0; d[mr] = e1.s1; d[2 * mr] = e1.s2; d[3 * mr] = e1.s3;
+            d[4 * mr] = e1.s4; d[5 * mr] = e1.s5; d[6 * mr] = e1.s6; d[7 * mr] = e1.s7;
+        }
+        AD_NEUMAIER8(s0, c0, e0); AD_NEUMAIER8(s1, c1, e1);
+    }
+    float s = 0.0f, c = 0.0f;
+    for (; j < n; j++) { const float e = AD_EXP(xp[j] - m); yp[j * mr] = e; AD_NEUMAIER(s, c, e); }
+    const float sl[16] = {s0.s0, s0.s1, s0.s2, s0.s3, s0.s4, s0.s5, s0.s6, s0.s7,
+                          s1.s0, s1.s1, s1.s2, s1.s3, s1.s4, s1.s5, s1.s6, s1.s7};
+    for (int q = 0; q < 16; q++) AD_NEUMAIER(s, c, sl[q]);
+    const float8 cc = c0 + c1;
+    c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7));
+    const float tot = isfinite(s) ? s + c : s;
+    t[t_off + b * M + i] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
+}
+
+/* softmax_rows with mr > 1, a tile of mr (<= 16) rows a work item: each row's max first, then k
+   outer and the tile's rows inner, so the packed-A stores run contiguously ([k][mr] blocks) and
+   the mr rows are read as mr sequential streams. Same values as softmax_rows (per row: the same
+   max and exps, a sixteen-chain compensated sum). Launch: global (B * ceil(M/mr)). */
+__kernel void softmax_tile(__global const float *x, const long x_off, __global float *y, const long y_off,
+                           __global float *t, const long t_off, const long B, const long M, const long n,
+                           const int mr)
+{
+    const long mt = (M + mr - 1) / mr;
+    const long g = get_global_id(0);
+    if (g >= B * mt) return;
+    const long b = g / mt, i0 = (g - b * mt) * mr;
+    const int rows = (int)min((long)mr, M - i0);
+    const __global float *xt = x + x_off + (b * M + i0) * n;
+    __global float *yt = y + y_off + (g * n) * mr;
+    float mx[16];
+    for (int r = 0; r < rows; r++) {
+        const __global float *xp = xt + r * n;
+        float8 m8 = -INFINITY;
+        int8 nan8 = 0;
+        long j = 0;
+        for (; j + 8 <= n; j += 8) { const float8 v = vload8(0, xp + j); m8 = fmax(m8, v); nan8 |= isnan(v); }
+        float m = fmax(fmax(fmax(m8.s0, m8.s1), fmax(m8.s2, m8.s3)), fmax(fmax(m8.s4, m8.s5), fmax(m8.s6, m8.s7)));
+        int has_nan = any(nan8);
+        for (; j < n; j++) { m = fmax(m, xp[j]); has_nan |= isnan(xp[j]); }
+        mx[r] = has_nan ? NAN : fmax(m, -FLT_MAX);
+    }
+    float16 s0[16], c0[16];
+    for (int r = 0; r < rows; r++) { s0[r] = 0.0f; c0[r] = 0.0f; }
+    long j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __global float *d = yt + j * mr;
+        for (int r = 0; r < rows; r++) {
+            const float16 e0 = exp(vload16(0, xt + r * n + j) - mx[r]);
+            d[r] = e0.s0; d[mr + r] = e0.s1; d[2 * mr + r] = e0.s2; d[3 * mr + r] = e0.s3;
+            d[4 * mr + r] = e0.s4; d[5 * mr + r] = e0.s5; d[6 * mr + r] = e0.s6; d[7 * mr + r] = e0.s7;
+            d[8 * mr + r] = e0.s8; d[9 * mr + r] = e0.s9; d[10 * mr + r] = e0.sa; d[11 * mr + r] = e0.sb;
+            d[12 * mr + r] = e0.sc; d[13 * mr + r] = e0.sd; d[14 * mr + r] = e0.se; d[15 * mr + r] = e0.sf;
+            float16 S = s0[r], C = c0[r];
+            AD_NEUMAIER16(S, C, e0);
+            s0[r] = S; c0[r] = C;
+        }
+        for (int r = rows; r < mr; r++)
+            for (int q = 0; q < 16; q++) d[q * mr + r] = 0.0f;
+    }
+    for (int r = 0; r < mr; r++) {
+        if (r >= rows) {
+            for (long k = j; k < n; k++) yt[k * mr + r] = 0.0f;
+            continue;
+        }
+        const __global float *xp = xt + r * n;
+        const float m = mx[r];
+        float s = 0.0f, c = 0.0f;
+        for (long k = j; k < n; k++) { const float e = AD_EXP(xp[k] - m); yt[k * mr + r] = e; AD_NEUMAIER(s, c, e); }
+        float sl[16];
+        vstore16(s0[r], 0, sl);
+        for (int q = 0; q < 16; q++) AD_NEUMAIER(s, c, sl[q]);
+        const float8 cc = c0[r].lo + c0[r].hi;
+        c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7));
+        const float tot = isfinite(s) ? s + c : s;
+        t[t_off + b * M + i0 + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
+    }
+}
+
+/* norm_rows for the GPU family: a work group of NR_WG work items a row, each summing a strided
+   share compensated (Neumaier), the shares combined compensated in a local-memory tree; the
+   same three means and the same output formula. Launch: global (rows * NR_WG), local (NR_WG). */
+#define NR_WG 256
+__kernel void norm_rows_wg(__global const float *x, const long x_off, __global float *y, const long y_off,
+                           const long rows, const long n, const float inv_n, const float eps)
+{
+    __local float ls[NR_WG], lc[NR_WG];
+    const long r = get_group_id(0);
+    const int l = (int)get_local_id(0);
+    if (r >= rows) return;
+    const __global float *xp = x + x_off + r * n;
+    __global float *yp = y + y_off + r * n;
+    float a = 0.0f, b = 0.0f, v = 0.0f;
+    for (int mode = 0; mode < 3; mode++) {
+        float s = 0.0f, c = 0.0f;
+        for (long i0 = 0; i0 < n; i0 += NR_WG) {  /* a trip count uniform over the group (PoCL
+                                                      crashed on per-item ones with rows < NR_WG) */
+            const long i = i0 + l;
+            const float xv = i < n ? xp[i] : 0.0f;
+            const float d = (xv - a) - b;
+            const float q = i >= n ? 0.0f : mode == 0 ? xv : mode == 1 ? xv - a : d * d;
+            AD_NEUMAIER(s, c, q);
+        }
+        ls[l] = s;
+        lc[l] = c;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int h = NR_WG / 2; h > 0; h >>= 1) {
+            if (l < h) {
+                float S = ls[l], C = lc[l] + lc[l + h];
+                AD_NEUMAIER(S, C, ls[l + h]);
+                ls[l] = S;
+                lc[l] = C;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        const float S = ls[0], C = lc[0];
+        const float res = isfinite(S) ? (S + C) * inv_n : S * inv_n;
+        barrier(CLK_LOCAL_MEM_FENCE);  /* every item has read ls[0] before the next mode writes */
+        if (mode == 0) a = res; else if (mode == 1) b = res; else v = res;
+    }
+    const float t = v + eps;
+    const float rs = AD_RSQRT(t);
+    for (long i0 = 0; i0 < n; i0 += NR_WG) {
+        const long i = i0 + l;
+        if (i < n) yp[i] = ((xp[i] - a) - b) * rs;
+    }
+}
+#undef AD_ROW_SUM
+#undef AD_ROW_VAL
+#undef AD_NEUMAIER8
+#undef AD_NEUMAIER16
+#undef AD_NEUMAIER
+
 /* small matmul: one work item per C element, two-level summation. C[b] = A[b] . B[b] (+bias)
    A[m,k] = A[a_off + b*a_bs + m*sam + k*sak], B[k,n] = B[b_off + b*b_bs + k*sbk + n*sbn], C contiguous.
    Launch: global (N, M, batches). */

@@ -468,6 +468,35 @@ class OpenCLBackend(LinalgOps, Backend):
         self._run("reduce_ori", (I, O), lsz, tmp.buffer, 0, out.buffer, 0, O, parts, I, 1, parts, opcode, scale)
         return out
 
+    def _norm_rows(self, x, eps):
+        """layers._normalize fused: one work item a row (CPU family, enough rows to fill the
+        device or rows short enough that one work item each is cheap), a work group a row (GPU
+        family)."""
+        rows, n = x.shape
+        if rows < self.compute_units and n > 65536:  # too few rows to fill the device
+            return None
+        if self.family != "cpu":  # GPU family: a work group of 256 a row (norm_rows_wg)
+            if self.dev.max_work_group_size < 256:
+                return None
+            out = self._empty((rows, n))
+            self._run("norm_rows_wg", (rows * 256,), (256,), x.buffer, x.offset, out.buffer, 0, rows, n,
+                      1.0 / n, eps)
+            return out
+        out = self._empty((rows, n))
+        self._run("norm_rows", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps)
+        return out
+
+    def _softmax_rows(self, s):
+        """attention's exp(s - row max) in place and the rows' sums (at least 1), one kernel
+        launch (CPU family)."""
+        if self.family != "cpu":
+            return None
+        rows, n = s.shape
+        t = self._empty((rows, 1))
+        self._run("softmax_rows", (rows,), (1,), s.buffer, s.offset, s.buffer, s.offset, t.buffer, 0,
+                  1, rows, n, 1)
+        return s, t
+
     def _reduce(self, op, x, dims, keepdim):
         shape = x.shape
         if len(dims) == 0:

@@ -62,6 +62,73 @@ class LinalgOps:
                   out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
         return out
 
+    def _packed_b(self, B, b_off, sbk, sbn, b_bs, N, K, batches, params):
+        """B in pack_b's layout (per batch ceil(N/32)*32*K), as _gemm packs it."""
+        bb = batches if b_bs else 1
+        nt = -(-N // 32)
+        Bp = self._empty((bb, nt * 32 * K))
+        self._run("pack_b", (-(-K // PACK_K), nt, bb), (1, 1, 1), N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer,
+                  params=params)
+        return Bp
+
+    def _gemm_packed(self, Ap, Bp, M, N, K, batches, params):
+        """_gemm's CPU-family GEMM of operands already packed (pack_a's / pack_b's layouts; an
+        operand with one batch is shared by all)."""
+        out = self._empty((batches, M, N))
+        mr, msub = params["MR"], params["MSUB"]
+        mt, nt = -(-M // mr), -(-N // 32)
+        self._run("gemm_cpu", (-(-M // (mr * msub)), nt, batches), (1, 1, 1),
+                  M, N, K, Ap.buffer, (mt * mr * K) if Ap.shape[0] > 1 else 0,
+                  Bp.buffer, (nt * 32 * K) if Bp.shape[0] > 1 else 0,
+                  out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+        return out
+
+    def _attention(self, q, k, v, m, plan, causal):
+        self._att_packs = {}  # kt's and v's packed panels, shared by the query blocks of this call
+        try:
+            return super()._attention(q, k, v, m, plan, causal)
+        finally:
+            self._att_packs = {}
+
+    def _att_packed_b(self, x, N, K, B, params):
+        """x (B, K, N) contiguous packed for gemm_cpu, once per attention call (x stays referenced
+        by the cache entry, so its id is not reused while the entry lives)."""
+        packs = getattr(self, "_att_packs", None)
+        hit = None if packs is None else packs.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        Bp = self._packed_b(x, x.offset, N, 1, K * N if B > 1 else 0, N, K, B, params)
+        if packs is not None:
+            packs[id(x)] = (x, Bp)
+        return Bp
+
+    def _attention_rows(self, q, kt, v, m):
+        """CPU family, no mask, one batch shape: kt and v packed once per call, and softmax_tile
+        writes exp(s - max) straight into gemm_cpu's packed A of e @ v (no pack_a pass over the
+        block's largest operand)."""
+        sq, sv = q.shape, v.shape
+        B, M, E, S, Ev = math.prod(sq[:-2]), sq[-2], sq[-1], kt.shape[-1], sv[-1]
+        if (self.family != "cpu" or m is not None or kt.shape[:-2] != sq[:-2] or sv[:-2] != sq[:-2]
+                or M * Ev * S <= SMALL_GEMM_MACS or M * S * E <= SMALL_GEMM_MACS or B * M * S * Ev == 0):
+            return super()._attention_rows(q, kt, v, m)
+        p1 = self.tunables("gemm_cpu.cl", self._shape_class(M, S, E))
+        mr1 = p1["MR"]
+        Aq = self._empty((B, -(-M // mr1) * mr1 * E))
+        self._run("pack_a", (-(-E // PACK_K), -(-M // mr1), B), (1, 1, 1), M, E, q.buffer, q.offset, E, 1, M * E,
+                  Aq.buffer, params=p1)
+        s = self._gemm_packed(Aq, self._att_packed_b(kt, S, E, B, p1), M, S, E, B, p1)
+        del Aq
+        params = self.tunables("gemm_cpu.cl", self._shape_class(M, Ev, S))
+        mr = params["MR"]
+        mt = -(-M // mr)
+        Ap = self._empty((B, mt * mr * S))
+        t = self._empty(sq[:-1] + (1,))
+        self._run("softmax_tile" if mr <= 16 else "softmax_rows", (B * mt * (1 if mr <= 16 else mr),), (1,),
+                  s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0, B, M, S, mr)
+        del s
+        y = self._gemm_packed(Ap, self._att_packed_b(v, Ev, S, B, params), M, Ev, S, B, params)
+        return self._binary("div", self._reshape(y, sq[:-1] + (Ev,)), t)
+
     # ---- GPU family: the CUDA backend's kernels built as OpenCL C --------------------------------
     def _at0(self, x: CLArray, off: int, span: int) -> CLArray:
         """x's elements [off, off + span) at offset 0 of a buffer (the GPU-family kernels take no
