@@ -439,21 +439,28 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("case", range(len(BAD)))
-def test_bad_arguments(backend_target, monkeypatch, case):
-    be = backend_target
-    fn, op, arg, fragment = BAD[case]
+def refused_before_kernels(be, monkeypatch, case, prims):
+    """case = (fn(be), op, arg, message fragment): fn raises AnyDeviceError naming op and arg
+    before any of the primitives ``prims`` runs (they are patched to fail)."""
+    fn, op, arg, fragment = case
 
     def no_kernel(*a, **k):
         raise AssertionError("a primitive ran before the arguments were checked")
 
-    for prim in ("_slice", "_cat", "_where", "_binary", "_pad", "_permute", "_expand", "_reshape", "_contiguous"):
+    for prim in prims:
         monkeypatch.setattr(be, prim, no_kernel)
     with pytest.raises(AnyDeviceError) as ei:
         fn(be)
     e = ei.value
     assert (e.op, e.arg) == (op, arg), str(e)
     assert fragment in str(e), str(e)
+
+
+@pytest.mark.parametrize("case", range(len(BAD)))
+def test_bad_arguments(backend_target, monkeypatch, case):
+    refused_before_kernels(backend_target, monkeypatch, BAD[case],
+                           ("_slice", "_cat", "_where", "_binary", "_pad", "_permute", "_expand", "_reshape",
+                            "_contiguous"))
 
 
 # ---- no host round trip ----------------------------------------------------------------------
