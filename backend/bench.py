@@ -236,6 +236,11 @@ def add_arguments(p) -> None:
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 tensor cores on both sides (PyTorch's allow_tf32 switches and "
                         "ANYDEVICE_ALLOW_TF32=1); by default both compute in full FP32")
+    from .bench_train import add_arguments as train_arguments  # --train
+    train_arguments(p)
+    p.add_argument("--model", action="store_true",
+                   help="time whole models compiled with torch.compile(backend='anydevice') against "
+                        "PyTorch eager: the SD1.x VAE decoder and the compact upscaler")
 
 
 def set_tf32(on: bool) -> None:
@@ -254,6 +259,12 @@ def main(args) -> int:
     from . import get_backend, list_backends
     tf32 = bool(getattr(args, "tf32", False))
     set_tf32(tf32)
+    if getattr(args, "train", False):
+        from .bench_train import main as train_main
+        return train_main(args)
+    if getattr(args, "model", False):
+        from .bench_model import main as model_main
+        return model_main(args)
     names = args.backend or [i.name for i in list_backends() if i.available]
     cases = [c for c in CASES if not args.case or any(s in c.name for s in args.case)]
     budget = 0.25 if args.quick else 0.8

@@ -147,6 +147,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("ANYDEVICE_BROWSER", "", "tests: `quick` runs the browser tests' workflows on the first frontend "
             "configuration only", _choice("quick", "full"), dev=True),
     Setting("ANYDEVICE_HYPOTHESIS_EXAMPLES", "25", "tests: random cases per op", _count, dev=True),
+    Setting("ANYDEVICE_UPDATE_DOCS", "0", "tests: `1` lets the training browser test rewrite docs/training.png",
+            _flag, dev=True),
 )}
 
 

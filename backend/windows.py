@@ -109,6 +109,8 @@ def interp_table(n: int, on: int, mode: str, align_corners: bool, scale):
             taps.append([min(i, n - 1)])
             weights.append([1.0])
         return _table(taps, weights)
+    if mode == "linear" and on == n:  # torch's linear kernels copy an axis whose size is kept,
+        return _identity_table(n)     # whatever the scale_factor
     sc = _area_scale(n, on, align_corners, scale)
     for o in range(on):
         if mode == "linear":

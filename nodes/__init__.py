@@ -16,13 +16,15 @@ except ModuleNotFoundError as _exc:
     raise ModuleNotFoundError(f"the AnyDevice nodes need PyTorch: {INSTALL_TORCH}", name="torch") from None
 
 from .compute import COMPUTE_NODES
+from .dataset_nodes import DATASET_NODES
 from .helpers import HELPER_NODES
+from .network_nodes import NETWORK_NODES
 from .norm_nodes import NORM_NODES
 from .window_nodes import WINDOW_NODES
 
 log = logging.getLogger("anydevice")
 
-ALL_NODES = COMPUTE_NODES + HELPER_NODES + WINDOW_NODES + NORM_NODES
+ALL_NODES = COMPUTE_NODES + HELPER_NODES + WINDOW_NODES + NORM_NODES + DATASET_NODES + NETWORK_NODES
 NODE_CLASS_MAPPINGS: dict = {cls.__name__: cls for cls in ALL_NODES}
 NODE_DISPLAY_NAME_MAPPINGS: dict = {cls.__name__: cls.DISPLAY for cls in ALL_NODES}
 

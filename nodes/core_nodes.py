@@ -1,5 +1,5 @@
 """The ComfyUI core nodes the headless runner stands in for (LoadImage, SaveImage, PreviewImage,
-EmptyImage, EmptyLatentImage), with ComfyUI's INPUT_TYPES, file naming and input folders."""
+EmptyImage, EmptyLatentImage, ImageBlur, ImageSharpen, ImageScale, ImageCrop), with ComfyUI's INPUT_TYPES, file naming and input folders."""
 from __future__ import annotations
 
 import os
@@ -203,7 +203,155 @@ class EmptyLatentImage(_Core):
         return ({"samples": torch.zeros([batch_size, 4, height // 8, width // 8])},)
 
 
-CORE_NODES = {c.__name__: c for c in (LoadImage, SaveImage, PreviewImage, EmptyImage, EmptyLatentImage)}
+# ---- image post-processing and transforms (comfy_extras/nodes_post_processing.py, nodes_images.py, nodes.py)
+def _gaussian_kernel(kernel_size: int, sigma: float) -> torch.Tensor:
+    """comfy_extras.nodes_post_processing.gaussian_kernel: on a [-1, 1] grid, normalised to sum 1."""
+    x, y = torch.meshgrid(torch.linspace(-1, 1, kernel_size), torch.linspace(-1, 1, kernel_size), indexing="ij")
+    d = torch.sqrt(x * x + y * y)
+    g = torch.exp(-(d * d) / (2.0 * sigma * sigma))
+    return g / g.sum()
+
+
+def _image(images, arg: str = "image") -> torch.Tensor:
+    if not torch.is_tensor(images) or images.ndim != 4:
+        raise WorkflowError(f"{arg} must be an IMAGE [B,H,W,C], got {type(images).__name__}")
+    return images
+
+
+class ImageBlur(_Core):
+    """ComfyUI's ImageBlur: a gaussian of size 2*radius+1 on a reflect-padded image."""
+
+    RETURN_TYPES = ("IMAGE",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",),
+                             "blur_radius": ("INT", {"default": 1, "min": 1, "max": 31, "step": 1}),
+                             "sigma": ("FLOAT", {"default": 1.0, "min": 0.1, "max": 10.0, "step": 0.1})}}
+
+    def run(self, ctx: _Ctx, image, blur_radius=1, sigma=1.0, **_):
+        import torch.nn.functional as F
+        image = _image(image)
+        if blur_radius == 0:
+            return (image,)
+        channels = image.shape[-1]
+        kernel_size = blur_radius * 2 + 1
+        kernel = _gaussian_kernel(kernel_size, sigma).repeat(channels, 1, 1).unsqueeze(1)
+        x = image.permute(0, 3, 1, 2)
+        padded = F.pad(x, (blur_radius, blur_radius, blur_radius, blur_radius), "reflect")
+        blurred = F.conv2d(padded, kernel, padding=kernel_size // 2, groups=channels)[
+            :, :, blur_radius:-blur_radius, blur_radius:-blur_radius]
+        return (blurred.permute(0, 2, 3, 1),)
+
+
+class ImageSharpen(_Core):
+    """ComfyUI's ImageSharpen: centre 1 minus alpha*10 times a gaussian's off-centre part, clamped to 0..1."""
+
+    RETURN_TYPES = ("IMAGE",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",),
+                             "sharpen_radius": ("INT", {"default": 1, "min": 1, "max": 31, "step": 1}),
+                             "sigma": ("FLOAT", {"default": 1.0, "min": 0.1, "max": 10.0, "step": 0.01}),
+                             "alpha": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 5.0, "step": 0.01})}}
+
+    def run(self, ctx: _Ctx, image, sharpen_radius=1, sigma=1.0, alpha=1.0, **_):
+        import torch.nn.functional as F
+        image = _image(image)
+        if sharpen_radius == 0:
+            return (image,)
+        channels = image.shape[-1]
+        kernel_size = sharpen_radius * 2 + 1
+        kernel = _gaussian_kernel(kernel_size, sigma) * -(alpha * 10)
+        kernel = kernel.to(dtype=image.dtype)
+        center = kernel_size // 2
+        kernel[center, center] = kernel[center, center] - kernel.sum() + 1.0
+        kernel = kernel.repeat(channels, 1, 1).unsqueeze(1)
+        x = F.pad(image.permute(0, 3, 1, 2), (sharpen_radius,) * 4, "reflect")
+        y = F.conv2d(x, kernel, padding=center, groups=channels)[
+            :, :, sharpen_radius:-sharpen_radius, sharpen_radius:-sharpen_radius]
+        return (torch.clamp(y.permute(0, 2, 3, 1), 0, 1),)
+
+
+class ImageScale(_Core):
+    """ComfyUI's ImageScale (comfy.utils.common_upscale; lanczos through Pillow as ComfyUI does)."""
+
+    RETURN_TYPES = ("IMAGE",)
+    upscale_methods = ["nearest-exact", "bilinear", "area", "bicubic", "lanczos"]
+    crop_methods = ["disabled", "center"]
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",), "upscale_method": (cls.upscale_methods,),
+                             "width": ("INT", {"default": 512, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
+                             "height": ("INT", {"default": 512, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
+                             "crop": (cls.crop_methods,)}}
+
+    @classmethod
+    def check(cls, ctx, width=512, height=512, **_):
+        return _image_bytes(1, max(1, height), max(1, width), 3)
+
+    def run(self, ctx: _Ctx, image, upscale_method="nearest-exact", width=512, height=512, crop="disabled", **_):
+        image = _image(image)
+        if width == 0 and height == 0:
+            return (image,)
+        samples = image.movedim(-1, 1)
+        if width == 0:
+            width = max(1, round(samples.shape[3] * height / samples.shape[2]))
+        elif height == 0:
+            height = max(1, round(samples.shape[2] * width / samples.shape[3]))
+        return (_common_upscale(samples, width, height, upscale_method, crop).movedim(1, -1),)
+
+
+def _common_upscale(samples, width, height, upscale_method, crop):
+    """comfy.utils.common_upscale for [B, C, H, W]."""
+    if crop == "center":
+        old_width, old_height = samples.shape[-1], samples.shape[-2]
+        old_aspect, new_aspect = old_width / old_height, width / height
+        x = y = 0
+        if old_aspect > new_aspect:
+            x = round((old_width - old_width * (new_aspect / old_aspect)) / 2)
+        elif old_aspect < new_aspect:
+            y = round((old_height - old_height * (old_aspect / new_aspect)) / 2)
+        s = samples.narrow(-2, y, old_height - y * 2).narrow(-1, x, old_width - x * 2)
+    else:
+        s = samples
+    if upscale_method == "lanczos":  # comfy.utils.lanczos: Pillow per image, 8-bit
+        from PIL import Image
+        out = []
+        for img in s:
+            arr = np.clip(255.0 * img.movedim(0, -1).cpu().numpy(), 0, 255).astype(np.uint8)
+            pil = Image.fromarray(arr.squeeze(-1) if arr.shape[-1] == 1 else arr)
+            pil = pil.resize((width, height), resample=Image.Resampling.LANCZOS)
+            a = torch.from_numpy(np.array(pil).astype(np.float32) / 255.0)
+            out.append(a.unsqueeze(0) if a.ndim == 2 else a.movedim(-1, 0))
+        return torch.stack(out).to(s.dtype)
+    return torch.nn.functional.interpolate(s, size=(height, width), mode=upscale_method)
+
+
+class ImageCrop(_Core):
+    """ComfyUI's ImageCrop (comfy_extras/nodes_images.py): x, y clipped to the image, then a slice."""
+
+    RETURN_TYPES = ("IMAGE",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",),
+                             "width": ("INT", {"default": 512, "min": 1, "max": MAX_RESOLUTION, "step": 1}),
+                             "height": ("INT", {"default": 512, "min": 1, "max": MAX_RESOLUTION, "step": 1}),
+                             "x": ("INT", {"default": 0, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
+                             "y": ("INT", {"default": 0, "min": 0, "max": MAX_RESOLUTION, "step": 1})}}
+
+    def run(self, ctx: _Ctx, image, width=512, height=512, x=0, y=0, **_):
+        image = _image(image)
+        x = min(x, image.shape[2] - 1)
+        y = min(y, image.shape[1] - 1)
+        return (image[:, y:height + y, x:width + x, :],)
+
+
+CORE_NODES = {c.__name__: c for c in (LoadImage, SaveImage, PreviewImage, EmptyImage, EmptyLatentImage, ImageBlur,
+                                      ImageSharpen, ImageScale, ImageCrop)}
 
 
 def _node_class(class_type):

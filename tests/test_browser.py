@@ -246,7 +246,10 @@ def test_template_runs_in_the_browser(page, srv, name, tmp_path):
                          "AnyDeviceDeviceSelect"):
             assert n["readoutShown"], n
         if n["type"] == "AnyDeviceLoss":
-            assert s["loss"][0]["value"] == pytest.approx(local.ui[n["id"]]["loss"][0]["value"], rel=1e-4, abs=1e-6)
+            trained = any(v.get("class_type") == "AnyDeviceTrainNetwork" for v in twin.values())
+            # (a trained network: the server's NumPy/BLAS build vs this venv's, amplified by training)
+            assert s["loss"][0]["value"] == pytest.approx(local.ui[n["id"]]["loss"][0]["value"],
+                                                          rel=1e-3 if trained else 1e-4, abs=1e-6)
             text = n["readout"].splitlines()[0]
             assert text.startswith(s["loss"][0]["name"] + " = ") and text in body, n
             assert float(text.split(" = ")[1]) == pytest.approx(s["loss"][0]["value"], rel=1e-3)  # 4+ digits shown

@@ -148,12 +148,12 @@ def test_api_twin_matches_headless_runner(srv, runner_results, name):
                 assert np.abs(a - b).max() <= 1, f"{name} #{nid}: server and runner images differ"
         if "loss" in local.ui.get(nid, {}):
             v_srv, v_loc = outputs[nid]["loss"][0]["value"], local.ui[nid]["loss"][0]["value"]
-            assert v_srv == pytest.approx(v_loc, rel=1e-4, abs=1e-6), (name, nid)
+            assert v_srv == pytest.approx(v_loc, rel=_rel(prompt), abs=1e-6), (name, nid)
         if "info" in local.ui.get(nid, {}):
             i_srv, i_loc = outputs[nid]["info"][0], local.ui[nid]["info"][0]
             assert i_srv["shape"] == i_loc["shape"] and i_srv["kind"] == i_loc["kind"]
             for k in ("min", "max", "mean"):
-                assert i_srv[k] == pytest.approx(i_loc[k], rel=1e-4, abs=1e-5), (name, nid, k)
+                assert i_srv[k] == pytest.approx(i_loc[k], rel=_rel(prompt), abs=1e-5), (name, nid, k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,3 +267,11 @@ def test_server_still_works_after_errors(srv):
     info = [o for o in hist["outputs"].values() if "info" in o][0]["info"][0]
     assert info["shape"] == [1, 32, 32, 3]
     assert info["mean"] == pytest.approx((0x33 + 0x66 + 0x99) / 3 / 255 + 0.125, rel=1e-5)
+
+
+def _rel(prompt) -> float:
+    """Relative tolerance between the server's and the runner's values: 1e-4, or 1e-3 where a
+    network was trained (hundreds of optimizer steps amplify the last-bit differences between the
+    server's NumPy/BLAS build and this venv's)."""
+    trained = any(n.get("class_type") == "AnyDeviceTrainNetwork" for n in prompt.values())
+    return 1e-3 if trained else 1e-4

@@ -57,3 +57,11 @@ def _direct_spec(KH, KW, sh, sw, dh, dw) -> dict:
         return {"SPEC_KH": KH, "SPEC_KW": KW, "SPEC_SH": sh, "SPEC_SW": sw, "SPEC_DH": 1, "SPEC_DW": 1}
     return {}
 
+
+
+# ---- conv2d weight gradient (backend/convgrad.py, kernels/conv_grad_cpu.cl) -------------------------
+#: registered here (not in the shared runtime table): an OpenCL-only packing kernel
+KFILES["wgrad_pack_b"] = ("conv_grad_cpu.cl", False)
+SIGS["wgrad_pack_b"] = [None, np.int64, None] + [np.int32] * 14
+KFILES["wgrad_pack_x"] = ("conv_grad_cpu.cl", False)
+SIGS["wgrad_pack_x"] = [None, np.int64, None] + [np.int32] * 8

@@ -1,0 +1,463 @@
+"""The interpreter of a traced ATen graph on an AnyDevice backend.
+
+``Lowered(graph_module, backend, static)`` takes an ATen FX graph (from aot_autograd or make_fx)
+and is called with the graph's flat inputs (boxed: one list). Per node:
+
+* placeholders: a weight (``static``: a parameter or buffer) comes from the backend's ``Weights``
+  cache (uploaded once per tensor and version); any other tensor input is uploaded once per call,
+  when a device op first needs it; SymInts are plain ints at run time.
+* constant subgraphs (nodes that read only weights, sizes and no input: a transposed linear weight,
+  SwinIR's relative position bias gathered through its index, an attention mask built from the image
+  size) are evaluated once on the host through PyTorch ("folded") and their results uploaded once;
+  they are recomputed when a weight changes or the sizes they read do.
+* ops in the lowering table (aten_ops.LOWERINGS) run on the device: every intermediate stays a native
+  array; an array is dropped after its last use.
+* any other op runs on the host through PyTorch: its device inputs are downloaded (with their traced
+  dtype), the op runs, its result stays on the host until a device op needs it. Counted per op kind
+  in the report, logged once per kind.
+
+Compute is float32 on the device (fp16 / bf16 weights and inputs are converted once); outputs are
+downloaded once and returned in the traced dtype and device (a bf16 model gives bf16 results).
+"""
+from __future__ import annotations
+
+import math
+import operator
+import weakref
+
+import numpy as np
+
+from ..errors import AnyDeviceError
+from . import aten_ops
+from .report import Counting, Stats
+
+#: every Lowered graph alive (report attribution)
+GRAPHS: list = []
+ANY_COMPILED = [False]
+
+
+class AnyDeviceCompileError(AnyDeviceError):
+    """A model the backend cannot take: an op with no fallback, a dtype the device cannot compute."""
+
+
+class AnyDeviceRunError(AnyDeviceError):
+    """A compiled graph's op failed on the device (e.g. a result over ANYDEVICE_MAX_TENSOR_MB)."""
+
+
+def _torch():
+    import torch
+    return torch
+
+
+# ---- weights: uploaded once per tensor and version ----------------------------------------------
+def version_of(t):
+    """What changes when ``t`` is replaced or written: its data pointer, shape, dtype and
+    ``_version``; tensors made under ``torch.inference_mode()`` keep no version counter, so a
+    fingerprint stands in (64 elements spread over the tensor and the sum of every 97th)."""
+    base = (t.data_ptr(), tuple(t.shape), t.dtype)
+    try:
+        return base + (t._version,)
+    except RuntimeError:
+        torch = _torch()
+        flat = t.detach().reshape(-1)
+        n = flat.numel()
+        if n == 0:
+            return base
+        idx = torch.linspace(0, n - 1, steps=min(64, n)).long()
+        return base + (tuple(flat[idx].tolist()), float(flat[::97].double().sum()))
+
+
+class Weights:
+    """The device copies of a backend's weights, by tensor identity + version.
+
+    ``Weights.of(be).get(t)`` uploads ``t`` the first time, and again only when ``t`` changed
+    (another tensor object at that id, written in place, replaced: a LoRA patch); copies go when the
+    tensor is garbage-collected. Shared by every graph compiled for that backend, so recompiles
+    (a new image size) and graph breaks reuse the same device weights."""
+
+    _all: dict = {}
+
+    @classmethod
+    def of(cls, be) -> "Weights":
+        w = cls._all.get(id(be))
+        if w is None or w.be is not be:
+            w = cls._all[id(be)] = cls(be)
+        return w
+
+    def __init__(self, be):
+        self.be = be
+        self._entries: dict[int, list] = {}
+        self.uploads = 0
+
+    def get(self, t, vkey=None, count: Counting | None = None):
+        e = self._entries.get(id(t))
+        if vkey is None:
+            vkey = version_of(t)
+        if e is not None and e[0]() is t and e[1] == vkey:
+            return e[2]
+        a = self.be.to_device(t, "compile", "weight", constant=True)
+        self.uploads += 1
+        if count is not None:
+            count.transfer("constants", 4 * t.numel())
+        tid = id(t)
+        ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries: d.pop(tid, None)
+                          if d.get(tid, [None])[0] is _r else None)
+        self._entries[tid] = [ref, vkey, a]
+        return a
+
+    def clear(self) -> None:
+        """Forget every device copy (the next call uploads again)."""
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(4 * math.prod(self.be._shape(e[2])) for e in self._entries.values())
+
+
+# ---- the interpreter -------------------------------------------------------------------------------
+class Dev:
+    """A native array on the device (host values are torch tensors; this tells them apart, also on
+    the PyTorch backends whose native arrays are tensors)."""
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = a
+
+
+class _Ctx:
+    __slots__ = ("be", "node", "out", "used", "op_name", "owner")
+
+    def constant(self, key, build):
+        c = self.owner._consts
+        if key not in c:
+            arr = build()
+            c[key] = self.be.to_device(arr, "compile", "constant", constant=True)
+            self.owner.count.transfer("constants", arr.nbytes)
+        return c[key]
+
+
+def _op_name(target) -> str:
+    name = getattr(target, "__name__", None) or str(target)
+    s = str(target)
+    return s if s.startswith("aten.") else name
+
+
+def _meta(node):
+    return node.meta.get("val", node.meta.get("example_value")) if hasattr(node, "meta") else None
+
+
+def _is_tensor_meta(v) -> bool:
+    torch = _torch()
+    return isinstance(v, torch.Tensor)
+
+
+def _nodes_in(x, out):
+    from torch.fx import Node
+    if isinstance(x, Node):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _nodes_in(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _nodes_in(y, out)
+    return out
+
+
+def _map(x, fn):
+    from torch.fx import Node
+    if isinstance(x, Node):
+        return fn(x)
+    if isinstance(x, tuple):
+        return tuple(_map(y, fn) for y in x)
+    if isinstance(x, list):
+        return [_map(y, fn) for y in x]
+    if isinstance(x, dict):
+        return {k: _map(v, fn) for k, v in x.items()}
+    return x
+
+
+def _size_ops():
+    aten = _torch().ops.aten
+    return {aten.sym_size, aten.sym_numel}
+
+
+class Lowered:
+    """A traced ATen graph, run on ``be``. Called boxed (one list of the graph's inputs)."""
+
+    _boxed_call = True
+
+    def __init__(self, gm, be, static=(), *, owner_ids=(), codes=(), name="graph"):
+        torch = _torch()
+        self.gm, self.be, self.name = gm, be, name
+        self.stats = Stats()
+        self.count = Counting(self.stats)
+        self.count.add("graphs")
+        self._owners = [weakref.ref(t) for t in owner_ids]
+        self.codes = set(codes)
+        self.error: AnyDeviceError | None = None
+        self.weights = Weights.of(be)
+        self._consts: dict = {}
+        self._fold_key = None
+        self._fold_host: dict = {}
+        self._fold_dev: dict = {}
+        gm.graph.eliminate_dead_code()
+        nodes = list(gm.graph.nodes)
+        self.nodes = nodes
+        self.placeholders = [n for n in nodes if n.op == "placeholder"]
+        self.static = {self.placeholders[i] for i in static if i < len(self.placeholders)}
+        self.static_idx = sorted(i for i in static if i < len(self.placeholders))
+        kind = {}  # node -> static | input | sym | const | lower | host | py | output
+        for i, n in enumerate(self.placeholders):
+            m = _meta(n)
+            kind[n] = "static" if n in self.static else ("input" if _is_tensor_meta(m) else "sym")
+        folded = 0
+        for n in nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                kind[n] = "output"
+                continue
+            if n.op == "get_attr":
+                kind[n] = "const"
+                continue
+            ins = _nodes_in((n.args, n.kwargs), [])
+            target = n.target
+            if n.op != "call_function":
+                self._refuse(n, f"{n.op} nodes have no fallback")
+                kind[n] = "host"
+                continue
+            is_aten = isinstance(target, torch._ops.OpOverload)
+            if isinstance(target, torch._ops.HigherOrderOperator) or not (is_aten or callable(target)):
+                self._refuse(n, "has no fallback (a higher-order or unknown operator)")
+                kind[n] = "host"
+                continue
+            seeded = is_aten and torch.Tag.nondeterministic_seeded in target.tags
+            if all(kind[i] in ("static", "sym", "const") for i in ins) and not seeded and (is_aten or ins):
+                kind[n] = "const"
+                folded += 1
+            elif is_aten and target.overloadpacket in _size_ops():
+                kind[n] = "size"  # a size of an array: no transfer, no device work
+            elif not is_aten:
+                kind[n] = "py"  # operator.getitem, SymInt arithmetic: plain Python
+            elif target in aten_ops.LOWERINGS:
+                kind[n] = "lower"
+                self._check_dtype(n)
+            else:
+                kind[n] = "host"
+                self._check_host(n)
+        self.kind = kind
+        self.count.add("folded", folded)
+        # const nodes read by non-const nodes: the frontier uploaded (or kept on the host) per fold
+        self.const_nodes = [n for n in nodes if kind[n] == "const"]
+        # last use, to drop arrays as soon as possible
+        last = {}
+        for i, n in enumerate(nodes):
+            for x in _nodes_in((n.args, n.kwargs), []):
+                last[x] = i
+        self.drop_after: dict[int, list] = {}
+        for x, i in last.items():
+            if kind.get(x) not in ("const", "static"):
+                self.drop_after.setdefault(i, []).append(x)
+        self.used = {}
+        for n in nodes:
+            idx = set()
+            for u in n.users:
+                if u.target is operator.getitem and isinstance(u.args[1], int):
+                    idx.add(u.args[1])
+                else:
+                    idx.update(range(16))
+            self.used[n] = idx
+        self.calls = 0
+        GRAPHS.append(weakref.ref(self))
+        ANY_COMPILED[0] = True
+
+    @property
+    def owner_ids(self) -> set:
+        """ids of the (still alive) weights this graph was compiled for."""
+        return {id(t) for t in (r() for r in self._owners) if t is not None}
+
+    # ---- checks at compile time (raised at the first call: the module stays usable) ---------------
+    def _refuse(self, n, why):
+        if self.error is None:
+            self.error = AnyDeviceCompileError(
+                "torch.compile(backend='anydevice')", "op", _op_name(n.target),
+                f"{why}; the model cannot run on {self.be.name} (the original module is unchanged)")
+
+    def _bad_dtype(self, v):
+        torch = _torch()
+        return isinstance(v, torch.Tensor) and (v.dtype.is_complex or v.dtype == torch.float64)
+
+    def _check_dtype(self, n):
+        vals = [_meta(n)] + [_meta(i) for i in _nodes_in((n.args, n.kwargs), [])]
+        for v in vals:
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                if self._bad_dtype(t):
+                    self._refuse(n, f"works on dtype {t.dtype}, which {self.be.name} cannot compute (float32 "
+                                    "device compute; float16 / bfloat16 / float32 models are supported)")
+                    return
+
+    def _check_host(self, n):
+        v = _meta(n)
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            if _is_tensor_meta(t) and t.dtype.is_complex:
+                self._refuse(n, f"makes a {t.dtype} tensor, which {self.be.name} cannot compute")
+
+    # ---- running ----------------------------------------------------------------------------------
+    def __call__(self, args):
+        if self.error is not None:
+            raise self.error
+        args = list(args)
+        self.calls += 1
+        self.count.add("calls")
+        torch = _torch()
+        be, kind = self.be, self.kind
+        env = {}
+        vkeys = {}
+        for i, n in enumerate(self.placeholders):
+            env[n] = args[i]
+            if i in self.static_idx and isinstance(args[i], torch.Tensor):
+                vkeys[n] = version_of(args[i])
+        if self.const_nodes:
+            self._fold(env, vkeys)
+        uploaded: dict = {}
+        downloaded: dict = {}
+
+        def dev(x):
+            """The native array of node x (uploaded once per call where it is a host tensor)."""
+            v = env[x] if x in env else self._fold_host.get(x)
+            if isinstance(v, Dev):
+                return v.a
+            if not isinstance(v, torch.Tensor):
+                return v
+            if x in uploaded:
+                return uploaded[x]
+            k = kind[x]
+            if k == "static":
+                a = self.weights.get(v, vkeys.get(x), self.count)
+            elif k == "const":
+                a = self._fold_dev.get(x)
+                if a is None:
+                    a = self._fold_dev[x] = be.to_device(v, "compile", "constant", constant=True)
+                    self.count.transfer("constants", 4 * v.numel())
+            else:
+                a = be.to_device(v, "compile", x.name)
+                self.count.transfer("uploads", 4 * v.numel())
+            uploaded[x] = a
+            return a
+
+        def host(x):
+            """Node x's value as a host torch tensor of its traced dtype (downloaded once per call)."""
+            v = env[x] if x in env else self._fold_host.get(x)
+            if not isinstance(v, Dev):
+                return v
+            if x in downloaded:
+                return downloaded[x]
+            t = self._download(v.a, _meta(x))
+            downloaded[x] = t
+            return t
+
+        for i, n in enumerate(self.nodes):
+            k = kind[n]
+            if k in ("static", "input", "sym", "const"):
+                pass
+            elif k == "output":
+                return self._outputs(n, env, host, dev)
+            elif k == "py":
+                args_, kwargs_ = _map((n.args, n.kwargs), lambda x: env[x] if x in env else self._fold_host.get(x))
+                env[n] = n.target(*args_, **kwargs_)
+            elif k == "lower":
+                env[n] = self._lower(n, dev, host)
+            elif k == "size":
+                v = env[n.args[0]] if n.args[0] in env else self._fold_host.get(n.args[0])
+                shape = be._shape(v.a) if isinstance(v, Dev) else tuple(v.shape)
+                name = n.target.overloadpacket.__name__
+                env[n] = math.prod(shape) if name == "sym_numel" else shape[int(n.args[1])]
+            else:
+                env[n] = self._host(n, host, why="not in the lowering table")
+            for x in self.drop_after.get(i, ()):
+                env.pop(x, None)
+                uploaded.pop(x, None)
+                downloaded.pop(x, None)
+        raise AssertionError("graph without output")
+
+    def _download(self, a, meta):
+        torch = _torch()
+        arr = self.be.to_numpy(a)
+        self.count.transfer("downloads", 4 * arr.size)
+        if self.be.host_memory or not arr.flags.writeable or not arr.flags.owndata:
+            arr = np.array(arr, np.float32, order="C")  # the caller owns what it gets; device arrays stay intact
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        t = torch.from_numpy(arr.reshape(arr.shape))
+        if meta is not None and _is_tensor_meta(meta):
+            t = t.to(dtype=meta.dtype) if meta.dtype != torch.float32 else t
+            if meta.device.type != "cpu" and meta.device.type != "meta":
+                t = t.to(meta.device)
+        return t
+
+    def _lower(self, n, dev, host):
+        fn = aten_ops.LOWERINGS[n.target]
+        cx = _Ctx()
+        cx.be, cx.node, cx.out, cx.used, cx.op_name, cx.owner = self.be, n, _meta(n), self.used[n], str(n.target), self
+        args, kwargs = _map((n.args, n.kwargs), dev)
+        try:
+            res = fn(cx, *args, **kwargs)
+        except aten_ops.Unsupported as e:
+            return self._host(n, host, why=str(e))
+        except AnyDeviceError as e:
+            raise AnyDeviceRunError(f"anydevice compile: {n.target} (node {n.name}) on {self.be.name}",
+                                    None, None, str(e)) from e
+        if isinstance(res, tuple):
+            return tuple(None if r is None else Dev(r) for r in res)
+        return Dev(res)
+
+    def _host(self, n, host, why):
+        self.count.fallback(_op_name(n.target), why, self.be.name)
+        args, kwargs = _map((n.args, n.kwargs), host)
+        return n.target(*args, **kwargs)
+
+    def _outputs(self, n, env, host, dev):
+        torch = _torch()
+
+        def out(x):
+            v = env[x] if x in env else self._fold_host.get(x)
+            if isinstance(v, Dev):
+                return host(x)
+            if isinstance(v, torch.Tensor) and self.kind.get(x) == "const":
+                return v.clone()  # a folded value: the caller may write into what it gets
+            return v
+        return list(_map(n.args[0], out))
+
+    # ---- constant folding ----------------------------------------------------------------------
+    def _fold(self, env, vkeys):
+        torch = _torch()
+        syms = tuple(env[n] for n in self.placeholders if self.kind[n] == "sym")
+        key = (tuple(vkeys.get(n) for n in self.placeholders if n in vkeys), syms)
+        if key == self._fold_key:
+            return
+        vals = {}
+
+        def get(x):
+            return vals[x] if x in vals else env[x]
+        with torch.no_grad():
+            for n in self.const_nodes:
+                if n.op == "get_attr":
+                    obj = self.gm
+                    for part in n.target.split("."):
+                        obj = getattr(obj, part)
+                    vals[n] = obj
+                    continue
+                args, kwargs = _map((n.args, n.kwargs), get)
+                vals[n] = n.target(*args, **kwargs)
+        # keep what a non-constant node or the output reads
+        keep = {}
+        for n in self.nodes:
+            if self.kind[n] != "const":
+                for x in _nodes_in((n.args, n.kwargs), []):
+                    if self.kind.get(x) == "const":
+                        keep[x] = vals[x]
+        self._fold_host, self._fold_dev, self._fold_key = keep, {}, key

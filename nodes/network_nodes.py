@@ -1,0 +1,844 @@
+"""The learning nodes: build a network on the canvas, train it, apply it, save and load it.
+
+A network travels between nodes as an ``ANYDEVICE_NETWORK``: a ``backend.network.Network``
+(immutable, so ComfyUI's cache may hold it). Layer nodes each take an optional network and return it
+with one layer appended; a **Network Input** node at the start of the chain fixes the input shape,
+and from then on every layer node says its output shape on the node (and refuses a layer that does
+not take its input, naming it). **Train Network** runs ``backend.train.train`` on the chosen backend
+(progress on ComfyUI's bar every step, cancel between steps, the loss of every step sent to the page
+as an ``anydevice.train`` event that web/anydevice_train.js draws as a live curve) and returns the
+trained network, a ``LOSS_MAP`` for ComfyUI's own Plot Loss Graph node and the final loss.
+**Apply Network** returns the type it was given (IMAGE in, IMAGE out); class scores give predicted
+labels (``ANYDEVICE_LABELS``: an int64 torch tensor [B]) and, with the true labels, the accuracy.
+**Save / Load Network** keep networks as safetensors files in ``models/anydevice/`` (registered with
+ComfyUI's ``folder_paths``; without ComfyUI: ``./models/anydevice``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..backend import AnyDeviceError
+from ..backend import network as _netmod
+from ..backend.network import Network
+from .common import (ANY, DATA, DEVICE_INPUT, NodeError, PackNode, Progress, Timer, badge, kind_of, parse_ints,
+                     raw, resolve_backend)
+from .resident import DeviceTensor
+
+log = logging.getLogger("anydevice")
+
+NETWORK = "ANYDEVICE_NETWORK"
+LABELS = "ANYDEVICE_LABELS"
+LOSS_MAP = "LOSS_MAP"
+CATEGORY = "AnyDevice/train"
+SEED_MAX = 0xFFFFFFFFFFFFFFFF
+MODEL_FOLDER = "anydevice"
+#: the most loss values a Train node's ui payload carries (longer runs are thinned for the curve)
+CURVE_POINTS = 400
+
+_NET_TIP = "The network so far (from a Network Input or another layer node). Without it the layer starts a new network."
+_TARGET_TYPES = "IMAGE,MASK,LATENT,TENSOR," + LABELS
+
+
+# ---------------------------------------------------------------------------------------------
+# models/anydevice: ComfyUI's folder_paths when it is there
+# ---------------------------------------------------------------------------------------------
+def register_model_folder() -> None:
+    """Register ``models/anydevice`` (``.safetensors``) with ComfyUI's folder_paths, once."""
+    fp = sys.modules.get("folder_paths")
+    if fp is None:
+        return
+    try:
+        if MODEL_FOLDER not in fp.folder_names_and_paths:
+            fp.folder_names_and_paths[MODEL_FOLDER] = ([os.path.join(fp.models_dir, MODEL_FOLDER)], {".safetensors"})
+    except Exception as exc:  # noqa: BLE001 - loading the pack must never fail on this
+        log.warning("AnyDevice: could not register models/%s with ComfyUI: %s", MODEL_FOLDER, exc)
+
+
+register_model_folder()
+
+
+def model_dirs() -> list[Path]:
+    """Where networks are saved (the first) and looked up."""
+    fp = sys.modules.get("folder_paths")
+    if fp is not None:
+        try:
+            return [Path(p) for p in fp.get_folder_paths(MODEL_FOLDER)]
+        except Exception:  # noqa: BLE001
+            pass
+    return [Path.cwd() / "models" / MODEL_FOLDER]
+
+
+def network_files() -> list[str]:
+    fp = sys.modules.get("folder_paths")
+    if fp is not None:
+        try:
+            return sorted(fp.get_filename_list(MODEL_FOLDER))
+        except Exception:  # noqa: BLE001
+            pass
+    out = set()
+    for d in model_dirs():
+        if d.is_dir():
+            for p in d.rglob("*.safetensors"):
+                out.add(p.relative_to(d).as_posix())
+    return sorted(out)
+
+
+def network_path(name: str) -> Path | None:
+    fp = sys.modules.get("folder_paths")
+    if fp is not None:
+        try:
+            p = fp.get_full_path(MODEL_FOLDER, name)
+            return Path(p) if p else None
+        except Exception:  # noqa: BLE001
+            pass
+    for d in model_dirs():
+        p = (d / name).resolve()
+        if os.path.commonpath((str(d.resolve()), str(p))) == str(d.resolve()) and p.is_file():
+            return p
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# values
+# ---------------------------------------------------------------------------------------------
+def _network(value, node: str, arg: str = "network", required: bool = False) -> Network:
+    if value is None:
+        if required:
+            raise NodeError(node, arg, None, "is required: connect a layer node, Network Input, Train or Load Network")
+        return Network.empty()
+    if not isinstance(value, Network):
+        raise NodeError(node, arg, type(value).__name__, "must be a network from an AnyDevice learning node")
+    return value
+
+
+def _labels(value):
+    """The class labels in ``value`` as an int64 NumPy array, or None when it holds no labels."""
+    if torch.is_tensor(value) and not value.is_floating_point() and not value.is_complex():
+        return value.detach().cpu().to(torch.int64).numpy()
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        return value.astype(np.int64)
+    return None
+
+
+def to_batch(value, node: str, arg: str) -> tuple[np.ndarray, str]:
+    """A training batch as float32 NumPy: IMAGE/MASK/LATENT as (N, C, H, W), a TENSOR as it is
+    ((N, F) features or (N, C, H, W)); and the value's kind."""
+    kind = kind_of(value, node, arg)
+    t = raw(value, kind).detach().to("cpu", torch.float32)
+    if kind == "IMAGE":
+        t = t.permute(0, 3, 1, 2)
+    elif kind == "MASK":
+        t = t.reshape((1, 1) + tuple(t.shape)) if t.ndim == 2 else t.unsqueeze(1)
+    elif kind == "LATENT":
+        if t.ndim != 4:
+            raise NodeError(node, arg, tuple(t.shape), "LATENT samples must be [B, C, H, W] here")
+    elif t.ndim < 2:
+        raise NodeError(node, arg, f"TENSOR of shape {tuple(t.shape)}",
+                        "needs a batch dim first: (N, F) features or (N, C, H, W)")
+    return np.ascontiguousarray(t.numpy(), dtype=np.float32), kind
+
+
+def from_batch(y: np.ndarray, kind: str, like):
+    """A network output (N, ...) as a value of ``kind`` where its shape fits that kind, else a TENSOR."""
+    t = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float32))
+    if kind == "IMAGE" and t.ndim == 4:
+        return t.permute(0, 2, 3, 1).contiguous()
+    if kind == "MASK" and t.ndim == 4 and t.shape[1] == 1:
+        return t[:, 0].contiguous()
+    if kind == "LATENT" and t.ndim == 4:
+        out = dict(like)
+        out["samples"] = t
+        return out
+    return DeviceTensor.from_host(t)
+
+
+def _shape_text(s) -> str:
+    return "[" + ", ".join(str(int(v)) for v in s) + "]"
+
+
+def _layer_text(layer: dict) -> str:
+    t = layer["type"]
+    if t == "conv2d":
+        k = layer["kernel_size"]
+        k = f"{k}x{k}" if isinstance(k, int) else f"{k[0]}x{k[1]}"
+        extra = "" if layer["padding_mode"] == "zeros" else f" {layer['padding_mode']}"
+        return f"conv {k} -> {layer['out_channels']}{extra}"
+    if t == "linear":
+        return f"linear -> {layer['out_features']}"
+    if t == "activation":
+        return layer["name"]
+    if t == "pool":
+        return f"{layer['kind']} pool"
+    if t == "upsample":
+        return f"upsample x{layer['scale_factor']} {layer['mode']}"
+    if t == "dropout":
+        return f"dropout p={layer['p']}"
+    if t == "residual":
+        return f"residual ({len(layer['body'])} layers)"
+    return t
+
+
+def shape_report(net: Network, node: str, arg: str = "network") -> tuple[list[str], tuple | None]:
+    """Lines for the node (the last layer and its output shape when the input shape is known), and
+    the output shape. A layer that does not take its input is a NodeError naming it."""
+    if net.in_shape is None:
+        n = len(net.layers)
+        last = _layer_text(net.layers[-1]) if n else "no layers"
+        return [f"{n} layer{'s' if n != 1 else ''}: last {last}",
+                "shapes: once the chain starts at a Network Input"], None
+    try:
+        shapes = net.shapes(net.in_shape)
+    except AnyDeviceError as exc:
+        raise _net_error(node, arg, exc) from exc
+    out = shapes[-1] if shapes else net.in_shape
+    lines = [f"input {_shape_text(net.in_shape)}"]
+    if net.layers:
+        lines = [f"layer {len(net.layers) - 1}: {_layer_text(net.layers[-1])}", f"-> {_shape_text(out)}"]
+    return lines, out
+
+
+def _net_error(node: str, arg: str, exc: AnyDeviceError) -> NodeError:
+    """A network's own error (a layer whose shapes do not chain) said by the node: the layer and the shapes."""
+    if exc.arg and str(exc.arg).startswith("layer "):
+        err = NodeError(node, arg, exc.arg, f"input {_shape_text(exc.value) if isinstance(exc.value, tuple) else exc.value}"
+                        f": {exc.reason}")
+    else:
+        err = NodeError(node, arg, exc.arg, str(exc))
+    err.backend_op = exc.op
+    return err
+
+
+def _host_ui(ms: float, lines: list[str], **extra) -> dict:
+    info = {"backend": "host", "device": "CPU (network spec)", "ms": round(ms, 3)}
+    info.update(extra)
+    return {"anydevice": [info], "text": lines}
+
+
+# =================================================================================================
+class _LearnNode(PackNode):
+    CATEGORY = CATEGORY
+
+
+class AnyDeviceNetworkInput(_LearnNode):
+    DISPLAY = "Network Input (AnyDevice)"
+    DESCRIPTION = ("Starts a network and fixes its input shape, so the layer nodes after it can say their output "
+                   "shapes and refuse a layer that does not fit. The shape comes from an example input (IMAGE, "
+                   "MASK, LATENT or TENSOR: one sample of it) or from the shape text.")
+    RETURN_TYPES = (NETWORK,)
+    RETURN_NAMES = ("network",)
+    OUTPUT_TOOLTIPS = ("An empty network with its input shape; connect the first layer node.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"shape": ("STRING", {"default": "3, 32, 32",
+                                                  "tooltip": "One sample's shape: C, H, W for images (or F for "
+                                                             "features). Ignored when an example is connected."})},
+                "optional": {"example": (DATA, {"tooltip": "An input like the ones the network will get; its "
+                                                           "shape (one sample) is used."})}}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, shape=None):
+        if shape is not None:
+            try:
+                s = parse_ints(shape, "shape", allow_empty=False)
+            except ValueError as exc:
+                return cls.fail("shape", shape, str(exc))
+            if not 1 <= len(s) <= 3 or min(s) < 1:
+                return cls.fail("shape", shape, "must be 1 to 3 sizes >= 1 (C, H, W or F)")
+        return True
+
+    def _run(self, shape="3, 32, 32", example=None):
+        node = self.DISPLAY
+        t = Timer()
+        if example is not None:
+            x, _ = to_batch(example, node, "example")
+            s = (1,) + tuple(x.shape[1:])
+        else:
+            try:
+                dims = parse_ints(shape, "shape", allow_empty=False)
+            except ValueError as exc:
+                raise NodeError(node, "shape", shape, str(exc)) from None
+            if not 1 <= len(dims) <= 3 or min(dims) < 1:
+                raise NodeError(node, "shape", shape, "must be 1 to 3 sizes >= 1 (C, H, W or F)")
+            s = (1,) + tuple(dims)
+        net = dataclasses.replace(Network.empty(), in_shape=s)
+        return {"ui": _host_ui(t.ms(), [f"input {_shape_text(s)}"], shape=list(s)), "result": (net,)}
+
+
+class _LayerNode(_LearnNode):
+    """A node that appends one layer: ``_layer(**widgets)`` gives (type, config)."""
+
+    RETURN_TYPES = (NETWORK,)
+    RETURN_NAMES = ("network",)
+    OUTPUT_TOOLTIPS = ("The network with this layer appended.",)
+    WIDGETS: dict = {}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": dict(cls.WIDGETS), "optional": {"network": (NETWORK, {"tooltip": _NET_TIP})}}
+
+    def _layer(self, **w) -> tuple[str, dict]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _append(self, net: Network, **w) -> Network:
+        typ, cfg = self._layer(**w)
+        try:
+            return net.add(typ, **cfg)
+        except AnyDeviceError as exc:  # a setting the layer refuses: name the widget
+            arg = exc.arg if exc.arg in self.WIDGETS else None
+            raise NodeError(self.DISPLAY, arg or "settings", exc.value, exc.reason or str(exc)) from exc
+
+    def _run(self, network=None, **w):
+        node = self.DISPLAY
+        t = Timer()
+        net = self._append(_network(network, node), **w)
+        lines, out = shape_report(net, node)
+        extra = {"shape": list(out)} if out is not None else {}
+        return {"ui": _host_ui(t.ms(), lines, **extra), "result": (net,)}
+
+
+def _int(default, lo, hi, tip):
+    return ("INT", {"default": default, "min": lo, "max": hi, "tooltip": tip})
+
+
+class AnyDeviceConvLayer(_LayerNode):
+    DISPLAY = "Conv Layer (AnyDevice)"
+    DESCRIPTION = ("A 2-D convolution layer (torch.nn.Conv2d): in_channels from its input, trained weights and bias. "
+                   "A 1x1 conv is a per-pixel linear map of the channels (a colour matrix).")
+    WIDGETS = {
+        "out_channels": _int(16, 1, 4096, "Output channels."),
+        "kernel_size": _int(3, 1, 31, "Kernel height and width."),
+        "stride": _int(1, 1, 16, "Step between kernel positions."),
+        "padding": (["same", "valid", "explicit"], {"default": "same", "tooltip": "same: output size = input size "
+                    "(stride 1); valid: none; explicit: padding_size on every side."}),
+        "padding_size": _int(1, 0, 64, "Pixels of padding on each side when padding is explicit."),
+        "padding_mode": (["zeros", "reflect", "replicate", "circular"], {
+            "default": "zeros", "tooltip": "How the border is filled (reflect suits image filters)."}),
+        "dilation": _int(1, 1, 16, "Spacing between kernel taps."),
+        "groups": _int(1, 1, 4096, "Groups; must divide the input and output channels (= channels: depthwise)."),
+        "bias": ("BOOLEAN", {"default": True, "tooltip": "A trained bias per output channel."}),
+    }
+
+    def _layer(self, out_channels, kernel_size, stride, padding, padding_size, padding_mode, dilation, groups, bias):
+        pad = int(padding_size) if padding == "explicit" else padding
+        return "conv2d", dict(out_channels=int(out_channels), kernel_size=int(kernel_size), stride=int(stride),
+                              padding=pad, dilation=int(dilation), groups=int(groups), bias=bool(bias),
+                              padding_mode=padding_mode)
+
+
+class AnyDeviceLinearLayer(_LayerNode):
+    DISPLAY = "Linear Layer (AnyDevice)"
+    DESCRIPTION = "A fully connected layer (torch.nn.Linear) on (N, F) features; put a Flatten Layer before it on images."
+    WIDGETS = {"out_features": _int(10, 1, 65536, "Output features."),
+               "bias": ("BOOLEAN", {"default": True, "tooltip": "A trained bias per output feature."})}
+
+    def _layer(self, out_features, bias):
+        return "linear", dict(out_features=int(out_features), bias=bool(bias))
+
+
+class AnyDeviceActivationLayer(_LayerNode):
+    DISPLAY = "Activation Layer (AnyDevice)"
+    DESCRIPTION = "An activation layer: relu, leaky_relu, elu, gelu, silu, sigmoid, tanh, softplus or softmax."
+    WIDGETS = {
+        "activation": (list(_netmod.ACTIVATION_PARAMS), {"default": "relu", "tooltip": "The function."}),
+        "negative_slope": ("FLOAT", {"default": 0.01, "min": -100.0, "max": 100.0, "step": 0.001,
+                                     "tooltip": "leaky_relu: slope for negative inputs."}),
+        "alpha": ("FLOAT", {"default": 1.0, "min": -100.0, "max": 100.0, "step": 0.01,
+                            "tooltip": "elu: the value the negative side approaches."}),
+        "approximate": (["none", "tanh"], {"default": "none", "tooltip": "gelu: exact or the tanh approximation."}),
+        "dim": _int(1, -4, 3, "softmax: the dim (1: the channels / classes)."),
+    }
+
+    def _layer(self, activation, negative_slope, alpha, approximate, dim):
+        p = {"leaky_relu": {"negative_slope": float(negative_slope)}, "elu": {"alpha": float(alpha)},
+             "gelu": {"approximate": approximate}, "softmax": {"dim": int(dim)}}.get(activation, {})
+        return "activation", dict(name=activation, **p)
+
+
+class AnyDeviceNormLayer(_LayerNode):
+    DISPLAY = "Norm Layer (AnyDevice)"
+    DESCRIPTION = ("A normalisation layer: batch_norm (running statistics, trained), group_norm, layer_norm or "
+                   "instance_norm, with a trained scale and shift.")
+    WIDGETS = {
+        "kind": (["batch_norm", "group_norm", "layer_norm", "instance_norm"], {
+            "default": "batch_norm", "tooltip": "Which normalisation."}),
+        "num_groups": _int(4, 1, 4096, "group_norm: groups; must divide the channels."),
+        "eps": ("FLOAT", {"default": 1e-5, "min": 0.0, "max": 1.0, "step": 1e-6, "round": False,
+                          "tooltip": "Added to the variance."}),
+        "momentum": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 1.0, "step": 0.01,
+                               "tooltip": "batch_norm: running statistics update rate."}),
+        "affine": ("BOOLEAN", {"default": True, "tooltip": "A trained scale and shift per channel."}),
+    }
+
+    def _layer(self, kind, num_groups, eps, momentum, affine):
+        cfg = {"eps": float(eps)}
+        cfg["elementwise_affine" if kind == "layer_norm" else "affine"] = bool(affine)
+        if kind == "group_norm":
+            cfg["num_groups"] = int(num_groups)
+        if kind == "batch_norm":
+            cfg["momentum"] = float(momentum)
+        return kind, cfg
+
+
+class AnyDevicePoolLayer(_LayerNode):
+    DISPLAY = "Pool Layer (AnyDevice)"
+    DESCRIPTION = "Max or average pooling, or adaptive pooling to a fixed output size."
+    WIDGETS = {
+        "kind": (list(_netmod.POOL_KINDS), {"default": "max", "tooltip": "max / avg: a window; adaptive: an output size."}),
+        "kernel_size": _int(2, 1, 64, "max / avg: the window."),
+        "stride": _int(0, 0, 64, "max / avg: the step (0: the kernel size)."),
+        "padding": _int(0, 0, 32, "max / avg: padding on each side (at most half the kernel)."),
+        "output_size": _int(1, 1, 1024, "adaptive: output height and width."),
+    }
+
+    def _layer(self, kind, kernel_size, stride, padding, output_size):
+        if kind.startswith("adaptive"):
+            return "pool", dict(kind=kind, output_size=int(output_size))
+        return "pool", dict(kind=kind, kernel_size=int(kernel_size), stride=int(stride) or None, padding=int(padding))
+
+
+class AnyDeviceUpsampleLayer(_LayerNode):
+    DISPLAY = "Upsample Layer (AnyDevice)"
+    DESCRIPTION = "Resizes (N, C, H, W) by a scale factor (torch.nn.Upsample)."
+    WIDGETS = {"scale_factor": ("FLOAT", {"default": 2.0, "min": 0.05, "max": 16.0, "step": 0.05,
+                                          "tooltip": "Output size = input size x this."}),
+               "mode": (list(_netmod.UPSAMPLE_MODES), {"default": "nearest", "tooltip": "Interpolation."})}
+
+    def _layer(self, scale_factor, mode):
+        return "upsample", dict(scale_factor=float(scale_factor), mode=mode)
+
+
+class AnyDeviceDropoutLayer(_LayerNode):
+    DISPLAY = "Dropout Layer (AnyDevice)"
+    DESCRIPTION = "Drops a fraction p of the values in training (seeded masks); passes everything when applied."
+    WIDGETS = {"p": ("FLOAT", {"default": 0.5, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip": "Drop probability."})}
+
+    def _layer(self, p):
+        return "dropout", dict(p=float(p))
+
+
+class AnyDeviceFlattenLayer(_LayerNode):
+    DISPLAY = "Flatten Layer (AnyDevice)"
+    DESCRIPTION = "(N, C, H, W) -> (N, C*H*W), before Linear Layers."
+    WIDGETS = {}
+
+    def _layer(self):
+        return "flatten", {}
+
+
+class AnyDeviceResidual(_LearnNode):
+    DISPLAY = "Residual (AnyDevice)"
+    DESCRIPTION = ("Appends a residual block y = x + body(x) to the trunk network. Build the body as its own chain "
+                   "of layer nodes (without a Network Input); its output must have its input's shape.")
+    RETURN_TYPES = (NETWORK,)
+    RETURN_NAMES = ("network",)
+    OUTPUT_TOOLTIPS = ("The trunk with the residual block appended.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"body": (NETWORK, {"tooltip": "The block's layers (a chain of layer nodes)."})},
+                "optional": {"network": (NETWORK, {"tooltip": _NET_TIP})}}
+
+    def _run(self, body, network=None):
+        node = self.DISPLAY
+        t = Timer()
+        b = _network(body, node, "body", required=True)
+        if not b.layers:
+            raise NodeError(node, "body", "an empty network", "needs at least one layer")
+        try:
+            net = _network(network, node).residual(dataclasses.replace(b, in_shape=None))
+        except AnyDeviceError as exc:
+            raise NodeError(node, "body", exc.value, exc.reason or str(exc)) from exc
+        lines, out = shape_report(net, node, "body")
+        extra = {"shape": list(out)} if out is not None else {}
+        return {"ui": _host_ui(t.ms(), lines, **extra), "result": (net,)}
+
+
+# =================================================================================================
+def _send(event: str, payload: dict) -> None:
+    """A server event to the page (inside ComfyUI; nothing otherwise)."""
+    server = sys.modules.get("server")
+    ps = getattr(server, "PromptServer", None) if server is not None else None
+    inst = getattr(ps, "instance", None) if ps is not None else None
+    if inst is None:
+        return
+    try:
+        inst.send_sync(event, payload, getattr(inst, "client_id", None))
+    except Exception as exc:  # noqa: BLE001 - a page that is gone must not stop training
+        log.debug("AnyDevice: %s event not sent: %s", event, exc)
+
+
+def _thin(values: list[float], n: int = CURVE_POINTS) -> list[float]:
+    if len(values) <= n:
+        return [float(v) for v in values]
+    idx = np.linspace(0, len(values) - 1, n).round().astype(int)
+    return [float(values[i]) for i in idx]
+
+
+LOSSES = ["mse", "l1", "smooth_l1", "huber", "bce", "psnr", "ssim", "cross_entropy"]
+OPTIMIZERS = ["adam", "adamw", "sgd"]
+
+
+class AnyDeviceTrainNetwork(_LearnNode):
+    DISPLAY = "Train Network (AnyDevice)"
+    DESCRIPTION = ("Trains the network on inputs and targets on the chosen backend: mini-batches (shuffled with the "
+                   "seed), the loss, backward through the pack's own autograd, and the optimizer. Same seed, backend "
+                   "and thread count give the same weights bit for bit. The loss curve is drawn live on the node; "
+                   "Cancel stops between steps. A loss that turns NaN/Inf stops the run with the last finite weights "
+                   "(a warning on the node).")
+    RETURN_TYPES = (NETWORK, LOSS_MAP, "FLOAT")
+    RETURN_NAMES = ("network", "loss_map", "final_loss")
+    OUTPUT_TOOLTIPS = ("The trained network (the input network is unchanged).",
+                       "{'loss': [every step's loss]}: connect ComfyUI's Plot Loss Graph.",
+                       "The loss of the last step.")
+    OUTPUT_NODE = True
+    ARGS = {"lr": "learning_rate", "weight_decay": "weight_decay", "steps": "steps", "epochs": "epochs",
+            "batch_size": "batch_size", "seed": "train_seed", "inputs": "inputs", "targets": "targets",
+            "loss": "loss", "optimizer": "optimizer", "network": "network", "in_shape": "inputs",
+            "momentum": "momentum"}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "network": (NETWORK, {"tooltip": "The network to train (its weights are initialised from train_seed "
+                                                 "when it has none)."}),
+                "inputs": (DATA, {"tooltip": "A batch of training inputs: IMAGE, MASK, LATENT or TENSOR ((N, F) or "
+                                             "(N, C, H, W))."}),
+                "targets": (_TARGET_TYPES, {"tooltip": "What the network should output for each input: a batch of "
+                                                       "the same kind, or class labels (Load Labeled Images) for "
+                                                       "cross_entropy."}),
+                "loss": (LOSSES, {"default": "mse", "tooltip": "The objective: mse, l1, smooth_l1, huber, bce, psnr "
+                                  "(maximised), ssim (maximised) or cross_entropy (class labels)."}),
+                "optimizer": (OPTIMIZERS, {"default": "adam", "tooltip": "torch.optim's update rules."}),
+                "learning_rate": ("FLOAT", {"default": 0.001, "min": 0.0, "max": 10.0, "step": 0.0001,
+                                            "round": False, "tooltip": "Step size (> 0)."}),
+                "weight_decay": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 0.0001, "round": False,
+                                           "tooltip": "L2 penalty (adamw: decoupled weight decay)."}),
+                "steps": _int(200, 1, 1000000, "Optimizer steps (used when epochs is 0)."),
+                "epochs": _int(0, 0, 100000, "Passes over the data; 0 uses steps instead."),
+                "batch_size": _int(16, 1, 65536, "Samples per step."),
+                "momentum": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 0.9999, "step": 0.01,
+                                       "tooltip": "sgd: momentum."}),
+                "train_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
+                                       "tooltip": "Seed of the initial weights, the batch order and dropout. It does "
+                                                  "not change between runs, so a re-queue does not retrain."}),
+            },
+            "optional": {"device": DEVICE_INPUT},
+            "hidden": {"unique_id": "UNIQUE_ID"},
+        }
+
+    def _run(self, network, inputs, targets, loss="mse", optimizer="adam", learning_rate=0.001, weight_decay=0.0,
+             steps=200, epochs=0, batch_size=16, momentum=0.9, train_seed=0, device=None, unique_id=None):
+        from ..backend.train import train
+        node = self.DISPLAY
+        net = _network(network, node, required=True)
+        if not net.layers:
+            raise NodeError(node, "network", "an empty network", "has no layers: connect layer nodes")
+        if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate > 0):
+            raise NodeError(node, "learning_rate", learning_rate, "must be > 0")
+        be = resolve_backend(device, node)
+        x, _kind = to_batch(inputs, node, "inputs")
+        labels = _labels(targets)
+        if labels is not None:
+            if loss != "cross_entropy":
+                raise NodeError(node, "targets", f"class labels of shape {tuple(labels.shape)}",
+                                f"class labels need the cross_entropy loss (loss is {loss})")
+            y = labels
+        else:
+            y, _ = to_batch(targets, node, "targets")
+        if y.shape[0] != x.shape[0]:
+            raise NodeError(node, "targets", f"a batch of {y.shape[0]}",
+                            f"must hold one target per input: inputs is a batch of {x.shape[0]}")
+        if net.in_shape is not None and tuple(net.in_shape[1:]) != tuple(x.shape[1:]) and net.params is None:
+            raise NodeError(node, "inputs", f"samples of shape {tuple(x.shape[1:])}",
+                            f"the network's Network Input says {tuple(net.in_shape[1:])}")
+        if net.params is None:
+            net = dataclasses.replace(net, in_shape=None)  # initialised for the training batch by train()
+        opt_params = {"momentum": float(momentum)} if optimizer == "sgd" else {}
+        sid = None if unique_id is None else str(unique_id)
+        bar = []
+
+        def on_step(step, total, value):
+            if not bar:  # ComfyUI's progress bar, one tick a step
+                bar.append(Progress(total))
+            bar[0].step()
+            if sid is not None:
+                _send("anydevice.train", {"node": sid, "step": int(step), "steps": int(total), "loss": float(value)})
+
+        if sid is not None:
+            _send("anydevice.train", {"node": sid, "step": 0, "steps": 0, "loss": None, "start": True})
+        t = Timer()
+        try:
+            res = train(net, x, y, be=be, loss=loss, optimizer=optimizer, lr=float(learning_rate),
+                        weight_decay=float(weight_decay), steps=None if epochs else int(steps),
+                        epochs=int(epochs) or None, batch_size=int(batch_size), seed=int(train_seed),
+                        on_step=on_step, optimizer_params=opt_params)
+        except AnyDeviceError as exc:
+            if exc.arg and str(exc.arg).startswith("layer "):
+                raise _net_error(node, "network", exc) from exc
+            raise
+        ms = t.ms(be)
+        ui = badge(be, ms, op="train", steps=res.steps)
+        final = float(res.final_loss)
+        lines = [f"{loss} {final:.6g} after {res.steps} steps ({optimizer}, lr {learning_rate:g})"]
+        if res.stopped:
+            ui["anydevice"][0]["warning"] = res.stopped
+            lines.append(res.stopped)
+        ui["text"] = lines
+        ui["train_curve"] = [{"loss": _thin(res.losses), "steps": res.steps, "name": loss,
+                              "stopped": res.stopped}]
+        log.info("AnyDevice %s: %s", node, lines[0])
+        return {"ui": ui, "result": (res.network, {"loss": [float(v) for v in res.losses]}, final)}
+
+
+# =================================================================================================
+class AnyDeviceApplyNetwork(_LearnNode):
+    DISPLAY = "Apply Network (AnyDevice)"
+    DESCRIPTION = ("Runs the network (evaluation mode) on an input and returns the same type (IMAGE in, IMAGE out) "
+                   "where the output's shape fits it, else a TENSOR (e.g. class scores). For class scores it also "
+                   "gives the predicted labels, and with the true labels connected the accuracy.")
+    RETURN_TYPES = (ANY, LABELS, "FLOAT")
+    RETURN_NAMES = ("output", "predicted", "accuracy")
+    OUTPUT_TOOLTIPS = ("The network's output, of the input's type where it fits.",
+                       "argmax over dim 1 (the classes), as labels.",
+                       "Fraction of predicted labels equal to the connected labels (0 without labels).")
+    OUTPUT_NODE = True
+    ARGS = {"input": "input", "inputs": "input"}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"network": (NETWORK, {"tooltip": "A trained (or loaded) network."}),
+                             "input": (DATA, {"tooltip": "IMAGE, MASK, LATENT or TENSOR batch."}),
+                             "batch_size": _int(256, 1, 65536, "Samples per forward pass.")},
+                "optional": {"labels": (LABELS, {"tooltip": "True class labels: the accuracy is computed."}),
+                             "device": DEVICE_INPUT}}
+
+    def _run(self, network, input, batch_size=256, labels=None, device=None):
+        from ..backend.train import predict
+        node = self.DISPLAY
+        net = _network(network, node, required=True)
+        be = resolve_backend(device, node)
+        x, kind = to_batch(input, node, "input")
+        lines = []
+        try:
+            if net.params is None:
+                net = net.initialized((1,) + tuple(x.shape[1:]), 0)
+                lines.append("untrained network: initial weights (seed 0)")
+            net.shapes((x.shape[0],) + tuple(x.shape[1:]))
+        except AnyDeviceError as exc:
+            raise _net_error(node, "network", exc) from exc
+        pbar = Progress(1)
+        t = Timer()
+        y = predict(net, be, x, batch_size=int(batch_size))
+        ms = t.ms(be)
+        pbar.step()
+        out = from_batch(y, kind, input)
+        pred = torch.from_numpy(y.argmax(axis=1).astype(np.int64)) if y.ndim >= 2 else torch.zeros(y.shape[0], dtype=torch.int64)
+        acc = 0.0
+        if labels is not None:
+            lab = _labels(labels)
+            if lab is None:
+                raise NodeError(node, "labels", type(labels).__name__, "must be class labels (an integer tensor)")
+            if lab.shape != tuple(pred.shape):
+                raise NodeError(node, "labels", f"shape {tuple(lab.shape)}",
+                                f"must match the predictions' shape {tuple(pred.shape)}")
+            hits = int((pred.numpy() == lab).sum())
+            acc = hits / max(1, lab.size)
+            lines.append(f"accuracy {100 * acc:.2f}% ({hits}/{lab.size})")
+        lines.insert(0, f"output {_shape_text(y.shape)}")
+        ui = badge(be, ms, op="forward", shape=list(y.shape))
+        ui["text"] = lines
+        if labels is not None:
+            ui["accuracy"] = [acc]
+        return {"ui": ui, "result": (out, pred, acc)}
+
+
+# =================================================================================================
+_NAME_OK = re.compile(r"^[\w\-. /]+$")
+
+
+class AnyDeviceSaveNetwork(_LearnNode):
+    DISPLAY = "Save Network (AnyDevice)"
+    DESCRIPTION = ("Saves the network (layers in the metadata, weights as tensors under torch's state-dict names) as "
+                   "a .safetensors file in models/anydevice/.")
+    RETURN_TYPES = ()
+    RETURN_NAMES = ()
+    OUTPUT_TOOLTIPS = ()
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"network": (NETWORK, {"tooltip": "A trained network."}),
+                             "filename": ("STRING", {"default": "anydevice_network",
+                                                     "tooltip": "File name in models/anydevice/ (.safetensors is "
+                                                                "added); an existing file is replaced."})}}
+
+    def _run(self, network, filename="anydevice_network"):
+        from ..backend import netio
+        node = self.DISPLAY
+        net = _network(network, node, required=True)
+        if net.params is None:
+            raise NodeError(node, "network", repr(net), "has no weights yet: train it first")
+        name = str(filename).strip()
+        if name.endswith(".safetensors"):
+            name = name[: -len(".safetensors")]
+        if not name or not _NAME_OK.match(name) or ".." in Path(name).parts or os.path.isabs(name):
+            raise NodeError(node, "filename", filename, "must be a plain file name (letters, digits, - _ . /), "
+                            "inside models/anydevice")
+        base = model_dirs()[0]
+        path = base / f"{name}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        t = Timer()
+        netio.save(net, path, metadata={"anydevice.in_shape": str(list(net.in_shape or []))})
+        ui = _host_ui(t.ms(), [f"saved {path.name}", f"{net.num_params()} parameters"], path=str(path))
+        ui["anydevice"][0]["device"] = "CPU (file)"
+        return {"ui": ui, "result": ()}
+
+
+class AnyDeviceLoadNetwork(_LearnNode):
+    DISPLAY = "Load Network (AnyDevice)"
+    DESCRIPTION = "Loads a network saved by Save Network (or any safetensors file with the AnyDevice layer spec)."
+    RETURN_TYPES = (NETWORK,)
+    RETURN_NAMES = ("network",)
+    OUTPUT_TOOLTIPS = ("The network with its weights.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        files = network_files()
+        return {"required": {"name": (files or ["(no networks saved yet)"], {
+            "tooltip": "A .safetensors file in models/anydevice/."})}}
+
+    @classmethod
+    def IS_CHANGED(cls, name):
+        p = network_path(name)
+        return p.stat().st_mtime if p is not None else ""
+
+    def _run(self, name):
+        from ..backend import netio
+        node = self.DISPLAY
+        p = network_path(name)
+        if p is None:
+            raise NodeError(node, "name", name, f"no such file in {', '.join(str(d) for d in model_dirs())}")
+        t = Timer()
+        try:
+            net = netio.load(p)
+        except AnyDeviceError as exc:
+            raise NodeError(node, "name", name, exc.reason or str(exc)) from exc
+        lines = [f"{len(net.layers)} layers, {net.num_params()} parameters"]
+        ui = _host_ui(t.ms(), lines)
+        ui["anydevice"][0]["device"] = "CPU (file)"
+        return {"ui": ui, "result": (net,)}
+
+
+# =================================================================================================
+class AnyDeviceLayerWeights(_LearnNode):
+    DISPLAY = "Layer Weights (AnyDevice)"
+    DESCRIPTION = ("A trained layer's weight and bias as WEIGHTS, for the Conv2D and Linear nodes (kernel_source / "
+                   "source 'weights'): the learned kernel then shows in their kernel grid. 'matrix' gives a 1x1 "
+                   "conv's weight as the (out, in) matrix Linear takes.")
+    RETURN_TYPES = ("WEIGHTS",)
+    RETURN_NAMES = ("weights",)
+    OUTPUT_TOOLTIPS = ("{weight, bias} of the layer.",)
+    SHAPES = ["as stored", "matrix"]
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "network": (NETWORK, {"tooltip": "A trained (or loaded) network."}),
+            "layer": _int(-1, -1, 10000, "Index of the layer (the numbers the layer nodes show); -1: the first "
+                                         "conv or linear layer."),
+            "shape": (cls.SHAPES, {"default": "as stored", "tooltip": "as stored: conv (out, in/groups, kH, kW), "
+                                   "linear (out, in); matrix: a 1x1 conv as (out, in), for Linear."})}}
+
+    def _run(self, network, layer=-1, shape="as stored"):
+        node = self.DISPLAY
+        net = _network(network, node, required=True)
+        t = Timer()
+        idx = int(layer)
+        if idx < 0:
+            idx = next((i for i, ly in enumerate(net.layers) if ly["type"] in ("conv2d", "linear")), None)
+            if idx is None:
+                raise NodeError(node, "network", repr(net), "has no conv or linear layer at its top level")
+        elif idx >= len(net.layers):
+            raise NodeError(node, "layer", idx, f"the network has {len(net.layers)} layers (0..{len(net.layers) - 1})")
+        ly = net.layers[idx]
+        if ly["type"] not in ("conv2d", "linear"):
+            raise NodeError(node, "layer", idx, f"is layer {idx} ({ly['type']}): only conv and linear layers have "
+                            "weights to use in Conv2D / Linear")
+        if net.params is None:
+            raise NodeError(node, "network", repr(net), "has no weights yet: train it (Train Network) or load one")
+        w = torch.from_numpy(np.array(net.params[f"{idx}.weight"], np.float32))
+        b = net.params.get(f"{idx}.bias")
+        b = None if b is None else torch.from_numpy(np.array(b, np.float32))
+        if shape == "matrix" and w.ndim == 4:
+            if tuple(w.shape[2:]) != (1, 1) or ly["groups"] != 1:
+                raise NodeError(node, "shape", shape, f"only a 1x1 conv with groups 1 is a matrix; layer {idx} "
+                                f"has weight {tuple(w.shape)}")
+            w = w.reshape(w.shape[0], w.shape[1])
+        lines = [f"layer {idx}: {_layer_text(ly)}", f"weight {_shape_text(w.shape)}" +
+                 ("" if b is None else f", bias {_shape_text(b.shape)}")]
+        return {"ui": _host_ui(t.ms(), lines), "result": ({"weight": w, "bias": b},)}
+
+
+# =================================================================================================
+class AnyDeviceImagePatches(_LearnNode):
+    DISPLAY = "Image Patches (AnyDevice)"
+    DESCRIPTION = ("A training batch from images: seeded random square crops, and the same crops with seeded "
+                   "Gaussian noise added (for denoisers). A patch_size as large as the image gives the image itself.")
+    RETURN_TYPES = ("IMAGE", "IMAGE")
+    RETURN_NAMES = ("patches", "noisy")
+    OUTPUT_TOOLTIPS = ("The crops, a batch [count, size, size, C].", "The crops plus noise (clamped to 0..1 if asked).")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "image": ("IMAGE", {"tooltip": "One image or a batch; crops come from random batch entries."}),
+            "patch_size": _int(32, 1, 4096, "Crop height and width."),
+            "count": _int(64, 1, 65536, "Number of crops."),
+            "noise_std": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 10.0, "step": 0.01,
+                                    "tooltip": "Standard deviation of the Gaussian noise of the 'noisy' output."}),
+            "clamp": ("BOOLEAN", {"default": True, "tooltip": "Clamp the noisy crops to 0..1, as a saved image is."}),
+            "patch_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
+                                   "tooltip": "Seed of the crop positions and the noise (fixed between runs)."}),
+        }}
+
+    def _run(self, image, patch_size=32, count=64, noise_std=0.1, clamp=True, patch_seed=0):
+        node = self.DISPLAY
+        if not torch.is_tensor(image) or image.ndim != 4:
+            raise NodeError(node, "image", type(image).__name__, "must be an IMAGE [B, H, W, C]")
+        b, h, w, c = image.shape
+        s = int(patch_size)
+        if s > h or s > w:
+            raise NodeError(node, "patch_size", s, f"is larger than the image ({h}x{w})")
+        n = int(count)
+        if n * s * s * c * 4 * 2 > (1 << 31):
+            raise NodeError(node, "count", n, f"{n} patches of {s}x{s}x{c} would take over 2 GB")
+        t = Timer()
+        rng = np.random.default_rng(int(patch_seed) & ((1 << 64) - 1))
+        src = image.detach().to("cpu", torch.float32).numpy()
+        bi = rng.integers(0, b, n)
+        ys = rng.integers(0, h - s + 1, n)
+        xs = rng.integers(0, w - s + 1, n)
+        patches = np.stack([src[i, y:y + s, x:x + s] for i, y, x in zip(bi, ys, xs)]).astype(np.float32)
+        noisy = patches + rng.standard_normal(patches.shape).astype(np.float32) * np.float32(noise_std)
+        if clamp:
+            noisy = np.clip(noisy, 0.0, 1.0)
+        ui = _host_ui(t.ms(), [f"{n} patches {s}x{s}, noise std {noise_std:g}"])
+        ui["anydevice"][0]["device"] = "CPU (data)"
+        return {"ui": ui, "result": (torch.from_numpy(patches), torch.from_numpy(noisy.astype(np.float32)))}
+
+
+NETWORK_NODES = [AnyDeviceNetworkInput, AnyDeviceConvLayer, AnyDeviceLinearLayer, AnyDeviceActivationLayer,
+                 AnyDeviceNormLayer, AnyDevicePoolLayer, AnyDeviceUpsampleLayer, AnyDeviceDropoutLayer,
+                 AnyDeviceFlattenLayer, AnyDeviceResidual, AnyDeviceTrainNetwork, AnyDeviceApplyNetwork,
+                 AnyDeviceSaveNetwork, AnyDeviceLoadNetwork, AnyDeviceLayerWeights, AnyDeviceImagePatches]
