@@ -145,7 +145,10 @@ def test_api_twin_matches_headless_runner(srv, runner_results, name):
                 a = _img(srv.view(s))
                 b = _img(Path([x for x in local.saved if x["filename"] == l["filename"]][0]["path"]).read_bytes())
                 assert a.shape == b.shape
-                assert np.abs(a - b).max() <= 1, f"{name} #{nid}: server and runner images differ"
+                d = np.abs(a - b)
+                assert d.max() <= _pixels(prompt), f"{name} #{nid}: server and runner images differ (max {d.max()})"
+                if _trained(prompt):
+                    assert d.mean() <= 0.05, f"{name} #{nid}: server and runner images differ (mean {d.mean():.4f})"
         if "loss" in local.ui.get(nid, {}):
             v_srv, v_loc = outputs[nid]["loss"][0]["value"], local.ui[nid]["loss"][0]["value"]
             assert v_srv == pytest.approx(v_loc, rel=_rel(prompt), abs=1e-6), (name, nid)
@@ -269,9 +272,19 @@ def test_server_still_works_after_errors(srv):
     assert info["mean"] == pytest.approx((0x33 + 0x66 + 0x99) / 3 / 255 + 0.125, rel=1e-5)
 
 
+def _trained(prompt) -> bool:
+    return any(n.get("class_type") == "AnyDeviceTrainNetwork" for n in prompt.values())
+
+
 def _rel(prompt) -> float:
     """Relative tolerance between the server's and the runner's values: 1e-4, or 1e-3 where a
     network was trained (hundreds of optimizer steps amplify the last-bit differences between the
     server's NumPy/BLAS build and this venv's)."""
-    trained = any(n.get("class_type") == "AnyDeviceTrainNetwork" for n in prompt.values())
-    return 1e-3 if trained else 1e-4
+    return 1e-3 if _trained(prompt) else 1e-4
+
+
+def _pixels(prompt) -> int:
+    """Largest 8-bit difference between the server's and the runner's PNGs: 1 (a rounding
+    boundary), or 4 where a network was trained (the same amplified last-bit differences as
+    _rel's; CI saw 3 on the denoiser's output, with the mean difference under 0.05 of 255)."""
+    return 4 if _trained(prompt) else 1
