@@ -186,12 +186,15 @@ def test_live_loss_curve_in_the_browser(renderer):
         pg.on("pageerror", lambda e: errors.append(f"pageerror: {e} {getattr(e, 'stack', '')}"))
         pg.goto(srv.url + "/")
         pg.wait_for_function("window.app && window.app.graph", timeout=120_000)
-        if renderer == "vue":  # classic is the default (1.27's settings store fails on setting it off)
-            pg.evaluate("async () => { await app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true); }")
+        # the renderer is a user setting, kept by the server this process shares with test_browser.py
+        # (whose last configuration may have left the Vue renderer on): set it either way
+        vue = renderer == "vue"
+        pg.evaluate("async (on) => { await app.extensionManager.setting.set('Comfy.VueNodes.Enabled', on); }", vue)
         pg.reload()
         pg.wait_for_function("window.app && window.app.graph && window.comfyAPI && window.comfyAPI.api",
                              timeout=120_000)
         pg.wait_for_timeout(1500)
+        assert pg.evaluate("() => !!app.extensionManager.setting.get('Comfy.VueNodes.Enabled')") == vue
         assert "AnyDevice.Train" in pg.evaluate("() => app.extensions.map(e => e.name)")
         pg.evaluate("""() => { window.__tr = {events: [], done: null};
             const api = window.comfyAPI.api.api;
