@@ -279,8 +279,9 @@ def _trained(prompt) -> bool:
 
 def _rel(prompt) -> float:
     """Relative tolerance between the server's and the runner's values: 1e-4, or 1e-3 where a
-    network was trained (hundreds of optimizer steps amplify the last-bit differences between the
-    server's NumPy/BLAS build and this venv's)."""
+    network was trained: hundreds of optimizer steps amplify last-bit differences, and the server
+    may compute on another backend than the runner (ComfyUI's venv often lacks pyopencl: then the
+    server runs numpy or PyTorch, the runner OpenCL)."""
     return 1e-3 if _trained(prompt) else 1e-4
 
 
