@@ -86,6 +86,13 @@ def _check_reach(op, stride, dilation, pads, hw):
                                  f"{CONV_INDEX_MAX // 4} with the input's size)")
 
 
+def _batched(be, x, gy, sx):
+    """An unbatched (C, H, W) input and its gradient as a batch of one; and whether they were."""
+    if len(sx) != 3:
+        return x, gy, False
+    return be._reshape(x, (1,) + sx), be._reshape(gy, (1,) + tuple(be._shape(gy))), True
+
+
 @rule("conv2d")
 def _conv2d(ctx, gy):
     be, x, w = ctx.be, ctx["input"], ctx["weight"]
@@ -95,10 +102,7 @@ def _conv2d(ctx, gy):
     groups, mode = ctx["groups"], ctx["padding_mode"]
     pads = _conv_pads(ctx["padding"], sw[2], sw[3], dilation)
     _check_reach("conv2d", stride, dilation, pads, sx[-2:])
-    unbatched = len(sx) == 3
-    if unbatched:
-        x = be._reshape(x, (1,) + sx)
-        gy = be._reshape(gy, (1,) + tuple(be._shape(gy)))
+    x, gy, unbatched = _batched(be, x, gy, sx)
     x4 = tuple(be._shape(x))
     padded = mode != "zeros" and any(pads)
     out = {}
@@ -132,10 +136,7 @@ def _conv_transpose2d(ctx, gy):
     padding = pair(op, "padding", ctx["padding"], minimum=0)
     groups = ctx["groups"]
     _check_reach(op, stride, dilation, (padding[0], padding[0], padding[1], padding[1]), sx[-2:])
-    unbatched = len(sx) == 3
-    if unbatched:
-        x = be._reshape(x, (1,) + sx)
-        gy = be._reshape(gy, (1,) + tuple(be._shape(gy)))
+    x, gy, unbatched = _batched(be, x, gy, sx)
     x4 = tuple(be._shape(x))
     out = {}
     if ctx.needs.get("weight"):
