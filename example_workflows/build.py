@@ -308,22 +308,32 @@ def _thumbnail(saved: list[dict], dest: Path) -> None:
     sheet.save(dest, "JPEG", quality=82)
 
 
-def main() -> int:
+def write_graph(g, default_layout=None, show_text=False) -> None:
+    """Writes one workflow: the UI file (keeping a saved layout's positions, else default_layout's),
+    its API twin, and a thumbnail of what the headless runner saves when it runs the twin (with
+    show_text, the nodes' ui text printed too)."""
     from anydevice.nodes import runner
     (HERE / "api").mkdir(exist_ok=True)
+    ui_path = HERE / f"{g.name}.json"
+    layout = json.loads(ui_path.read_text()) if ui_path.exists() else default_layout
+    ui_path.write_text(json.dumps(g.ui(layout), indent=1) + "\n")
+    api = g.api()
+    (HERE / "api" / f"{g.name}.json").write_text(json.dumps(api, indent=1) + "\n")
+    tmp = Path(tempfile.mkdtemp(prefix="anydevice_thumb_"))
+    try:
+        res = runner.run_prompt(api, output_dir=tmp, workflow_path=HERE / "api" / f"{g.name}.json")
+        _thumbnail(res.saved, HERE / f"{g.name}.jpg")
+        for nid, ui in res.ui.items() if show_text else ():
+            if ui.get("text"):
+                print(f"  #{nid} {api[nid]['class_type']}: {'; '.join(ui['text'])}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"wrote {g.name}.json, api/{g.name}.json, {g.name}.jpg")
+
+
+def main() -> int:
     for g in graphs():
-        ui_path = HERE / f"{g.name}.json"
-        layout = json.loads(ui_path.read_text()) if ui_path.exists() else None
-        ui_path.write_text(json.dumps(g.ui(layout), indent=1) + "\n")
-        api = g.api()
-        (HERE / "api" / f"{g.name}.json").write_text(json.dumps(api, indent=1) + "\n")
-        tmp = Path(tempfile.mkdtemp(prefix="anydevice_thumb_"))
-        try:
-            res = runner.run_prompt(api, output_dir=tmp, workflow_path=HERE / "api" / f"{g.name}.json")
-            _thumbnail(res.saved, HERE / f"{g.name}.jpg")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        print(f"wrote {g.name}.json, api/{g.name}.json, {g.name}.jpg")
+        write_graph(g)
     return 0
 
 

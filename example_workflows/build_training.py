@@ -8,10 +8,7 @@ Each trains on this machine's automatic backend when its thumbnail is made (a fe
 from __future__ import annotations
 
 import importlib.util
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -138,23 +135,8 @@ def graphs() -> list:
 
 
 def main() -> int:
-    from anydevice.nodes import runner
     for g in graphs():
-        ui_path = HERE / f"{g.name}.json"
-        layout = json.loads(ui_path.read_text()) if ui_path.exists() else {"nodes": [], "extra": {"ds": DS}}
-        ui_path.write_text(json.dumps(g.ui(layout), indent=1) + "\n")
-        api = g.api()
-        (HERE / "api" / f"{g.name}.json").write_text(json.dumps(api, indent=1) + "\n")
-        tmp = Path(tempfile.mkdtemp(prefix="anydevice_thumb_"))
-        try:
-            res = runner.run_prompt(api, output_dir=tmp, workflow_path=HERE / "api" / f"{g.name}.json")
-            B._thumbnail(res.saved, HERE / f"{g.name}.jpg")
-            for nid, ui in res.ui.items():
-                if ui.get("text"):
-                    print(f"  #{nid} {api[nid]['class_type']}: {'; '.join(ui['text'])}")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        print(f"wrote {g.name}.json, api/{g.name}.json, {g.name}.jpg")
+        B.write_graph(g, {"nodes": [], "extra": {"ds": DS}}, show_text=True)
     return 0
 
 
