@@ -254,9 +254,37 @@ def set_tf32(on: bool) -> None:
         torch.backends.cudnn.allow_tf32 = on
 
 
+def run_rows(names, cases, run, json_path=None) -> int:
+    """The bench loop every mode shares: for each backend named, ``run(be, case)`` for each case
+    (a row, or None to skip it), a failing case reported and the others measured; each row printed
+    as it comes, then the table (and the JSON file). Returns the exit status: 1 if a case failed."""
+    from . import get_backend
+    rows, failures = [], 0
+    for name in names:
+        be = get_backend(name)
+        print(f"\n{be.name}: {be.device}", flush=True)
+        for case in cases:
+            try:
+                row = run(be, case)
+            except Exception as exc:  # report and go on: one failing case must not hide the others
+                log.error("%s / %s failed: %s", name, case.name, exc)
+                failures += 1
+                continue
+            if row is None:
+                continue
+            rows.append(row)
+            print(format_rows([row]).splitlines()[-1], flush=True)
+    print("\n" + format_rows(rows))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=2)
+        print(f"wrote {json_path}")
+    return 1 if failures else 0
+
+
 def main(args) -> int:
     import torch
-    from . import get_backend, list_backends
+    from . import list_backends
     tf32 = bool(getattr(args, "tf32", False))
     set_tf32(tf32)
     if getattr(args, "train", False):
@@ -270,26 +298,9 @@ def main(args) -> int:
     budget = 0.25 if args.quick else 0.8
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; ratio = torch time / backend "
           f"time, same run, alternating blocks (> 1: backend faster); {'TF32' if tf32 else 'FP32'} on both sides")
-    rows = []
-    failures = 0
-    for name in names:
-        be = get_backend(name)
-        print(f"\n{be.name}: {be.device}", flush=True)
-        on_gpu = _torch_device_for(be).type != "cpu"
-        for case in cases:
-            if case.gpu_only and not on_gpu:
-                continue
-            try:
-                row = bench_case(be, case, budget)
-            except Exception as exc:  # report and go on: one failing case must not hide the others
-                log.error("%s / %s failed: %s", name, case.name, exc)
-                failures += 1
-                continue
-            rows.append(row)
-            print(format_rows([row]).splitlines()[-1], flush=True)
-    print("\n" + format_rows(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
-        print(f"wrote {args.json}")
-    return 1 if failures else 0
+    def run(be, case):
+        if case.gpu_only and _torch_device_for(be).type == "cpu":
+            return None
+        return bench_case(be, case, budget)
+
+    return run_rows(names, cases, run, getattr(args, "json", None))

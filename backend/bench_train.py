@@ -11,19 +11,15 @@ pass's multiply-adds of the convolutions and linear layers (forward, input and w
 """
 from __future__ import annotations
 
-import json
-import logging
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
-from .bench import Row, _sync_torch, _torch_device_for, format_rows
+from .bench import Row, _sync_torch, _torch_device_for
 from .network import Network
-
-log = logging.getLogger("anydevice")
 
 
 @dataclass
@@ -171,28 +167,11 @@ def main(args) -> int:
     """The ``--train`` rows for every backend named by ``--backend`` (default: every available one),
     cases filtered by ``--case``; ``--quick`` shortens the budget; ``--json FILE`` writes the rows."""
     import torch
-    from . import get_backend, list_backends
+    from . import list_backends
     names = getattr(args, "backend", None) or [i.name for i in list_backends() if i.available]
     cases = [c for c in CASES if not getattr(args, "case", None) or any(s in c.name for s in args.case)]
     budget = 0.8 if getattr(args, "quick", False) else 3.0
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; one training step (forward, backward, "
           f"Adam); ratio = torch time / backend time, same run, alternating blocks (> 1: backend faster)")
-    rows, failures = [], 0
-    for name in names:
-        be = get_backend(name)
-        print(f"\n{be.name}: {be.device}", flush=True)
-        for case in cases:
-            try:
-                row = bench_train_case(be, case, budget)
-            except Exception as exc:  # report and go on
-                log.error("%s / %s failed: %s", name, case.name, exc)
-                failures += 1
-                continue
-            rows.append(row)
-            print(format_rows([row]).splitlines()[-1], flush=True)
-    print("\n" + format_rows(rows))
-    if getattr(args, "json", None):
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
-        print(f"wrote {args.json}")
-    return 1 if failures else 0
+    from .bench import run_rows
+    return run_rows(names, cases, lambda be, case: bench_train_case(be, case, budget), getattr(args, "json", None))
