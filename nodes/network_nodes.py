@@ -66,24 +66,31 @@ def register_model_folder() -> None:
 register_model_folder()
 
 
-def model_dirs() -> list[Path]:
-    """Where networks are saved (the first) and looked up."""
+_NO_ANSWER = object()
+
+
+def _from_folder_paths(ask):
+    """``ask(folder_paths)`` with ComfyUI's folder_paths; _NO_ANSWER without ComfyUI or where it fails
+    (the callers then look in ./models/anydevice themselves)."""
     fp = sys.modules.get("folder_paths")
     if fp is not None:
         try:
-            return [Path(p) for p in fp.get_folder_paths(MODEL_FOLDER)]
+            return ask(fp)
         except Exception:  # noqa: BLE001
             pass
-    return [Path.cwd() / "models" / MODEL_FOLDER]
+    return _NO_ANSWER
+
+
+def model_dirs() -> list[Path]:
+    """Where networks are saved (the first) and looked up."""
+    dirs = _from_folder_paths(lambda fp: [Path(p) for p in fp.get_folder_paths(MODEL_FOLDER)])
+    return [Path.cwd() / "models" / MODEL_FOLDER] if dirs is _NO_ANSWER else dirs
 
 
 def network_files() -> list[str]:
-    fp = sys.modules.get("folder_paths")
-    if fp is not None:
-        try:
-            return sorted(fp.get_filename_list(MODEL_FOLDER))
-        except Exception:  # noqa: BLE001
-            pass
+    files = _from_folder_paths(lambda fp: sorted(fp.get_filename_list(MODEL_FOLDER)))
+    if files is not _NO_ANSWER:
+        return files
     out = set()
     for d in model_dirs():
         if d.is_dir():
@@ -93,13 +100,13 @@ def network_files() -> list[str]:
 
 
 def network_path(name: str) -> Path | None:
-    fp = sys.modules.get("folder_paths")
-    if fp is not None:
-        try:
-            p = fp.get_full_path(MODEL_FOLDER, name)
-            return Path(p) if p else None
-        except Exception:  # noqa: BLE001
-            pass
+    def full_path(fp):
+        p = fp.get_full_path(MODEL_FOLDER, name)
+        return Path(p) if p else None
+
+    path = _from_folder_paths(full_path)
+    if path is not _NO_ANSWER:
+        return path
     for d in model_dirs():
         p = (d / name).resolve()
         if os.path.commonpath((str(d.resolve()), str(p))) == str(d.resolve()) and p.is_file():
@@ -217,10 +224,26 @@ def _net_error(node: str, arg: str, exc: AnyDeviceError) -> NodeError:
     return err
 
 
-def _host_ui(ms: float, lines: list[str], **extra) -> dict:
-    info = {"backend": "host", "device": "CPU (network spec)", "ms": round(ms, 3)}
+def _host_ui(ms: float, lines: list[str], device: str = "CPU (network spec)", **extra) -> dict:
+    info = {"backend": "host", "device": device, "ms": round(ms, 3)}
     info.update(extra)
     return {"anydevice": [info], "text": lines}
+
+
+def _network_out(net: Network, node: str, t: Timer, arg: str = "network") -> dict:
+    """What a node that builds a network returns: the network, and its shape lines on the node (the
+    output shape in the badge once it is known)."""
+    lines, out = shape_report(net, node, arg)
+    extra = {"shape": list(out)} if out is not None else {}
+    return {"ui": _host_ui(t.ms(), lines, **extra), "result": (net,)}
+
+
+def _sample_shape(text) -> tuple[int, ...]:
+    """Network Input's shape text as one sample's shape: 1 to 3 sizes >= 1 (ValueError otherwise)."""
+    dims = parse_ints(text, "shape", allow_empty=False)
+    if not 1 <= len(dims) <= 3 or min(dims) < 1:
+        raise ValueError("must be 1 to 3 sizes >= 1 (C, H, W or F)")
+    return tuple(dims)
 
 
 # =================================================================================================
@@ -249,11 +272,9 @@ class AnyDeviceNetworkInput(_LearnNode):
     def VALIDATE_INPUTS(cls, shape=None):
         if shape is not None:
             try:
-                s = parse_ints(shape, "shape", allow_empty=False)
+                _sample_shape(shape)
             except ValueError as exc:
                 return cls.fail("shape", shape, str(exc))
-            if not 1 <= len(s) <= 3 or min(s) < 1:
-                return cls.fail("shape", shape, "must be 1 to 3 sizes >= 1 (C, H, W or F)")
         return True
 
     def _run(self, shape="3, 32, 32", example=None):
@@ -264,12 +285,9 @@ class AnyDeviceNetworkInput(_LearnNode):
             s = (1,) + tuple(x.shape[1:])
         else:
             try:
-                dims = parse_ints(shape, "shape", allow_empty=False)
+                s = (1,) + _sample_shape(shape)
             except ValueError as exc:
                 raise NodeError(node, "shape", shape, str(exc)) from None
-            if not 1 <= len(dims) <= 3 or min(dims) < 1:
-                raise NodeError(node, "shape", shape, "must be 1 to 3 sizes >= 1 (C, H, W or F)")
-            s = (1,) + tuple(dims)
         net = dataclasses.replace(Network.empty(), in_shape=s)
         return {"ui": _host_ui(t.ms(), [f"input {_shape_text(s)}"], shape=list(s)), "result": (net,)}
 
@@ -300,10 +318,7 @@ class _LayerNode(_LearnNode):
     def _run(self, network=None, **w):
         node = self.DISPLAY
         t = Timer()
-        net = self._append(_network(network, node), **w)
-        lines, out = shape_report(net, node)
-        extra = {"shape": list(out)} if out is not None else {}
-        return {"ui": _host_ui(t.ms(), lines, **extra), "result": (net,)}
+        return _network_out(self._append(_network(network, node), **w), node, t)
 
 
 def _int(default, lo, hi, tip):
@@ -458,9 +473,7 @@ class AnyDeviceResidual(_LearnNode):
             net = _network(network, node).residual(dataclasses.replace(b, in_shape=None))
         except AnyDeviceError as exc:
             raise NodeError(node, "body", exc.value, exc.reason or str(exc)) from exc
-        lines, out = shape_report(net, node, "body")
-        extra = {"shape": list(out)} if out is not None else {}
-        return {"ui": _host_ui(t.ms(), lines, **extra), "result": (net,)}
+        return _network_out(net, node, t, "body")
 
 
 # =================================================================================================
@@ -700,8 +713,7 @@ class AnyDeviceSaveNetwork(_LearnNode):
         path.parent.mkdir(parents=True, exist_ok=True)
         t = Timer()
         netio.save(net, path, metadata={"anydevice.in_shape": str(list(net.in_shape or []))})
-        ui = _host_ui(t.ms(), [f"saved {path.name}", f"{net.num_params()} parameters"], path=str(path))
-        ui["anydevice"][0]["device"] = "CPU (file)"
+        ui = _host_ui(t.ms(), [f"saved {path.name}", f"{net.num_params()} parameters"], "CPU (file)", path=str(path))
         return {"ui": ui, "result": ()}
 
 
@@ -735,9 +747,7 @@ class AnyDeviceLoadNetwork(_LearnNode):
         except AnyDeviceError as exc:
             raise NodeError(node, "name", name, exc.reason or str(exc)) from exc
         lines = [f"{len(net.layers)} layers, {net.num_params()} parameters"]
-        ui = _host_ui(t.ms(), lines)
-        ui["anydevice"][0]["device"] = "CPU (file)"
-        return {"ui": ui, "result": (net,)}
+        return {"ui": _host_ui(t.ms(), lines, "CPU (file)"), "result": (net,)}
 
 
 # =================================================================================================
@@ -833,8 +843,7 @@ class AnyDeviceImagePatches(_LearnNode):
         noisy = patches + rng.standard_normal(patches.shape).astype(np.float32) * np.float32(noise_std)
         if clamp:
             noisy = np.clip(noisy, 0.0, 1.0)
-        ui = _host_ui(t.ms(), [f"{n} patches {s}x{s}, noise std {noise_std:g}"])
-        ui["anydevice"][0]["device"] = "CPU (data)"
+        ui = _host_ui(t.ms(), [f"{n} patches {s}x{s}, noise std {noise_std:g}"], "CPU (data)")
         return {"ui": ui, "result": (torch.from_numpy(patches), torch.from_numpy(noisy.astype(np.float32)))}
 
 

@@ -1,17 +1,45 @@
-"""Models the compile tests run: a VAE-style decoder defined here, and spandrel's upscale
-architectures imported without running spandrel's package ``__init__`` (which imports every
-architecture; LaMa needs torchvision, which does not match the project's torch). The real
-architecture code is loaded: only the package modules above it are bare."""
+"""What the compile tests (test_compile.py, test_compile_models.py) share: the fresh-dynamo fixture,
+the error measure and the float64 reference; and the models they run: a VAE-style decoder defined
+here, and spandrel's upscale architectures imported without running spandrel's package ``__init__``
+(which imports every architecture; LaMa needs torchvision, which does not match the project's
+torch). The real architecture code is loaded: only the package modules above it are bare."""
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import sys
 import types
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from anydevice.backend import compile as adc
+
+
+# ---- shared by the compile tests -------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Autouse in every test module that imports it: dynamo and the fallback report start empty."""
+    torch._dynamo.reset()
+    adc.reset_report()
+    yield
+    torch._dynamo.reset()
+
+
+def rel(y, ref) -> float:
+    """Normwise relative error of ``y`` against ``ref``, in float64."""
+    y, ref = y.detach().double(), ref.detach().double()
+    return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def ref64(model, *xs):
+    """The model's output in float64 (a copy of the model; no autograd)."""
+    m = copy.deepcopy(model).double()
+    with torch.no_grad():
+        return m(*(x.double() for x in xs))
 
 
 # ---- a VAE-style decoder ----------------------------------------------------------------------------
@@ -79,7 +107,6 @@ def spandrel_arch(arch: str, module: str):
     if "spandrel" not in sys.modules:
         spec = importlib.util.find_spec("spandrel")
         if spec is None:
-            import pytest
             pytest.skip("spandrel is not installed")
         root = spec.submodule_search_locations[0]
         _bare_package("spandrel", root)

@@ -14,27 +14,9 @@ from anydevice.backend import AnyDeviceError
 from anydevice.backend import compile as adc
 
 import compile_models as cm
+from compile_models import _fresh_dynamo, ref64, rel  # noqa: F401 (_fresh_dynamo: an autouse fixture)
 
 TOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    adc.reset_report()
-    yield
-    torch._dynamo.reset()
-
-
-def rel(y, ref) -> float:
-    y, ref = y.detach().double(), ref.detach().double()
-    return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
-
-
-def ref64(model, *xs):
-    m = copy.deepcopy(model).double()
-    with torch.no_grad():
-        return m(*(x.double() for x in xs))
 
 
 def test_register_is_idempotent():

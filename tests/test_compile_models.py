@@ -3,29 +3,16 @@ weights, through torch.compile(backend="anydevice"): against float64 eager, zero
 Run on numpy and opencl (the slow part is dynamo's tracing, the same for every backend)."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from anydevice.backend import compile as adc
 
 import compile_models as cm
+from compile_models import _fresh_dynamo, ref64, rel  # noqa: F401 (_fresh_dynamo: an autouse fixture)
 from conftest import TARGETS
 
 CHEAP = [t[0] for t in TARGETS if t[0] in ("numpy", "opencl")]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    adc.reset_report()
-    yield
-    torch._dynamo.reset()
-
-
-def rel(y, ref) -> float:
-    return float((y.double() - ref).norm() / ref.norm())
 
 
 @pytest.mark.parametrize("device", CHEAP)
@@ -34,8 +21,7 @@ def rel(y, ref) -> float:
 def test_spandrel_arch(arch, shape, device):
     m = getattr(cm, arch)()
     x = torch.rand(*shape)
-    with torch.no_grad():
-        ref = copy.deepcopy(m).double()(x.double())
+    ref = ref64(m, x)
     c = torch.compile(m, backend="anydevice", options={"device": device})
     with torch.inference_mode():
         y = c(x)

@@ -11,22 +11,22 @@
 //   widget, so the order of `widgets_values` and the prompt stay as they were.
 // The Python nodes feed this through their `ui` dict: {"anydevice": [{backend, device, ms, warning?}],
 // "loss": [...], "info": [...], "kernel": [...]}.
+// The DOM widget, its base CSS, the node fitting and the prompt/history tracking are shared with
+// web/anydevice_train.js through web/anydevice_dom.js.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { LINE, addReadoutWidget as addDomReadout, chain, findWidget, fitNode, formatNumber, 
+  lineDiv, readoutCss, sizeReadout, watchPrompts } from "./anydevice_dom.js";
 
 const EXT = "AnyDevice.Readouts";
 const READOUT = "anydevice_readout";
-const LINE = 16; // px per readout line (the CSS below uses the same)
 const CSS_ID = "anydevice-css";
 
 // ---------------------------------------------------------------------------------------------
 // formatting
 // ---------------------------------------------------------------------------------------------
 function fmt(v) {
-  if (typeof v !== "number" || !isFinite(v)) return String(v);
-  const a = Math.abs(v);
-  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
-  return Number(v.toPrecision(6)).toString();
+  return formatNumber(v, 6);
 }
 
 function cellText(v) {
@@ -333,15 +333,8 @@ function updateBadges(node) {
 // ---------------------------------------------------------------------------------------------
 // the readout DOM widget
 // ---------------------------------------------------------------------------------------------
-function injectCss() {
-  if (document.getElementById(CSS_ID)) return;
-  const st = document.createElement("style");
-  st.id = CSS_ID;
-  st.textContent = `
-.anydevice-readout { box-sizing: border-box; overflow: hidden; font: 12px/${LINE}px sans-serif; color: #ddd;
-  padding: 2px 4px; pointer-events: none; }
-.anydevice-readout .ad-line { height: ${LINE}px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
-.anydevice-readout .ad-big { font-weight: bold; color: #f4f4f4; }
+const CSS = readoutCss("anydevice-readout", "ad-line") +
+  `.anydevice-readout .ad-big { font-weight: bold; color: #f4f4f4; }
 .anydevice-readout .ad-dim { color: #b8b8b8; }
 .anydevice-readout .ad-ok { color: #8fd18f; }
 .anydevice-readout .ad-bad { color: #ff8a80; }
@@ -352,8 +345,6 @@ function injectCss() {
 .anydevice-readout .ad-cell { font: 10px/1 monospace; color: #fff; text-shadow: 0 0 2px #000;
   display: flex; align-items: center; justify-content: center; overflow: hidden; }
 `;
-  document.head.appendChild(st);
-}
 
 function valueColour(v, max) {
   const t = max > 0 ? Math.max(-1, Math.min(1, v / max)) : 0;
@@ -366,7 +357,7 @@ function valueColour(v, max) {
 }
 
 function readoutWidget(node) {
-  return (node.widgets || []).find((w) => w && w.name === READOUT);
+  return findWidget(node, READOUT);
 }
 
 /** {lines: [{text, cls}], kernel: {...} | null} from the node's state. */
@@ -416,19 +407,12 @@ function renderReadout(node) {
   const m = readoutModel(node);
   const kl = kernelLayout(m.kernel);
   const frag = document.createDocumentFragment();
-  for (const l of m.lines) {
-    const d = document.createElement("div");
-    d.className = "ad-line " + (l.cls || "");
-    d.textContent = l.text;
-    frag.appendChild(d);
-  }
+  for (const l of m.lines) frag.appendChild(lineDiv(l.text, "ad-line " + (l.cls || "")));
   if (kl) {
     const k = m.kernel;
-    const label = document.createElement("div");
-    label.className = "ad-line ad-dim ad-kernel-label";
     const bias = k.bias ? `  + b (${k.bias.map(fmt).join(", ")})` : "";
-    label.textContent = `${k.ran ? "" : "preview: "}${k.label}  [${(k.shape || []).join("×")}]${bias}`;
-    frag.appendChild(label);
+    frag.appendChild(lineDiv(`${k.ran ? "" : "preview: "}${k.label}  [${(k.shape || []).join("×")}]${bias}`,
+      "ad-line ad-dim ad-kernel-label"));
     const wrap = document.createElement("div");
     wrap.className = "ad-slices";
     for (const s of k.slices) {
@@ -450,59 +434,19 @@ function renderReadout(node) {
     frag.appendChild(wrap);
   }
   el.replaceChildren(frag);
-  const h = readoutHeight(node);
-  el.style.height = `${h}px`;
   el.dataset.lines = String(m.lines.length);
-  // nothing to show (a node without readouts before any warning): hide the widget itself
-  const hide = !h;
-  if (!!w.hidden !== hide) {
-    w.hidden = hide;
-    if (w.options) w.options.hidden = hide;
-  }
+  // nothing to show (a node without readouts before any warning): the widget itself is hidden
+  sizeReadout(w, readoutHeight(node));
 }
 
 function addReadoutWidget(node) {
-  if (!node.addDOMWidget || readoutWidget(node)) return readoutWidget(node);
-  injectCss();
-  const el = document.createElement("div");
-  el.className = "anydevice-readout";
-  el.dataset.nodeType = node.type;
-  const w = node.addDOMWidget(READOUT, "anydevice_readout", el, {
-    serialize: false,
-    hideOnZoom: false,
-    margin: 4,
-    getValue: () => "",
-    setValue: () => {},
-    getMinHeight: () => readoutHeight(node),
-    getMaxHeight: () => readoutHeight(node),
-    getHeight: () => readoutHeight(node),
-  });
-  if (w) {
-    w.serialize = false; // not in widgets_values (it is added last, so indices are unchanged anyway)
-    if (w.options) {
-      w.options.serialize = false; // not in the prompt
-      w.options.hideInPanel = true;
-    }
-  }
-  return w;
+  return addDomReadout(node, { name: READOUT, className: "anydevice-readout", height: readoutHeight, cssId: CSS_ID,
+    css: CSS });
 }
 
 // ---------------------------------------------------------------------------------------------
 // updating a node
 // ---------------------------------------------------------------------------------------------
-function fit(node, exact) {
-  try {
-    const need = node.computeSize();
-    if (exact ? Math.abs(node.size[1] - need[1]) > 1 : node.size[1] < need[1]) {
-      node.setSize([Math.max(node.size[0], need[0]), need[1]]);
-    }
-  } catch (e) {
-    // computeSize can fail on half-built nodes; the next update fits again
-  }
-  node.setDirtyCanvas?.(true, true);
-  node.graph?.setDirtyCanvas?.(true, true);
-}
-
 let bump = 0;
 function refresh(node, exact = false) {
   try {
@@ -510,7 +454,7 @@ function refresh(node, exact = false) {
     renderReadout(node);
     const w = readoutWidget(node);
     if (w) w.label = `anydevice ${++bump}`; // wakes the Vue renderer's badge/widget views
-    fit(node, exact);
+    fitNode(node, exact);
   } catch (e) {
     console.warn("[AnyDevice] readout update failed", e);
   }
@@ -522,8 +466,6 @@ function deviceStatus(node, statusMap) {
   const text = statusMap[w.value] || "";
   return { text: `${w.value}: ${text}`, ok: !text.startsWith("unavailable") };
 }
-
-let currentPrompt = null;
 
 function applyOutput(node, output, cached) {
   try {
@@ -541,7 +483,7 @@ function applyOutput(node, output, cached) {
       s.kernel = output.kernel;
       s.kernelKey = kernelKey(node);
     }
-    s.prompt = currentPrompt;
+    s.prompt = currentPrompt();
     s.runs = (s.runs || 0) + 1;
     refresh(node);
   } catch (e) {
@@ -555,43 +497,14 @@ function isPackNode(node) {
 
 // ComfyUI does not re-send `executed` for cached intermediate nodes; their last `ui` is in the
 // prompt's history, so fill those badges from there (marked "cached").
-async function fillCached(promptId) {
-  try {
-    const res = await api.fetchApi(`/history/${encodeURIComponent(promptId)}`);
-    if (!res.ok) return;
-    const entry = (await res.json())[promptId];
-    if (!entry || !entry.outputs || !app.graph) return;
-    for (const [id, output] of Object.entries(entry.outputs)) {
-      const node = app.graph.getNodeById ? app.graph.getNodeById(Number(id)) || app.graph.getNodeById(id) : null;
-      if (!isPackNode(node)) continue;
-      if (node.anydevice && node.anydevice.prompt === promptId) continue;
-      applyOutput(node, output, true);
-    }
-  } catch (e) {
-    console.warn("[AnyDevice] could not read the history for cached nodes", e);
-  }
+function fillCached(id, output, promptId) {
+  const node = app.graph.getNodeById ? app.graph.getNodeById(Number(id)) || app.graph.getNodeById(id) : null;
+  if (!isPackNode(node)) return;
+  if (node.anydevice && node.anydevice.prompt === promptId) return;
+  applyOutput(node, output, true);
 }
 
-api.addEventListener("execution_start", (e) => {
-  currentPrompt = e && e.detail ? e.detail.prompt_id : null;
-});
-api.addEventListener("execution_success", (e) => {
-  const pid = e && e.detail ? e.detail.prompt_id : null;
-  if (pid) fillCached(pid);
-});
-
-function chain(obj, name, fn) {
-  const prev = obj[name];
-  obj[name] = function () {
-    const r = prev ? prev.apply(this, arguments) : undefined;
-    try {
-      fn.apply(this, arguments);
-    } catch (e) {
-      console.warn(`[AnyDevice] ${name} failed`, e);
-    }
-    return r;
-  };
-}
+const currentPrompt = watchPrompts(app, api, fillCached, "cached nodes");
 
 app.registerExtension({
   name: EXT,

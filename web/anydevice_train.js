@@ -9,12 +9,15 @@
 //   run still shows it).
 // - Every learning node returns `ui.text` lines (layer and output shape, accuracy, saved file...),
 //   shown above the curve.
+// The widget, its base CSS, the node fitting and the prompt/history tracking are shared with
+// web/anydevice.js through web/anydevice_dom.js.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { LINE, addReadoutWidget, chain, findWidget, fitNode, formatNumber, lineDiv, readoutCss,
+  sizeReadout, watchPrompts } from "./anydevice_dom.js";
 
 const EXT = "AnyDevice.Train";
 const WIDGET = "anydevice_train";
-const LINE = 16;
 const CURVE_H = 130;
 const CSS_ID = "anydevice-train-css";
 const TYPES = new Set(["AnyDeviceNetworkInput", "AnyDeviceConvLayer", "AnyDeviceLinearLayer",
@@ -23,24 +26,12 @@ const TYPES = new Set(["AnyDeviceNetworkInput", "AnyDeviceConvLayer", "AnyDevice
   "AnyDeviceApplyNetwork", "AnyDeviceSaveNetwork", "AnyDeviceLoadNetwork", "AnyDeviceLayerWeights",
   "AnyDeviceImagePatches"]);
 
-function injectCss() {
-  if (document.getElementById(CSS_ID)) return;
-  const st = document.createElement("style");
-  st.id = CSS_ID;
-  st.textContent = `
-.anydevice-train { box-sizing: border-box; overflow: hidden; font: 12px/${LINE}px sans-serif; color: #ddd;
-  padding: 2px 4px; pointer-events: none; }
-.anydevice-train .adt-line { height: ${LINE}px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
-.anydevice-train canvas { display: block; width: 100%; height: ${CURVE_H}px; border-radius: 4px; }
+const CSS = readoutCss("anydevice-train", "adt-line") +
+  `.anydevice-train canvas { display: block; width: 100%; height: ${CURVE_H}px; border-radius: 4px; }
 `;
-  document.head.appendChild(st);
-}
 
 function fmt(v) {
-  if (typeof v !== "number" || !isFinite(v)) return String(v);
-  const a = Math.abs(v);
-  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
-  return Number(v.toPrecision(5)).toString();
+  return formatNumber(v, 5);
 }
 
 function state(node) {
@@ -48,7 +39,7 @@ function state(node) {
 }
 
 function widgetOf(node) {
-  return (node.widgets || []).find((w) => w && w.name === WIDGET);
+  return findWidget(node, WIDGET);
 }
 
 function isTrain(node) {
@@ -123,12 +114,7 @@ function render(node) {
   const s = state(node);
   const el = w.element;
   const frag = document.createDocumentFragment();
-  for (const t of s.lines) {
-    const d = document.createElement("div");
-    d.className = "adt-line";
-    d.textContent = t;
-    frag.appendChild(d);
-  }
+  for (const t of s.lines) frag.appendChild(lineDiv(t, "adt-line"));
   let canvas = el.querySelector("canvas");
   if (isTrain(node)) {
     if (!canvas) {
@@ -138,57 +124,25 @@ function render(node) {
     frag.appendChild(canvas);
   }
   el.replaceChildren(frag);
-  const h = height(node);
-  el.style.height = `${h}px`;
   el.dataset.steps = String(s.losses.length);
-  const hide = !h;
-  if (!!w.hidden !== hide) {
-    w.hidden = hide;
-    if (w.options) w.options.hidden = hide;
-  }
+  sizeReadout(w, height(node));
   if (canvas) drawCurve(node, canvas);
 }
 
 let bump = 0;
-function refresh(node, grow = true) {
+function refresh(node) {
   try {
     render(node);
     const w = widgetOf(node);
     if (w) w.label = `anydevice train ${++bump}`; // wakes the Vue renderer's view of the widget
-    if (grow) {
-      const need = node.computeSize();
-      if (node.size[1] < need[1]) node.setSize([Math.max(node.size[0], need[0]), need[1]]);
-    }
-    node.setDirtyCanvas?.(true, true);
-    node.graph?.setDirtyCanvas?.(true, true);
+    fitNode(node, false); // grows the node when the lines or the curve need it
   } catch (e) {
     console.warn("[AnyDevice] training readout failed", e);
   }
 }
 
 function addWidget(node) {
-  if (!node.addDOMWidget || widgetOf(node)) return;
-  injectCss();
-  const el = document.createElement("div");
-  el.className = "anydevice-train";
-  el.dataset.nodeType = node.type;
-  const w = node.addDOMWidget(WIDGET, "anydevice_train", el, {
-    serialize: false,
-    hideOnZoom: false,
-    margin: 4,
-    getValue: () => "",
-    setValue: () => {},
-    getMinHeight: () => height(node),
-    getMaxHeight: () => height(node),
-    getHeight: () => height(node),
-  });
-  if (w) {
-    w.serialize = false;
-    if (w.options) {
-      w.options.serialize = false;
-      w.options.hideInPanel = true;
-    }
-  }
+  addReadoutWidget(node, { name: WIDGET, className: "anydevice-train", height, cssId: CSS_ID, css: CSS });
 }
 
 function findNode(id) {
@@ -248,46 +202,16 @@ function applyOutput(node, output) {
 
 // ComfyUI sends no `executed` for nodes it took from its cache; their last ui is in the prompt's
 // history, so their lines (and a cached Train node's curve) are filled from there.
-async function fillCached(promptId) {
-  try {
-    const res = await api.fetchApi(`/history/${encodeURIComponent(promptId)}`);
-    if (!res.ok) return;
-    const entry = (await res.json())[promptId];
-    if (!entry || !entry.outputs || !app.graph) return;
-    for (const [id, output] of Object.entries(entry.outputs)) {
-      const node = findNode(id);
-      if (!node || !TYPES.has(node.type)) continue;
-      const s = state(node);
-      if (s.prompt === promptId) continue;
-      s.prompt = promptId;
-      applyOutput(node, output);
-    }
-  } catch (e) {
-    console.warn("[AnyDevice] could not read the history for cached learning nodes", e);
-  }
+function fillCached(id, output, promptId) {
+  const node = findNode(id);
+  if (!node || !TYPES.has(node.type)) return;
+  const s = state(node);
+  if (s.prompt === promptId) return;
+  s.prompt = promptId;
+  applyOutput(node, output);
 }
 
-let currentPrompt = null;
-api.addEventListener("execution_start", (e) => {
-  currentPrompt = e && e.detail ? e.detail.prompt_id : null;
-});
-api.addEventListener("execution_success", (e) => {
-  const pid = e && e.detail ? e.detail.prompt_id : null;
-  if (pid) fillCached(pid);
-});
-
-function chain(obj, name, fn) {
-  const prev = obj[name];
-  obj[name] = function () {
-    const r = prev ? prev.apply(this, arguments) : undefined;
-    try {
-      fn.apply(this, arguments);
-    } catch (e) {
-      console.warn(`[AnyDevice] ${name} failed`, e);
-    }
-    return r;
-  };
-}
+const currentPrompt = watchPrompts(app, api, fillCached, "cached learning nodes");
 
 app.registerExtension({
   name: EXT,
@@ -298,7 +222,7 @@ app.registerExtension({
       refresh(this);
     });
     chain(nodeType.prototype, "onExecuted", function (output) {
-      state(this).prompt = currentPrompt;
+      state(this).prompt = currentPrompt();
       applyOutput(this, output);
     });
     chain(nodeType.prototype, "onResize", function () {

@@ -455,61 +455,55 @@ def _empty(be, x):
     return math.prod(_shape(be, x)) == 0
 
 
-@rule("max_pool2d")
-def _max_pool2d(ctx, gy):
-    be, x = ctx.be, ctx["input"]
-    shape = _shape(be, x)
-    if _empty(be, x):
-        return {"input": _zeros(be, shape)}
-    plan = pool2d_plan("max_pool2d", shape, ctx["kernel_size"], ctx["stride"], ctx["padding"],
-                       ctx["dilation"], ctx["ceil_mode"])
+def _pool_tables(ctx, shape, op):
+    """The (rows, cols) window tables of a 2-D pool's forward (built as windows.py's pool op builds
+    them), or None where its output is empty."""
     H, W = shape[-2:]
+    if op.startswith("adaptive_"):
+        OH, OW = adaptive_plan(op, shape, ctx["output_size"])[-2:]
+        avg = op == "adaptive_avg_pool2d"
+        return None if OH == 0 or OW == 0 else (adaptive_table(H, OH, avg), adaptive_table(W, OW, avg))
+    if op == "max_pool2d":
+        plan = pool2d_plan(op, shape, ctx["kernel_size"], ctx["stride"], ctx["padding"], ctx["dilation"],
+                           ctx["ceil_mode"])
+        row_w = col_w = ()  # max taps: no weights
+    else:  # avg_pool2d: dilation 1; the weights clipped and counted as torch's
+        divisor = divisor_arg(op, ctx["divisor_override"])
+        plan = pool2d_plan(op, shape, ctx["kernel_size"], ctx["stride"], ctx["padding"], 1, ctx["ceil_mode"])
+        cip = bool(ctx["count_include_pad"])
+        row_w = (True, cip, None if divisor is None else float(divisor))
+        col_w = (True, cip, None if divisor is None else 1.0)
     OH, OW = plan.out_shape[-2:]
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = plan.kernel, plan.stride, plan.padding, plan.dilation
-    rows, cols = pool_table(H, OH, kh, sh, ph, dh), pool_table(W, OW, kw, sw, pw, dw)
-    return {"input": _max_window_grad(be, x, ctx.out, gy, rows, cols)}
+    return pool_table(H, OH, kh, sh, ph, dh, *row_w), pool_table(W, OW, kw, sw, pw, dw, *col_w)
 
 
-@rule("adaptive_max_pool2d")
-def _adaptive_max_pool2d(ctx, gy):
-    be, x = ctx.be, ctx["input"]
-    shape = _shape(be, x)
-    if _empty(be, x):
-        return {"input": _zeros(be, shape)}
-    out = adaptive_plan("adaptive_max_pool2d", shape, ctx["output_size"])
-    (H, W), (OH, OW) = shape[-2:], out[-2:]
-    if OH == 0 or OW == 0:
-        return {"input": _zeros(be, shape)}
-    rows, cols = adaptive_table(H, OH, False), adaptive_table(W, OW, False)
-    return {"input": _max_window_grad(be, x, ctx.out, gy, rows, cols)}
+def _pool_rule(op: str):
+    """Register the backward rule of the 2-D pool ``op``: zeros for an empty input or output; a max
+    pool routes gy to torch's tap of each window, an avg pool (a sum window) sends it back through
+    the transposed tables."""
+    routed = "max" in op
+
+    def grad(ctx, gy):
+        be, x = ctx.be, ctx["input"]
+        shape = _shape(be, x)
+        tables = None if _empty(be, x) else _pool_tables(ctx, shape, op)
+        if tables is None:
+            return {"input": _zeros(be, shape)}
+        rows, cols = tables
+        if routed:
+            return {"input": _max_window_grad(be, x, ctx.out, gy, rows, cols)}
+        H, W = shape[-2:]
+        return {"input": _sum_window_grad(be, gy, rows, cols, H, W)}
+
+    grad.__name__ = grad.__qualname__ = f"_{op}"
+    return rule(op)(grad)
 
 
-@rule("avg_pool2d")
-def _avg_pool2d(ctx, gy):
-    be, x = ctx.be, ctx["input"]
-    shape = _shape(be, x)
-    if _empty(be, x):
-        return {"input": _zeros(be, shape)}
-    divisor = divisor_arg("avg_pool2d", ctx["divisor_override"])
-    plan = pool2d_plan("avg_pool2d", shape, ctx["kernel_size"], ctx["stride"], ctx["padding"], 1, ctx["ceil_mode"])
-    H, W = shape[-2:]
-    OH, OW = plan.out_shape[-2:]
-    (kh, kw), (sh, sw), (ph, pw) = plan.kernel, plan.stride, plan.padding
-    cip = bool(ctx["count_include_pad"])
-    rows = pool_table(H, OH, kh, sh, ph, 1, True, cip, None if divisor is None else float(divisor))
-    cols = pool_table(W, OW, kw, sw, pw, 1, True, cip, None if divisor is None else 1.0)
-    return {"input": _sum_window_grad(be, gy, rows, cols, H, W)}
-
-
-@rule("adaptive_avg_pool2d")
-def _adaptive_avg_pool2d(ctx, gy):
-    be, x = ctx.be, ctx["input"]
-    shape = _shape(be, x)
-    out = adaptive_plan("adaptive_avg_pool2d", shape, ctx["output_size"])
-    if _empty(be, x) or not math.prod(out[-2:]):
-        return {"input": _zeros(be, shape)}
-    (H, W), (OH, OW) = shape[-2:], out[-2:]
-    return {"input": _sum_window_grad(be, gy, adaptive_table(H, OH, True), adaptive_table(W, OW, True), H, W)}
+_max_pool2d = _pool_rule("max_pool2d")
+_adaptive_max_pool2d = _pool_rule("adaptive_max_pool2d")
+_avg_pool2d = _pool_rule("avg_pool2d")
+_adaptive_avg_pool2d = _pool_rule("adaptive_avg_pool2d")
 
 
 def interpolate_tables(shape, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
