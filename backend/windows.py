@@ -69,6 +69,30 @@ def adaptive_table(n: int, on: int, avg: bool):
     return _table(taps, weights)
 
 
+def pool_tables(op: str, shape, kernel_size=None, stride=None, padding=0, dilation=1, ceil_mode=False,
+                count_include_pad=True, divisor=None, output_size=None):
+    """(output shape, row table, column table) of the 2-D pool ``op`` (max_pool2d, avg_pool2d,
+    adaptive_avg_pool2d, adaptive_max_pool2d) on an input of ``shape``: its forward and its
+    backward rule build the same tables here. ``divisor`` is avg_pool2d's divisor_override, already checked
+    by plans.divisor_arg."""
+    H, W = shape[-2:]
+    if op.startswith("adaptive_"):
+        out_shape = adaptive_plan(op, shape, output_size)
+        avg = op == "adaptive_avg_pool2d"
+        return out_shape, adaptive_table(H, out_shape[-2], avg), adaptive_table(W, out_shape[-1], avg)
+    if op == "max_pool2d":
+        plan = pool2d_plan(op, shape, kernel_size, stride, padding, dilation, ceil_mode)
+        row_w = col_w = ()  # max taps: no weights
+    else:  # avg_pool2d: dilation 1; the weights clipped and counted as torch's
+        plan = pool2d_plan(op, shape, kernel_size, stride, padding, 1, ceil_mode)
+        cip = bool(count_include_pad)
+        row_w = (True, cip, None if divisor is None else float(divisor))
+        col_w = (True, cip, None if divisor is None else 1.0)
+    OH, OW = plan.out_shape[-2:]
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = plan.kernel, plan.stride, plan.padding, plan.dilation
+    return plan.out_shape, pool_table(H, OH, kh, sh, ph, dh, *row_w), pool_table(W, OW, kw, sw, pw, dw, *col_w)
+
+
 def _area_scale(n: int, on: int, align_corners: bool, scale) -> float:
     """torch's area_pixel_compute_scale (float64)."""
     if align_corners:
@@ -148,13 +172,8 @@ class WindowOps:
         if return_indices:
             raise AnyDeviceError(op, "return_indices", return_indices, "return_indices=True is not supported")
         kind, like, x = self._inputs(op, input=input)
-        plan = pool2d_plan(op, self._shape(x), kernel_size, stride, padding, dilation, ceil_mode)
-        H, W = self._shape(x)[-2:]
-        OH, OW = plan.out_shape[-2:]
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = plan.kernel, plan.stride, plan.padding, plan.dilation
-        rows = pool_table(H, OH, kh, sh, ph, dh)
-        cols = pool_table(W, OW, kw, sw, pw, dw)
-        return self._out(self._window(op, x, "max", rows, cols, plan.out_shape), kind, like)
+        out_shape, rows, cols = pool_tables(op, self._shape(x), kernel_size, stride, padding, dilation, ceil_mode)
+        return self._out(self._window(op, x, "max", rows, cols, out_shape), kind, like)
 
     def avg_pool2d(self, input, kernel_size, stride=None, padding=0, ceil_mode=False,
                    count_include_pad=True, divisor_override=None):
@@ -162,14 +181,9 @@ class WindowOps:
         op = "avg_pool2d"
         divisor = divisor_arg(op, divisor_override)
         kind, like, x = self._inputs(op, input=input)
-        plan = pool2d_plan(op, self._shape(x), kernel_size, stride, padding, 1, ceil_mode)
-        H, W = self._shape(x)[-2:]
-        OH, OW = plan.out_shape[-2:]
-        (kh, kw), (sh, sw), (ph, pw) = plan.kernel, plan.stride, plan.padding
-        cip = bool(count_include_pad)
-        rows = pool_table(H, OH, kh, sh, ph, 1, True, cip, None if divisor is None else float(divisor))
-        cols = pool_table(W, OW, kw, sw, pw, 1, True, cip, None if divisor is None else 1.0)
-        return self._out(self._window(op, x, "sum", rows, cols, plan.out_shape), kind, like)
+        out_shape, rows, cols = pool_tables(op, self._shape(x), kernel_size, stride, padding, 1, ceil_mode,
+                                            count_include_pad, divisor)
+        return self._out(self._window(op, x, "sum", rows, cols, out_shape), kind, like)
 
     def adaptive_avg_pool2d(self, input, output_size):
         """torch.nn.functional.adaptive_avg_pool2d."""
@@ -184,12 +198,8 @@ class WindowOps:
 
     def _adaptive(self, op, input, output_size, avg):
         kind, like, x = self._inputs(op, input=input)
-        out_shape = adaptive_plan(op, self._shape(x), output_size)
-        H, W = self._shape(x)[-2:]
-        OH, OW = out_shape[-2:]
-        y = self._window(op, x, "sum" if avg else "max", adaptive_table(H, OH, avg), adaptive_table(W, OW, avg),
-                         out_shape)
-        return self._out(y, kind, like)
+        out_shape, rows, cols = pool_tables(op, self._shape(x), output_size=output_size)
+        return self._out(self._window(op, x, "sum" if avg else "max", rows, cols, out_shape), kind, like)
 
     def interpolate(self, input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                     recompute_scale_factor=None, antialias=False):

@@ -28,9 +28,9 @@ import weakref
 import numpy as np
 
 from ..attention import _FLT_MAX, _is_bool
-from ..plans import (adaptive_plan, attention_plan, cat_plan, chunk_sizes, divisor_arg, interpolate_plan,
-                     narrow_args, normalized_dims, permute_dims, pool2d_plan, slice_args, split_sizes, stack_plan)
-from ..windows import adaptive_table, interp_table, pool_table
+from ..plans import (attention_plan, cat_plan, chunk_sizes, divisor_arg, interpolate_plan, narrow_args,
+                     normalized_dims, permute_dims, slice_args, split_sizes, stack_plan)
+from ..windows import adaptive_table, interp_table, pool_tables
 from .tape import rule
 
 log = logging.getLogger("anydevice")
@@ -456,26 +456,18 @@ def _empty(be, x):
 
 
 def _pool_tables(ctx, shape, op):
-    """The (rows, cols) window tables of a 2-D pool's forward (built as windows.py's pool op builds
-    them), or None where its output is empty."""
-    H, W = shape[-2:]
+    """The (rows, cols) window tables of a 2-D pool's forward (windows.pool_tables), or None where
+    its output is empty."""
     if op.startswith("adaptive_"):
-        OH, OW = adaptive_plan(op, shape, ctx["output_size"])[-2:]
-        avg = op == "adaptive_avg_pool2d"
-        return None if OH == 0 or OW == 0 else (adaptive_table(H, OH, avg), adaptive_table(W, OW, avg))
-    if op == "max_pool2d":
-        plan = pool2d_plan(op, shape, ctx["kernel_size"], ctx["stride"], ctx["padding"], ctx["dilation"],
-                           ctx["ceil_mode"])
-        row_w = col_w = ()  # max taps: no weights
-    else:  # avg_pool2d: dilation 1; the weights clipped and counted as torch's
-        divisor = divisor_arg(op, ctx["divisor_override"])
-        plan = pool2d_plan(op, shape, ctx["kernel_size"], ctx["stride"], ctx["padding"], 1, ctx["ceil_mode"])
-        cip = bool(ctx["count_include_pad"])
-        row_w = (True, cip, None if divisor is None else float(divisor))
-        col_w = (True, cip, None if divisor is None else 1.0)
-    OH, OW = plan.out_shape[-2:]
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = plan.kernel, plan.stride, plan.padding, plan.dilation
-    return pool_table(H, OH, kh, sh, ph, dh, *row_w), pool_table(W, OW, kw, sw, pw, dw, *col_w)
+        out_shape, rows, cols = pool_tables(op, shape, output_size=ctx["output_size"])
+    elif op == "max_pool2d":
+        out_shape, rows, cols = pool_tables(op, shape, ctx["kernel_size"], ctx["stride"], ctx["padding"],
+                                            ctx["dilation"], ctx["ceil_mode"])
+    else:
+        out_shape, rows, cols = pool_tables(op, shape, ctx["kernel_size"], ctx["stride"], ctx["padding"], 1,
+                                            ctx["ceil_mode"], ctx["count_include_pad"],
+                                            divisor_arg(op, ctx["divisor_override"]))
+    return None if 0 in out_shape[-2:] else (rows, cols)
 
 
 def _pool_rule(op: str):
