@@ -204,38 +204,32 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
     y[y_off + (o * P + p) * I + i] = res;
 }
 
-/* compensated (Neumaier) sum of v(x[i]) over a contiguous row of n, times inv_n: 32 chains
-   (two float16s, so the loop runs on the vector unit; float16 measured 1.5x faster than two
-   float8s on an AVX-512 host), their sums and compensations combined
-   compensated at the end, a finite sum as (s + c) (as reduce_ori's op 0). MODE 0: x; 1: x - a;
-   2: ((x - a) - b)^2 (the square rounded to float before it is added: no contraction). */
+/* Neumaier compensated addition of V into (S, C): scalar, float8 and float16 lanes. */
 #define AD_NEUMAIER(S, C, V) { const float v_ = (V), t_ = S + v_; \
                                C += fabs(S) >= fabs(v_) ? (S - t_) + v_ : (v_ - t_) + S; S = t_; }
 #define AD_NEUMAIER8(S, C, V) { const float8 t_ = S + V; \
                                 C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
 #define AD_NEUMAIER16(S, C, V) { const float16 t_ = S + V; \
                                  C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
-#define AD_ROW_VAL(MODE, X) ((MODE) == 0 ? (X) : (MODE) == 1 ? (X) - a : (((X) - a) - b) * (((X) - a) - b))
-#define AD_ROW_SUM(MODE, RES) { \
-    float16 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f; \
-    long i = 0; \
-    for (; i + 32 <= n; i += 32) { \
-        const float16 x0 = vload16(0, xp + i), x1 = vload16(0, xp + i + 16); \
-        const float16 q0 = AD_ROW_VAL(MODE, x0), q1 = AD_ROW_VAL(MODE, x1); \
-        AD_NEUMAIER16(s0, c0, q0); AD_NEUMAIER16(s1, c1, q1); \
-    } \
-    float s = 0.0f, c = 0.0f; \
-    for (; i < n; i++) { const float q = AD_ROW_VAL(MODE, xp[i]); AD_NEUMAIER(s, c, q); } \
-    float sl[32]; vstore16(s0, 0, sl); vstore16(s1, 1, sl); \
-    for (int j = 0; j < 32; j++) AD_NEUMAIER(s, c, sl[j]); \
-    const float16 cc = c0 + c1; \
-    const float8 c8 = cc.lo + cc.hi; \
-    c += ((c8.s0 + c8.s1) + (c8.s2 + c8.s3)) + ((c8.s4 + c8.s5) + (c8.s6 + c8.s7)); \
-    RES = isfinite(s) ? (s + c) * inv_n : s * inv_n; }
+/* blocked compensated sums of a contiguous row: 32 lanes (two float16s); each lane adds
+   AD_BLK of its values plainly (relative error <= (AD_BLK - 1) eps of their absolute sum) and
+   Neumaier-adds that partial into its running (s, c), so the compensation costs one step per
+   AD_BLK values instead of one per value; the lanes are combined compensated at the end. */
+#define AD_BLK 8
+#define AD_LANES_TO(S0, S1, C0, C1, s, c) { \
+    float sl_[32]; vstore16(S0, 0, sl_); vstore16(S1, 1, sl_); \
+    for (int j_ = 0; j_ < 32; j_++) AD_NEUMAIER(s, c, sl_[j_]); \
+    const float16 cc_ = C0 + C1; \
+    const float8 c8_ = cc_.lo + cc_.hi; \
+    c += ((c8_.s0 + c8_.s1) + (c8_.s2 + c8_.s3)) + ((c8_.s4 + c8_.s5) + (c8_.s6 + c8_.s7)); }
 
-/* each row of x viewed (rows, n) normalised, as layers.py's composite _normalize: m = mean(x),
-   d = x - m, c = mean(d) (the corrected two-pass mean), v = mean((d - c)^2),
-   y = (d - c) * rsqrt(v + eps); one work item a row (CPU family). Launch: global (rows). */
+/* each row of x viewed (rows, n) normalised, as layers.py's composite _normalize, in three passes
+   (the first from memory, the others from cache: a row of up to 64K floats is one work item's
+   256 KB): a = mean(x); with d = x - a (exact where it cancels), b = mean(d) and
+   q = mean(d^2) in one pass; v = q - b^2 (= mean((d - b)^2): sum(d - b) = 0), the corrected
+   two-pass variance; y = (d - b) * rsqrt(v + eps). The means are blocked compensated sums
+   (AD_BLK) times the host's float32(1/n), a finite sum taken as (s + c). One work item a row
+   (CPU family). Launch: global (rows). */
 __kernel void norm_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
                         const long rows, const long n, const float inv_n, const float eps)
 {
@@ -243,14 +237,61 @@ __kernel void norm_rows(__global const float *x, const long x_off, __global floa
     if (r >= rows) return;
     const __global float *xp = x + x_off + r * n;
     __global float *yp = y + y_off + r * n;
-    float a = 0.0f, b = 0.0f, v;
-    AD_ROW_SUM(0, a)
-    AD_ROW_SUM(1, b)
-    AD_ROW_SUM(2, v)
-    const float t = v + eps;
+    float a, b, q;
+    {
+        float16 S0 = 0.0f, S1 = 0.0f, C0 = 0.0f, C1 = 0.0f;
+        long i = 0;
+        for (; i + 32 * AD_BLK <= n; i += 32 * AD_BLK) {
+            float16 p0 = vload16(0, xp + i), p1 = vload16(0, xp + i + 16);
+            for (int k = 1; k < AD_BLK; k++) {
+                p0 += vload16(0, xp + i + 32 * k);
+                p1 += vload16(0, xp + i + 32 * k + 16);
+            }
+            AD_NEUMAIER16(S0, C0, p0); AD_NEUMAIER16(S1, C1, p1);
+        }
+        for (; i + 32 <= n; i += 32) {
+            const float16 p0 = vload16(0, xp + i), p1 = vload16(0, xp + i + 16);
+            AD_NEUMAIER16(S0, C0, p0); AD_NEUMAIER16(S1, C1, p1);
+        }
+        float s = 0.0f, c = 0.0f;
+        for (; i < n; i++) AD_NEUMAIER(s, c, xp[i]);
+        AD_LANES_TO(S0, S1, C0, C1, s, c)
+        a = isfinite(s) ? (s + c) * inv_n : s * inv_n;
+    }
+    {
+        float16 S0 = 0.0f, S1 = 0.0f, C0 = 0.0f, C1 = 0.0f;
+        float16 Q0 = 0.0f, Q1 = 0.0f, D0 = 0.0f, D1 = 0.0f;
+        long i = 0;
+        for (; i + 32 * AD_BLK <= n; i += 32 * AD_BLK) {
+            float16 d0 = vload16(0, xp + i) - a, d1 = vload16(0, xp + i + 16) - a;
+            float16 p0 = d0, p1 = d1, q0 = d0 * d0, q1 = d1 * d1;
+            for (int k = 1; k < AD_BLK; k++) {
+                d0 = vload16(0, xp + i + 32 * k) - a;
+                d1 = vload16(0, xp + i + 32 * k + 16) - a;
+                p0 += d0; p1 += d1;
+                q0 += d0 * d0; q1 += d1 * d1;
+            }
+            AD_NEUMAIER16(S0, C0, p0); AD_NEUMAIER16(S1, C1, p1);
+            AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1);
+        }
+        for (; i + 32 <= n; i += 32) {
+            const float16 d0 = vload16(0, xp + i) - a, d1 = vload16(0, xp + i + 16) - a;
+            const float16 q0 = d0 * d0, q1 = d1 * d1;
+            AD_NEUMAIER16(S0, C0, d0); AD_NEUMAIER16(S1, C1, d1);
+            AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1);
+        }
+        float s = 0.0f, c = 0.0f, sq = 0.0f, cq = 0.0f;
+        for (; i < n; i++) { const float d = xp[i] - a; AD_NEUMAIER(s, c, d); AD_NEUMAIER(sq, cq, d * d); }
+        AD_LANES_TO(S0, S1, C0, C1, s, c)
+        AD_LANES_TO(Q0, Q1, D0, D1, sq, cq)
+        b = isfinite(s) ? (s + c) * inv_n : s * inv_n;
+        q = isfinite(sq) ? (sq + cq) * inv_n : sq * inv_n;
+    }
+    const float v = q - b * b;  /* >= 0 but for rounding; NaN stays NaN */
+    const float t = (v < 0.0f ? 0.0f : v) + eps;
     const float rs = AD_RSQRT(t);
     long i = 0;
-    for (; i + 8 <= n; i += 8) vstore8(((vload8(0, xp + i) - a) - b) * rs, 0, yp + i);
+    for (; i + 16 <= n; i += 16) vstore16(((vload16(0, xp + i) - a) - b) * rs, 0, yp + i);
     for (; i < n; i++) yp[i] = ((xp[i] - a) - b) * rs;
 }
 
@@ -421,8 +462,8 @@ __kernel void norm_rows_wg(__global const float *x, const long x_off, __global f
         if (i < n) yp[i] = ((xp[i] - a) - b) * rs;
     }
 }
-#undef AD_ROW_SUM
-#undef AD_ROW_VAL
+#undef AD_LANES_TO
+#undef AD_BLK
 #undef AD_NEUMAIER8
 #undef AD_NEUMAIER16
 #undef AD_NEUMAIER
