@@ -223,13 +223,50 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
     const float8 c8_ = cc_.lo + cc_.hi; \
     c += ((c8_.s0 + c8_.s1) + (c8_.s2 + c8_.s3)) + ((c8_.s4 + c8_.s5) + (c8_.s6 + c8_.s7)); }
 
-/* each row of x viewed (rows, n) normalised, as layers.py's composite _normalize, in three passes
-   (the first from memory, the others from cache: a row of up to 64K floats is one work item's
-   256 KB): a = mean(x); with d = x - a (exact where it cancels), b = mean(d) and
-   q = mean(d^2) in one pass; v = q - b^2 (= mean((d - b)^2): sum(d - b) = 0), the corrected
-   two-pass variance; y = (d - b) * rsqrt(v + eps). The means are blocked compensated sums
-   (AD_BLK) times the host's float32(1/n), a finite sum taken as (s + c). One work item a row
-   (CPU family). Launch: global (rows). */
+/* (s, q) = (sum(d), sum(d^2)) * inv_n over a contiguous row, d = x - A, blocked compensated
+   (AD_BLK), a finite sum taken as (s + c). */
+#define AD_DEV_SUMS(A, SM, QM) { \
+    float16 S0 = 0.0f, S1 = 0.0f, C0 = 0.0f, C1 = 0.0f; \
+    float16 Q0 = 0.0f, Q1 = 0.0f, D0 = 0.0f, D1 = 0.0f; \
+    long i = 0; \
+    for (; i + 32 * AD_BLK <= n; i += 32 * AD_BLK) { \
+        float16 d0 = vload16(0, xp + i) - (A), d1 = vload16(0, xp + i + 16) - (A); \
+        float16 p0 = d0, p1 = d1, q0 = d0 * d0, q1 = d1 * d1; \
+        for (int k = 1; k < AD_BLK; k++) { \
+            d0 = vload16(0, xp + i + 32 * k) - (A); \
+            d1 = vload16(0, xp + i + 32 * k + 16) - (A); \
+            p0 += d0; p1 += d1; \
+            q0 += d0 * d0; q1 += d1 * d1; \
+        } \
+        AD_NEUMAIER16(S0, C0, p0); AD_NEUMAIER16(S1, C1, p1); \
+        AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1); \
+    } \
+    for (; i + 32 <= n; i += 32) { \
+        const float16 d0 = vload16(0, xp + i) - (A), d1 = vload16(0, xp + i + 16) - (A); \
+        const float16 q0 = d0 * d0, q1 = d1 * d1; \
+        AD_NEUMAIER16(S0, C0, d0); AD_NEUMAIER16(S1, C1, d1); \
+        AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1); \
+    } \
+    float s = 0.0f, c = 0.0f, sq = 0.0f, cq = 0.0f; \
+    for (; i < n; i++) { const float d = xp[i] - (A); AD_NEUMAIER(s, c, d); AD_NEUMAIER(sq, cq, d * d); } \
+    AD_LANES_TO(S0, S1, C0, C1, s, c) \
+    AD_LANES_TO(Q0, Q1, D0, D1, sq, cq) \
+    SM = isfinite(s) ? (s + c) * inv_n : s * inv_n; \
+    QM = isfinite(sq) ? (sq + cq) * inv_n : sq * inv_n; }
+
+/* each row of x viewed (rows, n) normalised as layers.py's composite _normalize (the corrected
+   two-pass mean and variance), one work item a row (CPU family), in two passes over the row
+   (the second from cache: a row of up to 64K floats is 256 KB), as PyTorch's CPU group_norm:
+   1. shifted sums: K = the mean of the row's first (up to) 256 values (any shift is exact in
+      exact arithmetic; one near the mean keeps the cancellation small), d = x - K,
+      m = mean(d), q = mean(d^2), var = q - m^2. Accepted when m^2 <= var / 4 (the
+      cancellation loses at most a factor 1.25 in var's relative error): the mean K + m is split
+      as a = float(K + m) and b = (K - a) + m, as the composite's mean a and correction b.
+   2. otherwise (the shift far from the mean, non-finite values) one more pass about the
+      accurate mean a = K + m: b = mean(x - a), q = mean((x - a)^2), var = q - b^2
+      (= mean((d - b)^2), sum(d - b) = 0), the composite's corrected two-pass statistics.
+   Then y = ((x - a) - b) * rsqrt(var + eps). The means are blocked compensated sums (AD_BLK)
+   times the host's float32(1/n). Launch: global (rows). */
 __kernel void norm_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
                         const long rows, const long n, const float inv_n, const float eps)
 {
@@ -237,63 +274,28 @@ __kernel void norm_rows(__global const float *x, const long x_off, __global floa
     if (r >= rows) return;
     const __global float *xp = x + x_off + r * n;
     __global float *yp = y + y_off + r * n;
-    float a, b, q;
-    {
-        float16 S0 = 0.0f, S1 = 0.0f, C0 = 0.0f, C1 = 0.0f;
-        long i = 0;
-        for (; i + 32 * AD_BLK <= n; i += 32 * AD_BLK) {
-            float16 p0 = vload16(0, xp + i), p1 = vload16(0, xp + i + 16);
-            for (int k = 1; k < AD_BLK; k++) {
-                p0 += vload16(0, xp + i + 32 * k);
-                p1 += vload16(0, xp + i + 32 * k + 16);
-            }
-            AD_NEUMAIER16(S0, C0, p0); AD_NEUMAIER16(S1, C1, p1);
-        }
-        for (; i + 32 <= n; i += 32) {
-            const float16 p0 = vload16(0, xp + i), p1 = vload16(0, xp + i + 16);
-            AD_NEUMAIER16(S0, C0, p0); AD_NEUMAIER16(S1, C1, p1);
-        }
-        float s = 0.0f, c = 0.0f;
-        for (; i < n; i++) AD_NEUMAIER(s, c, xp[i]);
-        AD_LANES_TO(S0, S1, C0, C1, s, c)
-        a = isfinite(s) ? (s + c) * inv_n : s * inv_n;
+    const int nk = (int)min(n, 256L);
+    float K = 0.0f;
+    for (int i = 0; i < nk; i++) K += xp[i];
+    K /= (float)nk;
+    float m, q, a, b, v;
+    AD_DEV_SUMS(K, m, q)
+    v = q - m * m;
+    if (isfinite(K) && isfinite(m) && isfinite(v) && m * m <= 0.25f * v) {
+        a = K + m;
+        b = (K - a) + m;
+    } else {
+        a = K + m;
+        AD_DEV_SUMS(a, b, q)
+        v = q - b * b;  /* >= 0 but for rounding; NaN stays NaN */
     }
-    {
-        float16 S0 = 0.0f, S1 = 0.0f, C0 = 0.0f, C1 = 0.0f;
-        float16 Q0 = 0.0f, Q1 = 0.0f, D0 = 0.0f, D1 = 0.0f;
-        long i = 0;
-        for (; i + 32 * AD_BLK <= n; i += 32 * AD_BLK) {
-            float16 d0 = vload16(0, xp + i) - a, d1 = vload16(0, xp + i + 16) - a;
-            float16 p0 = d0, p1 = d1, q0 = d0 * d0, q1 = d1 * d1;
-            for (int k = 1; k < AD_BLK; k++) {
-                d0 = vload16(0, xp + i + 32 * k) - a;
-                d1 = vload16(0, xp + i + 32 * k + 16) - a;
-                p0 += d0; p1 += d1;
-                q0 += d0 * d0; q1 += d1 * d1;
-            }
-            AD_NEUMAIER16(S0, C0, p0); AD_NEUMAIER16(S1, C1, p1);
-            AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1);
-        }
-        for (; i + 32 <= n; i += 32) {
-            const float16 d0 = vload16(0, xp + i) - a, d1 = vload16(0, xp + i + 16) - a;
-            const float16 q0 = d0 * d0, q1 = d1 * d1;
-            AD_NEUMAIER16(S0, C0, d0); AD_NEUMAIER16(S1, C1, d1);
-            AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1);
-        }
-        float s = 0.0f, c = 0.0f, sq = 0.0f, cq = 0.0f;
-        for (; i < n; i++) { const float d = xp[i] - a; AD_NEUMAIER(s, c, d); AD_NEUMAIER(sq, cq, d * d); }
-        AD_LANES_TO(S0, S1, C0, C1, s, c)
-        AD_LANES_TO(Q0, Q1, D0, D1, sq, cq)
-        b = isfinite(s) ? (s + c) * inv_n : s * inv_n;
-        q = isfinite(sq) ? (sq + cq) * inv_n : sq * inv_n;
-    }
-    const float v = q - b * b;  /* >= 0 but for rounding; NaN stays NaN */
     const float t = (v < 0.0f ? 0.0f : v) + eps;
     const float rs = AD_RSQRT(t);
     long i = 0;
     for (; i + 16 <= n; i += 16) vstore16(((vload16(0, xp + i) - a) - b) * rs, 0, yp + i);
     for (; i < n; i++) yp[i] = ((xp[i] - a) - b) * rs;
 }
+#undef AD_DEV_SUMS
 
 /* the exact softmax's numerators of each row of x viewed (B, M, n), as attention.py's composite:
    m = max(max(row), -FLT_MAX) (NaN if the row has one), e = exp(x - m) and t[b * M + i] =
