@@ -438,32 +438,65 @@ class NumpyBackend(Backend):
         return np.asarray(y, dtype=F32)
 
     def _norm_rows(self, x, eps):
-        """layers._normalize fused: the composite's steps (float64 sums, float32 values) in place
-        on one output buffer, blocks of rows on the thread pool."""
+        """layers._normalize fused, in two passes over each L2-sized block of rows (the OpenCL
+        kernel's scheme): shifted sums t = x - K (K the mean of the row's first <= 256 values),
+        m = mean(t), q = mean(t^2), var = q - m^2, accepted when m^2 <= var / 4 (the
+        cancellation costs at most a factor 1.25 in var's relative error), y = (t - m) / sqrt(var
+        + eps). Otherwise (a shift far from the mean, non-finite values) those rows are redone
+        about the accurate mean a = K + m (the composite's corrected two-pass statistics). The
+        sums: float32 partial dots of 256 values (BLAS gemv: one call a block) summed in float64.
+        Blocks of rows on the thread pool; the result is written into one output buffer."""
         rows, n = x.shape
         x = np.ascontiguousarray(x)
         out = np.empty((rows, n), F32)
-        eps32 = F32(eps)
+        eps64 = float(F32(eps))
+        w = _NORM_PART
+        n0 = n - n % w if n >= w else 0
+        ones = np.ones(w, F32)
 
-        def mean(a):  # as _reduce("mean"): the float64 sum / count, rounded to float32
-            return (np.sum(a, axis=1, dtype=np.float64, keepdims=True) / n).astype(F32)
+        def sums(t, sq):  # (float64 sum(t) / n, float64 sum(t^2) / n) of each row of the block
+            np.multiply(t, t, out=sq)
+            if n0:
+                s1 = (t[:, :n0].reshape(-1, w) @ ones).reshape(len(t), -1).sum(axis=1, dtype=np.float64)
+                s2 = (sq[:, :n0].reshape(-1, w) @ ones).reshape(len(t), -1).sum(axis=1, dtype=np.float64)
+            else:
+                s1 = s2 = 0.0
+            if n0 < n:
+                s1 = s1 + np.add.reduce(t[:, n0:], axis=1, dtype=np.float64)
+                s2 = s2 + np.add.reduce(sq[:, n0:], axis=1, dtype=np.float64)
+            return s1 / n, s2 / n
+
+        per = max(1, _NORM_BLOCK // max(n, 1))
 
         def task(r):
-            xb, d = x[r[0]:r[1]], out[r[0]:r[1]]
-            np.subtract(xb, mean(xb), out=d)
-            d -= mean(d)
-            sq = np.multiply(d, d)
-            t = mean(sq)
-            t += eps32
-            d *= (1.0 / np.sqrt(t.astype(np.float64))).astype(F32)
+            sq_all = np.empty((min(per, r[1] - r[0]), n), F32)
+            for i in range(r[0], r[1], per):
+                j = min(r[1], i + per)
+                xb, t, sq = x[i:j], out[i:j], sq_all[:j - i]
+                k = np.add.reduce(xb[:, :256], axis=1, dtype=np.float64, keepdims=True)
+                k = (k / min(n, 256)).astype(F32)
+                np.subtract(xb, k, out=t)
+                m, q = sums(t, sq)
+                v = q - m * m
+                bad = ~(np.isfinite(v) & np.isfinite(m) & (m * m <= 0.25 * v))
+                if bad.any():  # about the accurate mean a: b = mean(x - a), var = mean((x - a - b)^2)
+                    a = (k[bad, 0] + m[bad]).astype(F32)[:, None]
+                    tb = np.subtract(xb[bad], a)
+                    mb, qb = sums(tb, np.empty_like(tb))
+                    t[bad] = tb
+                    m = m.copy()
+                    m[bad], v[bad] = mb, qb - mb * mb
+                rs = (1.0 / np.sqrt(np.maximum(v, 0.0) + eps64)).astype(F32)[:, None]
+                np.subtract(t, m.astype(F32)[:, None], out=t)
+                np.multiply(t, rs, out=t)
 
-        per = max(1, BLOCK * 4 // max(n, 1))
-        tasks = [(i, min(rows, i + per)) for i in range(0, rows, per)]
-        if len(tasks) == 1 or threading.current_thread().name.startswith("anydevice"):
-            for t in tasks:
-                _quiet(task, t)
-        else:
-            _parallel(task, tasks)
+        tasks = _split(rows, threads.num_threads()) if rows * n > 2 * BLOCK else [(0, rows)]
+        with threads.single_threaded_blas():
+            if len(tasks) == 1 or threading.current_thread().name.startswith("anydevice"):
+                for t in tasks:
+                    _quiet(task, t)
+            else:
+                _parallel(task, tasks)
         return out
 
     def _softmax_rows(self, s):
@@ -514,6 +547,10 @@ def _gelu_tanh(x):
 
 #: elements per block of an elementwise op with float64 temporaries (~14 of them: 64 K elements each)
 BLOCK = 1 << 16
+#: _norm_rows' partial sums: float32 dots of this many values (BLAS lanes of <= 32 terms)
+_NORM_PART = 256
+#: _norm_rows' block of rows: about this many values (x, t and t^2 blocks stay in L2)
+_NORM_BLOCK = BLOCK
 
 
 def _blocked(x, fn):
