@@ -355,10 +355,11 @@ __kernel void softmax_rows(__global const float *x, const long x_off, __global f
 /* softmax_rows with mr > 1, a tile of mr (<= 16) rows a work item: each row's max first, then k
    outer and the tile's rows inner, so the packed-A stores run contiguously ([k][mr] blocks) and
    the mr rows are read as mr sequential streams. Same values as softmax_rows (per row: the same
-   max and exps, a sixteen-chain compensated sum). Launch: global (B * ceil(M/mr)). */
+   max and exps, a sixteen-chain compensated sum); the sums go to t[t_off + b * t_bs + i] (t_bs = M:
+   (B, M); larger: rows of a longer (B, t_bs) array). Launch: global (B * ceil(M/mr)). */
 __kernel void softmax_tile(__global const float *x, const long x_off, __global float *y, const long y_off,
                            __global float *t, const long t_off, const long B, const long M, const long n,
-                           const int mr)
+                           const int mr, const long t_bs)
 {
     const long mt = (M + mr - 1) / mr;
     const long g = get_global_id(0);
@@ -412,7 +413,7 @@ __kernel void softmax_tile(__global const float *x, const long x_off, __global f
         const float8 cc = c0[r].lo + c0[r].hi;
         c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7));
         const float tot = isfinite(s) ? s + c : s;
-        t[t_off + b * M + i0 + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
+        t[t_off + b * t_bs + i0 + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
     }
 }
 
