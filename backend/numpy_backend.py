@@ -573,9 +573,10 @@ _ONES = np.ones(_NORM_PART, F32)
 
 def _row_sums(a):
     """float64 sums of the rows of the contiguous 2-D float32 ``a``: float32 partial sums of
-    _NORM_PART values (one BLAS gemv a call; its lanes add <= 32 values each, so a partial's
-    relative error is <= 32 eps of its absolute sum, ~eps typically) added in float64, a row's
-    tail (< _NORM_PART values) in float64 too. 2x the speed of a float64 np.sum here."""
+    _NORM_PART values (one BLAS gemv a call; OpenBLAS's vector lanes add <= 32 values each, so a
+    partial's relative error is <= 32 eps of its absolute sum, ~eps typically; even a sequential
+    BLAS stays ~sqrt(256) eps typically) added in float64, a row's tail (< _NORM_PART values) in
+    float64 too. 3-5x the speed of a float64 np.sum here (3.7 vs 21 us for 64K values)."""
     rows, n = a.shape
     w = _NORM_PART
     n0 = n - n % w
