@@ -438,37 +438,59 @@ class NumpyBackend(Backend):
         return np.asarray(y, dtype=F32)
 
     def _norm_rows(self, x, eps):
-        """layers._normalize fused: the composite's steps (float64 sums, float32 values) in place
-        on one output buffer, blocks of rows on the thread pool."""
+        """layers._normalize fused, in two passes over each L2-sized block of rows (the OpenCL
+        kernel's scheme): shifted sums t = x - K (K the mean of the row's first <= 256 values),
+        m = mean(t), q = mean(t^2), var = q - m^2, accepted when m^2 <= var / 4 (the
+        cancellation costs at most a factor 1.25 in var's relative error), y = (t - m) / sqrt(var
+        + eps). Otherwise (a shift far from the mean, non-finite values) those rows are redone
+        about the accurate mean a = K + m (the composite's corrected two-pass statistics). The
+        sums: float32 partial dots of 256 values (BLAS gemv: one call a block) summed in float64.
+        Blocks of rows on the thread pool; the result is written into one output buffer."""
         rows, n = x.shape
         x = np.ascontiguousarray(x)
         out = np.empty((rows, n), F32)
-        eps32 = F32(eps)
+        eps64 = float(F32(eps))
 
-        def mean(a):  # as _reduce("mean"): the float64 sum / count, rounded to float32
-            return (np.sum(a, axis=1, dtype=np.float64, keepdims=True) / n).astype(F32)
+        def sums(t, sq):  # (float64 sum(t) / n, float64 sum(t^2) / n) of each row of the block
+            np.multiply(t, t, out=sq)
+            return _row_sums(t) / n, _row_sums(sq) / n
+
+        per = max(1, _NORM_BLOCK // max(n, 1))
 
         def task(r):
-            xb, d = x[r[0]:r[1]], out[r[0]:r[1]]
-            np.subtract(xb, mean(xb), out=d)
-            d -= mean(d)
-            sq = np.multiply(d, d)
-            t = mean(sq)
-            t += eps32
-            d *= (1.0 / np.sqrt(t.astype(np.float64))).astype(F32)
+            sq_all = np.empty((min(per, r[1] - r[0]), n), F32)
+            for i in range(r[0], r[1], per):
+                j = min(r[1], i + per)
+                xb, t, sq = x[i:j], out[i:j], sq_all[:j - i]
+                k = np.add.reduce(xb[:, :256], axis=1, dtype=np.float64, keepdims=True)
+                k = (k / min(n, 256)).astype(F32)
+                np.subtract(xb, k, out=t)
+                m, q = sums(t, sq)
+                v = q - m * m
+                bad = ~(np.isfinite(v) & np.isfinite(m) & (m * m <= 0.25 * v))
+                if bad.any():  # about the accurate mean a: b = mean(x - a), var = mean((x - a - b)^2)
+                    a = (k[bad, 0] + m[bad]).astype(F32)[:, None]
+                    tb = np.subtract(xb[bad], a)
+                    mb, qb = sums(tb, np.empty_like(tb))
+                    t[bad] = tb
+                    m = m.copy()
+                    m[bad], v[bad] = mb, qb - mb * mb
+                rs = (1.0 / np.sqrt(np.maximum(v, 0.0) + eps64)).astype(F32)[:, None]
+                np.subtract(t, m.astype(F32)[:, None], out=t)
+                np.multiply(t, rs, out=t)
 
-        per = max(1, BLOCK * 4 // max(n, 1))
-        tasks = [(i, min(rows, i + per)) for i in range(0, rows, per)]
-        if len(tasks) == 1 or threading.current_thread().name.startswith("anydevice"):
-            for t in tasks:
-                _quiet(task, t)
-        else:
-            _parallel(task, tasks)
+        tasks = _split(rows, threads.num_threads()) if rows * n > 2 * BLOCK else [(0, rows)]
+        with threads.single_threaded_blas():
+            if len(tasks) == 1 or threading.current_thread().name.startswith("anydevice"):
+                for t in tasks:
+                    _quiet(task, t)
+            else:
+                _parallel(task, tasks)
         return out
 
     def _softmax_rows(self, s):
-        """attention's exp(s - max(row max, -FLT_MAX)) in place on s and the rows' float64 sums
-        (at least 1), as its composite, blocks of rows on the thread pool."""
+        """attention's exp(s - max(row max, -FLT_MAX)) in place on s and the rows' sums (at
+        least 1; ``_row_sums``), as its composite, blocks of rows on the thread pool."""
         rows, n = s.shape
         if not s.flags.c_contiguous or not s.flags.writeable:
             return None
@@ -484,14 +506,15 @@ class NumpyBackend(Backend):
                 mx = np.maximum(np.max(sb, axis=1, keepdims=True), lo)
                 np.subtract(sb, mx, out=sb)
                 np.exp(sb, out=sb)
-                t[i:j] = np.maximum(np.sum(sb, axis=1, dtype=np.float64, keepdims=True), 1.0)
+                t[i:j, 0] = np.maximum(_row_sums(sb), 1.0)
 
         tasks = _split(rows, threads.num_threads()) if rows * n > 2 * BLOCK else [(0, rows)]
-        if len(tasks) == 1 or threading.current_thread().name.startswith("anydevice"):
-            for r in tasks:
-                _quiet(task, r)
-        else:
-            _parallel(task, tasks)
+        with threads.single_threaded_blas():  # _row_sums' gemv calls, one pool thread each
+            if len(tasks) == 1 or threading.current_thread().name.startswith("anydevice"):
+                for r in tasks:
+                    _quiet(task, r)
+            else:
+                _parallel(task, tasks)
         return s, t
 
 
@@ -514,6 +537,10 @@ def _gelu_tanh(x):
 
 #: elements per block of an elementwise op with float64 temporaries (~14 of them: 64 K elements each)
 BLOCK = 1 << 16
+#: _row_sums' partial sums: float32 dots of this many values (BLAS lanes of <= 32 terms)
+_NORM_PART = 256
+#: _norm_rows' block of rows: about this many values (x, t and t^2 blocks stay in L2)
+_NORM_BLOCK = BLOCK
 
 
 def _blocked(x, fn):
@@ -539,6 +566,25 @@ def _blocked(x, fn):
 def _sigmoid(x):
     # 1 / (1 + exp(-x)); exp overflow to inf gives 0, as in torch
     return (1.0 / (1.0 + np.exp(-x))).astype(F32, copy=False)
+
+
+_ONES = np.ones(_NORM_PART, F32)
+
+
+def _row_sums(a):
+    """float64 sums of the rows of the contiguous 2-D float32 ``a``: float32 partial sums of
+    _NORM_PART values (one BLAS gemv a call; OpenBLAS's vector lanes add <= 32 values each, so a
+    partial's relative error is <= 32 eps of its absolute sum, ~eps typically; even a sequential
+    BLAS stays ~sqrt(256) eps typically) added in float64, a row's tail (< _NORM_PART values) in
+    float64 too. 3-5x the speed of a float64 np.sum here (3.7 vs 21 us for 64K values)."""
+    rows, n = a.shape
+    w = _NORM_PART
+    n0 = n - n % w
+    tot = np.zeros(rows) if not n0 else \
+        (a[:, :n0].reshape(-1, w) @ _ONES).reshape(rows, -1).sum(axis=1, dtype=np.float64)
+    if n0 < n:
+        tot = tot + np.add.reduce(a[:, n0:], axis=1, dtype=np.float64)
+    return tot
 
 
 def _quiet(fn, *args, **kw):

@@ -204,38 +204,69 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
     y[y_off + (o * P + p) * I + i] = res;
 }
 
-/* compensated (Neumaier) sum of v(x[i]) over a contiguous row of n, times inv_n: 32 chains
-   (two float16s, so the loop runs on the vector unit; float16 measured 1.5x faster than two
-   float8s on an AVX-512 host), their sums and compensations combined
-   compensated at the end, a finite sum as (s + c) (as reduce_ori's op 0). MODE 0: x; 1: x - a;
-   2: ((x - a) - b)^2 (the square rounded to float before it is added: no contraction). */
+/* Neumaier compensated addition of V into (S, C): scalar, float8 and float16 lanes. */
 #define AD_NEUMAIER(S, C, V) { const float v_ = (V), t_ = S + v_; \
                                C += fabs(S) >= fabs(v_) ? (S - t_) + v_ : (v_ - t_) + S; S = t_; }
 #define AD_NEUMAIER8(S, C, V) { const float8 t_ = S + V; \
                                 C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
 #define AD_NEUMAIER16(S, C, V) { const float16 t_ = S + V; \
                                  C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
-#define AD_ROW_VAL(MODE, X) ((MODE) == 0 ? (X) : (MODE) == 1 ? (X) - a : (((X) - a) - b) * (((X) - a) - b))
-#define AD_ROW_SUM(MODE, RES) { \
-    float16 s0 = 0.0f, s1 = 0.0f, c0 = 0.0f, c1 = 0.0f; \
-    long i = 0; \
-    for (; i + 32 <= n; i += 32) { \
-        const float16 x0 = vload16(0, xp + i), x1 = vload16(0, xp + i + 16); \
-        const float16 q0 = AD_ROW_VAL(MODE, x0), q1 = AD_ROW_VAL(MODE, x1); \
-        AD_NEUMAIER16(s0, c0, q0); AD_NEUMAIER16(s1, c1, q1); \
-    } \
-    float s = 0.0f, c = 0.0f; \
-    for (; i < n; i++) { const float q = AD_ROW_VAL(MODE, xp[i]); AD_NEUMAIER(s, c, q); } \
-    float sl[32]; vstore16(s0, 0, sl); vstore16(s1, 1, sl); \
-    for (int j = 0; j < 32; j++) AD_NEUMAIER(s, c, sl[j]); \
-    const float16 cc = c0 + c1; \
-    const float8 c8 = cc.lo + cc.hi; \
-    c += ((c8.s0 + c8.s1) + (c8.s2 + c8.s3)) + ((c8.s4 + c8.s5) + (c8.s6 + c8.s7)); \
-    RES = isfinite(s) ? (s + c) * inv_n : s * inv_n; }
+/* blocked compensated sums of a contiguous row: 32 lanes (two float16s); each lane adds
+   AD_BLK of its values plainly (relative error <= (AD_BLK - 1) eps of their absolute sum) and
+   Neumaier-adds that partial into its running (s, c), so the compensation costs one step per
+   AD_BLK values instead of one per value; the lanes are combined compensated at the end. */
+#define AD_BLK 8
+#define AD_LANES_TO(S0, S1, C0, C1, s, c) { \
+    float sl_[32]; vstore16(S0, 0, sl_); vstore16(S1, 1, sl_); \
+    for (int j_ = 0; j_ < 32; j_++) AD_NEUMAIER(s, c, sl_[j_]); \
+    const float16 cc_ = C0 + C1; \
+    const float8 c8_ = cc_.lo + cc_.hi; \
+    c += ((c8_.s0 + c8_.s1) + (c8_.s2 + c8_.s3)) + ((c8_.s4 + c8_.s5) + (c8_.s6 + c8_.s7)); }
 
-/* each row of x viewed (rows, n) normalised, as layers.py's composite _normalize: m = mean(x),
-   d = x - m, c = mean(d) (the corrected two-pass mean), v = mean((d - c)^2),
-   y = (d - c) * rsqrt(v + eps); one work item a row (CPU family). Launch: global (rows). */
+/* (s, q) = (sum(d), sum(d^2)) * inv_n over a contiguous row, d = x - A, blocked compensated
+   (AD_BLK), a finite sum taken as (s + c). */
+#define AD_DEV_SUMS(A, SM, QM) { \
+    float16 S0 = 0.0f, S1 = 0.0f, C0 = 0.0f, C1 = 0.0f; \
+    float16 Q0 = 0.0f, Q1 = 0.0f, D0 = 0.0f, D1 = 0.0f; \
+    long i = 0; \
+    for (; i + 32 * AD_BLK <= n; i += 32 * AD_BLK) { \
+        float16 d0 = vload16(0, xp + i) - (A), d1 = vload16(0, xp + i + 16) - (A); \
+        float16 p0 = d0, p1 = d1, q0 = d0 * d0, q1 = d1 * d1; \
+        for (int k = 1; k < AD_BLK; k++) { \
+            d0 = vload16(0, xp + i + 32 * k) - (A); \
+            d1 = vload16(0, xp + i + 32 * k + 16) - (A); \
+            p0 += d0; p1 += d1; \
+            q0 += d0 * d0; q1 += d1 * d1; \
+        } \
+        AD_NEUMAIER16(S0, C0, p0); AD_NEUMAIER16(S1, C1, p1); \
+        AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1); \
+    } \
+    for (; i + 32 <= n; i += 32) { \
+        const float16 d0 = vload16(0, xp + i) - (A), d1 = vload16(0, xp + i + 16) - (A); \
+        const float16 q0 = d0 * d0, q1 = d1 * d1; \
+        AD_NEUMAIER16(S0, C0, d0); AD_NEUMAIER16(S1, C1, d1); \
+        AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1); \
+    } \
+    float s = 0.0f, c = 0.0f, sq = 0.0f, cq = 0.0f; \
+    for (; i < n; i++) { const float d = xp[i] - (A); AD_NEUMAIER(s, c, d); AD_NEUMAIER(sq, cq, d * d); } \
+    AD_LANES_TO(S0, S1, C0, C1, s, c) \
+    AD_LANES_TO(Q0, Q1, D0, D1, sq, cq) \
+    SM = isfinite(s) ? (s + c) * inv_n : s * inv_n; \
+    QM = isfinite(sq) ? (sq + cq) * inv_n : sq * inv_n; }
+
+/* each row of x viewed (rows, n) normalised as layers.py's composite _normalize (the corrected
+   two-pass mean and variance), one work item a row (CPU family), in two passes over the row
+   (the second from cache: a row of up to 64K floats is 256 KB), as PyTorch's CPU group_norm:
+   1. shifted sums: K = the mean of the row's first (up to) 256 values (any shift is exact in
+      exact arithmetic; one near the mean keeps the cancellation small), d = x - K,
+      m = mean(d), q = mean(d^2), var = q - m^2. Accepted when m^2 <= var / 4 (the
+      cancellation loses at most a factor 1.25 in var's relative error): the mean K + m is split
+      as a = float(K + m) and b = (K - a) + m, as the composite's mean a and correction b.
+   2. otherwise (the shift far from the mean, non-finite values) one more pass about the
+      accurate mean a = K + m: b = mean(x - a), q = mean((x - a)^2), var = q - b^2
+      (= mean((d - b)^2), sum(d - b) = 0), the composite's corrected two-pass statistics.
+   Then y = ((x - a) - b) * rsqrt(var + eps). The means are blocked compensated sums (AD_BLK)
+   times the host's float32(1/n). Launch: global (rows). */
 __kernel void norm_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
                         const long rows, const long n, const float inv_n, const float eps)
 {
@@ -243,16 +274,28 @@ __kernel void norm_rows(__global const float *x, const long x_off, __global floa
     if (r >= rows) return;
     const __global float *xp = x + x_off + r * n;
     __global float *yp = y + y_off + r * n;
-    float a = 0.0f, b = 0.0f, v;
-    AD_ROW_SUM(0, a)
-    AD_ROW_SUM(1, b)
-    AD_ROW_SUM(2, v)
-    const float t = v + eps;
+    const int nk = (int)min(n, 256L);
+    float K = 0.0f;
+    for (int i = 0; i < nk; i++) K += xp[i];
+    K /= (float)nk;
+    float m, q, a, b, v;
+    AD_DEV_SUMS(K, m, q)
+    v = q - m * m;
+    if (isfinite(K) && isfinite(m) && isfinite(v) && m * m <= 0.25f * v) {
+        a = K + m;
+        b = (K - a) + m;
+    } else {
+        a = K + m;
+        AD_DEV_SUMS(a, b, q)
+        v = q - b * b;  /* >= 0 but for rounding; NaN stays NaN */
+    }
+    const float t = (v < 0.0f ? 0.0f : v) + eps;
     const float rs = AD_RSQRT(t);
     long i = 0;
-    for (; i + 8 <= n; i += 8) vstore8(((vload8(0, xp + i) - a) - b) * rs, 0, yp + i);
+    for (; i + 16 <= n; i += 16) vstore16(((vload16(0, xp + i) - a) - b) * rs, 0, yp + i);
     for (; i < n; i++) yp[i] = ((xp[i] - a) - b) * rs;
 }
+#undef AD_DEV_SUMS
 
 /* the exact softmax's numerators of each row of x viewed (B, M, n), as attention.py's composite:
    m = max(max(row), -FLT_MAX) (NaN if the row has one), e = exp(x - m) and t[b * M + i] =
@@ -312,10 +355,11 @@ __kernel void softmax_rows(__global const float *x, const long x_off, __global f
 /* softmax_rows with mr > 1, a tile of mr (<= 16) rows a work item: each row's max first, then k
    outer and the tile's rows inner, so the packed-A stores run contiguously ([k][mr] blocks) and
    the mr rows are read as mr sequential streams. Same values as softmax_rows (per row: the same
-   max and exps, a sixteen-chain compensated sum). Launch: global (B * ceil(M/mr)). */
+   max and exps, a sixteen-chain compensated sum); the sums go to t[t_off + b * t_bs + i] (t_bs = M:
+   (B, M); larger: rows of a longer (B, t_bs) array). Launch: global (B * ceil(M/mr)). */
 __kernel void softmax_tile(__global const float *x, const long x_off, __global float *y, const long y_off,
                            __global float *t, const long t_off, const long B, const long M, const long n,
-                           const int mr)
+                           const int mr, const long t_bs)
 {
     const long mt = (M + mr - 1) / mr;
     const long g = get_global_id(0);
@@ -369,7 +413,7 @@ __kernel void softmax_tile(__global const float *x, const long x_off, __global f
         const float8 cc = c0[r].lo + c0[r].hi;
         c += ((cc.s0 + cc.s1) + (cc.s2 + cc.s3)) + ((cc.s4 + cc.s5) + (cc.s6 + cc.s7));
         const float tot = isfinite(s) ? s + c : s;
-        t[t_off + b * M + i0 + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
+        t[t_off + b * t_bs + i0 + r] = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
     }
 }
 
@@ -421,8 +465,8 @@ __kernel void norm_rows_wg(__global const float *x, const long x_off, __global f
         if (i < n) yp[i] = ((xp[i] - a) - b) * rs;
     }
 }
-#undef AD_ROW_SUM
-#undef AD_ROW_VAL
+#undef AD_LANES_TO
+#undef AD_BLK
 #undef AD_NEUMAIER8
 #undef AD_NEUMAIER16
 #undef AD_NEUMAIER

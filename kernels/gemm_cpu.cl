@@ -13,8 +13,8 @@
    bias[b * bias_bs + m] is added when has_bias. Operands are packed first (pack_a, pack_b, or
    im2col_pack in conv_cpu.cl); each packing work item copies PK values of k (PoCL's per-work-group
    cost is ~1 us, so one work item per k row made packing cost as much as a third of the GEMM).
-   Launch: global (ceil(M/(MR*MSUB)), ceil(N/32), batches), local (1, 1, 1): consecutive work
-   groups share one B panel (K x 32), which stays in L2.
+   Launch: global (ceil(M/(MR*MSUB)), ceil(ceil(N/32)/NL), batches), local (1, 1, 1): consecutive
+   work groups share one B panel (K x 32), which stays in L2.
 */
 #ifndef MR
 #define MR 12
@@ -29,6 +29,10 @@
 #define KP 128
 #endif
 #define TN 32
+#ifndef NL
+#define NL 1  /* column tiles of 32 one work item computes, one after another (fewer work groups
+                 where K is short and each tile is little work: PoCL's cost per group is ~1 us) */
+#endif
 
 /* Ap layout: [batch][ceil(M/MR)][K][MR]; Bp layout: [batch][ceil(N/32)][K][32], zero padded. */
 
@@ -103,14 +107,15 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
                        __global const float *bias, const int has_bias, const int bias_bs,
                        const int cseg, const long cseg_stride, const int colbase)
 {
-    const int nt = get_global_id(1);
     const int m0 = get_global_id(0) * (MR * MSUB);
-    const int n0 = nt * TN;
     const int b = get_global_id(2);
-    if (n0 >= N || m0 >= M) return;
-    const __global float *Bpanel = Bp + b * bp_bs + (long)nt * K * TN;
+    const int nt_end = min((N + TN - 1) / TN, (int)(get_global_id(1) + 1) * NL);
+    if (m0 >= M) return;
     const __global float *Apanel = Ap + b * ap_bs;
     C += c_off + b * c_bs;
+    for (int nt = get_global_id(1) * NL; nt < nt_end; nt++) {
+    const int n0 = nt * TN;
+    const __global float *Bpanel = Bp + b * bp_bs + (long)nt * K * TN;
     const int nvalid = min(TN, N - n0);
     const int nsub = min(MSUB, (M - m0 + MR - 1) / MR);
 
@@ -156,4 +161,5 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
             }
         }
     }
+    }  /* nt */
 }

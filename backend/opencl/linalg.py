@@ -16,6 +16,9 @@ from .params import DIRECT_MAX_K, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB,
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
 GEMM_TILES, CONV_TILES = [_O_L, _O_S], [_O_M, _O_S]
+#: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
+#: is short, so one tile a work item spent more on PoCL's per-group cost than on the product)
+ATT_NL = 8
 #: GPU family: convs with at most this many output channels per group use the direct kernel
 GPU_DIRECT_MAX_COUT_G = 4
 
@@ -84,11 +87,62 @@ class LinalgOps:
         return out
 
     def _attention(self, q, k, v, m, plan, causal):
+        y = self._attention_cpu(q, k, v, m, plan, causal)
+        if y is not None:
+            return y
         self._att_packs = {}  # kt's and v's packed panels, shared by the query blocks of this call
         try:
             return super()._attention(q, k, v, m, plan, causal)
         finally:
             self._att_packs = {}
+
+    def _attention_cpu(self, q, k, v, m, plan, causal):
+        """CPU family, no mask, not causal, q / k / v of one batch shape (else None: the generic
+        blocks). The whole call in place of attention.py's blocks: k^T packed for gemm_cpu
+        straight from k (no transposed copy) and v packed once; per query block, q's rows packed
+        straight from q (no slice copy), s = q k^T (gemm_cpu, ``ATT_NL`` column tiles a work
+        item: K = E is short), softmax_tile writes exp(s - max) into e @ v's packed A and the
+        row sums into one (B, L) array, and e @ v lands in its rows of the (B, L, Ev) output
+        (no concatenation); one division at the end. The same kernels and the same values as
+        the blocked path."""
+        sq, sk, sv = self._shape(q), self._shape(k), self._shape(v)
+        B, L, E, S, Ev = math.prod(sq[:-2]), sq[-2], sq[-1], sk[-2], sv[-1]
+        rows = self._attention_block_rows(plan)
+        if (self.family != "cpu" or m is not None or causal or sk[:-2] != sq[:-2] or sv[:-2] != sq[:-2]
+                or rows * Ev * S <= SMALL_GEMM_MACS or rows * S * E <= SMALL_GEMM_MACS or B * L * S * Ev == 0):
+            return None
+        p1 = self.tunables("gemm_cpu.cl", self._shape_class(rows, S, E))
+        p1n = dict(p1, NL=ATT_NL)
+        p2 = self.tunables("gemm_cpu.cl", self._shape_class(rows, Ev, S))
+        mr1, mr, msub = p1["MR"], p2["MR"], p2["MSUB"]
+        if mr > 16:
+            return None
+        if plan.scale != 1.0:
+            q = self._binary("mul", q, plan.scale)
+        kp = self._packed_b(k, k.offset, 1, E, S * E if B > 1 else 0, S, E, B, p1)  # k^T: (E, S)
+        vp = self._packed_b(v, v.offset, Ev, 1, S * Ev if B > 1 else 0, Ev, S, B, p2)
+        y = self._empty((B, L, Ev))
+        t = self._empty((B, L, 1))
+        nt1, nt2 = -(-S // 32), -(-Ev // 32)
+        for r0 in range(0, L, rows):
+            n = min(rows, L - r0)
+            mt1, mt = -(-n // mr1), -(-n // mr)
+            aq = self._empty((B, mt1 * mr1 * E))
+            self._run("pack_a", (-(-E // PACK_K), mt1, B), (1, 1, 1), n, E, q.buffer, q.offset + r0 * E, E, 1,
+                      L * E, aq.buffer, params=p1)
+            s = self._empty((B, n, S))
+            self._run("gemm_cpu", (-(-n // (mr1 * p1["MSUB"])), -(-nt1 // ATT_NL), B), (1, 1, 1),
+                      n, S, E, aq.buffer, mt1 * mr1 * E, kp.buffer, (nt1 * 32 * E) if B > 1 else 0,
+                      s.buffer, 0, S, n * S, s.buffer, 0, 0, 1 << 30, 0, 0, params=p1n)
+            del aq
+            ap = self._empty((B, mt * mr * S))
+            self._run("softmax_tile", (B * mt,), (1,), s.buffer, 0, ap.buffer, 0, t.buffer, r0, B, n, S, mr, L)
+            del s
+            self._run("gemm_cpu", (-(-n // (mr * msub)), nt2, B), (1, 1, 1),
+                      n, Ev, S, ap.buffer, mt * mr * S, vp.buffer, (nt2 * 32 * S) if B > 1 else 0,
+                      y.buffer, r0 * Ev, Ev, L * Ev, y.buffer, 0, 0, 1 << 30, 0, 0, params=p2)
+            del ap
+        return self._reshape(self._binary("div", y, t), plan.out_shape)
 
     def _att_packed_b(self, x, N, K, B, params):
         """x (B, K, N) contiguous packed for gemm_cpu, once per attention call (x stays referenced
@@ -123,8 +177,10 @@ class LinalgOps:
         mt = -(-M // mr)
         Ap = self._empty((B, mt * mr * S))
         t = self._empty(sq[:-1] + (1,))
-        self._run("softmax_tile" if mr <= 16 else "softmax_rows", (B * mt * (1 if mr <= 16 else mr),), (1,),
-                  s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0, B, M, S, mr)
+        if mr <= 16:
+            self._run("softmax_tile", (B * mt,), (1,), s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0, B, M, S, mr, M)
+        else:
+            self._run("softmax_rows", (B * mt * mr,), (1,), s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0, B, M, S, mr)
         del s
         y = self._gemm_packed(Ap, self._att_packed_b(v, Ev, S, B, params), M, Ev, S, B, params)
         return self._binary("div", self._reshape(y, sq[:-1] + (Ev,)), t)

@@ -48,7 +48,7 @@ KERNELS: dict[str, KernelSig] = {
     "norm_rows": _s("elementwise.cl", "b l b l l l f f"),
     "norm_rows_wg": _s("elementwise.cl", "b l b l l l f f"),
     "softmax_rows": _s("elementwise.cl", "b l b l b l l l l i"),
-    "softmax_tile": _s("elementwise.cl", "b l b l b l l l l i"),
+    "softmax_tile": _s("elementwise.cl", "b l b l b l l l l i l"),
     "gemm_small": _s("elementwise.cl", "i i i b l i i l b l i i l b l b i i"),
     # OpenCL CPU family
     "pack_a": _s("gemm_cpu.cl", "i i b l i i l b"),
