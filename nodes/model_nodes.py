@@ -85,6 +85,16 @@ class Guarded(torch.nn.Module):
         except adc.AnyDeviceRunError as exc:
             raise NodeError(self.node, None, None, f"the {self.what} failed on the device: {exc}") from exc
 
+    def __getattr__(self, name):
+        """Other attributes are the original's (``dtype``, ``scale``...), as OptimizedModule forwards them."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_modules", {}).get("original")
+            if original is None:
+                raise
+            return getattr(original, name)
+
     def extra_repr(self) -> str:
         return f"node={self.node!r}, what={self.what!r}, failed={self.failed is not None}"
 
