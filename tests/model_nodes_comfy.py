@@ -7,6 +7,9 @@ AnyDevice backends to try, comma-separated). Prints one line ``RESULT {json}``.
   ``ModelPatcher``, sampled 2 steps with ComfyUI's own sampler (comfy.sample.sample, euler, cfg 2)
   through "Model on AnyDevice" vs eager; then with a LoRA-like weight patch (add_patches, a "diff"),
   then without it again.
+
+``--write-vae PATH`` writes the random SD1.x VAE (ComfyUI's key layout, safetensors) to PATH instead
+(tests/e2e_helpers.write_random_vae: the file the bundled VAE workflow loads).
 """
 from __future__ import annotations
 
@@ -187,8 +190,17 @@ def unet_case(pack, be_name: str) -> dict:
     return out
 
 
+def write_vae(path: str) -> None:
+    """The random SD1.x VAE as a safetensors file in ComfyUI's key layout (what VAELoader loads)."""
+    import safetensors.torch
+    safetensors.torch.save_file(random_sd1_vae_state_dict(), path)
+
+
 def main():
     logging.basicConfig(level=logging.WARNING)
+    if len(sys.argv) > 2 and sys.argv[1] == "--write-vae":
+        write_vae(sys.argv[2])
+        return
     devices = [d for d in (sys.argv[1] if len(sys.argv) > 1 else "numpy").split(",") if d]
     pack = load_pack()
     from anydevice.backend import AnyDeviceError
