@@ -37,7 +37,7 @@ B.CORE.setdefault("VAELoader", (["vae_name"], [VAE_FILE], [("VAE", "VAE")], []))
 B.CORE.setdefault("VAEEncode", ([], [], [("LATENT", "LATENT")], [("pixels", "IMAGE"), ("vae", "VAE")]))
 B.CORE.setdefault("VAEDecode", ([], [], [("IMAGE", "IMAGE")], [("samples", "LATENT"), ("vae", "VAE")]))
 
-#: the saved view: five columns fit a 1600x1000 window at this zoom
+#: the saved view: four columns fit a 1600x1000 window at this zoom
 DS = {"scale": 0.85, "offset": [30, 40]}
 
 
@@ -53,8 +53,8 @@ def graphs() -> list:
     dev = g.add("AnyDeviceDeviceSelect", device="auto", col=1)
     avae = g.add("AnyDeviceVAE", vae=vae[0], device=dev[0], col=1, row=1)
     lat = g.add("VAEEncode", pixels=img[0], vae=avae[0], col=2)
-    dec = g.add("VAEDecode", samples=lat[0], vae=avae[0], col=3)
-    g.add("SaveImage", images=dec[0], filename_prefix="anydevice_vae", col=4)
+    dec = g.add("VAEDecode", samples=lat[0], vae=avae[0], col=2, row=1)
+    g.add("SaveImage", images=dec[0], filename_prefix="anydevice_vae", col=3)
     return [g]
 
 

@@ -10,7 +10,8 @@ The input object is never changed (the copies are made as ComfyUI makes its clon
 * MODEL: ``model.clone()`` and an APPLY_MODEL wrapper that swaps the compiled ``diffusion_model`` in for
   each call, exactly as core's TorchCompileModel (``comfy_api.torch_helpers.set_torch_compile_wrapper``)
   does: same wrapper factory, same ``model_options["torch_compile_kwargs"]``; the compiled module is the
-  guarded one described below.
+  guarded one described below. The clone's ``transformer_options["optimized_attention_override"]`` sends
+  attention through ComfyUI's ``attention_pytorch`` (see :func:`pytorch_attention_override`).
 * VAE: a ``copy.copy`` of the VAE wrapper with its own patcher clone and its own ``first_stage_model``
   object whose ``decoder`` and ``encoder`` are the compiled ones (the underlying weights are the
   original's: same parameter objects, so what the patcher does to them is seen). The compiled decoder and
@@ -170,6 +171,15 @@ def use_pytorch_attention(module: torch.nn.Module) -> int:
 # ---------------------------------------------------------------------------------------------
 # the nodes
 # ---------------------------------------------------------------------------------------------
+def pytorch_attention_override(func, *args, **kwargs):
+    """ComfyUI's ``transformer_options["optimized_attention_override"]``: every attention call of the
+    diffusion model through ``attention_pytorch`` (one scaled-dot-product op, which the backend takes
+    whole) instead of the CPU default sub-quadratic/split attention, whose memory queries (psutil) and
+    Python loops break dynamo's graphs and leave those frames to eager PyTorch on the host."""
+    from comfy.ldm.modules import attention  # noqa: PLC0415 - inside ComfyUI only
+    return attention.attention_pytorch(*args, **kwargs)
+
+
 class _ModelNode(PackNode):
     CATEGORY = CATEGORY
     ARGS: dict[str, str] = {}
@@ -222,6 +232,8 @@ class AnyDeviceModel(_ModelNode):
         m.model_options[TORCH_COMPILE_KWARGS] = {"backend": "anydevice", "options": {"device": be.name},
                                                  "mode": None, "fullgraph": False, "dynamic": None}
         m.model_options["anydevice_guards"] = [g]
+        to = m.model_options.setdefault("transformer_options", {})
+        to["optimized_attention_override"] = pytorch_attention_override
         lines = [f"diffusion model compiled for {be.name} at its first step"]
         return self._out(be, t, m, lines, "compile")
 

@@ -88,6 +88,7 @@ def random_sd1_vae_state_dict(seed: int = 0) -> dict:
 
 def vae_case(pack, be_name: str, sd: dict) -> dict:
     from anydevice.backend import compile as adc
+    from anydevice.nodes import NODE_CLASS_MAPPINGS
     from anydevice.nodes import model_nodes as mn
     import comfy.ldm.modules.diffusionmodules.model as vm
     vae = comfy.sd.VAE(sd=sd)
@@ -97,7 +98,7 @@ def vae_case(pack, be_name: str, sd: dict) -> dict:
     g = torch.Generator().manual_seed(1)
     z = torch.randn(1, 4, 16, 16, generator=g)
     img = torch.rand(1, 128, 128, 3, generator=g)
-    node = pack.nodes.NODE_CLASS_MAPPINGS["AnyDeviceVAE"]()
+    node = NODE_CLASS_MAPPINGS["AnyDeviceVAE"]()
     out = {}
     with torch.inference_mode():
         new = node.run(vae=vae, device={"name": be_name})["result"][0]
@@ -154,6 +155,7 @@ def sample(patcher, latent, cond, uncond, seed=3):
 
 def unet_case(pack, be_name: str) -> dict:
     from anydevice.backend import compile as adc
+    from anydevice.nodes import NODE_CLASS_MAPPINGS
     from anydevice.nodes import model_nodes as mn
     base = tiny_model_patcher()
     dm = base.model.diffusion_model
@@ -162,14 +164,14 @@ def unet_case(pack, be_name: str) -> dict:
     latent = torch.zeros(1, 4, 16, 16)
     cond, uncond = torch.randn(1, 8, 32, generator=g), torch.randn(1, 8, 32, generator=g)
     ref = sample(base, latent, cond, uncond)
-    node = pack.nodes.NODE_CLASS_MAPPINGS["AnyDeviceModel"]()
+    node = NODE_CLASS_MAPPINGS["AnyDeviceModel"]()
     with torch.inference_mode():
         m = node.run(model=base, device={"name": be_name})["result"][0]
     y = sample(m, latent, cond, uncond)
     gd = m.model_options["anydevice_guards"][0]
     rep = adc.report(gd.compiled)
     out = {"sample_rel": rel(y, ref), "steps": 2, "calls": rep["calls"], "fallbacks": rep["fallbacks"],
-           "graphs": rep["graphs"], "guard_fallbacks": mn.fallbacks_of(gd), "transfers": rep["transfers"],
+           "graphs": rep["graphs"], "eager_fallbacks": rep["eager_fallbacks"], "guard_fallbacks": mn.fallbacks_of(gd), "transfers": rep["transfers"],
            "torch_compile_kwargs": {k: v for k, v in m.model_options["torch_compile_kwargs"].items() if k != "options"}}
     # a LoRA-like patch: a "diff" on the first conv, through the patcher (the eager twin gets the same)
     key = "diffusion_model.input_blocks.0.0.weight"
@@ -185,8 +187,24 @@ def unet_case(pack, be_name: str) -> dict:
     y_again = sample(m, latent, cond, uncond)  # the patch is taken off again when the unpatched clone loads
     out["after_unpatch_rel"] = rel(y_again, ref)
     comfy.model_management.unload_all_models()
+    # the model's own output (one apply_model call, the patcher's wrappers and transformer_options), a
+    # sharper comparison than the sampled latent, where the noise dominates
+    x = torch.randn(2, 4, 16, 16, generator=g)
+    t = torch.tensor([500.0, 20.0])
+    ctx = torch.cat([cond, uncond])
+    calls0 = adc.report(gd.compiled)["calls"]
+    with torch.inference_mode():
+        comfy.model_management.load_models_gpu([m])
+        a_ref = base.model.apply_model(x, t, c_crossattn=ctx)
+        to = dict(m.model_options["transformer_options"])
+        to["wrappers"] = m.wrappers  # as comfy.sampler_helpers.prepare_model_patcher merges them
+        a_y = m.model.apply_model(x, t, c_crossattn=ctx, transformer_options=to)
+    out["apply_rel"] = rel(a_y, a_ref)
+    out["apply_calls"] = adc.report(gd.compiled)["calls"] - calls0
+    out["graphs_after_patches"] = adc.report(gd.compiled)["graphs"]
     out["original_unchanged"] = all(torch.equal(v, before[k]) for k, v in dm.state_dict().items()) and \
-        not base.model_options.get("anydevice_guards") and "torch_compile_kwargs" not in base.model_options
+        not base.model_options.get("anydevice_guards") and "torch_compile_kwargs" not in base.model_options and \
+        "optimized_attention_override" not in base.model_options.get("transformer_options", {})
     return out
 
 
