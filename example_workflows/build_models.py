@@ -38,7 +38,12 @@ B.CORE.setdefault("VAEEncode", ([], [], [("LATENT", "LATENT")], [("pixels", "IMA
 B.CORE.setdefault("VAEDecode", ([], [], [("IMAGE", "IMAGE")], [("samples", "LATENT"), ("vae", "VAE")]))
 
 #: the saved view: four columns fit a 1600x1000 window at this zoom
-DS = {"scale": 0.85, "offset": [30, 40]}
+DS = {"scale": 0.75, "offset": [30, 40]}
+#: node id -> (pos, size), laid out by hand: the Vue node renderer (frontend 1.27) draws nodes up to ~430
+#: units wide and Load Image ~640 tall, so the columns are 460 apart and Load Image comes last in its column
+LAYOUT = {1: ([40, 300], [310, 330]), 2: ([40, 60], [310, 90]), 3: ([500, 60], [310, 100]),
+          4: ([500, 260], [310, 90]), 5: ([960, 60], [310, 70]), 6: ([960, 260], [310, 70]),
+          7: ([1420, 60], [310, 330])}
 
 
 def graphs() -> list:
@@ -61,7 +66,10 @@ def graphs() -> list:
 def main() -> int:
     for g in graphs():
         ui_path = HERE / f"{g.name}.json"
-        layout = json.loads(ui_path.read_text()) if ui_path.exists() else {"nodes": [], "extra": {"ds": DS}}
+        made = g.ui()
+        fresh = {"nodes": [{"id": n["id"], "type": n["type"], "pos": LAYOUT[n["id"]][0], "size": LAYOUT[n["id"]][1]}
+                           for n in made["nodes"]], "extra": {"ds": DS}}
+        layout = json.loads(ui_path.read_text()) if ui_path.exists() else fresh
         ui_path.write_text(json.dumps(g.ui(layout), indent=1) + "\n")
         (HERE / "api" / f"{g.name}.json").write_text(json.dumps(g.api(), indent=1) + "\n")
         B._thumbnail([], HERE / f"{g.name}.jpg")  # the photo: what a real VAE's round trip gives back
