@@ -8,6 +8,9 @@ AnyDevice backends to try, comma-separated). Prints one line ``RESULT {json}``.
   through "Model on AnyDevice" vs eager; then with a LoRA-like weight patch (add_patches, a "diff"),
   then without it again.
 
+* A RealESRGAN compact net loaded by spandrel's ModelLoader through "Upscale Model on AnyDevice", run by
+  ComfyUI's own ImageUpscaleWithModel on two image sizes vs the original model.
+
 ``--write-vae PATH`` writes the random SD1.x VAE (ComfyUI's key layout, safetensors) to PATH instead
 (tests/e2e_helpers.write_random_vae: the file the bundled VAE workflow loads).
 """
@@ -208,6 +211,40 @@ def unet_case(pack, be_name: str) -> dict:
     return out
 
 
+def upscale_case(pack, be_name: str) -> dict:
+    """A RealESRGAN compact net (random weights) loaded from its state dict by spandrel's ModelLoader (as
+    ComfyUI's Load Upscale Model does), through the node, run by ComfyUI's Upscale Image (using Model) on two
+    image sizes, vs the same node with the original model."""
+    from spandrel import ImageModelDescriptor, ModelLoader
+    from spandrel.architectures.Compact.__arch.SRVGG import SRVGGNetCompact
+    from comfy_extras.nodes_upscale_model import ImageUpscaleWithModel
+    from anydevice.backend import compile as adc
+    from anydevice.nodes import NODE_CLASS_MAPPINGS
+    from anydevice.nodes import model_nodes as mn
+    torch.manual_seed(0)
+    net = SRVGGNetCompact(num_in_ch=3, num_out_ch=3, num_feat=16, num_conv=4, upscale=2, act_type="prelu")
+    randomize(net, 5)
+    desc = ModelLoader().load_from_state_dict(net.state_dict())
+    assert isinstance(desc, ImageModelDescriptor)
+    before = {k: v.clone() for k, v in desc.model.state_dict().items()}
+    g = torch.Generator().manual_seed(4)
+    out = {"rel": [], "arch": type(desc.model).__name__}
+    with torch.inference_mode():
+        new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": be_name})["result"][0]
+        for h, w in ((40, 48), (52, 36)):
+            img = torch.rand(1, h, w, 3, generator=g)
+            ref = ImageUpscaleWithModel.execute(upscale_model=desc, image=img).result[0]
+            y = ImageUpscaleWithModel.execute(upscale_model=new, image=img).result[0]
+            out["rel"].append(rel(y, ref))
+            out.setdefault("shapes", []).append(list(y.shape))
+    rep = adc.report(new.model.compiled)
+    out.update({"fallbacks": rep["fallbacks"], "eager_fallbacks": rep["eager_fallbacks"], "calls": rep["calls"],
+                "guard_fallbacks": mn.fallbacks_of(new.model),
+                "original_unchanged": desc.model is not new.model and not isinstance(desc.model, mn.Guarded)
+                and all(torch.equal(v, before[k]) for k, v in desc.model.state_dict().items())})
+    return out
+
+
 def write_vae(path: str) -> None:
     """The random SD1.x VAE as a safetensors file in ComfyUI's key layout (what VAELoader loads)."""
     import safetensors.torch
@@ -222,7 +259,7 @@ def main():
     devices = [d for d in (sys.argv[1] if len(sys.argv) > 1 else "numpy").split(",") if d]
     pack = load_pack()
     from anydevice.backend import AnyDeviceError
-    res = {"vae": {}, "unet": {}, "skipped": {}, "torch": torch.__version__}
+    res = {"vae": {}, "unet": {}, "upscale": {}, "skipped": {}, "torch": torch.__version__}
     sd = random_sd1_vae_state_dict()
     for d in devices:
         try:
@@ -234,7 +271,9 @@ def main():
         res["vae"][d] = vae_case(pack, d, sd)
         torch._dynamo.reset()
         res["unet"][d] = unet_case(pack, d)
-        print(d, json.dumps({"vae": res["vae"][d], "unet": res["unet"][d]}), file=sys.stderr, flush=True)
+        torch._dynamo.reset()
+        res["upscale"][d] = upscale_case(pack, d)
+        print(d, json.dumps({k: res[k][d] for k in ("vae", "unet", "upscale")}), file=sys.stderr, flush=True)
     print("RESULT " + json.dumps(res), flush=True)
 
 

@@ -8,7 +8,8 @@ object (the tests' VAE-style decoder and an encoder), weight refresh, fallback a
 With ComfyUI (COMFYUI_DIR, found as tests/e2e_helpers.py finds it; skipped without it): ComfyUI's own SD1.x
 VAE built from its config with random weights, decoded and encoded through the VAE node, and a tiny
 ``UNetModel`` wrapped in a ModelPatcher sampled 2 steps with ComfyUI's own sampler through the MODEL node
-(and again after a LoRA-like weight patch). Those run in a subprocess under ComfyUI's own python
+(and again after a LoRA-like weight patch), and a spandrel model loaded by spandrel's ModelLoader through
+the Upscale Model node and ComfyUI's own Upscale Image (using Model). Those run in a subprocess under ComfyUI's own python
 (tests/model_nodes_comfy.py), because ComfyUI's python dependencies are not in .venv.
 """
 from __future__ import annotations
@@ -346,3 +347,13 @@ def test_comfyui_unet_sampled_through_the_model_node(comfy_results):
         # a LoRA-like weight patch (ModelPatcher.add_patches) changes the compiled result as it does eager
         assert v["patched_rel"] <= TOL and v["patch_changed"] > 1e-3, (dev, v)
         assert v["after_unpatch_rel"] <= TOL, (dev, v)
+
+
+def test_comfyui_upscale_image_with_the_upscale_node(comfy_results):
+    r = comfy_results["upscale"]
+    assert r, "no upscale results"
+    for dev, v in r.items():
+        assert v["arch"] == "SRVGGNetCompact" and v["shapes"] == [[1, 80, 96, 3], [1, 104, 72, 3]], (dev, v)
+        assert max(v["rel"]) <= TOL, (dev, v)
+        assert v["fallbacks"] == {} and v["eager_fallbacks"] == 0 and v["guard_fallbacks"] == [], (dev, v)
+        assert v["calls"] == 2 and v["original_unchanged"], (dev, v)
