@@ -343,6 +343,9 @@ def test_comfyui_unet_sampled_through_the_model_node(comfy_results):
         # one call per step (cond and uncond batched)
         assert v["steps"] == 2 and v["calls"] == 2 and v["graphs"] == 1, (dev, v)
         assert v["fallbacks"] == {} and v["guard_fallbacks"] == [] and v["eager_fallbacks"] == 0, (dev, v)
+        # per step only the inputs go up (latent, timestep, context) and the output comes down: the weights
+        # were uploaded once, before (as constants of the graph), not per step
+        assert v["transfers"]["uploads"] == 3 * v["calls"] and v["transfers"]["downloads"] == v["calls"], (dev, v)
         assert v["original_unchanged"], (dev, v)
         # a LoRA-like weight patch (ModelPatcher.add_patches) changes the compiled result as it does eager
         assert v["patched_rel"] <= TOL and v["patch_changed"] > 1e-3, (dev, v)
