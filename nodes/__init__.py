@@ -1,6 +1,7 @@
 """ComfyUI nodes: thin adapters over ``backend/``.
 
-Every node class is named ``AnyDevice<Name>``, shows as "<Name> (AnyDevice)" and sits under the
+Every node class is named ``AnyDevice<Name>``, shows as "<Name> (AnyDevice)" (the model nodes: "<Kind> on
+AnyDevice") and sits under the
 ``AnyDevice/...`` categories. ``runner.py`` runs API-format workflows of these nodes without ComfyUI.
 """
 from __future__ import annotations
@@ -18,13 +19,14 @@ except ModuleNotFoundError as _exc:
 from .compute import COMPUTE_NODES
 from .dataset_nodes import DATASET_NODES
 from .helpers import HELPER_NODES
+from .model_nodes import MODEL_NODES
 from .network_nodes import NETWORK_NODES
 from .norm_nodes import NORM_NODES
 from .window_nodes import WINDOW_NODES
 
 log = logging.getLogger("anydevice")
 
-ALL_NODES = COMPUTE_NODES + HELPER_NODES + WINDOW_NODES + NORM_NODES + DATASET_NODES + NETWORK_NODES
+ALL_NODES = COMPUTE_NODES + HELPER_NODES + WINDOW_NODES + NORM_NODES + DATASET_NODES + NETWORK_NODES + MODEL_NODES
 NODE_CLASS_MAPPINGS: dict = {cls.__name__: cls for cls in ALL_NODES}
 NODE_DISPLAY_NAME_MAPPINGS: dict = {cls.__name__: cls.DISPLAY for cls in ALL_NODES}
 

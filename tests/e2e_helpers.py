@@ -6,8 +6,8 @@ at ``ComfyUI/custom_nodes/<pack>``), a ``ComfyUI`` folder beside the repository,
 ``~/ComfyUI``. The venv is ``venv`` (or ``.venv``) inside the checkout, or ``COMFYUI_PYTHON``. Without
 one the tests skip and say why. The server runs from that venv on 127.0.0.1 with a free port and
 ``--cpu``; the pack is linked as ``<tmp>/custom_nodes/anydevice`` (an extra-model-paths yaml adds that
-folder, so the ComfyUI checkout is never touched), input/output/temp/user folders are throwaway ones,
-and only this pack is allowed (``--disable-all-custom-nodes --whitelist-custom-nodes anydevice``).
+folder, and a throwaway ``models/vae`` folder for :func:`write_random_vae`, so the ComfyUI checkout is
+never touched), input/output/temp/user folders are throwaway ones, and only this pack is allowed (``--disable-all-custom-nodes --whitelist-custom-nodes anydevice``).
 
 Frontends: the one the checkout pins (its venv's ``comfyui-frontend-package``) and any other found by
 :func:`frontends` (``COMFYUI_FRONTEND_ROOTS``, or ``comfyui-frontend-*`` folders made with
@@ -33,6 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACK_NAME = "anydevice"
 PHOTO = ROOT / "example_workflows" / "input" / "photo.png"
 ARTIFACTS = ROOT / "test-artifacts"
+API = ROOT / "example_workflows" / "api"
+#: the VAE file example_workflows/api/vae_decode_anydevice.json loads (made by write_random_vae)
+RANDOM_VAE = "anydevice_random_sd15_vae.safetensors"
 
 
 def _venv_python(d: Path) -> Path | None:
@@ -135,13 +138,16 @@ class ComfyServer:
         self.log_path = self.tmp / "server.log"
         self.proc = None
         self.output_dir = self.tmp / "output"
+        self.vae_dir = self.tmp / "models" / "vae"
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 180.0) -> "ComfyServer":
         nodes = self.tmp / "custom_nodes"
         nodes.mkdir()
         (nodes / PACK_NAME).symlink_to(ROOT, target_is_directory=True)
-        (self.tmp / "extra_paths.yaml").write_text(f"anydevice_e2e:\n    custom_nodes: {nodes}\n")
+        self.vae_dir.mkdir(parents=True, exist_ok=True)
+        (self.tmp / "extra_paths.yaml").write_text(f"anydevice_e2e:\n    custom_nodes: {nodes}\n"
+                                                   f"    vae: {self.vae_dir}\n")
         for sub in ("input", "output", "temp", "user/default"):
             (self.tmp / sub).mkdir(parents=True, exist_ok=True)
         shutil.copy(PHOTO, self.tmp / "input" / "photo.png")
@@ -251,6 +257,38 @@ class ComfyServer:
         q = urllib.parse.urlencode({"filename": image["filename"], "subfolder": image.get("subfolder", ""),
                                     "type": image.get("type", "output")})
         return self.get_bytes("/view?" + q)
+
+
+def twin_class_types(name: str) -> set[str]:
+    return {n["class_type"] for n in json.loads((API / f"{name}.json").read_text(encoding="utf-8")).values()}
+
+
+def runnable_twins() -> list[str]:
+    """The API twins the headless runner can run: every class type one of this pack's nodes or one of
+    nodes/core_nodes.CORE_NODES (the others, e.g. vae_decode_anydevice with ComfyUI's VAELoader, run
+    only inside ComfyUI)."""
+    from anydevice.nodes import NODE_CLASS_MAPPINGS
+    from anydevice.nodes.core_nodes import CORE_NODES
+    known = set(NODE_CLASS_MAPPINGS) | set(CORE_NODES)
+    return sorted(p.stem for p in API.glob("*.json") if twin_class_types(p.stem) <= known)
+
+
+def write_random_vae(srv: "ComfyServer", timeout: float = 600) -> Path:
+    """``RANDOM_VAE`` in the server's vae folder (once): ComfyUI's SD1.x VAE from its config with random
+    weights, in ComfyUI's key layout (so VAELoader detects it), made by tests/model_nodes_comfy.py under
+    the server's own python. Raises RuntimeError if it cannot be made."""
+    path = srv.vae_dir / RANDOM_VAE
+    if path.is_file():
+        return path
+    tmp = path.with_suffix(".part")
+    env = dict(os.environ, COMFYUI_DIR=str(srv.comfy))
+    proc = subprocess.run([str(_venv_python(srv.comfy)), str(ROOT / "tests" / "model_nodes_comfy.py"),
+                           "--write-vae", str(tmp)], cwd=srv.comfy, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0 or not tmp.is_file():
+        raise RuntimeError(f"could not make {RANDOM_VAE}: {proc.stderr[-3000:]}")
+    tmp.replace(path)
+    return path
 
 
 _servers: dict = {}

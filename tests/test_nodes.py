@@ -55,7 +55,8 @@ def image(b=1, h=24, w=20, c=3, seed=0):
 def test_node_definition(name):
     cls = N[name]
     assert name.startswith("AnyDevice")
-    assert NODE_DISPLAY_NAME_MAPPINGS[name].endswith("(AnyDevice)")
+    display = NODE_DISPLAY_NAME_MAPPINGS[name]
+    assert display.endswith("(AnyDevice)") or display.endswith(" on AnyDevice"), display
     assert cls.CATEGORY.startswith("AnyDevice")
     assert isinstance(cls.DESCRIPTION, str) and len(cls.DESCRIPTION) > 20
     assert callable(getattr(cls, cls.FUNCTION))

@@ -16,11 +16,15 @@ from PIL import Image
 from anydevice.nodes import presets as P
 from anydevice.nodes import core_nodes, runner
 
+import e2e_helpers as H
+
 ROOT = Path(__file__).resolve().parent.parent
 WF = ROOT / "example_workflows"
 API = WF / "api"
 PHOTO = WF / "input" / "photo.png"
-TWINS = sorted(p.stem for p in API.glob("*.json"))
+ALL_TWINS = sorted(p.stem for p in API.glob("*.json"))
+#: the twins the headless runner can run (vae_decode_anydevice needs ComfyUI's VAELoader: tests/test_model_e2e.py)
+TWINS = H.runnable_twins()
 
 
 def photo() -> torch.Tensor:
@@ -73,7 +77,8 @@ def ran(tmp_path_factory):
 
 def test_there_are_six_twins_each_with_a_ui_workflow_and_thumbnail():
     assert len(TWINS) >= 6
-    for name in TWINS:
+    assert set(ALL_TWINS) - set(TWINS) == {"vae_decode_anydevice"}  # the only one that needs ComfyUI
+    for name in ALL_TWINS:
         ui = json.loads((WF / f"{name}.json").read_text())
         assert ui["nodes"] and "links" in ui
         assert (WF / f"{name}.jpg").is_file()
@@ -85,7 +90,7 @@ def test_there_are_six_twins_each_with_a_ui_workflow_and_thumbnail():
 
 def test_ui_workflows_widget_values_match_the_api_twin():
     from anydevice.nodes import NODE_CLASS_MAPPINGS as N
-    for name in TWINS:
+    for name in ALL_TWINS:
         ui = json.loads((WF / f"{name}.json").read_text())
         api = json.loads((API / f"{name}.json").read_text())
         for node in ui["nodes"]:
@@ -271,6 +276,18 @@ def test_refuses_other_core_nodes(tmp_path, capsys):
     assert runner.main([str(wf)]) == 1
     err = capsys.readouterr().err
     assert "CheckpointLoaderSimple" in err and "needs ComfyUI" in err
+
+
+def test_refuses_the_vae_twin_saying_run_it_inside_comfyui(tmp_path, capsys):
+    wf = API / "vae_decode_anydevice.json"
+    assert runner.main([str(wf)]) == 1
+    err = capsys.readouterr().err
+    for ct in ("VAELoader", "VAEEncode", "VAEDecode"):
+        assert f"{ct}: node '{ct}' needs ComfyUI" in err, err
+    assert "run this workflow inside ComfyUI" in err, err
+    with pytest.raises(Exception, match="run this workflow inside ComfyUI"):
+        runner.run_prompt(runner.load_workflow(wf), output_dir=tmp_path / "out", workflow_path=wf)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing ran
 
 
 def test_refuses_ui_format(capsys):
