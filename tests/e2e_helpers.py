@@ -291,6 +291,17 @@ def write_random_vae(srv: "ComfyServer", timeout: float = 600) -> Path:
     return path
 
 
+def small_photo(srv: "ComfyServer", size: int = 64) -> str:
+    """The photo scaled to size x size in the server's input folder (once); its name for LoadImage.
+    The VAE workflow's server runs read it: a 64x64 image is an 8x8 latent, seconds on a CPU."""
+    from PIL import Image
+    name = f"photo_{size}.png"
+    path = srv.tmp / "input" / name
+    if not path.is_file():
+        Image.open(PHOTO).convert("RGB").resize((size, size), Image.LANCZOS).save(path)
+    return name
+
+
 _servers: dict = {}
 _failures: dict = {}
 

@@ -28,9 +28,6 @@ NAME = "vae_decode_anydevice"
 _comfy, _why = H.comfy_dir()
 pytestmark = [pytest.mark.e2e]
 RUN_TIMEOUT = 900  # a first encode + decode compiles both graphs (numpy: about a minute each here)
-#: the photo at 64x64 (an 8x8 latent): the workflow as bundled, on a smaller image, so the three runs
-#: (eager, ours, ours after unloading) cost seconds, not minutes, on a CPU
-SMALL = "photo_64.png"
 
 
 def _builder():
@@ -75,15 +72,15 @@ def srv():
         H.write_random_vae(s)
     except RuntimeError as exc:
         pytest.fail(str(exc))
-    Image.open(H.PHOTO).convert("RGB").resize((64, 64), Image.LANCZOS).save(s.tmp / "input" / SMALL)
     return s
 
 
-def twin() -> dict:
-    """The bundled API twin, reading the small photo."""
+def twin(srv) -> dict:
+    """The bundled API twin reading the photo at 64x64 (H.small_photo): the workflow as bundled, so
+    the three runs (eager, ours, ours after unloading) cost seconds, not minutes, on a CPU."""
     prompt = json.loads((API / f"{NAME}.json").read_text())
     assert prompt["1"]["class_type"] == "LoadImage"
-    prompt["1"]["inputs"]["image"] = SMALL
+    prompt["1"]["inputs"]["image"] = H.small_photo(srv)
     return prompt
 
 
@@ -112,7 +109,7 @@ def _run(srv, prompt):
 
 @pytest.fixture(scope="module")
 def runs(srv):
-    prompt = twin()
+    prompt = twin(srv)
     out = {"eager": _run(srv, eager_twin(prompt))}
     t0 = time.time()
     out["anydevice"] = _run(srv, prompt)
@@ -145,7 +142,7 @@ def test_vae_workflow_after_unloading_models(srv, runs):
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200
-    prompt = twin()
+    prompt = twin(srv)
     prompt["7"]["inputs"]["filename_prefix"] = "anydevice_vae_again"
     hist = _run(srv, prompt)
     assert np.abs(png(srv, hist) - png(srv, runs["anydevice"])).max() <= 1

@@ -1,4 +1,5 @@
-// AnyDevice learning nodes: the live loss curve of Train Network and the shape lines of the layer nodes.
+// AnyDevice learning nodes: the live loss curve of Train Network and the shape lines of the layer nodes
+// (and the text line of the data-set loader and the model nodes).
 //
 // Both go into one DOM widget per learning node (`addDOMWidget`, never serialised, added last so
 // `widgets_values` keep their order), which both of the frontend's renderers show: the classic
@@ -24,7 +25,9 @@ const TYPES = new Set(["AnyDeviceNetworkInput", "AnyDeviceConvLayer", "AnyDevice
   "AnyDeviceActivationLayer", "AnyDeviceNormLayer", "AnyDevicePoolLayer", "AnyDeviceUpsampleLayer",
   "AnyDeviceDropoutLayer", "AnyDeviceFlattenLayer", "AnyDeviceResidual", "AnyDeviceTrainNetwork",
   "AnyDeviceApplyNetwork", "AnyDeviceSaveNetwork", "AnyDeviceLoadNetwork", "AnyDeviceLayerWeights",
-  "AnyDeviceImagePatches"]);
+  "AnyDeviceImagePatches", "AnyDeviceLoadLabeledImages",
+  // the model nodes: their one `ui.text` line (what was compiled for which backend)
+  "AnyDeviceModel", "AnyDeviceVAE", "AnyDeviceUpscaleModel"]);
 
 const CSS = readoutCss("anydevice-train", "adt-line") +
   `.anydevice-train canvas { display: block; width: 100%; height: ${CURVE_H}px; border-radius: 4px; }
