@@ -537,3 +537,32 @@ __kernel void adam_step(__global const float *p, const long p_off, __global cons
         vo[i] = vn;
     }
 }
+
+/* torch.where with every operand either contiguous of the output's n elements or one element
+   (bit 0 / 1 / 2 of `scalars`: c / a / b is one element, read at its offset): where_nd's select
+   without its per-element index arithmetic (the relu backward's where(y <= 0, 0, gy)). */
+__kernel void where_flat(__global const float *c, const long c_off, __global const float *a, const long a_off,
+                         __global const float *b, const long b_off, __global float *y, const long y_off,
+                         const long n, const long chunk, const int scalars)
+{
+    const long i0 = (long)get_global_id(0) * chunk;
+    const long i1 = min(n, i0 + chunk);
+    c += c_off; a += a_off; b += b_off; y += y_off;
+    if (scalars == 1) {
+        const float cv = c[0];
+        for (long i = i0; i < i1; i++) y[i] = cv != 0.0f ? a[i] : b[i];
+    } else if (scalars == 2) {
+        const float av = a[0];
+        for (long i = i0; i < i1; i++) y[i] = c[i] != 0.0f ? av : b[i];
+    } else if (scalars == 4) {
+        const float bv = b[0];
+        for (long i = i0; i < i1; i++) y[i] = c[i] != 0.0f ? a[i] : bv;
+    } else if (scalars == 0) {
+        for (long i = i0; i < i1; i++) y[i] = c[i] != 0.0f ? a[i] : b[i];
+    } else {
+        for (long i = i0; i < i1; i++) {
+            const float cv = (scalars & 1) ? c[0] : c[i];
+            y[i] = cv != 0.0f ? ((scalars & 2) ? a[0] : a[i]) : ((scalars & 4) ? b[0] : b[i]);
+        }
+    }
+}

@@ -363,6 +363,13 @@ class OpenCLBackend(LinalgOps, Backend):
         n = out.size
         if n == 0:
             return out
+        if all(t.size == n or t.size == 1 for t in (c, a, b)):
+            # each operand the output's n contiguous elements or one element: where_flat
+            scalars = sum(bit for t, bit in ((c, 1), (a, 2), (b, 4)) if t.size == 1 and n != 1)
+            g, l, chunk = self._flat_geometry(n)
+            self._run("where_flat", g, l, c.buffer, c.offset, a.buffer, a.offset, b.buffer, b.offset,
+                      out.buffer, 0, n, chunk, scalars)
+            return out
 
         def bstrides(s):
             s = (1,) * (len(shape) - len(s)) + s

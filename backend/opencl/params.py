@@ -70,3 +70,7 @@ SIGS["wgrad_pack_x"] = [None, np.int64, None] + [np.int32] * 8
 KFILES["adam_step"] = ("elementwise.cl", False)
 SIGS["adam_step"] = [None, np.int64] * 5 + [None] * 4 + [np.int64, np.int64, np.float32, np.int32] + \
     [np.float32] * 5 + [np.int32]
+
+# ---- where with contiguous / one-element operands (kernels/elementwise.cl's where_flat) ------------
+KFILES["where_flat"] = ("elementwise.cl", False)
+SIGS["where_flat"] = [None, np.int64] * 4 + [np.int64, np.int64, np.int32]
