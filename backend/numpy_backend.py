@@ -205,7 +205,7 @@ class NumpyBackend(Backend):
             self._depthwise(x, w, bias, out, stride, dilation)
             return out
         K = Cg * KH * KW
-        if (sh, sw) == (1, 1) and Cg >= CONV_SHIFT_MIN_CIN and KH * KW > 1 and OH * OW >= CONV_SHIFT_MIN_PIXELS:
+        if (sh, sw) == (1, 1) and CONV_SHIFT_MIN_CIN <= Cg <= CONV_SHIFT_MAX_CIN and KH * KW > 1 and OH * OW >= CONV_SHIFT_MIN_PIXELS:
             return _conv2d_shifted(x, w, bias, out, (dh, dw), G)
         if Cg >= 32 or Cg > OW:
             return self._conv2d_channels_last(x, w, bias, out, stride, dilation, groups)
@@ -1015,10 +1015,15 @@ NumpyBackend._adam_step = _adam_step
 
 
 # ---- stride-1 conv2d without an im2col (forward) ----------------------------------------------------
-#: stride-1 convs with at least this many input channels per group and output pixels per image
-#: take _conv2d_shifted (fewer channels: the im2col's few columns are cheap and its one GEMM has a
-#: long reduction; small images: the channels-last GEMM)
-CONV_SHIFT_MIN_CIN = 16
+#: stride-1 convs with CONV_SHIFT_MIN_CIN to CONV_SHIFT_MAX_CIN input channels per group and at
+#: least CONV_SHIFT_MIN_PIXELS output pixels per image take _conv2d_shifted. Measured (min of 3,
+#: old -> new ms, shared host): 16x32x64x64 32->32 112 -> 31; 2x64x96x96 76 -> 38; 1x128x128x128
+#: 159 -> 127; single images of 48-128 channels within the host's noise either way (1x64x128x128
+#: 28 -> 37, 1x96x64x64 20 -> 14, 1x48x64x64 7.1 -> 3.4); but 1x256x64x64 105 -> 168 (the
+#: channels-last path's one big threaded GEMM wins) and 4x16x64x64 5.8 -> 8.1 (the NCHW im2col's
+#: K = 144 GEMM wins)
+CONV_SHIFT_MIN_CIN = 32
+CONV_SHIFT_MAX_CIN = 128
 CONV_SHIFT_MIN_PIXELS = 256
 
 
@@ -1029,7 +1034,8 @@ def _conv2d_shifted(xp, w, bias, out, dilation, G):
     is one strided 2-D view offset by kh*dh*Wp + kw*dw; each tap is one BLAS GEMM (CoutG x CinG)
     @ view accumulated in float32 into the block (in L2); the ew columns per row that fall past
     the output are dropped at the end. Blocks of rows of every image and group on the thread pool.
-    (16x32x64x64, 32 -> 32 and 32 -> 3: 2-4x less time than the channels-last im2col.)"""
+    (16x32x64x64, 32 -> 32 and 32 -> 3: 3-9x less time than the channels-last im2col; see
+    CONV_SHIFT_MIN_CIN for where it loses.)"""
     N, C, Hp, Wp = xp.shape
     Cout, Cg, KH, KW = w.shape
     _, _, OH, OW = out.shape
