@@ -205,6 +205,8 @@ class NumpyBackend(Backend):
             self._depthwise(x, w, bias, out, stride, dilation)
             return out
         K = Cg * KH * KW
+        if (sh, sw) == (1, 1) and CONV_SHIFT_MIN_CIN <= Cg <= CONV_SHIFT_MAX_CIN and KH * KW > 1 and OH * OW >= CONV_SHIFT_MIN_PIXELS:
+            return _conv2d_shifted(x, w, bias, out, (dh, dw), G)
         if Cg >= 32 or Cg > OW:
             return self._conv2d_channels_last(x, w, bias, out, stride, dilation, groups)
         wmat = np.ascontiguousarray(w).reshape(G, Coutg, K)
@@ -895,7 +897,7 @@ def _conv2d_input_grad(self, gy, w, in_hw, stride, pads, dilation, groups):
     blocks of rows of every image and group on the thread pool; the padding columns are dropped at
     the end. None for strided convs (the caller's conv_transpose2d path)."""
     if tuple(stride) != (1, 1):
-        return None
+        return _conv2d_input_grad_col2im(gy, w, in_hw, stride, pads, dilation, groups)
     gy = np.ascontiguousarray(gy)
     N, Cout, OH, OW = gy.shape
     _, Cg, KH, KW = w.shape
@@ -943,3 +945,139 @@ def _conv2d_input_grad(self, gy, w, in_hw, stride, pads, dilation, groups):
 
 
 NumpyBackend._conv2d_input_grad = _conv2d_input_grad
+
+#: strided input gradients whose columns (CinG*KH*KW x N*OH*OW per group) hold at most this many
+#: values take _conv2d_input_grad_col2im (larger: the threaded conv_transpose2d path)
+COL2IM_MAX = 1 << 20
+
+
+def _conv2d_input_grad_col2im(gy, w, in_hw, stride, pads, dilation, groups):
+    """Small strided input gradients (the digits CNN's stride-2 conv: 64x32x4x4 -> 64x16x8x8):
+    per group one GEMM, columns = w_g^T (CinG*KH*KW x CoutG) @ gy_g (CoutG x N*OH*OW), then KH*KW
+    strided adds of the columns into the zero-padded input (col2im), cropped to (H, W). A few
+    NumPy calls instead of the thread pool's tasks (4 ms -> ~0.3 ms there). None above COL2IM_MAX."""
+    N, Cout, OH, OW = gy.shape
+    _, Cg, KH, KW = w.shape
+    G = groups
+    Coutg = Cout // G
+    H, W = in_hw
+    (sh, sw), (dh, dw), (t, b, l, r) = stride, dilation, pads
+    if N == 0 or Cg * KH * KW * N * OH * OW > COL2IM_MAX:
+        return None
+    Hf, Wf = (OH - 1) * sh + dh * (KH - 1) + 1, (OW - 1) * sw + dw * (KW - 1) + 1
+    Hp, Wp = max(Hf, t + H), max(Wf, l + W)
+    gxp = np.zeros((N, G * Cg, Hp, Wp), F32)
+    wf = np.asarray(w, F32).reshape(G, Coutg, Cg * KH * KW)
+    for g in range(G):
+        gyg = gy[:, g * Coutg:(g + 1) * Coutg].transpose(1, 0, 2, 3).reshape(Coutg, N * OH * OW)
+        with threads.single_threaded_blas():  # a small GEMM: BLAS's threads would only spin
+            cols = (wf[g].T @ gyg).reshape(Cg, KH, KW, N, OH, OW)
+        dst = gxp[:, g * Cg:(g + 1) * Cg]
+        for kh in range(KH):
+            for kw in range(KW):
+                dst[:, :, kh * dh:kh * dh + (OH - 1) * sh + 1:sh, kw * dw:kw * dw + (OW - 1) * sw + 1:sw] += \
+                    cols[:, kh, kw].transpose(1, 0, 2, 3)
+    return np.ascontiguousarray(gxp[:, :, t:t + H, l:l + W])
+
+
+# ---- Adam / AdamW step (backend/optim.py) ---------------------------------------------------------
+def _adam_step(self, param, grad, m, v, vmax, w, lerp_form, beta2, omb2, bc2_sqrt, eps, neg_step):
+    """One Adam update of one parameter as NumPy ufuncs into new buffers (no temporaries beyond
+    one): the unfused ops' float32 operations in their order, each correctly rounded; returns new
+    (param, exp_avg, exp_avg_sq, max_exp_avg_sq or None). The inputs are never written."""
+    p, g, m, v = (np.asarray(a, F32) for a in (param, grad, m, v))
+    w, beta2, omb2, bc2_sqrt, eps, neg_step = (F32(s) for s in (w, beta2, omb2, bc2_sqrt, eps, neg_step))
+    tmp = np.empty(p.shape, F32)
+    mo, vo, po = np.empty(p.shape, F32), np.empty(p.shape, F32), np.empty(p.shape, F32)
+    with np.errstate(all="ignore"):
+        np.subtract(g, m, out=tmp)
+        np.multiply(tmp, w, out=tmp)
+        np.add(g if lerp_form else m, tmp, out=mo)
+        np.multiply(g, omb2, out=tmp)
+        np.multiply(tmp, g, out=tmp)
+        np.multiply(v, beta2, out=vo)
+        np.add(vo, tmp, out=vo)
+        vmo = None
+        s = vo
+        if vmax is not None:
+            vmo = np.maximum(np.asarray(vmax, F32), vo)
+            s = vmo
+        np.sqrt(s, out=tmp)
+        np.divide(tmp, bc2_sqrt, out=tmp)
+        np.add(tmp, eps, out=tmp)
+        np.multiply(mo, neg_step, out=po)
+        np.divide(po, tmp, out=po)
+        np.add(p, po, out=po)
+    return po, mo, vo, vmo
+
+
+NumpyBackend._adam_step = _adam_step
+
+
+# ---- stride-1 conv2d without an im2col (forward) ----------------------------------------------------
+#: stride-1 convs with CONV_SHIFT_MIN_CIN to CONV_SHIFT_MAX_CIN input channels per group and at
+#: least CONV_SHIFT_MIN_PIXELS output pixels per image take _conv2d_shifted. Measured (min of 3,
+#: old -> new ms, shared host): 16x32x64x64 32->32 112 -> 31; 2x64x96x96 76 -> 38; 1x128x128x128
+#: 159 -> 127; single images of 48-128 channels within the host's noise either way (1x64x128x128
+#: 28 -> 37, 1x96x64x64 20 -> 14, 1x48x64x64 7.1 -> 3.4); but 1x256x64x64 105 -> 168 (the
+#: channels-last path's one big threaded GEMM wins) and 4x16x64x64 5.8 -> 8.1 (the NCHW im2col's
+#: K = 144 GEMM wins)
+CONV_SHIFT_MIN_CIN = 32
+CONV_SHIFT_MAX_CIN = 128
+CONV_SHIFT_MIN_PIXELS = 256
+
+
+def _conv2d_shifted(xp, w, bias, out, dilation, G):
+    """Stride-1 conv2d of the already padded xp (N, C, Hp, Wp) as KH*KW GEMMs on shifted views,
+    _conv2d_input_grad's scheme run forward: xp is flattened per channel (with slack for the last
+    taps), so the input a tap (kh, kw) reads for a block of output rows, at every padded column,
+    is one strided 2-D view offset by kh*dh*Wp + kw*dw; each tap is one BLAS GEMM (CoutG x CinG)
+    @ view accumulated in float32 into the block (in L2); the ew columns per row that fall past
+    the output are dropped at the end. Blocks of rows of every image and group on the thread pool.
+    (16x32x64x64, 32 -> 32 and 32 -> 3: 3-9x less time than the channels-last im2col; see
+    CONV_SHIFT_MIN_CIN for where it loses.)"""
+    N, C, Hp, Wp = xp.shape
+    Cout, Cg, KH, KW = w.shape
+    _, _, OH, OW = out.shape
+    Coutg = Cout // G
+    dh, dw = dilation
+    ew = dw * (KW - 1)
+    slack = ew
+    flat = np.empty((N, C, Hp * Wp + slack), F32)
+    flat[:, :, :Hp * Wp].reshape(N, C, Hp, Wp)[...] = xp
+    flat[:, :, Hp * Wp:] = 0.0
+    wt = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, KH * KW).transpose(0, 3, 1, 2))
+    outq = np.empty((N, Cout, OH, Wp), F32)
+    per_img = 4 * max(Cg, Coutg) * OH * Wp
+    if per_img <= CHUNK_BYTES:  # small images: several per task (one stacked matmul per tap)
+        nb = max(1, min(-(-N // threads.num_threads()), CHUNK_BYTES // per_img))
+        tasks = [(n0, min(N, n0 + nb), g, 0, OH) for g in range(G) for n0 in range(0, N, nb)]
+    else:
+        rows = max(1, min(OH, CHUNK_BYTES // (4 * max(Cg, Coutg) * Wp)))
+        tasks = [(n, n + 1, g, r0, min(OH, r0 + rows)) for n in range(N) for g in range(G)
+                 for r0 in range(0, OH, rows)]
+    sn, sc = flat.strides[0], flat.strides[1]
+
+    def task(tk):
+        n0, n1, g, r0, r1 = tk
+        nb, L = n1 - n0, (r1 - r0) * Wp
+        acc = np.empty((nb, Coutg, L), F32)
+        tmp = np.empty((nb, Coutg, L), F32)
+        base = flat[n0:n1, g * Cg:(g + 1) * Cg]
+        for kh in range(KH):
+            for kw in range(KW):
+                d = (r0 + kh * dh) * Wp + kw * dw
+                view = as_strided(base[:, :, d:], shape=(nb, Cg, L), strides=(sn, sc, 4), writeable=False)
+                if kh == 0 and kw == 0:
+                    np.matmul(wt[g, 0], view, out=acc)
+                else:
+                    np.matmul(wt[g, kh * KW + kw], view, out=tmp)
+                    acc += tmp
+        if bias is not None:
+            acc += np.asarray(bias, F32)[g * Coutg:(g + 1) * Coutg, None]
+        outq[n0:n1, g * Coutg:(g + 1) * Coutg, r0:r1] = acc.reshape(nb, Coutg, r1 - r0, Wp)
+
+    with threads.single_threaded_blas():
+        _parallel(task, tasks)
+    out[...] = outq[:, :, :, :OW]
+    return out

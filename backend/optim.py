@@ -297,6 +297,21 @@ class Adam(Optimizer):
         # exp_avg.lerp_(grad, 1 - beta1): torch's lerp, the weight rounded to float32 first
         m, v = state["exp_avg"], state["exp_avg_sq"]
         w = _F32(1.0 - beta1)
+        fused = getattr(be, "_adam_step", None)
+        if fused is not None and type(grad) is type(param) and type(m) is type(param) \
+                and type(v) is type(param) and (not group["amsgrad"] or state.get("max_exp_avg_sq") is not None):
+            # the same float32 operations in the same order, in one pass (one launch on a device)
+            bias_correction1 = 1 - beta1 ** step
+            step_size = lr / bias_correction1
+            bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
+            vmax = state["max_exp_avg_sq"] if group["amsgrad"] else None
+            lerp_form = abs(w) >= 0.5
+            p, m, v, vmax = fused(param, grad, m, v, vmax, float(w - _F32(1.0)) if lerp_form else float(w),
+                                  lerp_form, beta2, 1.0 - beta2, bias_correction2_sqrt, eps, -step_size)
+            state["exp_avg"], state["exp_avg_sq"] = m, v
+            if vmax is not None:
+                state["max_exp_avg_sq"] = vmax
+            return p
         diff = be.sub(grad, m)
         if abs(w) < 0.5:
             m = be.add(m, be.mul(diff, float(w)))

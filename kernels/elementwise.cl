@@ -500,3 +500,69 @@ __kernel void gemm_small(const int M, const int N, const int K,
         }
     }
 }
+
+/* One Adam / AdamW step of one parameter (backend/optim.py's formulas, torch's single-tensor
+   float32 order of operations, every product and sum rounded on its own: FP_CONTRACT off and each
+   step through ad_binary_op, exactly the ops the unfused path launches one by one):
+     diff = g - m;  m' = lerp_form ? g + diff * w : m + diff * w
+     v' = v * beta2 + (g * omb2) * g;  s = amsgrad ? max(vmax, v') : v'   (vmax' = s)
+     p' = p + (m' * neg_step) / (sqrt(s) / bc2_sqrt + eps)
+   Contiguous operands of n elements; outputs are new arrays (offset 0). */
+__kernel void adam_step(__global const float *p, const long p_off, __global const float *g, const long g_off,
+                        __global const float *m, const long m_off, __global const float *v, const long v_off,
+                        __global const float *vm, const long vm_off,
+                        __global float *po, __global float *mo, __global float *vo, __global float *vmo,
+                        const long n, const long chunk, const float w, const int lerp_form, const float beta2,
+                        const float omb2, const float bc2_sqrt, const float eps, const float neg_step,
+                        const int amsgrad)
+{
+#pragma OPENCL FP_CONTRACT OFF
+    const long i0 = (long)get_global_id(0) * chunk;
+    const long i1 = min(n, i0 + chunk);
+    p += p_off; g += g_off; m += m_off; v += v_off; vm += vm_off;
+    for (long i = i0; i < i1; i++) {
+        const float gi = g[i], mi = m[i];
+        const float diff = ad_binary_op(BOP_SUB, gi, mi);
+        const float mn = ad_binary_op(BOP_ADD, lerp_form ? gi : mi, ad_binary_op(BOP_MUL, diff, w));
+        const float vn = ad_binary_op(BOP_ADD, ad_binary_op(BOP_MUL, v[i], beta2),
+                                      ad_binary_op(BOP_MUL, ad_binary_op(BOP_MUL, gi, omb2), gi));
+        float s = vn;
+        if (amsgrad) {
+            s = ad_binary_op(BOP_MAX, vm[i], vn);
+            vmo[i] = s;
+        }
+        const float denom = ad_binary_op(BOP_ADD, ad_binary_op(BOP_DIV, AD_SQRT(s), bc2_sqrt), eps);
+        po[i] = ad_binary_op(BOP_ADD, p[i], ad_binary_op(BOP_DIV, ad_binary_op(BOP_MUL, mn, neg_step), denom));
+        mo[i] = mn;
+        vo[i] = vn;
+    }
+}
+
+/* torch.where with every operand either contiguous of the output's n elements or one element
+   (bit 0 / 1 / 2 of `scalars`: c / a / b is one element, read at its offset): where_nd's select
+   without its per-element index arithmetic (the relu backward's where(y <= 0, 0, gy)). */
+__kernel void where_flat(__global const float *c, const long c_off, __global const float *a, const long a_off,
+                         __global const float *b, const long b_off, __global float *y, const long y_off,
+                         const long n, const long chunk, const int scalars)
+{
+    const long i0 = (long)get_global_id(0) * chunk;
+    const long i1 = min(n, i0 + chunk);
+    c += c_off; a += a_off; b += b_off; y += y_off;
+    if (scalars == 1) {
+        const float cv = c[0];
+        for (long i = i0; i < i1; i++) y[i] = cv != 0.0f ? a[i] : b[i];
+    } else if (scalars == 2) {
+        const float av = a[0];
+        for (long i = i0; i < i1; i++) y[i] = c[i] != 0.0f ? av : b[i];
+    } else if (scalars == 4) {
+        const float bv = b[0];
+        for (long i = i0; i < i1; i++) y[i] = c[i] != 0.0f ? a[i] : bv;
+    } else if (scalars == 0) {
+        for (long i = i0; i < i1; i++) y[i] = c[i] != 0.0f ? a[i] : b[i];
+    } else {
+        for (long i = i0; i < i1; i++) {
+            const float cv = (scalars & 1) ? c[0] : c[i];
+            y[i] = cv != 0.0f ? ((scalars & 2) ? a[0] : a[i]) : ((scalars & 4) ? b[0] : b[i]);
+        }
+    }
+}

@@ -363,6 +363,13 @@ class OpenCLBackend(LinalgOps, Backend):
         n = out.size
         if n == 0:
             return out
+        if all(t.size == n or t.size == 1 for t in (c, a, b)):
+            # each operand the output's n contiguous elements or one element: where_flat
+            scalars = sum(bit for t, bit in ((c, 1), (a, 2), (b, 4)) if t.size == 1 and n != 1)
+            g, l, chunk = self._flat_geometry(n)
+            self._run("where_flat", g, l, c.buffer, c.offset, a.buffer, a.offset, b.buffer, b.offset,
+                      out.buffer, 0, n, chunk, scalars)
+            return out
 
         def bstrides(s):
             s = (1,) * (len(shape) - len(s)) + s
@@ -702,3 +709,25 @@ def _wgrad_shifted(self, x, gy, wshape, dilation, pads, groups):
 
 
 OpenCLBackend._conv2d_weight_grad = _conv2d_weight_grad
+
+
+# ---- Adam / AdamW step (backend/optim.py) ---------------------------------------------------------
+def _adam_step(self, param, grad, m, v, vmax, w, lerp_form, beta2, omb2, bc2_sqrt, eps, neg_step):
+    """One Adam update of one parameter in one launch (kernels/elementwise.cl's adam_step, the
+    unfused ops' float32 arithmetic in their order): returns new (param, exp_avg, exp_avg_sq,
+    max_exp_avg_sq or None); vmax None: no amsgrad. The inputs are never written."""
+    n = param.size
+    shape = param.shape
+    po, mo, vo = self._empty(shape), self._empty(shape), self._empty(shape)
+    vmo = self._empty(shape) if vmax is not None else None
+    if n:
+        g, l, chunk = self._flat_geometry(n)
+        vm = vmax if vmax is not None else v
+        self._run("adam_step", g, l, param.buffer, param.offset, grad.buffer, grad.offset, m.buffer, m.offset,
+                  v.buffer, v.offset, vm.buffer, vm.offset, po.buffer, mo.buffer, vo.buffer,
+                  (vmo if vmo is not None else vo).buffer, n, chunk, w, int(lerp_form), beta2, omb2, bc2_sqrt,
+                  eps, neg_step, int(vmax is not None))
+    return po, mo, vo, vmo
+
+
+OpenCLBackend._adam_step = _adam_step

@@ -65,3 +65,12 @@ KFILES["wgrad_pack_b"] = ("conv_grad_cpu.cl", False)
 SIGS["wgrad_pack_b"] = [None, np.int64, None] + [np.int32] * 14
 KFILES["wgrad_pack_x"] = ("conv_grad_cpu.cl", False)
 SIGS["wgrad_pack_x"] = [None, np.int64, None] + [np.int32] * 8
+
+# ---- Adam / AdamW step (backend/optim.py, kernels/elementwise.cl's adam_step) ----------------------
+KFILES["adam_step"] = ("elementwise.cl", False)
+SIGS["adam_step"] = [None, np.int64] * 5 + [None] * 4 + [np.int64, np.int64, np.float32, np.int32] + \
+    [np.float32] * 5 + [np.int32]
+
+# ---- where with contiguous / one-element operands (kernels/elementwise.cl's where_flat) ------------
+KFILES["where_flat"] = ("elementwise.cl", False)
+SIGS["where_flat"] = [None, np.int64] * 4 + [np.int64, np.int64, np.int32]
