@@ -235,6 +235,46 @@ def test_pool_bounded_by_free_host_ram(cl_backend, fake_free):
     assert 0 < pool.pooled <= 4 * MB
 
 
+def test_pool_keeps_other_sizes_while_the_host_has_room(cl_backend, fake_free):
+    """A model's sizes alternate (activations, workspaces): with RAM to spare, a miss of one size
+    leaves the pooled buffers of other sizes in place, so the next call finds them (it used to give
+    them back on every miss, and every call allocated and page-faulted its working set again)."""
+    pool = cl_backend.pool
+    if not pool.host_ram:
+        pytest.skip("OpenCL device is a GPU")
+    fake_free["bytes"] = 1 << 30  # the pool may keep 64 MB
+    memstat.forget()
+    def one_after_the_other():
+        a = cl_backend.to_device(np.ones((1024, 1024), np.float32))       # 4 MB
+        assert float(cl_backend.to_numpy(a).sum()) == 1024 * 1024
+        del a
+        b = cl_backend.to_device(np.ones((1536, 1024), np.float32))       # 6 MB
+        assert float(cl_backend.to_numpy(b).mean()) == 1.0
+        del b
+
+    one_after_the_other()  # two misses
+    hits, misses = pool.hits, pool.misses
+    for _ in range(3):
+        one_after_the_other()
+    assert (pool.hits - hits, pool.misses - misses) == (6, 0)
+
+
+def test_pool_gives_other_sizes_back_when_the_host_is_short(cl_backend, fake_free):
+    pool = cl_backend.pool
+    if not pool.host_ram:
+        pytest.skip("OpenCL device is a GPU")
+    fake_free["bytes"] = 1 << 30
+    memstat.forget()
+    a = cl_backend.to_device(np.ones((1024, 1024), np.float32))  # 4 MB, then pooled
+    del a
+    assert pool.pooled >= 4 * MB
+    fake_free["bytes"] = 12 * MB  # less than twice the next request plus the pooled bytes
+    memstat.forget()
+    b = cl_backend.to_device(np.ones((1536, 1024), np.float32))  # a 6 MB miss: the 4 MB buffer goes back
+    assert pool.pooled == 0
+    assert float(cl_backend.to_numpy(b).mean()) == 1.0
+
+
 def test_pool_emptied_when_idle(cl_backend, monkeypatch):
     pool = cl_backend.pool
     monkeypatch.setattr(pool, "IDLE_S", 0.2)

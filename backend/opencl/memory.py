@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import time
 
@@ -23,8 +24,8 @@ class _Block:
 
     def __del__(self):
         pool = self.pool
-        if pool is not None:
-            try:
+        if pool is not None and not sys.is_finalizing():  # at exit the driver frees everything; the
+            try:                                            # pool's lock may be held by a stopped thread
                 pool.release(self.buf, self.nbytes)
             except Exception:
                 pass
@@ -34,9 +35,15 @@ class BufferPool:
     """Size-bucketed free lists of cl.Buffer. A buffer is only here while no _Block holds it.
 
     Bounded by ``limit`` and, on a CPU device (PoCL: its buffers are host RAM, taken from ComfyUI's
-    models), by HOST_SHARE of the host's available RAM; there a miss also gives back as many pooled
-    bytes (of other sizes) as it allocates, so the pool never adds to a peak. Emptied when nothing was allocated for
-    IDLE_S seconds (a timer), and by ``clear()`` (``free_memory()``: ComfyUI asking for memory)."""
+    models), by HOST_SHARE of the host's available RAM; there, when the host is short (less free than
+    twice the request plus what the pool keeps), a miss also gives back as many pooled bytes (of
+    other sizes) as it allocates, so the pool does not add to a peak. (Giving them back on every miss
+    made a model whose sizes alternate thrash: each miss freed the buffers the next op needed, and
+    every call malloc'ed and page-faulted its working set again.) Emptied when nothing was allocated
+    for IDLE_S seconds (a timer), and by ``clear()`` (``free_memory()``: ComfyUI asking for memory).
+
+    The lock is re-entrant: a _Block finalised by the garbage collector inside a locked section of
+    the same thread gives its buffer back without deadlocking."""
 
     #: on a CPU device, the pool keeps at most this share of the host's available RAM
     HOST_SHARE = 1 / 16
@@ -52,7 +59,7 @@ class BufferPool:
         self.live = 0  # bytes of buffers held by arrays
         self.hits = 0
         self.misses = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.last_use = time.monotonic()
         self._timer = None
 
@@ -83,7 +90,7 @@ class BufferPool:
                 self.hits += 1
                 return _Block(buf, size, self)
             self.misses += 1
-            spare = self._evict(size) if self.host_ram else []
+            spare = self._evict(size) if self.host_ram and self.pooled and self._short(size) else []
         for b in spare:  # host RAM: a new buffer takes the place of pooled ones of other sizes
             b.release()
         cl = _cl()
@@ -108,6 +115,11 @@ class BufferPool:
                 self._arm()
                 return
         buf.release()
+
+    def _short(self, nbytes: int) -> bool:
+        """(lock held) Whether the host has less RAM free than twice ``nbytes`` plus the pooled bytes."""
+        from ..memstat import free_bytes
+        return free_bytes(None, 2 * nbytes)[0] < 2 * nbytes + self.pooled
 
     def _evict(self, nbytes: int) -> list:
         """(lock held) Take at least ``nbytes`` of pooled buffers out (the largest first), to release."""
@@ -149,11 +161,11 @@ class BufferPool:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            for lst in self.free.values():
-                for b in lst:
-                    b.release()
+            spare = [b for lst in self.free.values() for b in lst]
             self.free.clear()
             self.pooled = 0
+        for b in spare:  # outside the lock: the driver's release may take a while
+            b.release()
 
 
 class CLArray:
