@@ -39,6 +39,17 @@ __kernel void unary(__global const float *x, const long x_off, __global float *y
     default: break; \
     }
 
+/* the same, over a run of k < run into yr[k] (binary_nd's contiguous runs) */
+#define BIN_RUN_CASE(OP, A, B) case OP: for (long k = 0; k < run; k++) yr[k] = ad_binary_op(OP, (A), (B)); break;
+#define BIN_RUN_OPS(A, B) \
+    switch (op) { \
+    BIN_RUN_CASE(BOP_ADD, A, B) BIN_RUN_CASE(BOP_SUB, A, B) BIN_RUN_CASE(BOP_MUL, A, B) BIN_RUN_CASE(BOP_DIV, A, B) \
+    BIN_RUN_CASE(BOP_POW, A, B) BIN_RUN_CASE(BOP_MIN, A, B) BIN_RUN_CASE(BOP_MAX, A, B) \
+    BIN_RUN_CASE(BOP_EQ, A, B) BIN_RUN_CASE(BOP_NE, A, B) BIN_RUN_CASE(BOP_LT, A, B) BIN_RUN_CASE(BOP_LE, A, B) \
+    BIN_RUN_CASE(BOP_GT, A, B) BIN_RUN_CASE(BOP_GE, A, B) \
+    default: break; \
+    }
+
 /* same-shape contiguous operands; mode 0: a, b arrays; 1: a is the scalar sa; 2: b is the scalar sb */
 __kernel void binary_flat(__global const float *a, const long a_off, __global const float *b, const long b_off,
                           __global float *y, const long y_off, const long n, const long chunk,
@@ -84,14 +95,16 @@ __kernel void binary_nd(__global const float *a, const long a_off, __global cons
         long ao, bo;
         nd_offsets(i, meta, &ao, &bo);
         const long run = min(i1 - i, inner - i % inner);
+        __global const float *ar = a + ao, *br = b + bo;
+        __global float *yr = y + i;
         if (sa == 1 && sb == 0) {  /* a row against one value of b (x - mean, x * scale) */
-            const float bv = b[bo];
-            for (long k = 0; k < run; k++)
-                y[i + k] = ad_binary_op(op, a[ao + k], bv);
+            const float bv = *br;
+            BIN_RUN_OPS(ar[k], bv)
         } else if (sa == 0 && sb == 1) {
-            const float av = a[ao];
-            for (long k = 0; k < run; k++)
-                y[i + k] = ad_binary_op(op, av, b[bo + k]);
+            const float av = *ar;
+            BIN_RUN_OPS(av, br[k])
+        } else if (sa == 1 && sb == 1) {  /* two rows (a bias over the last dim) */
+            BIN_RUN_OPS(ar[k], br[k])
         } else {
             for (long k = 0; k < run; k++)
                 y[i + k] = ad_binary_op(op, a[ao + k * sa], b[bo + k * sb]);
@@ -110,7 +123,9 @@ __kernel void where_nd(__global const float *c, const long c_off, __global const
     const long i1 = min(n, i0 + chunk);
     const int nd = (int)meta[0];
     c += c_off; a += a_off; b += b_off; y += y_off;
-    for (long i = i0; i < i1; i++) {
+    /* offsets once per run along the innermost dim, then strided steps (as binary_nd) */
+    const long inner = meta[nd], sc = meta[2 * nd], sa = meta[3 * nd], sb = meta[4 * nd];
+    for (long i = i0; i < i1;) {
         long r = i, co = 0, ao = 0, bo = 0;
         for (int d = nd - 1; d >= 0; d--) {
             const long s = meta[1 + d];
@@ -120,7 +135,10 @@ __kernel void where_nd(__global const float *c, const long c_off, __global const
             bo += k * meta[1 + 3 * nd + d];
             r = q;
         }
-        y[i] = c[co] != 0.0f ? a[ao] : b[bo];
+        const long run = min(i1 - i, inner - i % inner);
+        for (long k = 0; k < run; k++)
+            y[i + k] = c[co + k * sc] != 0.0f ? a[ao + k * sa] : b[bo + k * sb];
+        i += run;
     }
 }
 
