@@ -24,7 +24,8 @@ of each side precedes the timed ones. "GFLOPS" counts the convolutions (torch.ut
 Rows are bench.py's ``Row`` plus: ``torch_first_ms``, ``fallbacks`` (host fallback op calls per
 call, from ``compile.report``; ``fallback_ops`` names them), ``uploads`` / ``downloads`` /
 ``bytes_up`` / ``bytes_down`` per call (weights excluded: they are uploaded once, ``weights_mb``),
-``graphs``, ``eager_fallbacks`` and ``rel_err`` (normwise relative difference from eager's output).
+``graphs``, ``eager_fallbacks``, ``rel_err`` (normwise relative difference from eager's output) and
+every timed call (``times_ms``, ``torch_times_ms``).
 ``--quick`` runs narrow models on small inputs (a smoke run: the tests use it), not the real sizes.
 """
 from __future__ import annotations
@@ -88,6 +89,8 @@ class ModelRow(Row):
     eager_fallbacks: int = 0
     weights_mb: float = 0.0         # uploaded once, at the first call
     rel_err: float = 0.0            # ours vs PyTorch eager, normwise
+    times_ms: list = field(default_factory=list)        # every timed call, ours
+    torch_times_ms: list = field(default_factory=list)  # and PyTorch's
 
 
 def model_flops(model, shape) -> float:
@@ -171,7 +174,8 @@ def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3) ->
                         torch_first_ms=torch_first * 1e3, graphs=int(rep["graphs"]),
                         eager_fallbacks=int(rep["eager_fallbacks"]),
                         weights_mb=r_first["transfers"].get("bytes_constants", 0) / 2 ** 20,
-                        rel_err=rel_err, **per)
+                        rel_err=rel_err, times_ms=[t * 1e3 for t in tb], torch_times_ms=[t * 1e3 for t in tt],
+                        **per)
     finally:
         del compiled, eager, model
         torch._dynamo.reset()
@@ -187,7 +191,9 @@ def format_extra(r: ModelRow) -> str:
     return (f"    first call {r.first_ms / 1e3:.2f} s (torch {r.torch_first_ms / 1e3:.2f} s); host fallbacks/call {fb}; "
             f"uploads/call {r.uploads:g} ({r.bytes_up / 2 ** 20:.2f} MiB), downloads/call {r.downloads:g} "
             f"({r.bytes_down / 2 ** 20:.2f} MiB); graphs {r.graphs}; weights {r.weights_mb:.1f} MiB; "
-            f"rel. err vs eager {r.rel_err:.1e}")
+            f"rel. err vs eager {r.rel_err:.1e}\n"
+            f"    calls (ms): ours {' '.join(f'{t:.0f}' for t in r.times_ms)}; "
+            f"torch {' '.join(f'{t:.0f}' for t in r.torch_times_ms)}")
 
 
 def add_arguments(p) -> None:
