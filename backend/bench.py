@@ -238,9 +238,8 @@ def add_arguments(p) -> None:
                         "ANYDEVICE_ALLOW_TF32=1); by default both compute in full FP32")
     from .bench_train import add_arguments as train_arguments  # --train
     train_arguments(p)
-    p.add_argument("--model", action="store_true",
-                   help="time whole models compiled with torch.compile(backend='anydevice') against "
-                        "PyTorch eager: the SD1.x VAE decoder and the compact upscaler")
+    from .bench_model import add_arguments as model_arguments  # --model, --reps
+    model_arguments(p)
 
 
 def set_tf32(on: bool) -> None:

@@ -1,0 +1,248 @@
+"""``anydevice bench --model``: whole ComfyUI models through ``torch.compile(backend="anydevice")``
+against PyTorch eager on the same device, measured in the same run.
+
+Cases (random weights, float32, ``torch.inference_mode`` on both sides, as ComfyUI runs them):
+
+* the SD1.x VAE decoder (``model_zoo.sd_vae_decoder``: ComfyUI's Decoder, SD1.x config) on a
+  1x4x64x64 latent -> 1x3x512x512 image;
+* the RealESRGAN compact upscaler (``model_zoo.compact_upscaler``: SRVGGNetCompact, 64 features,
+  16 convolutions, x4, PReLU) on a 1x3x256x256 image -> 1x3x1024x1024.
+
+The definitions are the pack's own (backend/model_zoo.py), so the bench needs neither ComfyUI nor
+spandrel; tests/test_bench_model.py checks them against the real classes where those are installed.
+
+Per backend (``--backend``, repeatable; default: those of cuda, opencl, numpy that are available) and
+case (``--case`` filters by name): a fresh model is compiled with ``options={"device": backend}``; the
+first call is timed on its own (``first_ms``: dynamo tracing, lowering, weight upload, kernel builds),
+then PyTorch eager's first call (``torch_first_ms``), then ``--reps`` (default 3; 2 with ``--quick``)
+timed calls of each, interleaved (the order swaps every repeat, so drift hits both sides alike), and
+the medians are compared: ``ratio`` = PyTorch's time / ours (> 1: ours faster). Our call takes and
+returns CPU tensors, so its time includes the input upload and the output download (what a ComfyUI
+node pays); PyTorch's input is already on its device. Where a call is under 2 s, one more untimed call
+of each side precedes the timed ones. "GFLOPS" counts the convolutions (torch.utils.flop_counter).
+
+Rows are bench.py's ``Row`` plus: ``torch_first_ms``, ``fallbacks`` (host fallback op calls per
+call, from ``compile.report``; ``fallback_ops`` names them), ``uploads`` / ``downloads`` /
+``bytes_up`` / ``bytes_down`` per call (weights excluded: they are uploaded once, ``weights_mb``),
+``graphs``, ``eager_fallbacks``, ``rel_err`` (normwise relative difference from eager's output) and
+every timed call (``times_ms``, ``torch_times_ms``).
+``--quick`` runs narrow models on small inputs (a smoke run: the tests use it), not the real sizes.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from .bench import Row, _sync_torch, _torch_device_for, format_rows
+
+log = logging.getLogger("anydevice")
+
+#: the backends measured when ``--backend`` is not given (those available, in this order)
+DEFAULT_BACKENDS = ("cuda", "opencl", "numpy")
+
+
+@dataclass
+class ModelCase:
+    key: str            # short name ("vae", "upscaler")
+    title: str          # what the row's "case" starts with
+    build: object       # quick: bool -> torch module (fresh random weights)
+    shape: tuple        # the real input shape
+    quick_shape: tuple  # --quick
+    uniform: bool = False  # input in [0, 1) (an image) instead of standard normal (a latent)
+
+    def name(self, quick: bool) -> str:
+        s = self.quick_shape if quick else self.shape
+        return f"{self.title} {'x'.join(map(str, s))}" + (" (quick)" if quick else "")
+
+
+def _vae(quick: bool):
+    from .model_zoo import sd_vae_decoder
+    return sd_vae_decoder(seed=0, ch=32) if quick else sd_vae_decoder(seed=0)
+
+
+def _upscaler(quick: bool):
+    from .model_zoo import compact_upscaler
+    return compact_upscaler(seed=0, num_feat=16, num_conv=4) if quick else compact_upscaler(seed=0)
+
+
+CASES = [
+    ModelCase("vae", "SD1.x VAE decoder", _vae, (1, 4, 64, 64), (1, 4, 8, 8)),
+    ModelCase("upscaler", "compact upscaler x4", _upscaler, (1, 3, 256, 256), (1, 3, 16, 16), uniform=True),
+]
+
+
+@dataclass
+class ModelRow(Row):
+    torch_first_ms: float = 0.0
+    fallbacks: float = 0.0          # host fallback op calls per call
+    fallback_ops: dict = field(default_factory=dict)
+    uploads: float = 0.0            # per call (the input; weights excluded)
+    downloads: float = 0.0          # per call (the output)
+    bytes_up: float = 0.0           # per call
+    bytes_down: float = 0.0         # per call
+    graphs: int = 0
+    eager_fallbacks: int = 0
+    weights_mb: float = 0.0         # uploaded once, at the first call
+    rel_err: float = 0.0            # ours vs PyTorch eager, normwise
+    times_ms: list = field(default_factory=list)        # every timed call, ours
+    torch_times_ms: list = field(default_factory=list)  # and PyTorch's
+
+
+def model_flops(model, shape) -> float:
+    """FLOPs of one forward pass (convolutions, matmuls), counted on fake tensors (nothing runs)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+    try:
+        fc = FlopCounterMode(display=False)
+        with FakeTensorMode(allow_non_fake_inputs=True), fc, torch.no_grad():
+            model(torch.empty(shape))
+        return float(fc.get_total_flops())
+    except Exception as exc:  # noqa: BLE001 - only the GFLOPS column needs it
+        log.warning("bench --model: could not count the FLOPs (%s)", exc)
+        return 0.0
+
+
+def _per_call(after: dict, before: dict) -> dict:
+    calls = max(after["calls"] - before["calls"], 1)
+    ta, tb = after["transfers"], before["transfers"]
+    fb = {k: (v - before["fallbacks"].get(k, 0)) / calls for k, v in after["fallbacks"].items()
+          if v - before["fallbacks"].get(k, 0)}
+    return {"fallbacks": sum(fb.values()), "fallback_ops": fb,
+            **{k: (ta[k] - tb[k]) / calls for k in ("uploads", "downloads", "bytes_up", "bytes_down")}}
+
+
+def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3) -> ModelRow:
+    """One row: ``case`` compiled for ``be`` against PyTorch eager on the backend's torch device."""
+    import torch
+    from . import compile as adc
+    torch._dynamo.reset()
+    model = case.build(quick)
+    shape = case.quick_shape if quick else case.shape
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(shape, generator=gen) if case.uniform else torch.randn(shape, generator=gen)
+    tdev = _torch_device_for(be)
+    eager = model if tdev.type == "cpu" else copy.deepcopy(model).to(tdev)
+    xt = x.to(tdev)
+    flops = model_flops(model, shape)
+    compiled = torch.compile(model, backend="anydevice", options={"device": be})
+
+    def ours():
+        return compiled(x)
+
+    def theirs():
+        y = eager(xt)
+        _sync_torch(tdev)
+        return y
+
+    try:
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            y = ours()
+            first = time.perf_counter() - t0
+            r_first = adc.report(compiled)
+            t0 = time.perf_counter()
+            ye = theirs()
+            torch_first = time.perf_counter() - t0
+            ref = ye.detach().double().cpu()
+            rel_err = float((y.double() - ref).norm() / max(float(ref.norm()), 1e-30))
+            del y, ye, ref
+            r_before = adc.report(compiled)
+            t0 = time.perf_counter()
+            ours()
+            one = time.perf_counter() - t0
+            if one < 2.0:  # cheap enough: settle both sides once more
+                theirs()
+                ours()
+            tb, tt = [], []
+            for i in range(max(1, reps)):
+                order = ((ours, tb), (theirs, tt)) if i % 2 == 0 else ((theirs, tt), (ours, tb))
+                for call, times in order:
+                    t0 = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - t0)
+            rep = adc.report(compiled)
+        per = _per_call(rep, r_before)
+        mb, mt = statistics.median(tb), statistics.median(tt)
+        return ModelRow(be.name, be.device, case.name(quick), mb * 1e3, mt * 1e3, flops / mb / 1e9,
+                        flops / mt / 1e9, mt / mb, first * 1e3, len(tb), False,
+                        torch_first_ms=torch_first * 1e3, graphs=int(rep["graphs"]),
+                        eager_fallbacks=int(rep["eager_fallbacks"]),
+                        weights_mb=r_first["transfers"].get("bytes_constants", 0) / 2 ** 20,
+                        rel_err=rel_err, times_ms=[t * 1e3 for t in tb], torch_times_ms=[t * 1e3 for t in tt],
+                        **per)
+    finally:
+        del compiled, eager, model
+        torch._dynamo.reset()
+        gc.collect()
+        try:
+            adc.Weights.of(be).clear()
+        except Exception:  # noqa: BLE001 - freeing is best effort
+            pass
+
+
+def format_extra(r: ModelRow) -> str:
+    fb = f"{r.fallbacks:g}" + (f" ({', '.join(sorted(r.fallback_ops))})" if r.fallback_ops else "")
+    return (f"    first call {r.first_ms / 1e3:.2f} s (torch {r.torch_first_ms / 1e3:.2f} s); host fallbacks/call {fb}; "
+            f"uploads/call {r.uploads:g} ({r.bytes_up / 2 ** 20:.2f} MiB), downloads/call {r.downloads:g} "
+            f"({r.bytes_down / 2 ** 20:.2f} MiB); graphs {r.graphs}; weights {r.weights_mb:.1f} MiB; "
+            f"rel. err vs eager {r.rel_err:.1e}\n"
+            f"    calls (ms): ours {' '.join(f'{t:.0f}' for t in r.times_ms)}; "
+            f"torch {' '.join(f'{t:.0f}' for t in r.torch_times_ms)}")
+
+
+def add_arguments(p) -> None:
+    """``--model`` and ``--reps`` for ``anydevice bench`` (bench.add_arguments calls this)."""
+    p.add_argument("--model", action="store_true",
+                   help="time whole models compiled with torch.compile(backend='anydevice') against "
+                        "PyTorch eager: the SD1.x VAE decoder (64x64 latent) and the compact upscaler "
+                        "(256x256 image); --quick: narrow models on small inputs")
+    p.add_argument("--reps", type=int, default=None, metavar="N",
+                   help="--model: timed calls per side (default 3, --quick 2); the medians are compared")
+
+
+def default_backends() -> list[str]:
+    from . import list_backends
+    avail = {i.name for i in list_backends() if i.available}
+    return [n for n in DEFAULT_BACKENDS if n in avail]
+
+
+def main(args) -> int:
+    """The ``--model`` rows for every backend of ``--backend`` (default :func:`default_backends`),
+    cases filtered by ``--case`` (matched against the row names and "vae"/"upscaler")."""
+    import torch
+    from . import get_backend
+    quick = bool(getattr(args, "quick", False))
+    reps = getattr(args, "reps", None) or (2 if quick else 3)
+    names = getattr(args, "backend", None) or default_backends()
+    sel = getattr(args, "case", None)
+    cases = [c for c in CASES if not sel or any(s in c.name(quick) or s == c.key for s in sel)]
+    print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; whole models, torch.compile("
+          f"backend='anydevice') vs PyTorch eager, float32, inference mode; ratio = torch time / ours, same run, "
+          f"interleaved, median of {reps} (> 1: ours faster); our time includes the input upload and the "
+          f"output download")
+    rows, failures = [], 0
+    for name in names:
+        be = get_backend(name)
+        print(f"\n{be.name}: {be.device}", flush=True)
+        for case in cases:
+            try:
+                row = bench_model_case(be, case, quick, reps)
+            except Exception as exc:  # report and go on
+                log.error("%s / %s failed: %s", name, case.name(quick), exc)
+                failures += 1
+                continue
+            rows.append(row)
+            print(format_rows([row]).splitlines()[-1], flush=True)
+            print(format_extra(row), flush=True)
+    print("\n" + format_rows(rows))
+    if getattr(args, "json", None):
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=2)
+        print(f"wrote {args.json}")
+    return 1 if failures else 0
