@@ -253,10 +253,11 @@ def set_tf32(on: bool) -> None:
         torch.backends.cudnn.allow_tf32 = on
 
 
-def run_rows(names, cases, run, json_path=None) -> int:
+def run_rows(names, cases, run, json_path=None, label=None, extra=None) -> int:
     """The bench loop every mode shares: for each backend named, ``run(be, case)`` for each case
-    (a row, or None to skip it), a failing case reported and the others measured; each row printed
-    as it comes, then the table (and the JSON file). Returns the exit status: 1 if a case failed."""
+    (a row, or None to skip it), a failing case reported (by ``label(case)``, default its name) and
+    the others measured; each row printed as it comes (and ``extra(row)``'s line under it), then
+    the table (and the JSON file). Returns the exit status: 1 if a case failed."""
     from . import get_backend
     rows, failures = [], 0
     for name in names:
@@ -266,13 +267,15 @@ def run_rows(names, cases, run, json_path=None) -> int:
             try:
                 row = run(be, case)
             except Exception as exc:  # report and go on: one failing case must not hide the others
-                log.error("%s / %s failed: %s", name, case.name, exc)
+                log.error("%s / %s failed: %s", name, label(case) if label else case.name, exc)
                 failures += 1
                 continue
             if row is None:
                 continue
             rows.append(row)
             print(format_rows([row]).splitlines()[-1], flush=True)
+            if extra:
+                print(extra(row), flush=True)
     print("\n" + format_rows(rows))
     if json_path:
         with open(json_path, "w") as f:

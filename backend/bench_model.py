@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
 import logging
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from .bench import Row, _sync_torch, _torch_device_for, format_rows
+from .bench import Row, _sync_torch, _torch_device_for
 
 log = logging.getLogger("anydevice")
 
@@ -216,7 +215,6 @@ def main(args) -> int:
     """The ``--model`` rows for every backend of ``--backend`` (default :func:`default_backends`),
     cases filtered by ``--case`` (matched against the row names and "vae"/"upscaler")."""
     import torch
-    from . import get_backend
     quick = bool(getattr(args, "quick", False))
     reps = getattr(args, "reps", None) or (2 if quick else 3)
     names = getattr(args, "backend", None) or default_backends()
@@ -226,23 +224,6 @@ def main(args) -> int:
           f"backend='anydevice') vs PyTorch eager, float32, inference mode; ratio = torch time / ours, same run, "
           f"interleaved, median of {reps} (> 1: ours faster); our time includes the input upload and the "
           f"output download")
-    rows, failures = [], 0
-    for name in names:
-        be = get_backend(name)
-        print(f"\n{be.name}: {be.device}", flush=True)
-        for case in cases:
-            try:
-                row = bench_model_case(be, case, quick, reps)
-            except Exception as exc:  # report and go on
-                log.error("%s / %s failed: %s", name, case.name(quick), exc)
-                failures += 1
-                continue
-            rows.append(row)
-            print(format_rows([row]).splitlines()[-1], flush=True)
-            print(format_extra(row), flush=True)
-    print("\n" + format_rows(rows))
-    if getattr(args, "json", None):
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
-        print(f"wrote {args.json}")
-    return 1 if failures else 0
+    from .bench import run_rows
+    return run_rows(names, cases, lambda be, case: bench_model_case(be, case, quick, reps),
+                    getattr(args, "json", None), label=lambda case: case.name(quick), extra=format_extra)
