@@ -803,6 +803,19 @@ def _conv2d_weight_grad(self, x, gy, wshape, stride, pads, dilation, groups):
 
 NumpyBackend._conv2d_weight_grad = _conv2d_weight_grad
 
+def _tap_tasks(N, G, rows_total, row_len, channels):
+    """The tasks (n0, n1, group, r0, r1) of a per-tap shifted-view conv (forward or input gradient)
+    whose rows are ``row_len`` floats of ``channels`` channels: several small images a task (one
+    stacked matmul per tap), or row blocks of one image, each about CHUNK_BYTES."""
+    per_img = 4 * channels * rows_total * row_len
+    if per_img <= CHUNK_BYTES:
+        nb = max(1, min(-(-N // threads.num_threads()), CHUNK_BYTES // per_img))
+        return [(n0, min(N, n0 + nb), g, 0, rows_total) for g in range(G) for n0 in range(0, N, nb)]
+    rows = max(1, min(rows_total, CHUNK_BYTES // (4 * channels * row_len)))
+    return [(n, n + 1, g, r0, min(rows_total, r0 + rows)) for n in range(N) for g in range(G)
+            for r0 in range(0, rows_total, rows)]
+
+
 def _wgrad_depthwise_shifted(xp, gy, k, dilation):
     """Depthwise stride-1 weight gradient in _wgrad_shifted's channel-major layout: per channel,
     each tap is a float32 product of gy's row with x's row shifted by the tap, summed pairwise
@@ -915,14 +928,7 @@ def _conv2d_input_grad(self, gy, w, in_hw, stride, pads, dilation, groups):
     # weights per group and tap as (CinG, CoutG) matrices
     wt = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, KH * KW).transpose(0, 3, 2, 1))
     gxq = np.empty((N, G * Cg, Hq, C2), F32)
-    per_img = 4 * max(Cg, Coutg) * Hq * C2
-    if per_img <= CHUNK_BYTES:  # small images: several per task (one stacked matmul per tap)
-        nb = max(1, min(-(-N // threads.num_threads()), CHUNK_BYTES // per_img))
-        tasks = [(n0, min(N, n0 + nb), g, 0, Hq) for g in range(G) for n0 in range(0, N, nb)]
-    else:
-        rows = max(1, min(Hq, CHUNK_BYTES // (4 * max(Cg, Coutg) * C2)))
-        tasks = [(n, n + 1, g, r0, min(Hq, r0 + rows)) for n in range(N) for g in range(G)
-                 for r0 in range(0, Hq, rows)]
+    tasks = _tap_tasks(N, G, Hq, C2, max(Cg, Coutg))
     sn, st = flat.strides[0], flat.strides[1]
 
     def task(tk):
@@ -1048,14 +1054,7 @@ def _conv2d_shifted(xp, w, bias, out, dilation, G):
     flat[:, :, Hp * Wp:] = 0.0
     wt = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, KH * KW).transpose(0, 3, 1, 2))
     outq = np.empty((N, Cout, OH, Wp), F32)
-    per_img = 4 * max(Cg, Coutg) * OH * Wp
-    if per_img <= CHUNK_BYTES:  # small images: several per task (one stacked matmul per tap)
-        nb = max(1, min(-(-N // threads.num_threads()), CHUNK_BYTES // per_img))
-        tasks = [(n0, min(N, n0 + nb), g, 0, OH) for g in range(G) for n0 in range(0, N, nb)]
-    else:
-        rows = max(1, min(OH, CHUNK_BYTES // (4 * max(Cg, Coutg) * Wp)))
-        tasks = [(n, n + 1, g, r0, min(OH, r0 + rows)) for n in range(N) for g in range(G)
-                 for r0 in range(0, OH, rows)]
+    tasks = _tap_tasks(N, G, OH, Wp, max(Cg, Coutg))
     sn, sc = flat.strides[0], flat.strides[1]
 
     def task(tk):
