@@ -29,26 +29,20 @@ __kernel void unary(__global const float *x, const long x_off, __global float *y
     }
 }
 
+/* a switch over the binary ops around a loop CASE(OP, A, B) writes, the op a constant in each */
+#define BIN_SWITCH(CASE, A, B) \
+    switch (op) { \
+    CASE(BOP_ADD, A, B) CASE(BOP_SUB, A, B) CASE(BOP_MUL, A, B) CASE(BOP_DIV, A, B) \
+    CASE(BOP_POW, A, B) CASE(BOP_MIN, A, B) CASE(BOP_MAX, A, B) \
+    CASE(BOP_EQ, A, B) CASE(BOP_NE, A, B) CASE(BOP_LT, A, B) CASE(BOP_LE, A, B) \
+    CASE(BOP_GT, A, B) CASE(BOP_GE, A, B) \
+    default: break; \
+    }
+/* y[i] over [i0, i1) (the flat kernels); yr[k] over k < run (binary_nd's contiguous runs) */
 #define BIN_CASE(OP, A, B) case OP: for (long i = i0; i < i1; i++) y[i] = ad_binary_op(OP, (A), (B)); break;
-#define BIN_OPS(A, B) \
-    switch (op) { \
-    BIN_CASE(BOP_ADD, A, B) BIN_CASE(BOP_SUB, A, B) BIN_CASE(BOP_MUL, A, B) BIN_CASE(BOP_DIV, A, B) \
-    BIN_CASE(BOP_POW, A, B) BIN_CASE(BOP_MIN, A, B) BIN_CASE(BOP_MAX, A, B) \
-    BIN_CASE(BOP_EQ, A, B) BIN_CASE(BOP_NE, A, B) BIN_CASE(BOP_LT, A, B) BIN_CASE(BOP_LE, A, B) \
-    BIN_CASE(BOP_GT, A, B) BIN_CASE(BOP_GE, A, B) \
-    default: break; \
-    }
-
-/* the same, over a run of k < run into yr[k] (binary_nd's contiguous runs) */
 #define BIN_RUN_CASE(OP, A, B) case OP: for (long k = 0; k < run; k++) yr[k] = ad_binary_op(OP, (A), (B)); break;
-#define BIN_RUN_OPS(A, B) \
-    switch (op) { \
-    BIN_RUN_CASE(BOP_ADD, A, B) BIN_RUN_CASE(BOP_SUB, A, B) BIN_RUN_CASE(BOP_MUL, A, B) BIN_RUN_CASE(BOP_DIV, A, B) \
-    BIN_RUN_CASE(BOP_POW, A, B) BIN_RUN_CASE(BOP_MIN, A, B) BIN_RUN_CASE(BOP_MAX, A, B) \
-    BIN_RUN_CASE(BOP_EQ, A, B) BIN_RUN_CASE(BOP_NE, A, B) BIN_RUN_CASE(BOP_LT, A, B) BIN_RUN_CASE(BOP_LE, A, B) \
-    BIN_RUN_CASE(BOP_GT, A, B) BIN_RUN_CASE(BOP_GE, A, B) \
-    default: break; \
-    }
+#define BIN_OPS(A, B) BIN_SWITCH(BIN_CASE, A, B)
+#define BIN_RUN_OPS(A, B) BIN_SWITCH(BIN_RUN_CASE, A, B)
 
 /* same-shape contiguous operands; mode 0: a, b arrays; 1: a is the scalar sa; 2: b is the scalar sb */
 __kernel void binary_flat(__global const float *a, const long a_off, __global const float *b, const long b_off,
