@@ -33,24 +33,13 @@ from anydevice.nodes import model_nodes as mn
 from anydevice.nodes.common import NodeError
 
 import compile_models as cm
+from compile_models import _fresh_dynamo, rel  # noqa: F401 (_fresh_dynamo: an autouse fixture)
 import e2e_helpers as H
 from conftest import TARGETS
 
 HERE = Path(__file__).resolve().parent
 CHEAP = [t[0] for t in TARGETS if t[0] in ("numpy", "opencl")] or ["numpy"]
 TOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    adc.reset_report()
-    yield
-    torch._dynamo.reset()
-
-
-def rel(y, ref) -> float:
-    return float((y.double() - ref.double()).norm() / ref.double().norm())
 
 
 def descriptor(model, scale=2):
