@@ -816,6 +816,22 @@ def _tap_tasks(N, G, rows_total, row_len, channels):
             for r0 in range(0, rows_total, rows)]
 
 
+def _tap_sum(wts, base, offsets, shape, strides):
+    """sum over taps t of ``wts[t] @ view_t``, view_t the (images, channels, positions) window of
+    ``base`` shifted by ``offsets[t]`` positions (a strided view, no copy): the per-tap GEMMs of the
+    shifted-view conv forward and input gradient."""
+    acc = tmp = None
+    for t, d in enumerate(offsets):
+        view = as_strided(base[:, :, d:], shape=shape, strides=strides, writeable=False)
+        if acc is None:
+            acc = np.matmul(wts[t], view)
+            tmp = np.empty_like(acc)
+        else:
+            np.matmul(wts[t], view, out=tmp)
+            acc += tmp
+    return acc
+
+
 def _wgrad_depthwise_shifted(xp, gy, k, dilation):
     """Depthwise stride-1 weight gradient in _wgrad_shifted's channel-major layout: per channel,
     each tap is a float32 product of gy's row with x's row shifted by the tap, summed pairwise
@@ -934,15 +950,8 @@ def _conv2d_input_grad(self, gy, w, in_hw, stride, pads, dilation, groups):
     def task(tk):
         n0, n1, g, r0, r1 = tk
         nb, L = n1 - n0, (r1 - r0) * C2
-        acc = np.zeros((nb, Cg, L), F32)
-        tmp = np.empty((nb, Cg, L), F32)
-        base = flat[n0:n1, g * Coutg:(g + 1) * Coutg]
-        for kh in range(KH):
-            for kw in range(KW):
-                d = (r0 + eh - kh * dh) * C2 + (ew - kw * dw)
-                view = as_strided(base[:, :, d:], shape=(nb, Coutg, L), strides=(sn, st, 4), writeable=False)
-                np.matmul(wt[g, kh * KW + kw], view, out=tmp)
-                acc += tmp
+        offsets = [(r0 + eh - kh * dh) * C2 + (ew - kw * dw) for kh in range(KH) for kw in range(KW)]
+        acc = _tap_sum(wt[g], flat[n0:n1, g * Coutg:(g + 1) * Coutg], offsets, (nb, Coutg, L), (sn, st, 4))
         gxq[n0:n1, g * Cg:(g + 1) * Cg, r0:r1] = acc.reshape(nb, Cg, r1 - r0, C2)
 
     with threads.single_threaded_blas():
@@ -1060,18 +1069,8 @@ def _conv2d_shifted(xp, w, bias, out, dilation, G):
     def task(tk):
         n0, n1, g, r0, r1 = tk
         nb, L = n1 - n0, (r1 - r0) * Wp
-        acc = np.empty((nb, Coutg, L), F32)
-        tmp = np.empty((nb, Coutg, L), F32)
-        base = flat[n0:n1, g * Cg:(g + 1) * Cg]
-        for kh in range(KH):
-            for kw in range(KW):
-                d = (r0 + kh * dh) * Wp + kw * dw
-                view = as_strided(base[:, :, d:], shape=(nb, Cg, L), strides=(sn, sc, 4), writeable=False)
-                if kh == 0 and kw == 0:
-                    np.matmul(wt[g, 0], view, out=acc)
-                else:
-                    np.matmul(wt[g, kh * KW + kw], view, out=tmp)
-                    acc += tmp
+        offsets = [(r0 + kh * dh) * Wp + kw * dw for kh in range(KH) for kw in range(KW)]
+        acc = _tap_sum(wt[g], flat[n0:n1, g * Cg:(g + 1) * Cg], offsets, (nb, Cg, L), (sn, sc, 4))
         if bias is not None:
             acc += np.asarray(bias, F32)[g * Coutg:(g + 1) * Coutg, None]
         outq[n0:n1, g * Coutg:(g + 1) * Coutg, r0:r1] = acc.reshape(nb, Coutg, r1 - r0, Wp)
