@@ -832,22 +832,30 @@ def _tap_sum(wts, base, offsets, shape, strides):
     return acc
 
 
+def _channel_major(xp, gy, KH, KW, dilation):
+    """The shifted-view weight gradients' layout: xp (N, C, Hp, Wp) and gy (N, Cout, OH, OW) channel-
+    major with one position axis q = (n, row, col) over all padded images (gy widened by zeros, xp
+    with the slack the last tap's view reads past the end). Returns (xF, gF, Q)."""
+    N, C, Hp, Wp = xp.shape
+    OH, OW = gy.shape[2:]
+    Q = N * Hp * Wp
+    slack = (KH - 1) * dilation[0] * Wp + (KW - 1) * dilation[1]
+    xF = np.zeros((C, Q + slack), F32)
+    xF[:, :Q].reshape(C, N, Hp, Wp)[...] = xp.transpose(1, 0, 2, 3)
+    gF = np.zeros((gy.shape[1], N, Hp, Wp), F32)
+    gF[:, :, :OH, :OW] = gy.transpose(1, 0, 2, 3)
+    return xF, gF.reshape(gy.shape[1], Q), Q
+
+
 def _wgrad_depthwise_shifted(xp, gy, k, dilation):
     """Depthwise stride-1 weight gradient in _wgrad_shifted's channel-major layout: per channel,
     each tap is a float32 product of gy's row with x's row shifted by the tap, summed pairwise
     (NumPy's float32 sum along a contiguous row: error ~ log2(n) ulps); threads over channels, a channel's rows stay in L2
     across its taps."""
-    N, C, Hp, Wp = xp.shape
+    C, Wp = xp.shape[1], xp.shape[3]
     KH, KW = k
     dh, dw = dilation
-    OH, OW = gy.shape[2:]
-    Q = N * Hp * Wp
-    slack = (KH - 1) * dh * Wp + (KW - 1) * dw
-    xF = np.zeros((C, Q + slack), F32)
-    xF[:, :Q].reshape(C, N, Hp, Wp)[...] = xp.transpose(1, 0, 2, 3)
-    gF = np.zeros((C, N, Hp, Wp), F32)
-    gF[:, :, :OH, :OW] = gy.transpose(1, 0, 2, 3)
-    gF = gF.reshape(C, Q)
+    xF, gF, Q = _channel_major(xp, gy, KH, KW, dilation)
     out = np.empty((C, KH * KW), np.float64)
 
     def task(r):
@@ -878,18 +886,11 @@ def _wgrad_shifted(xp, gy, wshape, dilation, G):
     gW_tap = gyF (CoutG x Q) @ xF[:, q + kh*dh*Wp + kw*dw]^T: a strided view of the same xF, the
     reads that run into the next image meeting gy's zeros. Threads take ranges of q (every tap
     on the same range while it is in cache) into their own accumulators."""
-    N, C, Hp, Wp = xp.shape
+    Wp = xp.shape[3]
     Cout, Cg, KH, KW = wshape
     Coutg = Cout // G
-    OH, OW = gy.shape[2:]
     dh, dw = dilation
-    Q = N * Hp * Wp
-    slack = (KH - 1) * dh * Wp + (KW - 1) * dw
-    xF = np.zeros((C, Q + slack), F32)
-    xF[:, :Q].reshape(C, N, Hp, Wp)[...] = xp.transpose(1, 0, 2, 3)
-    gF = np.zeros((Cout, N, Hp, Wp), F32)
-    gF[:, :, :OH, :OW] = gy.transpose(1, 0, 2, 3)
-    gF = gF.reshape(Cout, Q)
+    xF, gF, Q = _channel_major(xp, gy, KH, KW, dilation)
     nt = threads.num_threads()
     parts = _split(-(-Q // WGRAD_STEP), nt)
     accs = [np.zeros((G, KH * KW, Coutg, Cg), np.float64) for _ in parts]
