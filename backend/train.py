@@ -12,7 +12,9 @@
 
 Batches: each epoch a permutation of the samples from ``numpy.random.default_rng(seed)`` (one
 generator for the whole run), cut into ``batch_size`` pieces in order; the last, smaller piece is
-a step of its own unless it holds a single sample (batch norm cannot train on one). ``steps``
+a step of its own unless it is a single sample left over by a ``batch_size`` of 2 or more. A
+``batch_size`` of 1 trains on one sample a step; a network with batch norm where that gives one
+value per channel (features, or a 1x1 map) is refused before any work, as torch refuses it. ``steps``
 counts optimizer steps and runs through as many epochs as it takes; ``epochs`` counts passes
 (exactly one of the two; neither is one epoch). The initial weights (for a network without
 parameters) come from ``seed`` (``Network.initialized``), dropout masks from ``seed`` and the step.
@@ -89,7 +91,7 @@ def batch_plan(n: int, batch_size: int, seed: int, steps: int | None = None, epo
         perm = rng.permutation(n)
         for s in range(0, n, bs):
             idx = perm[s:s + bs]
-            if len(idx) < 2 and n > 1:
+            if len(idx) == 1 and bs > 1:  # the single sample left over by batches of 2 or more
                 continue
             out.append(idx)
             if steps is not None and len(out) == steps:
@@ -99,8 +101,19 @@ def batch_plan(n: int, batch_size: int, seed: int, steps: int | None = None, epo
 
 
 def _steps_per_epoch(n, bs):
-    full, rest = divmod(n, bs)
-    return full + (1 if rest >= 2 or (rest == 1 and n == 1) else 0)
+    full, rest = divmod(n, bs)  # a rest of 1 sample (bs >= 2) is dropped
+    return full + (1 if rest >= 2 else 0)
+
+
+def _one_value_batch_norm(network: Network, sample_shape) -> str | None:
+    """The first batch_norm layer (its name, as the parameters are named) that a one-sample batch
+    of ``sample_shape`` gives a single value per channel: torch refuses it in training (the batch
+    variance of one value), and so does the contract's batch_norm."""
+    from .network import _param_layers
+    for layer, key, s in _param_layers(network.layers, (1,) + tuple(sample_shape), ""):
+        if layer["type"] == "batch_norm" and math.prod(s[2:]) == 1:
+            return key
+    return None
 
 
 def _activation_elements(layers, s) -> int:
@@ -174,6 +187,15 @@ def _check(network, inputs, targets, be, loss, optimizer, lr, weight_decay, step
             raise AnyDeviceError(OP, "in_shape", in_shape, f"does not match the inputs {tuple(x.shape)}")
     full = (bs,) + tuple(x.shape[1:])
     out = network.out_shape(full)  # names the layer whose shapes do not chain
+    if bs == 1:  # every batch holds one sample: fine for every layer but batch norm on one value per channel
+        bn = _one_value_batch_norm(network, x.shape[1:])
+        if bn is not None:
+            why = (f"batch norm needs at least 2 samples per batch in training: layer {bn} (batch_norm) would get "
+                   f"one value per channel from one sample of shape {tuple(x.shape[1:])}")
+            if x.shape[0] == 1:
+                raise AnyDeviceError(OP, "inputs", x, f"hold a single sample, and {why}")
+            raise AnyDeviceError(OP, "batch_size", batch_size, f"gives batches of one sample, and {why}. Use a "
+                                 f"batch_size of 2 or more (there are {x.shape[0]} samples)")
     if network.params is not None and network.in_shape is None:
         network = network.initialized(full, seed)  # checks what is there against the layers
     if loss == "cross_entropy":

@@ -539,7 +539,8 @@ class AnyDeviceTrainNetwork(_LearnNode):
                                            "tooltip": "L2 penalty (adamw: decoupled weight decay)."}),
                 "steps": _int(200, 1, 1000000, "Optimizer steps (used when epochs is 0)."),
                 "epochs": _int(0, 0, 100000, "Passes over the data; 0 uses steps instead."),
-                "batch_size": _int(16, 1, 65536, "Samples per step."),
+                "batch_size": _int(16, 1, 65536, "Samples per step. 1 trains on one sample a step; batch norm "
+                                                 "on features needs 2 or more."),
                 "momentum": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 0.9999, "step": 0.01,
                                        "tooltip": "sgd: momentum."}),
                 "train_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,

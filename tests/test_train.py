@@ -338,6 +338,97 @@ def test_batch_plan():
     assert [len(i) for i in batch_plan(3, 16, seed=0, steps=2)] == [3, 3]
 
 
+def _finishes(fn, timeout=120.0):
+    """fn() in a thread joined with a timeout: a hang guard (the thread is a daemon, so a loop that
+    never ends fails this test instead of the whole run)."""
+    import threading
+    out = {}
+
+    def body():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"did not finish within {timeout} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_batch_plan_of_one_sample_batches():
+    p = _finishes(lambda: batch_plan(8, 1, seed=0, epochs=2), 10)
+    assert [len(i) for i in p] == [1] * 16
+    for e in range(2):  # each epoch every sample once, in the epoch's permutation
+        assert sorted(int(i[0]) for i in p[8 * e:8 * e + 8]) == list(range(8))
+    rng = np.random.default_rng(0)
+    assert [int(i[0]) for i in p] == list(rng.permutation(8)) + list(rng.permutation(8))
+    assert [len(i) for i in _finishes(lambda: batch_plan(8, 1, seed=0, steps=3), 10)] == [1, 1, 1]
+    assert [i.tolist() for i in batch_plan(1, 4, seed=0, epochs=3)] == [[0], [0], [0]]
+
+
+def test_batch_size_1_trains_one_sample_a_step_like_torch(backend_target):
+    """batch_size=1 with 8 samples: the plan skipped every batch and never ended. Now each step is
+    one sample, the same ones torch gets from batch_plan, with the same losses and weights."""
+    be = backend_target
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 3)).astype(np.float32)
+    y = rng.standard_normal((8, 2)).astype(np.float32)
+    net = Network.empty().add("linear", out_features=2).initialized((1, 3), seed=0)
+    seen = []
+    res = _finishes(lambda: train(net, x, y, be=be, loss="mse", optimizer="sgd", lr=0.1, steps=3, batch_size=1,
+                                  seed=0, on_step=lambda s, n, v: seen.append((s, n))))
+    assert res.steps == 3 and len(res.losses) == 3 and res.stopped is None
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    tnet = net.to_torch(torch.float64)
+    topt = torch.optim.SGD(tnet.parameters(), lr=0.1)
+    xt, yt = torch.from_numpy(x).double(), torch.from_numpy(y).double()
+    ref = []
+    for idx in batch_plan(8, 1, 0, steps=3):
+        assert len(idx) == 1
+        loss = F.mse_loss(tnet(xt[idx]), yt[idx])
+        ref.append(loss.item())
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+    np.testing.assert_allclose(res.losses, ref, rtol=1e-5)
+    state = tnet.state_dict()
+    for k, v in res.network.params.items():
+        assert normwise(v, state[k].numpy()) <= 1e-5, k
+    ep = _finishes(lambda: train(net, x, y, be=be, loss="mse", optimizer="sgd", lr=0.1, epochs=2, batch_size=1))
+    assert ep.steps == 16 and len(ep.losses) == 16
+
+
+def test_batch_norm_refuses_one_value_per_channel_batches(backend_target):
+    """batch_size=1 is fine for every layer but batch norm where one sample gives one value per
+    channel (torch's 'Expected more than 1 value per channel when training'): refused up front,
+    naming batch_size. Batch norm over an image's pixels trains on one sample, as in torch."""
+    be = backend_target
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3)).astype(np.float32)
+    y = rng.standard_normal((8, 2)).astype(np.float32)
+    bn = Network.empty().add("linear", out_features=4).add("batch_norm").add("linear", out_features=2)
+    with pytest.raises(AnyDeviceError) as e:
+        _finishes(lambda: train(bn, x, y, be=be, steps=3, batch_size=1))
+    assert e.value.op == "train" and e.value.arg == "batch_size" and e.value.value == 1
+    assert "layer 1 (batch_norm)" in str(e.value) and "batch norm needs at least 2 samples per batch" in str(e.value)
+    res = train(bn, x, y, be=be, steps=3, batch_size=2)  # two samples a batch: fine
+    assert res.steps == 3
+    with pytest.raises(AnyDeviceError) as e:  # one sample in all: the inputs are at fault
+        train(bn, x[:1], y[:1], be=be, steps=3, batch_size=4)
+    assert e.value.arg == "inputs" and "batch norm needs at least 2 samples per batch" in str(e.value)
+    res_body = Network.empty().add("linear", out_features=3).residual(Network.empty().add("batch_norm"))
+    with pytest.raises(AnyDeviceError, match=r"layer 1\.body\.0 \(batch_norm\)"):
+        train(res_body, x, np.zeros((8, 3), np.float32), be=be, steps=3, batch_size=1)
+    img = rng.uniform(0, 1, (4, 2, 5, 5)).astype(np.float32)
+    conv_bn = Network.empty().add("conv2d", out_channels=2, kernel_size=3, padding=1).add("batch_norm")
+    res = _finishes(lambda: train(conv_bn, img, img, be=be, steps=3, batch_size=1))
+    assert res.steps == 3 and all(math.isfinite(v) for v in res.losses)
+
+
 # ---- determinism -----------------------------------------------------------------------------
 def _digest(net: Network) -> str:
     h = hashlib.sha256()
