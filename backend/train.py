@@ -16,7 +16,9 @@ a step of its own unless it is a single sample left over by a ``batch_size`` of 
 ``batch_size`` of 1 trains on one sample a step; a network with batch norm where that gives one
 value per channel (features, or a 1x1 map) is refused before any work, as torch refuses it. ``steps``
 counts optimizer steps and runs through as many epochs as it takes; ``epochs`` counts passes
-(exactly one of the two; neither is one epoch). The initial weights (for a network without
+(exactly one of the two; neither is one epoch). The batches are drawn as the run goes
+(``iter_batches``: one epoch's permutation at a time), so a run of any length starts at once in
+constant memory. The initial weights (for a network without
 parameters) come from ``seed`` (``Network.initialized``), dropout masks from ``seed`` and the step.
 Same seed, backend and thread count: the same weights, bit for bit.
 
@@ -81,23 +83,37 @@ def _as_array(x, arg):
     return x
 
 
-def batch_plan(n: int, batch_size: int, seed: int, steps: int | None = None, epochs: int | None = None):
-    """The batches of a run: a list of index arrays (see the module docstring). Tests give a
-    reference framework the same batches with it."""
+def iter_batches(n: int, batch_size: int, seed: int, steps: int | None = None, epochs: int | None = None):
+    """The batches of a run, one at a time (index arrays; see the module docstring): one epoch's
+    permutation is drawn when its first batch is needed, so a run of a billion steps starts at once
+    and holds one permutation, never the whole plan."""
     rng = np.random.default_rng(seed)
     bs = min(batch_size, n)
-    out = []
-    while True:
+    total = plan_steps(n, batch_size, steps, epochs)
+    done = 0
+    while done < total:
         perm = rng.permutation(n)
         for s in range(0, n, bs):
             idx = perm[s:s + bs]
             if len(idx) == 1 and bs > 1:  # the single sample left over by batches of 2 or more
                 continue
-            out.append(idx)
-            if steps is not None and len(out) == steps:
-                return out
-        if epochs is not None and len(out) >= epochs * _steps_per_epoch(n, bs):
-            return out
+            yield idx
+            done += 1
+            if done == total:
+                return
+
+
+def plan_steps(n: int, batch_size: int, steps: int | None = None, epochs: int | None = None) -> int:
+    """How many batches (optimizer steps) a run has: ``steps``, or ``epochs`` (default 1) passes."""
+    if steps is not None:
+        return int(steps)
+    return int(epochs or 1) * _steps_per_epoch(n, min(batch_size, n))
+
+
+def batch_plan(n: int, batch_size: int, seed: int, steps: int | None = None, epochs: int | None = None) -> list:
+    """The batches of a run as a list (``iter_batches``, all at once). Tests give a reference
+    framework the same batches with it."""
+    return list(iter_batches(n, batch_size, seed, steps, epochs))
 
 
 def _steps_per_epoch(n, bs):
@@ -284,8 +300,8 @@ def train(network: Network, inputs, targets, *, be, loss: str = "mse", optimizer
     opt = optim.make(optimizer, [pvars[k] for k in names], lr=lr, weight_decay=weight_decay,
                      **dict(optimizer_params or {}))
     buffers = {k: be.to_device(np.asarray(v, np.float32), OP, k) for k, v in net.buffers.items()}
-    plan = batch_plan(x_all.shape[0], batch_size, seed, steps, epochs)
-    total = len(plan)
+    total = plan_steps(x_all.shape[0], batch_size, steps, epochs)
+    plan = iter_batches(x_all.shape[0], batch_size, seed, steps, epochs)  # lazily: one epoch at a time
     losses: list[float] = []
     good = ({k: pvars[k].data for k in names}, dict(buffers))  # weights the last finite loss was computed with
     stopped = None

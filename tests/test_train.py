@@ -402,6 +402,72 @@ def test_batch_size_1_trains_one_sample_a_step_like_torch(backend_target):
     assert ep.steps == 16 and len(ep.losses) == 16
 
 
+def test_the_plan_is_drawn_lazily_one_epoch_at_a_time():
+    """iter_batches is a generator: a plan of a billion steps (or 100000 epochs of 1000 samples)
+    gives its first batches at once; they are the list batch_plan gives."""
+    import itertools
+    import types
+    from anydevice.backend.train import iter_batches, plan_steps
+    gen = iter_batches(1000, 16, 0, steps=10**9)
+    assert isinstance(gen, types.GeneratorType)
+    first = _finishes(lambda: list(itertools.islice(gen, 70)), 10)
+    assert all(np.array_equal(a, b) for a, b in zip(first, batch_plan(1000, 16, 0, steps=70)))
+    assert [len(i) for i in first[60:65]] == [16, 16, 8, 16, 16]  # 62 batches of 16, then the 8 left
+    assert plan_steps(1000, 16, epochs=100000) == 6_300_000 and plan_steps(1000, 16, steps=10**9) == 10**9
+    assert plan_steps(9, 4) == 2 and plan_steps(8, 1, epochs=2) == 16
+    head = _finishes(lambda: list(itertools.islice(iter_batches(1000, 16, 0, epochs=100000), 3)), 10)
+    assert all(np.array_equal(a, b) for a, b in zip(head, first))
+
+
+def test_a_billion_steps_start_at_once_and_cancel_with_bounded_memory():
+    """steps=10**9 built the whole plan before step 1 (MemoryError after 45 s); epochs=100000 of
+    1000 samples grew to 2.4 GB. Now the first step runs at once and a cancel ends the run."""
+    import tracemalloc
+    from anydevice.backend import cancel, get_backend
+    be = get_backend("numpy")
+    net, x, y = _diverging()
+    calls = []
+
+    def checker():
+        calls.append(1)
+        if len(calls) > 3:
+            raise KeyboardInterrupt("interrupted")
+
+    tracemalloc.start()
+    cancel.set_checker(checker)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _finishes(lambda: train(net, x, y, be=be, loss="mse", lr=1e-3, steps=10**9, batch_size=4), 60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        cancel.set_checker(None)
+        tracemalloc.stop()
+    assert len(calls) == 4  # three steps ran, the fourth was cancelled
+    assert peak < 50 * 2**20, peak
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((1000, 4)).astype(np.float32)
+    ys = rng.standard_normal((1000, 2)).astype(np.float32)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def on_step(step, total, value):
+        seen.append((step, total))
+        if step == 2:
+            raise Stop()
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(Stop):
+            _finishes(lambda: train(net, xs, ys, be=be, loss="mse", lr=1e-3, epochs=100000, batch_size=16,
+                                    on_step=on_step), 60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert seen == [(1, 6_300_000), (2, 6_300_000)] and peak < 50 * 2**20, peak
+
+
 def test_batch_norm_refuses_one_value_per_channel_batches(backend_target):
     """batch_size=1 is fine for every layer but batch norm where one sample gives one value per
     channel (torch's 'Expected more than 1 value per channel when training'): refused up front,
