@@ -7,13 +7,22 @@ each class's files are read in sorted name order. A class folder with no image k
 a train and a test folder with the same classes give the same labels). Files are read as
 ComfyUI's image loaders read them (Pillow, EXIF orientation applied, 16-bit "I" images scaled,
 converted to RGB, /255).
+
+As ComfyUI's own loaders, the node reads only inside the input folders (ComfyUI's input directory
+and the pack's bundled inputs; the headless runner's input folders): a folder is named relative to
+them, never with '..', and an absolute path or a symlink must resolve inside one. A folder
+elsewhere is refused without a word about it (no count, no name). The widget lists the folders
+there that look like labelled image folders.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import sys
+from collections import Counter, deque
+from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +38,35 @@ LABELS = "ANYDEVICE_LABELS"
 #: what counts as an image file (ComfyUI's image-set loaders' extensions)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".jpe", ".tif", ".tiff")
 MAX_IMAGES = 1_000_000
+DEFAULT_FOLDER = "digits/train"
+#: how deep under an input folder the widget's list looks for labelled folders ("digits/train": 2)
+LIST_DEPTH = 3
+#: at most this many folders are opened to make the list (a huge input folder stays quick to list)
+LIST_VISITS = 2000
+
+#: the input folders the headless runner validates and runs a workflow with (None: ComfyUI's, or
+#: the runner's defaults)
+_RUNNER_FOLDERS: ContextVar = ContextVar("anydevice_input_folders", default=None)
+
+
+@contextlib.contextmanager
+def using_input_folders(folders):
+    """Inside the block the node lists, validates and reads folders of ``folders`` only (the
+    headless runner's input folders for the workflow it runs)."""
+    token = _RUNNER_FOLDERS.set(tuple(Path(f) for f in folders))
+    try:
+        yield
+    finally:
+        _RUNNER_FOLDERS.reset(token)
 
 
 def input_roots() -> list[Path]:
-    """Where a relative folder is looked up: ComfyUI's input directory inside ComfyUI; otherwise
-    the headless runner's input folders (./, ./input, the pack's example_workflows/input)."""
+    """Where a folder is looked up: the runner's folders inside ``using_input_folders``; ComfyUI's
+    input directory inside ComfyUI; otherwise the headless runner's default input folders (./,
+    ./input, the pack's example_workflows/input)."""
+    chosen = _RUNNER_FOLDERS.get()
+    if chosen is not None:
+        return list(chosen)
     fp = sys.modules.get("folder_paths")
     if fp is None and "comfy" in sys.modules:
         try:
@@ -49,65 +82,158 @@ def input_roots() -> list[Path]:
     return input_folders(None)
 
 
-def resolve_folder(folder, node: str) -> Path:
-    """The folder ``folder`` names: absolute as given; relative inside an input folder (never
-    leaving it with '..')."""
-    if not isinstance(folder, str) or not folder.strip():
-        raise NodeError(node, "folder", folder, "must name a folder (relative to ComfyUI's input folder, or absolute)")
-    name = folder.strip()
-    if os.path.isabs(name):
-        p = Path(name)
-        if not p.is_dir():
-            raise NodeError(node, "folder", folder, "folder not found" if not p.exists() else "is a file, not a folder")
-        return p
+def _inside(base: str, path: str) -> bool:
+    try:
+        return os.path.commonpath((base, path)) == base
+    except ValueError:  # Windows: another drive
+        return False
+
+
+def resolve_folder(folder, node: str) -> tuple[Path, Path]:
+    """(the folder ``folder`` names, the input folder it lies in), both with symlinks resolved.
+
+    A name relative to an input folder (never with '..'), or an absolute path that resolves inside
+    one. Anything else is refused with one message that says nothing about the folder named."""
     roots = input_roots()
-    for root in roots:
-        base = os.path.abspath(root)
-        full = os.path.abspath(os.path.join(base, name))
-        try:
-            inside = os.path.commonpath((base, full)) == base
-        except ValueError:  # Windows: another drive
-            inside = False
-        if not inside:
-            raise NodeError(node, "folder", folder, "must stay inside the input folder (no '..' out of it); "
-                                                    "give an absolute path for a folder elsewhere")
+    where = "the input folder" if len(roots) == 1 else "the input folders"
+    if not isinstance(folder, str) or not folder.strip():
+        raise NodeError(node, "folder", folder, f"must name a folder inside {where} (pick one from the list)")
+    name = folder.strip()
+    refused = NodeError(node, "folder", folder, f"must name a folder inside {where}: a name relative to it, "
+                                                "without '..' (as ComfyUI's image loaders take names)")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise refused
+    bases = [os.path.realpath(r) for r in roots]
+    if os.path.isabs(name):
+        full = os.path.realpath(name)  # symlinks resolved before the check
+        base = next((b for b in bases if _inside(b, full)), None)
+        if base is None:
+            raise refused
+        found = [(full, base)]
+    else:
+        found = []
+        for base in bases:
+            full = os.path.realpath(os.path.join(base, name))
+            if not _inside(base, full):  # a symlink inside an input folder that leads out of it
+                raise refused
+            found.append((full, base))
+    for full, base in found:
         if os.path.isdir(full):
-            return Path(full)
+            return Path(full), Path(base)
+    if any(os.path.exists(full) for full, _ in found):
+        raise NodeError(node, "folder", folder, "is a file, not a folder")
     raise NodeError(node, "folder", folder, f"folder not found (looked in {', '.join(str(r) for r in roots)})")
 
 
-def scan(root: Path, node: str) -> tuple[list[str], list[tuple[Path, int]]]:
+def labeled_folders(roots=None) -> list[str]:
+    """The folders under the input folders (``roots``, default ``input_roots()``) that look like
+    labelled image folders: two or more of their subfolders hold an image file. Names relative to their
+    input folder with '/', each once, sorted; at most LIST_DEPTH deep and LIST_VISITS folders opened
+    (hidden entries and symlinks that lead out of the input folder are skipped)."""
+    found = set()
+    visits = 0
+    for root in input_roots() if roots is None else roots:
+        base = os.path.realpath(root)
+        if not os.path.isdir(base):
+            continue
+        holds_images: dict[str, bool] = {}  # relative folder -> an image file lies in it
+        queue, seen = deque([("", base, 0)]), {base}
+        while queue and visits < LIST_VISITS:
+            rel, path, depth = queue.popleft()
+            visits += 1
+            images = False
+            try:
+                with os.scandir(path) as it:
+                    for e in it:
+                        if e.name.startswith("."):
+                            continue
+                        if depth < LIST_DEPTH + 1 and e.is_dir():
+                            real = os.path.realpath(e.path)
+                            if real not in seen and _inside(base, real):
+                                seen.add(real)
+                                queue.append((f"{rel}/{e.name}" if rel else e.name, real, depth + 1))
+                        elif not images and e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file():
+                            images = True
+                            if depth == LIST_DEPTH + 1:  # a class folder at the bottom: one image is enough
+                                break
+            except OSError:
+                continue
+            holds_images[rel] = images
+        # a folder with two or more subfolders (classes) that hold images; the input folder itself is no choice
+        classes = Counter(rel.rpartition("/")[0] for rel, images in holds_images.items() if images and "/" in rel)
+        found.update(rel for rel, n in classes.items() if n >= 2)
+    return sorted(found)
+
+
+def _linked_out(path: Path, base: Path) -> bool:
+    """Whether ``path`` is a symlink that leads out of the input folder ``base``."""
+    return path.is_symlink() and not _inside(str(base), os.path.realpath(path))
+
+
+def scan(root: Path, node: str, folder=None, base: Path | None = None) -> tuple[list[str], list[tuple[Path, int]]]:
     """(class names sorted, [(file, class index)] in class then file-name order). Hidden entries
-    and files that are not images are ignored."""
+    and files that are not images are ignored; a class folder or file that is a symlink out of the
+    input folder ``base`` is refused. Errors show ``folder`` (the name given) as the value."""
+    shown = str(root) if folder is None else folder
     try:
         entries = sorted(e for e in os.listdir(root) if not e.startswith("."))
     except OSError as exc:
-        raise NodeError(node, "folder", str(root), f"cannot be read: {exc.strerror or exc}") from None
+        raise NodeError(node, "folder", shown, f"cannot be read: {exc.strerror or exc}") from None
     classes = [e for e in entries if (root / e).is_dir()]
     if not classes:
         loose = sum(e.lower().endswith(IMAGE_EXTENSIONS) for e in entries)
         hint = f" ({loose} images lie in it directly: put each class's images in a subfolder named after it)" \
             if loose else ""
-        raise NodeError(node, "folder", str(root), "holds no class subfolders: a labelled image folder has one "
-                                                   f"subfolder per class, e.g. 0/, 1/ ...{hint}")
+        raise NodeError(node, "folder", shown, "holds no class subfolders: a labelled image folder has one "
+                                               f"subfolder per class, e.g. 0/, 1/ ...{hint}")
     files = []
     for i, c in enumerate(classes):
+        if base is not None and _linked_out(root / c, base):
+            raise NodeError(node, "folder", shown, f"class folder {c!r} is a link out of the input folder")
         names = sorted(f for f in os.listdir(root / c)
                        if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS) and (root / c / f).is_file())
+        for f in names:
+            if base is not None and _linked_out(root / c / f, base):
+                raise NodeError(node, "folder", shown, f"file {c}/{f} is a link out of the input folder")
         files += [(root / c / f, i) for f in names]
     if not files:
-        raise NodeError(node, "folder", str(root), f"holds no images in its {len(classes)} class subfolders "
-                                                   f"(image files end with {', '.join(IMAGE_EXTENSIONS)})")
+        raise NodeError(node, "folder", shown, f"holds no images in its {len(classes)} class subfolders "
+                                               f"(image files end with {', '.join(IMAGE_EXTENSIONS)})")
     if len(files) > MAX_IMAGES:
-        raise NodeError(node, "folder", str(root), f"holds {len(files):,} images, more than {MAX_IMAGES:,}")
+        raise NodeError(node, "folder", shown, f"holds {len(files):,} images, more than {MAX_IMAGES:,}")
     return classes, files
 
 
-def read_image(path: Path, channels: str, size: int, node: str) -> np.ndarray:
-    """One file as float32 (H, W, C) 0..1, read as ComfyUI's LoadImage reads it."""
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MB"
+
+
+def _over_limit(nbytes: int) -> str | None:
+    """None, or the limit ``nbytes`` of float32 is over (ANYDEVICE_MAX_TENSOR_MB or a share of the
+    host's free memory), said as the runner's EmptyImage size check says it."""
+    from ..backend import config  # noqa: PLC0415
+    limit, free, where = config.tensor_limit(None, nbytes)
+    if nbytes <= limit:
+        return None
+    why = "" if free is None else f": half of the {_mb(free)} free in {where}"
+    return f"over the limit of {_mb(limit)}{why} (ANYDEVICE_MAX_TENSOR_MB)"
+
+
+def read_image(path: Path, channels: str, size: int, node: str, folder=None, name=None) -> np.ndarray:
+    """One file as float32 (H, W, C) 0..1, read as ComfyUI's LoadImage reads it. The size its
+    header gives is checked against the memory limit before anything is decoded; errors show
+    ``folder`` as the value and name the file as ``name`` (its path inside the folder)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
+    shown = str(path) if folder is None else folder
+    name = path.name if name is None else name
     try:
-        with Image.open(path) as img:
+        with Image.open(path) as img:  # the header only: nothing is decoded yet
+            w, h = img.size
+            nbytes = w * h * (3 if channels == "rgb" else 1) * 4  # float32 as stored, before any resize
+            why = _over_limit(nbytes)
+            if why:
+                raise NodeError(node, "folder", shown, f"file {name} is {w}x{h} pixels: {_mb(nbytes)} as "
+                                                       f"float32, {why}")
             img = ImageOps.exif_transpose(img)
             if img.mode == "I":
                 img = img.point(lambda i: i * (1 / 255))
@@ -115,8 +241,12 @@ def read_image(path: Path, channels: str, size: int, node: str) -> np.ndarray:
             if size and img.size != (size, size):
                 img = img.resize((size, size), Image.Resampling.LANCZOS)
             a = np.array(img).astype(np.float32) / 255.0
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
-        raise NodeError(node, "folder", str(path), f"cannot be read as an image: {exc}") from None
+    except NodeError:
+        raise
+    except Image.DecompressionBombError as exc:  # not an OSError: Pillow's refusal of a huge header
+        raise NodeError(node, "folder", shown, f"file {name} is too large to decode: {exc}") from None
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, EOFError) as exc:
+        raise NodeError(node, "folder", shown, f"file {name} cannot be read as an image: {exc}") from None
     return a[..., None] if a.ndim == 2 else a
 
 
@@ -124,11 +254,11 @@ def read_image(path: Path, channels: str, size: int, node: str) -> np.ndarray:
 class AnyDeviceLoadLabeledImages(PackNode):
     DISPLAY = "Load Labeled Images (AnyDevice)"
     CATEGORY = "AnyDevice/train"
-    DESCRIPTION = ("Loads a labelled image folder: one subfolder per class (its name is the class), images inside. "
-                   "Classes are the subfolder names sorted (class i is the i-th name, as torchvision's "
-                   "ImageFolder); images are read in name order. Outputs the images as one IMAGE batch, the class "
-                   "index of each, the class names and the count. The pack ships digits/train and digits/test "
-                   "(scikit-learn's 8x8 handwritten digits, 1437 + 360 images).")
+    DESCRIPTION = ("Loads a labelled image folder from the input folder: one subfolder per class (its name is the "
+                   "class), images inside. Classes are the subfolder names sorted (class i is the i-th name, as "
+                   "torchvision's ImageFolder); images are read in name order. Outputs the images as one IMAGE "
+                   "batch, the class index of each, the class names and the count. The pack ships digits/train "
+                   "and digits/test (scikit-learn's 8x8 handwritten digits, 1437 + 360 images).")
     RETURN_TYPES = ("IMAGE", LABELS, "STRING", "INT")
     RETURN_NAMES = ("images", "labels", "class_names", "count")
     OUTPUT_TOOLTIPS = (
@@ -141,14 +271,16 @@ class AnyDeviceLoadLabeledImages(PackNode):
 
     @classmethod
     def INPUT_TYPES(cls):
+        folders = labeled_folders()
+        opts = {"tooltip": "The labelled image folder, inside ComfyUI's input folder (or the pack's bundled "
+                           "example_workflows/input; the headless runner's input folders): one subfolder per "
+                           "class, files that are not images ignored. Listed: the folders there with two or more "
+                           f"subfolders of images, up to {LIST_DEPTH} levels deep."}
+        if folders:  # an empty list is still a valid combo: no default then
+            opts["default"] = DEFAULT_FOLDER if DEFAULT_FOLDER in folders else folders[0]
         return {
             "required": {
-                "folder": ("STRING", {
-                    "default": "digits/train",
-                    "tooltip": "The labelled image folder: relative to ComfyUI's input folder (the headless "
-                               "runner also looks in ./, ./input and the pack's example_workflows/input), or "
-                               "an absolute path. It holds one subfolder per class; files that are not images "
-                               "are ignored."}),
+                "folder": (folders, opts),
             },
             "optional": {
                 "size": ("INT", {
@@ -164,11 +296,24 @@ class AnyDeviceLoadLabeledImages(PackNode):
         }
 
     @classmethod
-    def IS_CHANGED(cls, folder="digits/train", size=0, channels="rgb"):
+    def VALIDATE_INPUTS(cls, folder=None):
+        """The folder must lie inside the input folders. Taking it here, ComfyUI does not check it
+        against the listed folders (as LoadImage's names): a folder made after the list was read, or
+        an absolute path inside an input folder, is fine. A linked folder (None) is checked when run."""
+        if folder is None:
+            return True
+        try:
+            resolve_folder(folder, cls.DISPLAY)
+        except NodeError as exc:
+            return str(exc)
+        return True
+
+    @classmethod
+    def IS_CHANGED(cls, folder=DEFAULT_FOLDER, size=0, channels="rgb"):
         """Run again when the folder's files change (names, sizes, times), not only its widgets."""
         try:
-            root = resolve_folder(folder, cls.DISPLAY)
-            _, files = scan(root, cls.DISPLAY)
+            root, base = resolve_folder(folder, cls.DISPLAY)
+            _, files = scan(root, cls.DISPLAY, folder, base)
         except NodeError as exc:
             return str(exc)
         h = [str(root), size, channels]
@@ -177,7 +322,7 @@ class AnyDeviceLoadLabeledImages(PackNode):
             h.append((p.name, label, st.st_size, st.st_mtime_ns))
         return hashlib.sha256(repr(h).encode()).hexdigest()
 
-    def _run(self, folder="digits/train", size=0, channels="rgb"):
+    def _run(self, folder=DEFAULT_FOLDER, size=0, channels="rgb"):
         node = self.DISPLAY
         t = Timer()
         if channels not in self.CHANNELS:
@@ -185,18 +330,25 @@ class AnyDeviceLoadLabeledImages(PackNode):
         size = int(size)
         if size < 0:
             raise NodeError(node, "size", size, "must be 0 (as stored) or a size in pixels")
-        root = resolve_folder(folder, node)
-        classes, files = scan(root, node)
+        root, base = resolve_folder(folder, node)
+        classes, files = scan(root, node, folder, base)
         images = []
         first = None
         for path, _ in files:
-            a = read_image(path, channels, size, node)
+            rel = path.relative_to(root).as_posix()
+            a = read_image(path, channels, size, node, folder, rel)
             if first is None:
-                first = (path, a.shape)
+                first = (rel, a.shape)
+                total = len(files) * a.nbytes  # the batch, known from the first image: checked before the rest
+                why = _over_limit(total)
+                if why:
+                    raise NodeError(node, "folder", folder,
+                                    f"holds {len(files):,} images of {a.shape[1]}x{a.shape[0]}: {_mb(total)} as one "
+                                    f"float32 batch, {why}; set 'size' to make them smaller")
             elif a.shape != first[1]:
                 raise NodeError(node, "folder", folder,
-                                f"mixes image sizes: {path.relative_to(root)} is {a.shape[1]}x{a.shape[0]}, "
-                                f"{first[0].relative_to(root)} is {first[1][1]}x{first[1][0]} (W x H); set "
+                                f"mixes image sizes: {rel} is {a.shape[1]}x{a.shape[0]}, "
+                                f"{first[0]} is {first[1][1]}x{first[1][0]} (W x H); set "
                                 "'size' to resize them all")
             images.append(a)
         batch = torch.from_numpy(np.stack(images))

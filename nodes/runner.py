@@ -6,8 +6,8 @@ Validation and execution follow ComfyUI's rules: only nodes that an output node 
 dependency order (found without recursion, so chains of any length run); before anything runs the
 shape of every node, every link (existing node, output index >= 0, matching type) and every widget
 value (converted as ComfyUI converts it, min/max and combos from INPUT_TYPES, VALIDATE_INPUTS) is
-checked, and LoadImage names must stay inside the input folders. Every problem is one line naming
-node id, class, input and value. Saved files are named as ComfyUI names them: ``<prefix>_00001_.png``.
+checked, and LoadImage names and Load Labeled Images folders must stay inside the input folders.
+Every problem is one line naming node id, class, input and value. Saved files are named as ComfyUI names them: ``<prefix>_00001_.png``.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import numpy as np
 from . import NODE_CLASS_MAPPINGS as PACK_NODES
 from ..backend.errors import short
 from .core_nodes import CORE_NODES, WorkflowError, _Ctx, _display, _node_class, input_folders
+from .dataset_nodes import using_input_folders
 
 log = logging.getLogger("anydevice")
 
@@ -117,15 +118,17 @@ def _type_name(t) -> str:
     return "a combo" if isinstance(t, (list, tuple)) else str(t)
 
 
-def check_widget(where: str, entry, value):
+def check_widget(where: str, entry, value, ranges: bool = True):
     """(the value as ComfyUI converts it, the problem or None) for a literal input value:
-    INT/FLOAT/STRING/BOOLEAN conversion, min and max, combo membership."""
+    INT/FLOAT/STRING/BOOLEAN conversion, then (``ranges``) min and max, combo membership. As in
+    ComfyUI, an input the node's VALIDATE_INPUTS takes is converted only (``ranges=False``): the
+    node checks the rest itself."""
     typ = entry[0]
     opts = entry[1] if len(entry) > 1 and isinstance(entry[1], dict) else {}
     if isinstance(value, dict) and "__value__" in value:  # a list widget value, wrapped by the frontend
         value = value["__value__"]
     if isinstance(typ, (list, tuple)):
-        if value in typ:
+        if value in typ or not ranges:
             return value, None
         shown = ", ".join(map(str, typ[:12])) + (", ..." if len(typ) > 12 else "")
         return value, f"{where}: must be one of {shown}"
@@ -136,7 +139,7 @@ def check_widget(where: str, entry, value):
         value = convert(value)
     except (TypeError, ValueError, OverflowError):
         return value, f"{where}: must be {'an' if typ[0] in 'AEIOU' else 'a'} {typ} value"
-    if typ in ("INT", "FLOAT"):
+    if typ in ("INT", "FLOAT") and ranges:
         if not math.isfinite(value):
             return value, f"{where}: must be a finite number"
         if opts.get("min") is not None and value < opts["min"]:
@@ -256,8 +259,8 @@ def _check_node(prompt, nid, ctx: _Ctx) -> tuple[_Step, list[str]]:
                 problems.append(f"{where}: {why}")
             else:
                 links[name] = (str(v[0]), v[1])
-        elif name in spec and name not in own:
-            v, why = check_widget(where, spec[name], v)
+        elif name in spec:  # ComfyUI converts every widget value; checks ranges of those VALIDATE_INPUTS does not take
+            v, why = check_widget(where, spec[name], v, ranges=name not in own)
             if why:
                 problems.append(why)
             values[name] = v
@@ -327,7 +330,14 @@ def run_prompt(prompt: dict, output_dir=None, input_image=None, workflow_path=No
     ctx = _Ctx(output_dir, Path(input_image).resolve() if input_image else None, input_folders(workflow_path))
     if ctx.input_image is not None and not ctx.input_image.is_file():
         raise WorkflowError(f"--input {input_image}: file not found", 2)
-    steps = _plan(prompt, ctx)
+    # the pack's folder inputs (Load Labeled Images) list, validate and read in the same input
+    # folders as LoadImage's names, for validation and execution alike
+    with using_input_folders(ctx.search):
+        return _run_steps(_plan(prompt, ctx), ctx, output_dir, echo)
+
+
+def _run_steps(steps: list[_Step], ctx: _Ctx, output_dir: Path, echo) -> RunResult:
+    """Run the validated ``steps`` in order (NodeFailed naming the first node that raises)."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -37,6 +37,15 @@ def run(**kw):
     return out
 
 
+@pytest.fixture
+def inputs(tmp_path):
+    """tmp_path/input as the one input folder (as the runner sets its folders for a workflow)."""
+    d = tmp_path / "input"
+    d.mkdir()
+    with D.using_input_folders([d]):
+        yield d
+
+
 def _sklearn_or_skip():
     try:
         import sklearn  # noqa: F401
@@ -108,12 +117,12 @@ def _folder(tmp_path, spec: dict) -> Path:
     return tmp_path
 
 
-def test_labels_sizes_and_channels(tmp_path):
-    root = _folder(tmp_path / "set", {
+def test_labels_sizes_and_channels(inputs):
+    root = _folder(inputs / "set", {
         "cat/b.png": (4, 6, 10), "cat/a.jpg": (4, 6, 20), "cat/notes.txt": b"not an image",
         "ant/x.png": (4, 6, 30), "ant/.hidden.png": b"junk", "empty/readme.md": b"",
         "dog/y.webp": (4, 6, 40), "loose.png": (9, 9, 0)})
-    images, labels, names, count = run(folder=str(root))["result"]
+    images, labels, names, count = run(folder="set")["result"]
     assert names == "ant\ncat\ndog\nempty"  # sorted; the empty class keeps its index
     assert labels.tolist() == [0, 1, 1, 2] and count == 4
     assert images.shape == (4, 4, 6, 3)
@@ -126,15 +135,16 @@ def test_labels_sizes_and_channels(tmp_path):
     assert r.shape == (4, 5, 5, 3) and r[0].mean().item() == pytest.approx(30 / 255, abs=1e-6)
 
 
-def test_mixed_sizes_refused_unless_resized(tmp_path):
-    root = _folder(tmp_path / "mixed", {"a/1.png": (4, 6, 10), "b/2.png": (5, 6, 10)})
+def test_mixed_sizes_refused_unless_resized(inputs):
+    root = _folder(inputs / "mixed", {"a/1.png": (4, 6, 10), "b/2.png": (5, 6, 10)})
     with pytest.raises(NodeError, match=r"Load Labeled Images \(AnyDevice\): input 'folder' = .*mixes image sizes: "
                                         r"b/2.png is 6x5, a/1.png is 6x4 .*set 'size'"):
         run(folder=str(root))
     assert run(folder=str(root), size=3)["result"][0].shape == (2, 3, 3, 3)
 
 
-def test_refusals(tmp_path):
+def test_refusals(inputs):
+    tmp_path = inputs
     with pytest.raises(NodeError, match=r"input 'folder' = 'no/such/set': folder not found \(looked in"):
         run(folder="no/such/set")
     with pytest.raises(NodeError, match="folder not found"):
@@ -142,7 +152,7 @@ def test_refusals(tmp_path):
     (tmp_path / "file.png").write_bytes(b"x")
     with pytest.raises(NodeError, match="is a file, not a folder"):
         run(folder=str(tmp_path / "file.png"))
-    with pytest.raises(NodeError, match="must stay inside the input folder"):
+    with pytest.raises(NodeError, match="must name a folder inside the input folder: a name relative to it"):
         run(folder="../../etc")
     with pytest.raises(NodeError, match="input 'folder' = '  ': must name a folder"):
         run(folder="  ")
@@ -156,7 +166,7 @@ def test_refusals(tmp_path):
     with pytest.raises(NodeError, match="holds no images in its 2 class subfolders"):
         run(folder=str(tmp_path / "noimg"))
     _folder(tmp_path / "bad", {"a/x.png": b"not a png"})
-    with pytest.raises(NodeError, match=r"x.png.*cannot be read as an image"):
+    with pytest.raises(NodeError, match=r"input 'folder' = '.*bad': file a/x.png cannot be read as an image"):
         run(folder=str(tmp_path / "bad"))
     with pytest.raises(NodeError, match="input 'channels' = 'cmyk'"):
         run(folder=str(DIGITS / "test"), channels="cmyk")
@@ -177,10 +187,150 @@ def test_comfyui_input_directory(tmp_path, monkeypatch):
         run(folder="no_such_folder")
 
 
-def test_is_changed_follows_the_files(tmp_path):
-    root = _folder(tmp_path / "s", {"a/1.png": (2, 2, 0)})
+def test_is_changed_follows_the_files(inputs):
+    root = _folder(inputs / "s", {"a/1.png": (2, 2, 0)})
     cls = D.AnyDeviceLoadLabeledImages
     first = cls.IS_CHANGED(folder=str(root))
     assert cls.IS_CHANGED(folder=str(root)) == first
     _folder(root, {"b/2.png": (2, 2, 0)})
     assert cls.IS_CHANGED(folder=str(root)) != first
+
+
+# ---- only inside the input folders (as ComfyUI's loaders), saying nothing about a folder elsewhere ----
+L = D.AnyDeviceLoadLabeledImages
+REFUSAL = "must name a folder inside the input folder: a name relative to it, without '..' (as ComfyUI's image " \
+          "loaders take names)"
+
+
+def _secret(tmp_path) -> Path:
+    """A labelled folder outside every input folder: 3 classes with an image each."""
+    return _folder(tmp_path / "outside" / "secret", {"alpha/1.png": (2, 2, 0), "beta/2.png": (2, 2, 9),
+                                                     "gamma/3.png": (2, 2, 5)})
+
+
+def test_folders_outside_the_input_folder_are_refused_saying_nothing_about_them(inputs, tmp_path):
+    secret = _secret(tmp_path)
+    (inputs / "link").symlink_to(secret, target_is_directory=True)  # a symlink out of the input folder
+    (inputs / "up").symlink_to(tmp_path / "outside", target_is_directory=True)
+    (inputs / "sub").mkdir()
+    for name in ("/etc", str(secret), str(tmp_path / "outside" / "absent"), "../outside/secret",
+                 "sub/../../outside/secret", "sub/../link", "link", "up/secret", str(inputs / "link"),
+                 str(inputs / "up" / "secret"), "..", "/"):
+        expect = str(NodeError(L.DISPLAY, "folder", name, REFUSAL))  # the same words whatever lies there
+        with pytest.raises(NodeError) as e:
+            run(folder=name)
+        assert str(e.value) == expect
+        assert L.VALIDATE_INPUTS(folder=name) == expect  # refused when the prompt is queued
+        assert L.IS_CHANGED(folder=name) == expect
+    assert "alpha" not in expect and "3" not in expect.split("': ")[-1]
+
+
+def test_links_out_of_the_input_folder_inside_a_set_are_refused(inputs, tmp_path):
+    secret = _secret(tmp_path)
+    _folder(inputs / "set", {"mine/1.png": (2, 2, 0)})
+    (inputs / "set" / "theirs").symlink_to(secret / "alpha", target_is_directory=True)
+    with pytest.raises(NodeError, match=r"^Load Labeled Images \(AnyDevice\): input 'folder' = 'set': class folder "
+                                        r"'theirs' is a link out of the input folder$"):
+        run(folder="set")
+    (inputs / "set" / "theirs").unlink()
+    (inputs / "set" / "mine" / "2.png").symlink_to(secret / "beta" / "2.png")
+    with pytest.raises(NodeError, match=r"input 'folder' = 'set': file mine/2.png is a link out of the input folder$"):
+        run(folder="set")
+    # links that stay inside the input folder are fine, absolute paths inside it too
+    (inputs / "set" / "mine" / "2.png").unlink()
+    (inputs / "alias").symlink_to(inputs / "set", target_is_directory=True)
+    _folder(inputs / "set", {"other/1.png": (2, 2, 4)})
+    for name in ("alias", str(inputs / "set"), "set/", "./set"):
+        assert L.VALIDATE_INPUTS(folder=name) is True
+        assert run(folder=name)["result"][2] == "mine\nother"
+
+
+def test_widget_lists_the_labelled_folders_of_the_input_folder(inputs, tmp_path):
+    _folder(inputs / "pets", {"cat/1.png": (2, 2, 0), "dog/2.png": (2, 2, 0)})
+    _folder(inputs / "deep" / "a" / "b", {"x/1.png": (2, 2, 0), "y/1.jpg": (2, 2, 0)})  # 3 levels down
+    _folder(inputs / "deeper" / "a" / "b" / "c", {"x/1.png": (2, 2, 0), "y/1.png": (2, 2, 0)})
+    _folder(inputs / "flat", {"1.png": (2, 2, 0), "2.png": (2, 2, 0)})  # no class subfolders
+    _folder(inputs / "single", {"only/1.png": (2, 2, 0)})  # one class
+    _folder(inputs / "notes", {"a/x.txt": b"", "b/y.txt": b""})  # no images
+    _folder(inputs / ".hidden", {"a/1.png": (2, 2, 0), "b/1.png": (2, 2, 0)})
+    (inputs / "link").symlink_to(_secret(tmp_path), target_is_directory=True)  # leads out: not listed
+    folders, opts = L.INPUT_TYPES()["required"]["folder"]
+    assert folders == ["deep/a/b", "pets"]
+    assert opts["default"] == "deep/a/b" and opts["tooltip"]  # digits/train is not in this input folder
+    for name in folders:
+        assert L.VALIDATE_INPUTS(folder=name) is True
+    assert run(folder="pets")["result"][2] == "cat\ndog"
+
+
+def test_an_empty_list_is_still_a_valid_combo(inputs):
+    folders, opts = L.INPUT_TYPES()["required"]["folder"]
+    assert folders == [] and "default" not in opts and opts["tooltip"]
+    assert L.VALIDATE_INPUTS(folder="digits/train") == \
+        f"Load Labeled Images (AnyDevice): input 'folder' = 'digits/train': folder not found (looked in {inputs})"
+    assert L.VALIDATE_INPUTS(folder=None) is True  # a linked folder is checked when it runs
+
+
+def test_the_bundled_sets_are_listed_and_the_example_workflows_validate(tmp_path, monkeypatch):
+    import json
+    wf = json.loads((ROOT / "example_workflows" / "api" / "classify_digits.json").read_text())
+    values = {n["inputs"]["folder"] for n in wf.values() if n["class_type"] == L.__name__}
+    assert values == {"digits/train", "digits/test"}
+    folders, opts = L.INPUT_TYPES()["required"]["folder"]  # headless: ./, ./input, the bundled inputs
+    assert {"digits/train", "digits/test"} <= set(folders) and opts["default"] == "digits/train"
+    fake = types.ModuleType("folder_paths")  # inside ComfyUI: its input folder, then the bundled inputs
+    fake.get_input_directory = lambda: str(tmp_path)
+    monkeypatch.setitem(sys.modules, "folder_paths", fake)
+    folders, opts = L.INPUT_TYPES()["required"]["folder"]
+    assert folders == ["digits/test", "digits/train"] and opts["default"] == "digits/train"
+    assert all(L.VALIDATE_INPUTS(folder=v) is True for v in values)
+
+
+# ---- huge images: refused from their header, before anything is decoded ------------------------------
+def _png_header(w: int, h: int) -> bytes:
+    """A PNG whose header says w x h RGB (its pixel data is a few bytes: it never decodes)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+
+
+def test_a_decompression_bomb_header_is_a_clear_error(inputs):
+    import tracemalloc
+    _folder(inputs / "bomb", {"a/ok.png": (2, 2, 0), "b/huge.png": _png_header(100000, 100000)})
+    tracemalloc.start()
+    try:
+        with pytest.raises(NodeError) as e:
+            run(folder="bomb")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(e.value).startswith("Load Labeled Images (AnyDevice): input 'folder' = 'bomb': file b/huge.png is "
+                                   "too large to decode: Image size (10000000000 pixels) exceeds limit"), str(e.value)
+    assert peak < 8 * 2**20
+
+
+def test_an_image_over_the_memory_limit_is_refused_from_its_header(inputs, monkeypatch):
+    import tracemalloc
+    monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "64")
+    _folder(inputs / "big", {"a/ok.png": (2, 2, 0), "b/big.png": _png_header(5000, 5000)})  # no bomb to Pillow
+    tracemalloc.start()
+    try:
+        with pytest.raises(NodeError) as e:
+            run(folder="big", size=8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(e.value) == ("Load Labeled Images (AnyDevice): input 'folder' = 'big': file b/big.png is 5000x5000 "
+                            "pixels: 286.1 MB as float32, over the limit of 64.0 MB (ANYDEVICE_MAX_TENSOR_MB)")
+    assert peak < 8 * 2**20
+    # the batch, known from the first image, before the others are read
+    monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "1")
+    _folder(inputs / "many", {f"{c}/{i}.png": (256, 256, 0) for c in "ab" for i in range(3)})
+    with pytest.raises(NodeError, match=r"^Load Labeled Images \(AnyDevice\): input 'folder' = 'many': holds 6 "
+                                        r"images of 256x256: 4.5 MB as one float32 batch, over the limit of 1.0 MB "
+                                        r"\(ANYDEVICE_MAX_TENSOR_MB\); set 'size' to make them smaller$"):
+        run(folder="many")
+    assert run(folder="many", size=64)["result"][3] == 6

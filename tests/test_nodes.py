@@ -786,8 +786,8 @@ def test_no_message_is_rewritten():
 
 
 # ---------------------------------------------------------------------------------------------
-# VALIDATE_INPUTS: ComfyUI flags every input VALIDATE_INPUTS takes with its message, so each takes
-# only the one widget it checks, and none takes a widget ComfyUI checks itself (min/max/combo)
+# VALIDATE_INPUTS: ComfyUI flags every input VALIDATE_INPUTS takes with its message, and skips its
+# own min/max/combo check for each: so each takes only the widgets it checks in full
 # ---------------------------------------------------------------------------------------------
 def _comfy_flags(cls, inputs: dict) -> list[tuple[str, str]]:
     """(input, details) of each custom_validation_failed error ComfyUI's validate_inputs makes."""
@@ -804,16 +804,25 @@ def _widgets(cls) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(N))
-def test_validate_inputs_takes_one_widget_comfy_does_not_check(name):
+def test_validate_inputs_takes_only_widgets_it_checks_in_full(name):
+    """Each input VALIDATE_INPUTS takes is text without min/max, or a combo that VALIDATE_INPUTS
+    checks itself (ComfyUI then skips the membership check): a value outside it is refused, naming
+    it (a mode that says which text is parsed; the registry's devices; the input folder's sets)."""
     cls = N[name]
     if not hasattr(cls, "VALIDATE_INPUTS"):
         return
     takes = inspect.getfullargspec(cls.VALIDATE_INPUTS).args[1:]
-    assert len(takes) == 1, takes
+    assert takes
     assert inspect.getfullargspec(cls.VALIDATE_INPUTS).varkw is None  # **kwargs would take every input
-    typ, opts = {**cls.INPUT_TYPES()["required"], **cls.INPUT_TYPES().get("optional", {})}[takes[0]]
-    assert typ == "STRING" or name == "AnyDeviceDeviceSelect", (takes, typ)  # the device list is the registry's
-    assert not {"min", "max"} & set(opts)
+    spec = {**cls.INPUT_TYPES()["required"], **cls.INPUT_TYPES().get("optional", {})}
+    for name in takes:
+        typ, opts = spec[name]
+        assert not {"min", "max"} & set(opts), name
+        if isinstance(typ, list):
+            r = cls.VALIDATE_INPUTS(**{name: "no-such-choice"})
+            assert isinstance(r, str) and r.startswith(f"{cls.DISPLAY}: input '{name}' = 'no-such-choice': "), r
+        else:
+            assert typ == "STRING", (name, typ)
 
 
 @pytest.mark.parametrize("name,bad,widget", [

@@ -3,6 +3,7 @@ core-node support, refusals, file naming, the CLI."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -529,3 +530,40 @@ def test_runner_prints_nan_inf_warnings(tmp_path, capsys):
     out = capsys.readouterr()
     assert rc == 0
     assert "warning: Tensor Ops (AnyDevice): output has 0 NaN and 192 Inf values" in out.out + out.err
+
+
+def _labeled(folder):
+    return {"1": {"class_type": "AnyDeviceLoadLabeledImages",
+                  "inputs": {"folder": folder, "size": 0, "channels": "rgb"}},
+            "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "set"}}}
+
+
+def test_load_labeled_images_reads_only_inside_the_input_folders(tmp_path, capsys):
+    """As LoadImage's names: a folder outside the input folders is refused when the workflow is
+    validated, saying nothing about it; nothing is read or saved. A set in an input folder runs."""
+    from anydevice.backend.errors import short
+    secret = tmp_path / "elsewhere" / "secret"
+    for c in ("alpha", "beta", "gamma"):
+        (secret / c).mkdir(parents=True)
+        Image.new("RGB", (4, 4), (1, 2, 3)).save(secret / c / "1.png")
+    deep = tmp_path / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (deep / "link").symlink_to(secret, target_is_directory=True)
+    wf = deep / "wf.json"
+    for name in ("/etc", str(secret), "../../../elsewhere/secret", "link", str(deep / "link"), "input/../../x"):
+        wf.write_text(json.dumps(_labeled(name)))
+        assert runner.main([str(wf), "--output-dir", str(tmp_path / "out")]) == 1
+        line = one_error_line(capsys.readouterr().err)
+        assert line == (f"anydevice run: error: #1 Load Labeled Images (AnyDevice): input 'folder' = {short(name)}: "
+                        "must name a folder inside the input folders: a name relative to it, without '..' (as "
+                        "ComfyUI's image loaders take names)"), line
+        assert not (tmp_path / "out").exists()
+    # the runner's input folders are the node's: a set next to the workflow (its input/) runs, by name
+    # or by an absolute path inside it
+    shutil.copytree(secret, deep / "input" / "mine")
+    for name in ("mine", str(deep / "input" / "mine")):
+        res = runner.run_prompt(_labeled(name), output_dir=tmp_path / "ok", workflow_path=wf)
+        assert len(res.saved) == 3 and res.results["1"][2] == "alpha\nbeta\ngamma"
+    spec = runner.PACK_NODES["AnyDeviceLoadLabeledImages"].INPUT_TYPES()["required"]["folder"]
+    assert "mine" not in spec[0]  # listed only while the runner runs that workflow
+
