@@ -65,6 +65,22 @@ UPSAMPLE_MODES = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 
 
 # ---- config checks ----------------------------------------------------------------------------
+#: residual blocks nest at most this deep (a block in a block ... in a block): every walk over the
+#: layers recurses into the bodies, so a deeper spec is refused before it could exhaust the stack
+MAX_DEPTH = 64
+#: the most layers a network may have, the ones in residual bodies included
+MAX_LAYERS = 10000
+#: the longest layer spec (JSON text) read
+MAX_SPEC_CHARS = 4 << 20
+#: the deepest JSON a spec may nest (top object, layers list, layer dict, two more per residual
+#: block, a setting's list): anything deeper is refused before a layer is looked at
+MAX_JSON_DEPTH = 2 * MAX_DEPTH + 6
+#: the largest int setting (channels, features, kernel sizes, strides, paddings...) and input size
+MAX_INT = 2**31 - 1
+#: float settings must fit float32 (the kernels take them as such): 1e308 is refused, not made inf
+MAX_FLOAT = float(np.finfo(np.float32).max)
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -74,12 +90,17 @@ def _is_num(v) -> bool:
 
 
 def _err(where: str, arg: str, value, reason: str) -> AnyDeviceError:
-    return AnyDeviceError(f"{OP} {where}", arg, value, reason)
+    try:
+        return AnyDeviceError(f"{OP} {where}", arg, value, reason)
+    except RecursionError:  # a value nested too deep to show
+        return AnyDeviceError(f"{OP} {where}", arg, f"<{type(value).__name__} nested too deep to show>", reason)
 
 
 def _int(where, arg, v, minimum=1) -> int:
     if not _is_int(v) or v < minimum:
         raise _err(where, arg, v, f"must be an int >= {minimum}")
+    if v > MAX_INT:
+        raise _err(where, arg, v, f"must be an int <= {MAX_INT}")
     return int(v)
 
 
@@ -88,14 +109,22 @@ def _pair(where, arg, v, minimum=1):
     if _is_int(v):
         return _int(where, arg, v, minimum)
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(_is_int(e) and e >= minimum for e in v):
+        if max(v) > MAX_INT:
+            raise _err(where, arg, v, f"must be ints <= {MAX_INT}")
         return [int(e) for e in v]
     raise _err(where, arg, v, f"must be an int >= {minimum} or a pair of them")
 
 
 def _float(where, arg, v, lo=None, hi=None, lo_open=False) -> float:
-    if not _is_num(v) or not math.isfinite(float(v)):
+    try:
+        ok = _is_num(v) and math.isfinite(float(v))
+    except OverflowError:  # an int too large for a float
+        ok = False
+    if not ok:
         raise _err(where, arg, v, "must be a finite number")
     v = float(v)
+    if abs(v) > MAX_FLOAT:
+        raise _err(where, arg, v, f"must be within float32's range (at most {MAX_FLOAT:.4g} in magnitude)")
     if lo is not None and (v < lo or (lo_open and v == lo)):
         raise _err(where, arg, v, f"must be {'>' if lo_open else '>='} {lo}")
     if hi is not None and v > hi:
@@ -110,28 +139,31 @@ def _bool(where, arg, v) -> bool:
 
 
 def _choice(where, arg, v, choices):
-    if v not in choices:
+    if not isinstance(v, str) or v not in choices:
         raise _err(where, arg, v, f"must be one of {', '.join(map(str, choices))}")
     return v
 
 
-def _unknown(where, config, known):
+def _unknown(where, config, known, owner):
     for k in config:
         if k not in known:
-            raise _err(where, k, config[k], f"unknown setting; {where.split()[-1]} takes {', '.join(known) or 'none'}")
+            raise _err(where, k, config[k], f"unknown setting; {owner} takes {', '.join(known) or 'none'}")
 
 
-def normalize_layer(type: str, config: dict, where: str | None = None) -> dict:
+def normalize_layer(type: str, config: dict, where: str | None = None, depth: int = 0) -> dict:
     """The canonical layer dict (every setting, defaults filled in) after checking ``config``;
-    AnyDeviceError naming the setting otherwise."""
+    AnyDeviceError naming the layer (``where``, e.g. "layer 3.body.0", and its type), the setting and
+    its value otherwise. ``depth``: how many residual blocks hold this layer (at most MAX_DEPTH).
+    A conv or linear layer whose weights alone would be over the memory limit whatever its input
+    is refused here, before anything is made."""
     where = where or "add"
-    if type not in LAYER_TYPES:
+    if not isinstance(type, str) or type not in LAYER_TYPES:
         raise _err(where, "type", type, f"unknown layer type; known: {', '.join(LAYER_TYPES)}")
-    w = f"{where} {type}"
+    w = f"{where} ({type})"
     c = dict(config)
     if type == "conv2d":
         _unknown(w, c, ("out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias",
-                        "padding_mode"))
+                        "padding_mode"), type)
         if "out_channels" not in c or "kernel_size" not in c:
             raise _err(w, "out_channels" if "out_channels" not in c else "kernel_size", None, "is required")
         padding = c.get("padding", 0)
@@ -149,10 +181,10 @@ def normalize_layer(type: str, config: dict, where: str | None = None) -> dict:
             raise _err(w, "groups", out["groups"], f"must divide out_channels={out['out_channels']}")
         if padding == "same" and out["stride"] not in (1, [1, 1]):
             raise _err(w, "padding", padding, "'same' is not supported for strided convolutions")
-        return out
+        return _fits_alone(w, out)
     if type == "conv_transpose2d":
         _unknown(w, c, ("out_channels", "kernel_size", "stride", "padding", "output_padding", "groups", "bias",
-                        "dilation"))
+                        "dilation"), type)
         if "out_channels" not in c or "kernel_size" not in c:
             raise _err(w, "out_channels" if "out_channels" not in c else "kernel_size", None, "is required")
         out = {"type": type, "out_channels": _int(w, "out_channels", c["out_channels"]),
@@ -163,26 +195,26 @@ def normalize_layer(type: str, config: dict, where: str | None = None) -> dict:
                "dilation": _pair(w, "dilation", c.get("dilation", 1))}
         if out["out_channels"] % out["groups"]:
             raise _err(w, "groups", out["groups"], f"must divide out_channels={out['out_channels']}")
-        return out
+        return _fits_alone(w, out)
     if type == "linear":
-        _unknown(w, c, ("out_features", "bias"))
+        _unknown(w, c, ("out_features", "bias"), type)
         if "out_features" not in c:
             raise _err(w, "out_features", None, "is required")
-        return {"type": type, "out_features": _int(w, "out_features", c["out_features"]),
-                "bias": _bool(w, "bias", c.get("bias", True))}
+        return _fits_alone(w, {"type": type, "out_features": _int(w, "out_features", c["out_features"]),
+                               "bias": _bool(w, "bias", c.get("bias", True))})
     if type == "activation":
         name = c.pop("name", None)
         _choice(w, "name", name, tuple(ACTIVATION_PARAMS))
         allowed = ACTIVATION_PARAMS[name]
-        _unknown(f"{w} {name}", c, tuple(allowed))
+        _unknown(w, c, tuple(allowed), name)
         p = dict(allowed)
         p.update(c)
         for k, v in p.items():
             if k == "approximate":
                 _choice(w, k, v, ("none", "tanh"))
             elif k == "dim":
-                if not _is_int(v):
-                    raise _err(w, k, v, "must be an int")
+                if not _is_int(v) or abs(v) > MAX_INT:
+                    raise _err(w, k, v, f"must be an int (a dim, -{MAX_INT} to {MAX_INT})")
                 p[k] = int(v)
             elif k in ("beta",):
                 p[k] = _float(w, k, v, 0.0, lo_open=True)
@@ -192,7 +224,7 @@ def normalize_layer(type: str, config: dict, where: str | None = None) -> dict:
     if type in ("batch_norm", "group_norm", "layer_norm", "instance_norm"):
         aff = {"layer_norm": "elementwise_affine"}.get(type, "affine")
         known = ("eps", aff) + {"batch_norm": ("momentum",), "group_norm": ("num_groups",)}.get(type, ())
-        _unknown(w, c, known)
+        _unknown(w, c, known, type)
         out = {"type": type}
         if type == "group_norm":
             if "num_groups" not in c:
@@ -204,12 +236,12 @@ def normalize_layer(type: str, config: dict, where: str | None = None) -> dict:
         out[aff] = _bool(w, aff, c.get(aff, type != "instance_norm"))
         return out
     if type == "pool":
-        _unknown(w, c, ("kind", "kernel_size", "stride", "padding", "output_size"))
+        _unknown(w, c, ("kind", "kernel_size", "stride", "padding", "output_size"), type)
         kind = _choice(w, "kind", c.get("kind", "max"), POOL_KINDS)
         if kind.startswith("adaptive"):
-            if c.get("kernel_size") is not None or c.get("stride") is not None or c.get("padding", 0):
-                arg = next(a for a in ("kernel_size", "stride", "padding") if c.get(a))
-                raise _err(w, arg, c[arg], f"is not used by {kind} pooling (it takes output_size)")
+            for arg in ("kernel_size", "stride", "padding"):
+                if c.get(arg) is not None and not (arg == "padding" and _is_int(c[arg]) and c[arg] == 0):
+                    raise _err(w, arg, c[arg], f"is not used by {kind} pooling (it takes output_size)")
             if "output_size" not in c:
                 raise _err(w, "output_size", None, f"is required for {kind} pooling")
             return {"type": type, "kind": kind, "output_size": _pair(w, "output_size", c["output_size"])}
@@ -226,7 +258,7 @@ def normalize_layer(type: str, config: dict, where: str | None = None) -> dict:
             raise _err(w, "padding", p, f"must be at most half of kernel_size {k}")
         return {"type": type, "kind": kind, "kernel_size": k, "stride": s, "padding": p}
     if type == "upsample":
-        _unknown(w, c, ("scale_factor", "mode", "align_corners"))
+        _unknown(w, c, ("scale_factor", "mode", "align_corners"), type)
         if "scale_factor" not in c:
             raise _err(w, "scale_factor", None, "is required")
         sf = c["scale_factor"]
@@ -242,26 +274,114 @@ def normalize_layer(type: str, config: dict, where: str | None = None) -> dict:
                 raise _err(w, "align_corners", ac, "only applies to bilinear and bicubic")
         return {"type": type, "scale_factor": sf, "mode": mode, "align_corners": ac}
     if type == "dropout":
-        _unknown(w, c, ("p",))
+        _unknown(w, c, ("p",), type)
         return {"type": type, "p": _float(w, "p", c.get("p", 0.5), 0.0, 1.0)}
     if type == "flatten":
-        _unknown(w, c, ())
+        _unknown(w, c, (), type)
         return {"type": type}
     # residual
-    _unknown(w, c, ("body",))
+    _unknown(w, c, ("body",), type)
+    if depth >= MAX_DEPTH:
+        raise _err(w, "depth", depth + 1, f"residual blocks may nest at most {MAX_DEPTH} deep")
     body = c.get("body")
     if isinstance(body, Network):
         body = list(body.layers)
     if not isinstance(body, (list, tuple)) or not body:
         raise _err(w, "body", body, "must be a non-empty list of layers")
-    return {"type": type, "body": [_layer_from_dict(b, f"{w} body[{i}]") for i, b in enumerate(body)]}
+    if len(body) > MAX_LAYERS:
+        raise _err(w, "body", f"<{len(body)} layers>", f"a network has at most {MAX_LAYERS} layers")
+    path = where[len("layer "):] if where.startswith("layer ") else where
+    return {"type": type, "body": [_layer_from_dict(b, f"layer {path}.body.{i}", depth + 1)
+                                   for i, b in enumerate(body)]}
 
 
-def _layer_from_dict(d, where: str) -> dict:
+def _layer_from_dict(d, where: str, depth: int = 0) -> dict:
     if not isinstance(d, dict) or "type" not in d:
         raise _err(where, "layer", d, "must be a dict with a 'type'")
     cfg = {k: v for k, v in d.items() if k != "type"}
-    return normalize_layer(d["type"], cfg, where)
+    return normalize_layer(d["type"], cfg, where, depth)
+
+
+# ---- sizes: every one checked against the memory limit before anything is made -----------------
+#: the settings that make a layer's weights or output large, named where a size is refused
+_SIZE_KEYS = {"conv2d": ("out_channels", "kernel_size", "stride", "padding", "dilation", "groups"),
+              "conv_transpose2d": ("out_channels", "kernel_size", "stride", "padding", "output_padding", "dilation",
+                                   "groups"),
+              "linear": ("out_features",), "upsample": ("scale_factor", "mode"),
+              "pool": ("kind", "kernel_size", "stride", "padding", "output_size"), "residual": ()}
+
+
+def _settings_text(layer) -> str:
+    keys = _SIZE_KEYS.get(layer["type"])
+    if keys is None:
+        keys = [k for k in layer if k != "type"]
+    return ", ".join(f"{k}={layer[k]!r}" for k in keys if layer.get(k) is not None)
+
+
+def _mem(nbytes: int) -> str:
+    return f"{nbytes / 2**40:.1f} TiB" if nbytes >= 2**40 else plans._mem(nbytes)
+
+
+def _over_limit(need: int, be=None) -> str | None:
+    """None where ``need`` bytes fit the tensor limit (ANYDEVICE_MAX_TENSOR_MB; unset, half the memory
+    free on ``be``'s device, the host's without one), else that limit as an error says it."""
+    from .config import tensor_limit
+    limit, free, where = tensor_limit(be, need)
+    if need <= limit:
+        return None
+    if free is None:
+        return f"the limit ANYDEVICE_MAX_TENSOR_MB={limit / 2**20:g}"
+    return f"the limit of {_mem(limit)} (half of the {_mem(free)} free in {where}; ANYDEVICE_MAX_TENSOR_MB sets another)"
+
+
+def _min_params(layer) -> int:
+    """The fewest parameters a layer can have whatever its input (1 input channel / feature per group)."""
+    t = layer["type"]
+    if t in ("conv2d", "conv_transpose2d"):
+        kh, kw = _two(layer["kernel_size"])
+        return layer["out_channels"] * kh * kw + (layer["out_channels"] if layer["bias"] else 0)
+    if t == "linear":
+        return layer["out_features"] * (2 if layer["bias"] else 1)
+    if t == "residual":
+        return sum(_min_params(b) for b in layer["body"])
+    return 0
+
+
+def _fits_alone(where: str, layer: dict) -> dict:
+    """``layer`` where its weights fit the host's tensor limit even for the smallest input, else
+    AnyDeviceError naming the setting that makes them large, its value and the size."""
+    need = 4 * _min_params(layer)
+    over = _over_limit(need)
+    if over:
+        arg = "out_features" if layer["type"] == "linear" else "out_channels"
+        raise _err(where, arg, layer[arg], f"its weights ({_settings_text(layer)}) need at least "
+                   f"{need // 4} float32 parameters ({_mem(need)}) whatever its input, over {over}")
+    return layer
+
+
+def _count_layers(layers) -> int:
+    return sum(1 + (_count_layers(x["body"]) if x["type"] == "residual" else 0) for x in layers)
+
+
+def _json_extent(value) -> tuple[int, int]:
+    """(deepest nesting, number of dicts with a "type") of parsed JSON, walked without recursion and
+    stopping once past MAX_JSON_DEPTH."""
+    deepest, layers = 0, 0
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            layers += "type" in v
+            items = v.values()
+        elif isinstance(v, list):
+            items = v
+        else:
+            continue
+        deepest = max(deepest, d)
+        if d > MAX_JSON_DEPTH:
+            break
+        stack.extend((x, d + 1) for x in items if isinstance(x, (dict, list)))
+    return deepest, layers
 
 
 def _two(v):
@@ -291,8 +411,10 @@ class Network:
     def add(self, type: str, **config) -> "Network":
         """A new network with one more layer (settings checked; AnyDeviceError naming the setting).
         The parameters are kept; the new layer's are made by ``initialized``."""
-        layer = normalize_layer(type, config)
-        return Network(self.layers + (layer,), self.params, self.buffers, self.in_shape)
+        layer = normalize_layer(type, config, f"layer {len(self.layers)}")
+        layers = self.layers + (layer,)
+        _check_spec(layers, f"layer {len(self.layers)} ({type})")
+        return Network(layers, self.params, self.buffers, self.in_shape)
 
     def residual(self, body: "Network") -> "Network":
         """A new network with a residual block appended: y = x + body(x)."""
@@ -321,6 +443,8 @@ class Network:
         for i, layer in enumerate(self.layers):
             s = _layer_shape(layer, s, str(i))
             out.append(s)
+        # one sample's outputs must fit (a batch is split to fit, by predict; train checks a step)
+        _check_outputs(self.layers, (1,) + in_shape[1:] if in_shape[0] > 1 else in_shape)
         if self.params is not None:
             self._check_fits(in_shape)
         return out
@@ -343,14 +467,16 @@ class Network:
         return s[-1] if s else _check_in_shape(in_shape)
 
     def param_shapes(self, in_shape) -> tuple[dict, dict]:
-        """({param name: shape}, {buffer name: shape}) for input ``in_shape``, in torch's order."""
+        """({param name: shape}, {buffer name: shape}) for input ``in_shape``, in torch's order.
+        AnyDeviceError naming the layer where its parameters, or all of them together, would be
+        over the memory limit (so ``initialized`` makes nothing that large)."""
         in_shape = _check_in_shape(in_shape)
         ps, bs = {}, {}
         _walk_shapes(self.layers, in_shape, "", ps, bs)
         return ps, bs
 
     def num_params(self) -> int:
-        return sum(int(np.prod(_shape_of(v))) for v in (self.params or {}).values())
+        return sum(math.prod(_shape_of(v)) for v in (self.params or {}).values())
 
     def _check_params(self, in_shape):
         ps, bs = self.param_shapes(in_shape)
@@ -453,8 +579,11 @@ class Network:
         B = {k: (v.data if isinstance(v, Var) and v.be is be else _for(be, v)) for k, v in B.items()}
         if not isinstance(x, Var):
             x = Var(be, x, name="input")
-        if self.in_shape is not None or P:
-            self.shapes(x.shape)  # names the layer whose shapes do not chain, before any work
+        # before any work: the layer whose shapes do not chain, whose output would be over the
+        # memory limit on be's device, or whose weights are missing
+        self.shapes(x.shape)
+        _check_outputs(self.layers, tuple(x.shape), be)
+        _check_present(self.layers, P, B)
         new_b: dict = {}
         y = _run(self.layers, be, x, "", P, B, new_b, bool(training), seed)
         if return_buffers:
@@ -482,7 +611,7 @@ class Network:
         head = f"input {tuple(in_shape)}" if in_shape is not None else "input shape not set"
         lines.append(head)
         _describe(self.layers, "", shapes, ps, lines, 0)
-        total = sum(int(np.prod(s)) for s in ps.values()) if ps else (self.num_params() if self.params else 0)
+        total = sum(math.prod(s) for s in ps.values()) if ps else (self.num_params() if self.params else 0)
         lines.append(f"{total} parameters" + ("" if self.params is not None else " (not initialised)"))
         return "\n".join(lines)
 
@@ -522,25 +651,56 @@ class Network:
 
     @staticmethod
     def from_spec_json(s: str) -> "Network":
+        """The network a spec (``spec_json``'s text; untrusted: a saved file's) describes, without
+        parameters. Refused with an AnyDeviceError naming the layer (index and type), the setting and
+        its value: anything malformed, residual blocks nested deeper than MAX_DEPTH, more than
+        MAX_LAYERS layers, and any size over the memory limit (a layer's weights even for the
+        smallest input; with the input shape, every layer's weights and one sample's outputs),
+        all before anything is made."""
+        op = "from_spec_json"
+        if not isinstance(s, (str, bytes, bytearray)):
+            raise _err(op, "spec", type(s).__name__, "must be JSON text")
+        if len(s) > MAX_SPEC_CHARS:
+            raise _err(op, "spec", f"<{len(s)} characters>", f"is longer than the {MAX_SPEC_CHARS} characters a "
+                       "spec may have")
         try:
             d = json.loads(s)
+        except RecursionError:
+            raise _err(op, "spec", s, f"nests too deep to read (residual blocks may nest at most {MAX_DEPTH} "
+                       "deep)") from None
         except (TypeError, ValueError) as exc:
-            raise _err("from_spec_json", "spec", s, f"is not valid JSON: {exc}") from None
+            raise _err(op, "spec", s, f"is not valid JSON: {exc}") from None
+        deepest, count = _json_extent(d)
+        if deepest > MAX_JSON_DEPTH:
+            raise _err(op, "spec", s, f"nests more than {MAX_JSON_DEPTH} levels deep (residual blocks may nest "
+                       f"at most {MAX_DEPTH} deep)")
+        if count > MAX_LAYERS:
+            raise _err(op, "spec", s, f"has {count} layers; a network has at most {MAX_LAYERS}")
         if isinstance(d, list):
             d = {"layers": d}
         if not isinstance(d, dict) or not isinstance(d.get("layers"), list):
-            raise _err("from_spec_json", "spec", s, "must be a JSON object with a 'layers' list")
-        layers = tuple(_layer_from_dict(x, f"from_spec_json layer {i}") for i, x in enumerate(d["layers"]))
+            raise _err(op, "spec", s, "must be a JSON object with a 'layers' list")
+        for k in d:
+            if k not in ("format", "layers", "in_shape"):
+                raise _err(op, k, d[k], "unknown key; a spec has format, layers and in_shape")
+        if "format" in d and d["format"] != FORMAT:
+            raise _err(op, "format", d["format"], f"must be {FORMAT!r} (the only spec format read)")
+        layers = tuple(_layer_from_dict(x, f"layer {i}") for i, x in enumerate(d["layers"]))
+        _check_spec(layers, "spec")
         in_shape = d.get("in_shape")
+        net = Network(layers, None, {}, None)
         if in_shape is not None:
-            in_shape = _check_in_shape(tuple(in_shape))
+            in_shape = _check_in_shape(in_shape)
+            net.shapes(in_shape)        # chains, one sample's outputs fit
+            net.param_shapes(in_shape)  # the weights fit
         return Network(layers, None, {}, in_shape)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
 def _check_in_shape(in_shape) -> tuple:
-    if not isinstance(in_shape, (tuple, list)) or len(in_shape) < 2 or not all(_is_int(v) and v >= 0 for v in in_shape):
-        raise _err("shapes", "in_shape", in_shape, "must be (N, C, H, W) or (N, F): ints >= 0")
+    if not isinstance(in_shape, (tuple, list)) or not 2 <= len(in_shape) <= 8 \
+            or not all(_is_int(v) and 0 <= v <= MAX_INT for v in in_shape):
+        raise _err("shapes", "in_shape", in_shape, f"must be (N, C, H, W) or (N, F): ints from 0 to {MAX_INT}")
     return tuple(int(v) for v in in_shape)
 
 
@@ -641,7 +801,9 @@ def _layer_shape(layer: dict, s: tuple, path: str) -> tuple:
     except AnyDeviceError as exc:
         if exc.op == OP and exc.arg and exc.arg.startswith("layer "):
             raise
-        raise AnyDeviceError(OP, _where(path, layer), tuple(s), f"does not take this input: {exc}") from None
+        what = _settings_text(layer) if t != "residual" else ""
+        raise AnyDeviceError(OP, _where(path, layer), tuple(s), f"does not take this input"
+                             f"{f' ({what})' if what else ''}: {exc}") from None
 
 
 def _need(layer, s, ndims, what):
@@ -728,33 +890,130 @@ def _param_layers(layers, s, prefix):
 
 
 def _walk_shapes(layers, s, prefix, ps, bs):
+    """Every parameter's and buffer's shape into ps / bs, in torch's order. Each layer's are checked
+    against the memory limit before the next (naming the layer), then all of them together."""
     for layer, key, x in _param_layers(layers, s, prefix):
+        p, b = _layer_param_shapes(layer, key, x)
+        need = 4 * sum(math.prod(v) for v in list(p.values()) + list(b.values()))
+        over = _over_limit(need) if need else None
+        if over:
+            made = ", ".join(f"{k.rsplit('.', 1)[1]} {v}" for k, v in list(p.items()) + list(b.items()))
+            raise AnyDeviceError(OP, _where(key, layer), tuple(x), f"its parameters ({made}; {_settings_text(layer)}) "
+                                 f"would need {_mem(need)} of float32, over {over}")
+        ps.update(p)
+        bs.update(b)
+    need = 4 * (sum(math.prod(v) for v in ps.values()) + sum(math.prod(v) for v in bs.values()))
+    over = _over_limit(need) if need else None
+    if over:
+        raise AnyDeviceError(OP, "parameters", tuple(s), f"the network's {len(ps) + len(bs)} parameter and buffer "
+                             f"tensors would need {_mem(need)} of float32 together, over {over}")
+
+
+def _layer_param_shapes(layer, key, x) -> tuple[dict, dict]:
+    """({param name: shape}, {buffer name: shape}) of one layer on input shape x."""
+    t = layer["type"]
+    ps, bs = {}, {}
+    if t == "conv2d":
+        kh, kw = _two(layer["kernel_size"])
+        ps[key + ".weight"] = (layer["out_channels"], x[1] // layer["groups"], kh, kw)
+        if layer["bias"]:
+            ps[key + ".bias"] = (layer["out_channels"],)
+    elif t == "conv_transpose2d":
+        kh, kw = _two(layer["kernel_size"])
+        ps[key + ".weight"] = (x[1], layer["out_channels"] // layer["groups"], kh, kw)
+        if layer["bias"]:
+            ps[key + ".bias"] = (layer["out_channels"],)
+    elif t == "linear":
+        ps[key + ".weight"] = (layer["out_features"], x[-1])
+        if layer["bias"]:
+            ps[key + ".bias"] = (layer["out_features"],)
+    elif t == "layer_norm":
+        if layer["elementwise_affine"]:
+            ps[key + ".weight"] = tuple(x[1:])
+            ps[key + ".bias"] = tuple(x[1:])
+    else:
+        if layer["affine"]:
+            ps[key + ".weight"] = (x[1],)
+            ps[key + ".bias"] = (x[1],)
+        if t == "batch_norm":
+            bs[key + ".running_mean"] = (x[1],)
+            bs[key + ".running_var"] = (x[1],)
+    return ps, bs
+
+
+def param_names(layers, prefix: str = "") -> tuple[list, list]:
+    """([param names], [buffer names]) the layers have whatever their input, in torch's order."""
+    ps, bs = [], []
+    for i, layer in enumerate(layers):
+        key = f"{prefix}{i}"
         t = layer["type"]
-        if t == "conv2d":
-            kh, kw = _two(layer["kernel_size"])
-            ps[key + ".weight"] = (layer["out_channels"], x[1] // layer["groups"], kh, kw)
-            if layer["bias"]:
-                ps[key + ".bias"] = (layer["out_channels"],)
-        elif t == "conv_transpose2d":
-            kh, kw = _two(layer["kernel_size"])
-            ps[key + ".weight"] = (x[1], layer["out_channels"] // layer["groups"], kh, kw)
-            if layer["bias"]:
-                ps[key + ".bias"] = (layer["out_channels"],)
-        elif t == "linear":
-            ps[key + ".weight"] = (layer["out_features"], x[-1])
-            if layer["bias"]:
-                ps[key + ".bias"] = (layer["out_features"],)
-        elif t == "layer_norm":
-            if layer["elementwise_affine"]:
-                ps[key + ".weight"] = tuple(x[1:])
-                ps[key + ".bias"] = tuple(x[1:])
-        else:
-            if layer["affine"]:
-                ps[key + ".weight"] = (x[1],)
-                ps[key + ".bias"] = (x[1],)
-            if t == "batch_norm":
-                bs[key + ".running_mean"] = (x[1],)
-                bs[key + ".running_var"] = (x[1],)
+        if t == "residual":
+            p, b = param_names(layer["body"], key + ".body.")
+            ps += p
+            bs += b
+            continue
+        if t in ("conv2d", "conv_transpose2d", "linear"):
+            ps += [key + ".weight"] + ([key + ".bias"] if layer["bias"] else [])
+        elif layer.get("affine") or layer.get("elementwise_affine"):
+            ps += [key + ".weight", key + ".bias"]
+        if t == "batch_norm":
+            bs += [key + ".running_mean", key + ".running_var"]
+    return ps, bs
+
+
+def _walk_outputs(layers, s, prefix):
+    """(key, layer, input shape, output shape) of every layer, a residual body's before its block."""
+    for i, layer in enumerate(layers):
+        key = f"{prefix}{i}"
+        if layer["type"] == "residual":
+            yield from _walk_outputs(layer["body"], s, key + ".body.")
+        out = _layer_shape(layer, s, key)
+        yield key, layer, s, out
+        s = out
+
+
+def _check_outputs(layers, in_shape, be=None) -> None:
+    """Every layer's output (residual bodies' included) for input ``in_shape`` fits the memory limit
+    of ``be``'s device (the host's without one); else AnyDeviceError naming the first layer over it,
+    the settings that make it large, and the size, before any work."""
+    outs = list(_walk_outputs(layers, tuple(in_shape), ""))
+    if not outs:
+        return
+    largest = max(math.prod(o[3]) for o in outs)
+    if not _over_limit(4 * largest, be):
+        return
+    for key, layer, s, out in outs:
+        need = 4 * math.prod(out)
+        over = _over_limit(need, be)
+        if over:
+            what = f" ({_settings_text(layer)})" if _settings_text(layer) else ""
+            raise AnyDeviceError(OP, _where(key, layer), tuple(s), f"its output {tuple(out)}{what} would need "
+                                 f"{_mem(need)} of float32, over {over}")
+
+
+def _check_present(layers, P, B) -> None:
+    """Every parameter and buffer the layers use is there (a file without weights, a partial dict)."""
+    ps, bs = param_names(layers)
+    for names, have, what in ((ps, P, "parameters"), (bs, B, "buffers")):
+        for k in names:
+            if k not in have:
+                key = k.rsplit(".", 1)[0]
+                held = f"it has {len(have)} {what}" if have else f"it has no {what} at all (no weights)"
+                raise AnyDeviceError(OP, _where(key, _layer_at(layers, key)), k, f"the network has no {k!r} "
+                                     f"({held}): train it, or load a file that holds its weights")
+
+
+def _check_spec(layers, where: str) -> None:
+    """The whole network's limits that no single layer shows: the layer count, and the weights of
+    all layers together even for the smallest input."""
+    n = _count_layers(layers)
+    if n > MAX_LAYERS:
+        raise _err(where, "layers", n, f"a network has at most {MAX_LAYERS} layers")
+    need = 4 * sum(_min_params(x) for x in layers)
+    over = _over_limit(need) if need else None
+    if over:
+        raise _err(where, "layers", f"<{len(layers)} layers>", f"their weights need at least {need // 4} float32 "
+                   f"parameters ({_mem(need)}) whatever the input, over {over}")
 
 
 def _describe(layers, prefix, shapes, ps, lines, depth):
@@ -764,7 +1023,7 @@ def _describe(layers, prefix, shapes, ps, lines, depth):
         label = layer["name"] if layer["type"] == "activation" else layer["type"]
         if layer["type"] == "activation":
             cfg = ", ".join(f"{k}={v}" for k, v in layer.items() if k not in ("type", "name"))
-        n = sum(int(np.prod(v)) for k, v in ps.items() if k.rsplit(".", 1)[0] == key)
+        n = sum(math.prod(v) for k, v in ps.items() if k.rsplit(".", 1)[0] == key)
         shape = f" -> {shapes[i]}" if shapes is not None else ""
         count = f"  [{n} params]" if n else ""
         lines.append(f"{'  ' * depth}{key} {label}({cfg}){shape}{count}")
