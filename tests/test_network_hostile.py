@@ -188,3 +188,102 @@ def test_a_batch_is_checked_on_the_device_it_runs_on(be, monkeypatch):
     refused(lambda: net.forward(be, np.zeros((64, 3, 8, 8), np.float32)), "layer 0 (upsample)",
             "(64, 3, 128, 128)", "12.0 MiB", "ANYDEVICE_MAX_TENSOR_MB=4")
     assert predict(net, be, np.zeros((64, 3, 8, 8), np.float32)).shape == (64, 3, 128, 128)  # in batches
+
+
+# ---- 2. Load Network: the file and its nesting --------------------------------------------------
+def test_a_shape_whose_size_overflows_int64_names_the_tensor(tmp_path):
+    """Was: ValueError (cannot reshape): 2**32 * 2**32 wrapped to 0 in np.prod."""
+    path = st_file(tmp_path / "x.safetensors", {"__metadata__": {netio.LAYERS_KEY: spec([])},
+                                                "0.weight": {"dtype": "F32", "shape": [2**32, 2**32],
+                                                             "data_offsets": [0, 0]}})
+    exc = refused(lambda: netio.load(path), "'0.weight'", "[4294967296, 4294967296]",
+                  "needs 73786976294838206464 bytes", "its data has 0")
+    assert exc.op == "load" and exc.arg == "path" and "'0.weight'" in exc.reason
+
+
+def test_deep_nesting_is_refused_without_recursion_error(tmp_path):
+    """Was: RecursionError from json.loads ([ x 100000) or from the layer walk (3000 residuals)."""
+    refused(lambda: Network.from_spec_json("[" * 100000 + "]" * 100000), "spec", "nests too deep",
+            f"at most {MAX_DEPTH} deep")
+
+    def nested(n):
+        d = {"type": "activation", "name": "relu"}
+        for _ in range(n):
+            d = {"type": "residual", "body": [d]}
+        return d
+
+    import sys
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        deep = spec([nested(3000)])
+    finally:
+        sys.setrecursionlimit(old)
+    refused(lambda: Network.from_spec_json(deep), "spec", f"at most {MAX_DEPTH} deep")
+    path = st_file(tmp_path / "deep.safetensors", {"__metadata__": {netio.LAYERS_KEY: deep}})
+    exc = refused(lambda: netio.load(path), f"at most {MAX_DEPTH} deep")
+    assert "layer spec" in exc.reason
+    # just over the bound, in JSON and through the Python API: the depth named
+    refused(lambda: Network.from_spec_json(spec([nested(MAX_DEPTH + 1)])), "(residual)", "'depth' = 65",
+            f"at most {MAX_DEPTH} deep")
+
+    def api(n):
+        net = Network.empty().add("activation", name="relu")
+        for _ in range(n):
+            net = Network.empty().residual(net)
+        return net
+
+    refused(lambda: api(3000), "(residual)", "'depth' = 65")
+    assert len(Network.from_spec_json(spec([nested(MAX_DEPTH)])).layers) == 1  # the bound itself loads
+    assert api(MAX_DEPTH).layers[0]["type"] == "residual"
+    # a header (not the spec) nested deep
+    path = st_file(tmp_path / "hdr.safetensors", raw=b"[" * 100000 + b"]" * 100000)
+    refused(lambda: netio.load(path), "is not a safetensors file", "nests too deep")
+    path = st_file(tmp_path / "hdr2.safetensors", raw=b'{"a": ' + b"[" * 500 + b"]" * 500 + b"}")
+    refused(lambda: netio.load(path), "is not a safetensors file", "nests deeper")
+
+
+def test_a_file_without_weights_is_refused_at_load(tmp_path, be):
+    """Was: it loaded, then Apply Network failed with KeyError: '0.weight'."""
+    path = net_file(tmp_path / "empty.safetensors", [{"type": "flatten"}, {"type": "linear", "out_features": 3}])
+    exc = refused(lambda: netio.load(path), "'1.weight'", "layer 1 (linear)", "no weights")
+    assert "'1.weight'" in exc.reason
+    # one of two tensors: named
+    path = net_file(tmp_path / "half.safetensors", [{"type": "linear", "out_features": 3}],
+                    {"0.weight": np.zeros((3, 4), np.float32)})
+    refused(lambda: netio.load(path), "'0.bias'", "layer 0 (linear)")
+    # a tensor no layer has
+    path = net_file(tmp_path / "extra.safetensors", [{"type": "flatten"}], {"0.weight": np.zeros((3, 4), np.float32)})
+    refused(lambda: netio.load(path), "'0.weight'", "no parameter of its layers")
+    # a network without all its weights, built in Python: forward names the missing one
+    net = Network.empty().add("linear", out_features=3).with_params({})
+    refused(lambda: net.forward(be, np.zeros((2, 4), np.float32)), "layer 0 (linear)", "'0.weight'", "no weights")
+    # a spec of layers without parameters needs no tensors
+    path = net_file(tmp_path / "relu.safetensors", [{"type": "activation", "name": "relu"}])
+    assert netio.load(path).forward(be, IMG).shape == IMG.shape
+
+
+@pytest.mark.parametrize("layer, where, setting, value", [
+    ({"type": "linear", "out_features": -5}, "layer 0 (linear)", "out_features", "-5"),
+    ({"type": "conv2d", "out_channels": 4, "kernel_size": 0}, "layer 0 (conv2d)", "kernel_size", "0"),
+    ({"type": "pool", "kind": "adaptive_avg", "output_size": 0}, "layer 0 (pool)", "output_size", "0"),
+    ({"type": "group_norm", "num_groups": -1}, "layer 0 (group_norm)", "num_groups", "-1"),
+    ({"type": "residual", "body": [{"type": "flatten"}, {"type": "dropout", "p": -0.5}]}, "layer 0.body.1 (dropout)",
+     "p", "-0.5"),
+])
+def test_every_spec_message_names_the_layer_the_setting_and_the_value(tmp_path, layer, where, setting, value):
+    exc = refused(lambda: Network.from_spec_json(spec([{"type": "flatten"}, layer][1:])), where, f"'{setting}'",
+                  value)
+    assert exc.arg == setting
+    path = net_file(tmp_path / "bad.safetensors", [layer])
+    exc = refused(lambda: netio.load(path), where, f"'{setting}'", value)
+    assert where in exc.reason and setting in exc.reason  # what the Load Network node shows
+
+
+def test_load_says_a_refused_spec_in_its_reason(tmp_path, limit_mb):
+    """The Load Network node shows the reason of netio's error: it must hold the layer, the setting
+    and the value, not only "must be an int >= 1"."""
+    path = net_file(tmp_path / "up.safetensors", [{"type": "upsample", "scale_factor": 1e6}], in_shape=[1, 3, 8, 8])
+    exc = refused(lambda: netio.load(path), "layer 0 (upsample)")
+    assert exc.op == "load" and exc.arg == "path"
+    assert "layer 0 (upsample)" in exc.reason and "scale_factor=1000000.0" in exc.reason, exc.reason
