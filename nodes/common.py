@@ -287,6 +287,28 @@ def parse_ints(text: str, what: str = "value", allow_empty: bool = True) -> tupl
     return tuple(out)
 
 
+def validate_texts(cls, mode: tuple[str, Any, list], texts) -> str | bool:
+    """A VALIDATE_INPUTS result for text widgets that a mode combo decides on, through the parsers
+    the node runs, so malformed text is refused when the prompt is queued.
+
+    ``mode``: (input name, value, choices). ComfyUI skips its own combo check for an input that
+    VALIDATE_INPUTS takes, so the mode is checked against its choices here. ``texts``: (input name,
+    value, the modes that parse it or None for every mode, parse): text is refused only where the
+    chosen mode parses it (parse raises ValueError with the reason). A widget fed by a link arrives
+    as None and is accepted (and with a linked mode, any text: the node checks it when it runs)."""
+    name, value, choices = mode
+    if value is not None and value not in choices:
+        return cls.fail(name, value, f"must be one of {', '.join(map(str, choices))}")
+    for arg, text, modes, parse in texts:
+        if text is None or (modes is not None and value not in modes):
+            continue
+        try:
+            parse(text)
+        except ValueError as exc:
+            return cls.fail(arg, text, str(exc))
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from ..backend import ACTIVATIONS, LOSSES
 from ..backend.plans import check_groups, conv_image, normalize_dims, pair, planned, same_pads
 from . import presets as P
 from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge, cpu_f32,
-                     kind_of, parse_ints, parse_matrix, parse_vector, resolve_backend)
+                     kind_of, parse_ints, parse_matrix, parse_vector, resolve_backend, validate_texts)
 from .resident import constant, host_tensor
 from .values import data, from_layout, nchw_shape, numbers, out_shape, preview, result, shape_of, to_layout, wrap
 
@@ -59,13 +59,14 @@ class AnyDeviceLinear(ComputeNode):
     RETURN_TYPES = (ANY,)
     RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The result, of the same type as the input.",)
+    SOURCES = ["preset", "random", "text", "weights"]
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
                 "input": (DATA, {"tooltip": _DATA_TIP}),
-                "source": (["preset", "random", "text", "weights"], {
+                "source": (cls.SOURCES, {
                     "default": "preset",
                     "tooltip": "Where W comes from: a colour preset, seeded random init "
                                "(PyTorch's nn.Linear range), the matrix text, or the WEIGHTS input."}),
@@ -91,15 +92,13 @@ class AnyDeviceLinear(ComputeNode):
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, bias=None):
-        """Only the widget checked here (ComfyUI flags each input VALIDATE_INPUTS takes, and checks
-        the others against INPUT_TYPES itself); matrix is checked when it is used."""
-        if bias is not None:
-            try:
-                parse_vector(bias)
-            except ValueError as exc:
-                return cls.fail("bias", bias, str(exc))
-        return True
+    def VALIDATE_INPUTS(cls, source=None, matrix=None, bias=None):
+        """The text widgets, by the parsers the node runs: matrix where source is text, bias always.
+        ComfyUI flags each input VALIDATE_INPUTS takes and skips its own checks for them, so source
+        (which says whether matrix is parsed) is checked against its choices here; the other
+        widgets ComfyUI checks against INPUT_TYPES itself."""
+        return validate_texts(cls, ("source", source, cls.SOURCES),
+                              [("matrix", matrix, ("text",), parse_matrix), ("bias", bias, None, parse_vector)])
 
     def _run(self, input, source="preset", preset="sepia", out_features=3, init_seed=0, matrix="", bias="",
              weights=None, device=None):
@@ -166,6 +165,7 @@ class AnyDeviceConv2D(ComputeNode):
     RETURN_TYPES = (ANY,)
     RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The filtered input, of the same type.",)
+    KERNEL_SOURCES = ["preset", "text", "random", "weights"]
     CHANNEL_MODES = ["depthwise", "grouped"]
     PADDINGS = ["same", "valid", "explicit"]
     PAD_MODES = ["auto", "reflect", "zeros", "replicate", "circular"]
@@ -175,7 +175,7 @@ class AnyDeviceConv2D(ComputeNode):
         return {
             "required": {
                 "input": (DATA, {"tooltip": _DATA_TIP}),
-                "kernel_source": (["preset", "text", "random", "weights"], {
+                "kernel_source": (cls.KERNEL_SOURCES, {
                     "default": "preset", "tooltip": "Where the kernel comes from."}),
                 "preset": (list(P.KERNEL_PRESETS), {
                     "default": "gaussian",
@@ -224,8 +224,15 @@ class AnyDeviceConv2D(ComputeNode):
             },
         }
 
-    # no VALIDATE_INPUTS: ComfyUI checks the widgets against INPUT_TYPES; the kernel text and the
-    # arguments the backend checks are checked at run time, naming the widget at fault
+    @classmethod
+    def VALIDATE_INPUTS(cls, kernel_source=None, kernel_text=None):
+        """kernel_text where kernel_source is text, by the parser the node runs. ComfyUI flags each
+        input VALIDATE_INPUTS takes and skips its own checks for them, so kernel_source is checked
+        against its choices here; ComfyUI checks the other widgets against INPUT_TYPES, and the rules
+        between widgets that the backend checks are checked at run time, naming the widget at fault."""
+        return validate_texts(cls, ("kernel_source", kernel_source, cls.KERNEL_SOURCES),
+                              [("kernel_text", kernel_text, ("text",), parse_matrix)])
+
     ARGS = {"input": "input", "stride": "stride", "dilation": "dilation", "groups": "groups",
             "output_padding": "output_padding", "padding_mode": "padding_mode", "mode": "padding_mode"}
 

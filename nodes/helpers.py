@@ -10,7 +10,7 @@ from . import presets as P
 from . import resident as R
 from .common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge, cpu_f32,
                      device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix, parse_vector, raw,
-                     resolve_backend, shape_str, to_nchw)
+                     resolve_backend, shape_str, to_nchw, validate_texts)
 from .resident import DeviceTensor
 from .values import data, numbers, shape_of, to_layout
 
@@ -101,6 +101,23 @@ def _check_shape(shape: tuple[int, ...]) -> str | None:
     return None
 
 
+def parse_shape(text) -> tuple[int, ...]:
+    """A shape widget's sizes ("1, 3, 64, 64"); ValueError with the reason (the one parser of
+    VALIDATE_INPUTS and the run)."""
+    dims = parse_ints(text, "shape")
+    why = _check_shape(dims)
+    if why:
+        raise ValueError(why)
+    return dims
+
+
+def _shape(text, node: str) -> tuple[int, ...]:
+    try:
+        return parse_shape(text)
+    except ValueError as exc:
+        raise NodeError(node, "shape", text, str(exc)) from None
+
+
 class AnyDeviceTensorSource(PackNode):
     DISPLAY = "Tensor Source (AnyDevice)"
     CATEGORY = "AnyDevice/tensor"
@@ -127,7 +144,13 @@ class AnyDeviceTensorSource(PackNode):
             "optional": {"image": ("IMAGE", {"tooltip": "Source for image mode; becomes [B, C, H, W]."})},
         }
 
-    # no VALIDATE_INPUTS: shape and text are checked when the mode uses them, naming the widget
+    @classmethod
+    def VALIDATE_INPUTS(cls, mode=None, shape=None, text=None):
+        """shape and text where the mode parses them (shape: random, zeros and ones; text: text), by
+        the parsers the node runs. ComfyUI skips its own combo check for mode, taken here to know
+        which text is parsed, so mode is checked against its choices here."""
+        return validate_texts(cls, ("mode", mode, cls.MODES),
+                              [("shape", shape, cls.MODES[:4], parse_shape), ("text", text, ("text",), parse_matrix)])
 
     def _run(self, mode="random_normal", shape="1, 3, 64, 64", seed=0, text="", image=None):
         node = self.DISPLAY
@@ -147,13 +170,7 @@ class AnyDeviceTensorSource(PackNode):
                 raise NodeError(node, "text", text, str(exc)) from None
             out = torch.from_numpy(m[0].copy() if m.shape[0] == 1 else m)
         else:
-            try:
-                dims = parse_ints(shape, "shape")
-                why = _check_shape(dims)
-            except ValueError as exc:
-                why = str(exc)
-            if why:
-                raise NodeError(node, "shape", shape, why)
+            dims = _shape(shape, node)
             if mode == "zeros":
                 out = torch.zeros(dims)
             elif mode == "ones":
@@ -204,6 +221,14 @@ class AnyDeviceTensorInfo(PackNode):
         return {"ui": ui, "result": (input, text)}
 
 
+def _parse_bias(text):
+    """Weights' bias text: numbers (parse_vector), or None for empty text and for 'random' (which the
+    node draws itself)."""
+    if isinstance(text, str) and text.strip() == "random":
+        return None
+    return parse_vector(text)
+
+
 # =================================================================================================
 class AnyDeviceWeights(PackNode):
     DISPLAY = "Weights (AnyDevice)"
@@ -213,12 +238,13 @@ class AnyDeviceWeights(PackNode):
     RETURN_TYPES = (WEIGHTS,)
     RETURN_NAMES = ("weights",)
     OUTPUT_TOOLTIPS = ("Connect to the weights input of Linear or Conv2D.",)
+    SOURCES = ["random", "text", "tensor"]
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "source": (["random", "text", "tensor"], {"default": "random", "tooltip": "Where the weight comes from."}),
+                "source": (cls.SOURCES, {"default": "random", "tooltip": "Where the weight comes from."}),
                 "shape": ("STRING", {"default": "8, 3, 3, 3",
                                      "tooltip": "random: weight shape, (out, in) for Linear or (out, in/groups, kH, kW) "
                                                 "for Conv2D."}),
@@ -235,27 +261,19 @@ class AnyDeviceWeights(PackNode):
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, bias=None):
-        """Only the widget checked here (ComfyUI flags each input VALIDATE_INPUTS takes); shape and
-        matrix are checked when the source uses them."""
-        if bias is not None and bias.strip() != "random":
-            try:
-                parse_vector(bias)
-            except ValueError as exc:
-                return cls.fail("bias", bias, str(exc))
-        return True
+    def VALIDATE_INPUTS(cls, source=None, shape=None, matrix=None, bias=None):
+        """The text widgets, by the parsers the node runs: shape where source is random, matrix where
+        it is text, bias (numbers, 'random' or empty) always. ComfyUI flags each input VALIDATE_INPUTS
+        takes and skips its own checks for them, so source is checked against its choices here."""
+        return validate_texts(cls, ("source", source, cls.SOURCES),
+                              [("shape", shape, ("random",), parse_shape), ("matrix", matrix, ("text",), parse_matrix),
+                               ("bias", bias, None, _parse_bias)])
 
     def _run(self, source="random", shape="8, 3, 3, 3", init_seed=0, matrix="", bias="", weight=None, bias_tensor=None):
         node = self.DISPLAY
         t = Timer()
         if source == "random":
-            try:
-                dims = parse_ints(shape, "shape")
-                why = _check_shape(dims)
-            except ValueError as exc:
-                why = str(exc)
-            if why:
-                raise NodeError(node, "shape", shape, why)
+            dims = _shape(shape, node)
             w = P.seeded_uniform(init_seed, dims, math.prod(dims[1:]) if len(dims) > 1 else 1)
         elif source == "text":
             try:
@@ -278,7 +296,7 @@ class AnyDeviceWeights(PackNode):
             b = P.seeded_uniform(int(init_seed) + 1, (out_f,), fan_in)
         else:
             try:
-                b = parse_vector(bias)
+                b = _parse_bias(bias)
             except ValueError as exc:
                 raise NodeError(node, "bias", bias, str(exc)) from None
             if b is not None and b.size == 1:

@@ -576,13 +576,16 @@ def _err(cls_name, **kw) -> str:
 @pytest.mark.parametrize("text,why", [("1 2 3\n4 5", "ragged"), ("1 2\n3 x", "'x'"), ("", "empty"),
                                       ("1 nan", "finite")])
 def test_bad_matrix_text(text, why):
-    # checked when the source uses the text (a check at validation would flag kernel_source too)
+    # refused when the prompt is queued where the source parses the text, and (through the Python
+    # API, past validation) when the node runs, with the same message
     m = _err("AnyDeviceConv2D", input=image(), kernel_source="text", kernel_text=text)
     assert "kernel_text" in m and why in m
+    assert _msg("AnyDeviceConv2D", kernel_source="text", kernel_text=text) == m
     m = _err("AnyDeviceLinear", input=image(), source="text", matrix=text)
     assert "'matrix'" in m and why in m
-    if text:
-        assert _validate("AnyDeviceConv2D", kernel_source="preset", kernel_text=text) is True
+    assert _msg("AnyDeviceLinear", source="text", matrix=text) == m
+    assert _validate("AnyDeviceConv2D", kernel_source="preset", kernel_text=text) is True
+    assert _validate("AnyDeviceLinear", source="preset", matrix=text) is True
     with pytest.raises(common.NodeError, match="Conv2D \\(AnyDevice\\): input 'kernel_text'"):
         res("AnyDeviceConv2D", input=image(), kernel_source="text", kernel_text=text)
 
@@ -825,24 +828,26 @@ def test_validate_inputs_takes_only_widgets_it_checks_in_full(name):
             assert typ == "STRING", (name, typ)
 
 
-@pytest.mark.parametrize("name,bad,widget", [
-    ("AnyDeviceConv2D", dict(kernel_source="text", kernel_text="1 2\n3"), None),
-    ("AnyDeviceLinear", dict(bias="0.1 x"), "bias"),
-    ("AnyDeviceTensorOps", dict(dims="1, a"), "dims"),
-    ("AnyDeviceWeights", dict(bias="1 nan"), "bias"),
-    ("AnyDeviceDeviceSelect", dict(device="quantum"), "device"),
+@pytest.mark.parametrize("name,bad,widget,flagged", [
+    ("AnyDeviceConv2D", dict(kernel_source="text", kernel_text="1 2\n3"), "kernel_text",
+     ["kernel_source", "kernel_text"]),
+    ("AnyDeviceLinear", dict(bias="0.1 x"), "bias", ["source", "matrix", "bias"]),
+    ("AnyDeviceLinear", dict(source="text", matrix="1 2; 3"), "matrix", ["source", "matrix", "bias"]),
+    ("AnyDeviceTensorOps", dict(dims="1, a"), "dims", ["dims"]),
+    ("AnyDeviceWeights", dict(bias="1 nan"), "bias", ["source", "shape", "matrix", "bias"]),
+    ("AnyDeviceWeights", dict(source="text", matrix="[[1,2],[3]]"), "matrix", ["source", "shape", "matrix", "bias"]),
+    ("AnyDeviceTensorSource", dict(mode="text", text="nan"), "text", ["mode", "shape", "text"]),
+    ("AnyDeviceDeviceSelect", dict(device="quantum"), "device", ["device"]),
 ])
-def test_failed_validation_flags_only_the_widget_at_fault(name, bad, widget):
+def test_failed_validation_names_the_widget_at_fault(name, bad, widget, flagged):
+    """ComfyUI flags each input VALIDATE_INPUTS takes (the mode that says which text is parsed, too)
+    with the one message, which names the widget at fault."""
     cls = N[name]
     inputs = {**_widgets(cls), **bad}
-    flags = _comfy_flags(cls, inputs) if hasattr(cls, "VALIDATE_INPUTS") else []
-    if widget is None:  # checked when the node runs instead, naming the widget once
-        assert flags == []
-        m = _err(name, input=image(), device=dev("numpy"), **bad)
-        assert m.startswith("Conv2D (AnyDevice): input 'kernel_text' = '1 2\\n3': is ragged")
-        return
-    assert [f[0] for f in flags] == [widget], flags
-    assert f"input '{widget}' = " in flags[0][1]
+    flags = _comfy_flags(cls, inputs)
+    assert [f[0] for f in flags] == flagged, flags
+    assert all(f[1] == f"{f[0]} - {flags[0][1].split(' - ', 1)[1]}" for f in flags)
+    assert f" - {cls.DISPLAY}: input '{widget}' = {bad[widget]!r}: " in flags[0][1]
 
 
 # ---------------------------------------------------------------------------------------------
