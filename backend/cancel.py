@@ -6,11 +6,18 @@ does nothing. Long ops (conv2d / conv_transpose2d and their separable / FFT path
 into chunks (output row bands, planes) sized to a fraction of a second and call ``check()`` between
 them, so an interrupt raised by the checker ends the op within about a second. ``set_progress``
 registers an optional ``fn(done, total)`` called after each chunk of a chunked op.
+
+A loop of many short steps (training) calls ``check()`` before every step (in ComfyUI a flag read,
+so a cancel takes effect at the next step however short or long the steps are) but reports
+progress by elapsed wall time (``Pacer``: every ``REPORT_SECONDS``), not every step: inside ComfyUI
+each report is several server messages (the progress bar, the progress state, the live loss
+point), and one a step would send millions over a long run of short steps.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 log = logging.getLogger("anydevice")
 
@@ -19,6 +26,10 @@ _progress = None
 _lock = threading.Lock()
 #: seconds of work one chunk of a long op aims at (cancel latency is about one chunk)
 CHUNK_SECONDS = 0.2
+#: the wall time between two progress reports of a loop of short steps (``Pacer``)
+REPORT_SECONDS = 0.1
+#: the clock ``Pacer`` reads (time.monotonic; tests put a fake one here)
+_clock = time.monotonic
 
 
 def set_checker(fn) -> None:
@@ -65,3 +76,20 @@ def chunks(total: int, per_chunk: int):
         yield s, min(total, s + per_chunk)
         if n > 1:
             progress(i + 1, n)
+
+
+class Pacer:
+    """Says when to report again: ``due()`` is True on its first call and then once at least
+    ``seconds`` (default ``REPORT_SECONDS``) of wall time (``time.monotonic``) have passed since it
+    last said True, however many steps that was."""
+
+    def __init__(self, seconds: float | None = None):
+        self.seconds = REPORT_SECONDS if seconds is None else float(seconds)
+        self.last = None
+
+    def due(self) -> bool:
+        now = _clock()
+        if self.last is None or now - self.last >= self.seconds:
+            self.last = now
+            return True
+        return False

@@ -31,8 +31,10 @@ size, the parameters with their gradients and optimizer state) against ANYDEVICE
 
 A loss that becomes NaN or Inf stops the run: the result holds the weights the last finite loss
 was computed with, and ``stopped`` says so. ``on_step(step, total, loss)`` is called after every
-step (progress, live curves); whatever it raises ends the run and propagates (the network passed
-in is never changed). ``cancel.check()`` (ComfyUI's interrupt) runs before every step.
+step (progress, live curves: a caller that reports to a server paces it by wall time, as the
+Train Network node does with ``cancel.Pacer``); whatever it raises ends the run and propagates (the
+network passed in is never changed). ``cancel.check()`` (ComfyUI's interrupt) runs before every
+step, from the first one: nothing is planned ahead, so a cancel ends the run within one step.
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ A network travels between nodes as an ``ANYDEVICE_NETWORK``: a ``backend.network
 with one layer appended; a **Network Input** node at the start of the chain fixes the input shape,
 and from then on every layer node says its output shape on the node (and refuses a layer that does
 not take its input, naming it). **Train Network** runs ``backend.train.train`` on the chosen backend
-(progress on ComfyUI's bar every step, cancel between steps, the loss of every step sent to the page
-as an ``anydevice.train`` event that web/anydevice_train.js draws as a live curve) and returns the
+(cancel checked before every step; progress on ComfyUI's bar and the loss sent to the page as an
+``anydevice.train`` event, which web/anydevice_train.js draws as a live curve, every
+``cancel.REPORT_SECONDS`` of wall time and at the last step) and returns the
 trained network, a ``LOSS_MAP`` for ComfyUI's own Plot Loss Graph node and the final loss.
 **Apply Network** returns the type it was given (IMAGE in, IMAGE out); class scores give predicted
 labels (``ANYDEVICE_LABELS``: an int64 torch tensor [B]) and, with the true labels, the accuracy.
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from ..backend import AnyDeviceError
+from ..backend import cancel as _cancel
 from ..backend import network as _netmod
 from ..backend.network import Network
 from .common import (ANY, DATA, DEVICE_INPUT, NodeError, PackNode, Progress, Timer, badge, kind_of, parse_ints,
@@ -581,11 +583,18 @@ class AnyDeviceTrainNetwork(_LearnNode):
         opt_params = {"momentum": float(momentum)} if optimizer == "sgd" else {}
         sid = None if unique_id is None else str(unique_id)
         bar = []
+        pace = _cancel.Pacer()
+        shown = [0]  # the last step reported
 
         def on_step(step, total, value):
-            if not bar:  # ComfyUI's progress bar, one tick a step
+            # reported by wall time (and at the last step), not every step: each report is several
+            # server messages (bar, progress state, loss point), millions over a long run of short steps
+            if not (pace.due() or step == total):
+                return
+            if not bar:  # ComfyUI's progress bar
                 bar.append(Progress(total))
-            bar[0].step()
+            bar[0].step(step - shown[0])
+            shown[0] = step
             if sid is not None:
                 _send("anydevice.train", {"node": sid, "step": int(step), "steps": int(total), "loss": float(value)})
 

@@ -315,6 +315,7 @@ def test_progress_events_and_cancel(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=Inst())))
     monkeypatch.setitem(sys.modules, "comfy.utils", types.SimpleNamespace(ProgressBar=Bar))
+    monkeypatch.setattr(cancel, "REPORT_SECONDS", 0.0)  # a report every step (see the paced test below)
     img = rand_image(8)
     net = conv(None, 3)["result"][0]
     train(net, img, img, steps=4, unique_id="17")
@@ -340,6 +341,59 @@ def test_progress_events_and_cancel(monkeypatch):
     finally:
         cancel.set_checker(None)
     assert len(calls) == 3  # checked before every step: the third step never ran
+
+
+def test_progress_and_events_are_paced_by_wall_time_and_cancel_is_checked_every_step(monkeypatch):
+    """A report every step (a progress bar tick, the progress state and a loss event: server
+    messages inside ComfyUI) flooded the server's event loop on a long run of short steps, and
+    ComfyUI answered Cancel seconds late. Reports now come every cancel.REPORT_SECONDS of wall
+    time (a fake monotonic clock here: 0.03 s a step) and at the last step; the interrupt is still
+    checked before every step."""
+    sent, ticks, checks = [], [], []
+
+    class Inst:
+        client_id = "c1"
+
+        def send_sync(self, event, data, sid=None):
+            sent.append(dict(data))
+
+    class Bar:
+        def __init__(self, total):
+            self.total = total
+
+        def update(self, n):
+            ticks.append((self.total, n))
+
+    monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=Inst())))
+    monkeypatch.setitem(sys.modules, "comfy.utils", types.SimpleNamespace(ProgressBar=Bar))
+    clock = iter(i * 0.03 for i in range(10**6))
+    monkeypatch.setattr(cancel, "_clock", lambda: next(clock))
+    assert cancel.REPORT_SECONDS == 0.1
+    img = rand_image(8)
+    net = conv(None, 3)["result"][0]
+    cancel.set_checker(lambda: checks.append(1))
+    try:
+        r = train(net, img, img, steps=20, unique_id="5")
+    finally:
+        cancel.set_checker(None)
+    assert len(checks) == 20  # before every step
+    assert [d["step"] for d in sent[1:]] == [1, 5, 9, 13, 17, 20]  # t = 0, 0.12, 0.24, 0.36, 0.48; the last
+    assert all(d["steps"] == 20 and isinstance(d["loss"], float) for d in sent[1:])
+    assert ticks == [(20, 1), (20, 4), (20, 4), (20, 4), (20, 4), (20, 3)] and sum(n for _, n in ticks) == 20
+    assert sent[-1]["loss"] == r["result"][1]["loss"][-1] and len(r["result"][1]["loss"]) == 20
+
+
+def test_pacer_says_when_the_interval_has_passed(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(cancel, "_clock", lambda: now[0])
+    p = cancel.Pacer(0.2)
+    assert p.due() and not p.due()
+    now[0] += 0.19
+    assert not p.due()
+    now[0] += 0.02
+    assert p.due() and not p.due()
+    now[0] += 5.0  # however long a step took: one report
+    assert p.due() and not p.due()
 
 
 # ---------------------------------------------------------------------------------------------
