@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["Decoder", "SRVGGNetCompact", "sd_vae_decoder", "compact_upscaler", "SD1_DECODER_CONFIG",
-           "COMPACT_CONFIG"]
+           "COMPACT_CONFIG", "UNetModel", "sd15_unet", "SD15_UNET_CONFIG"]
 
 #: ComfyUI's SD1.x VAE ddconfig, the keys its Decoder uses
 SD1_DECODER_CONFIG = {"ch": 128, "out_ch": 3, "ch_mult": (1, 2, 4, 4), "num_res_blocks": 2, "z_channels": 4}
@@ -184,6 +184,177 @@ class SRVGGNetCompact(nn.Module):
         return out
 
 
+# ---- SD1.5 UNet (ComfyUI comfy/ldm/modules/diffusionmodules/openaimodel.py, attention.py) ------------------
+#: ComfyUI's SD15 unet_config (comfy/supported_models.py, model_detection for an SD1.5 checkpoint)
+SD15_UNET_CONFIG = {"in_channels": 4, "out_channels": 4, "model_channels": 320, "channel_mult": (1, 2, 4, 4),
+                    "num_res_blocks": 2, "attention_levels": (0, 1, 2), "num_heads": 8, "context_dim": 768}
+
+
+def timestep_embedding(timesteps, dim: int, max_period: float = 10000.0):
+    """openaimodel's sinusoidal embedding (cos first, then sin; ``repeat_only`` off)."""
+    import math
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32,
+                                                           device=timesteps.device) / half)
+    args = timesteps[:, None].float() * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class TimestepBlock(nn.Sequential):
+    """ComfyUI's TimestepEmbedSequential: each layer gets what it takes (ResBlock: emb, transformer: context)."""
+
+    def forward(self, x, emb, context):
+        for layer in self:
+            if isinstance(layer, UNetResBlock):
+                x = layer(x, emb)
+            elif isinstance(layer, SpatialTransformer):
+                x = layer(x, context)
+            else:
+                x = layer(x)
+        return x
+
+
+class UNetResBlock(nn.Module):
+    """in_layers (GroupNorm32, SiLU, conv3x3), emb_layers (SiLU, Linear), out_layers (GroupNorm32, SiLU,
+    Dropout, conv3x3), skip_connection (identity or 1x1 conv)."""
+
+    def __init__(self, channels: int, emb_channels: int, out_channels: int):
+        super().__init__()
+        self.in_layers = nn.Sequential(nn.GroupNorm(32, channels), nn.SiLU(), nn.Conv2d(channels, out_channels, 3, padding=1))
+        self.emb_layers = nn.Sequential(nn.SiLU(), nn.Linear(emb_channels, out_channels))
+        self.out_layers = nn.Sequential(nn.GroupNorm(32, out_channels), nn.SiLU(), nn.Dropout(0.0),
+                                        nn.Conv2d(out_channels, out_channels, 3, padding=1))
+        self.skip_connection = nn.Identity() if channels == out_channels else nn.Conv2d(channels, out_channels, 1)
+
+    def forward(self, x, emb):
+        h = self.in_layers(x) + self.emb_layers(emb)[..., None, None]
+        return self.skip_connection(x) + self.out_layers(h)
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, query_dim: int, context_dim: int | None, heads: int, dim_head: int):
+        super().__init__()
+        inner = heads * dim_head
+        context_dim = query_dim if context_dim is None else context_dim
+        self.heads = heads
+        self.to_q = nn.Linear(query_dim, inner, bias=False)
+        self.to_k = nn.Linear(context_dim, inner, bias=False)
+        self.to_v = nn.Linear(context_dim, inner, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(inner, query_dim), nn.Dropout(0.0))
+
+    def forward(self, x, context=None):
+        context = x if context is None else context
+        q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
+        b, h = q.shape[0], self.heads
+        q, k, v = (t.view(b, -1, h, t.shape[-1] // h).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
+        return self.to_out(out.transpose(1, 2).reshape(b, -1, h * out.shape[-1]))
+
+
+class GEGLU(nn.Module):
+    def __init__(self, dim_in: int, dim_out: int):
+        super().__init__()
+        self.proj = nn.Linear(dim_in, dim_out * 2)
+
+    def forward(self, x):
+        x, gate = self.proj(x).chunk(2, dim=-1)
+        return x * F.gelu(gate)
+
+
+class BasicTransformerBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, dim_head: int, context_dim: int):
+        super().__init__()
+        self.attn1 = CrossAttention(dim, None, heads, dim_head)
+        self.ff = nn.Module()
+        self.ff.net = nn.Sequential(GEGLU(dim, dim * 4), nn.Dropout(0.0), nn.Linear(dim * 4, dim))
+        self.attn2 = CrossAttention(dim, context_dim, heads, dim_head)
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+
+    def forward(self, x, context):
+        x = self.attn1(self.norm1(x)) + x
+        x = self.attn2(self.norm2(x), context) + x
+        return self.ff.net(self.norm3(x)) + x
+
+
+class SpatialTransformer(nn.Module):
+    """norm (GroupNorm 32, eps 1e-6), proj_in (1x1 conv: SD1.5 has no linear projections), one
+    transformer block over the pixels, proj_out (1x1 conv), plus the input."""
+
+    def __init__(self, channels: int, heads: int, context_dim: int):
+        super().__init__()
+        self.norm = nn.GroupNorm(32, channels, eps=1e-6)
+        self.proj_in = nn.Conv2d(channels, channels, 1)
+        self.transformer_blocks = nn.ModuleList([BasicTransformerBlock(channels, heads, channels // heads, context_dim)])
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x, context):
+        b, c, h, w = x.shape
+        y = self.proj_in(self.norm(x)).flatten(2).transpose(1, 2)
+        for block in self.transformer_blocks:
+            y = block(y, context)
+        return self.proj_out(y.transpose(1, 2).reshape(b, c, h, w)) + x
+
+
+class Downsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.op = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.op(x)
+
+
+class UNetModel(nn.Module):
+    """ComfyUI's ``UNetModel`` with the SD1.5 config: ``forward(x, timesteps, context)`` -> the
+    predicted noise. Module names as ComfyUI's (time_embed, input_blocks, middle_block,
+    output_blocks, out), so a ComfyUI SD1.5 state dict (``model.diffusion_model.`` stripped) loads
+    unchanged; ~860 M parameters."""
+
+    def __init__(self, *, in_channels=4, out_channels=4, model_channels=320, channel_mult=(1, 2, 4, 4),
+                 num_res_blocks=2, attention_levels=(0, 1, 2), num_heads=8, context_dim=768):
+        super().__init__()
+        ch, emb = model_channels, model_channels * 4
+        self.model_channels = model_channels
+        self.time_embed = nn.Sequential(nn.Linear(ch, emb), nn.SiLU(), nn.Linear(emb, emb))
+        self.input_blocks = nn.ModuleList([TimestepBlock(nn.Conv2d(in_channels, ch, 3, padding=1))])
+        chans = [ch]
+        for level, mult in enumerate(channel_mult):
+            for _ in range(num_res_blocks):
+                layers = [UNetResBlock(ch, emb, mult * model_channels)]
+                ch = mult * model_channels
+                if level in attention_levels:
+                    layers.append(SpatialTransformer(ch, num_heads, context_dim))
+                self.input_blocks.append(TimestepBlock(*layers))
+                chans.append(ch)
+            if level != len(channel_mult) - 1:
+                self.input_blocks.append(TimestepBlock(Downsample(ch)))
+                chans.append(ch)
+        self.middle_block = TimestepBlock(UNetResBlock(ch, emb, ch), SpatialTransformer(ch, num_heads, context_dim),
+                                          UNetResBlock(ch, emb, ch))
+        self.output_blocks = nn.ModuleList()
+        for level, mult in list(enumerate(channel_mult))[::-1]:
+            for i in range(num_res_blocks + 1):
+                layers = [UNetResBlock(ch + chans.pop(), emb, model_channels * mult)]
+                ch = model_channels * mult
+                if level in attention_levels:
+                    layers.append(SpatialTransformer(ch, num_heads, context_dim))
+                if level and i == num_res_blocks:
+                    layers.append(Upsample(ch))
+                self.output_blocks.append(TimestepBlock(*layers))
+        self.out = nn.Sequential(nn.GroupNorm(32, ch), nn.SiLU(), nn.Conv2d(model_channels, out_channels, 3, padding=1))
+
+    def forward(self, x, timesteps, context):
+        emb = self.time_embed(timestep_embedding(timesteps, self.model_channels).to(x.dtype))
+        hs, h = [], x
+        for block in self.input_blocks:
+            h = block(h, emb, context)
+            hs.append(h)
+        h = self.middle_block(h, emb, context)
+        for block in self.output_blocks:
+            h = block(torch.cat([h, hs.pop()], dim=1), emb, context)
+        return self.out(h)
+
+
 # ---- builders ----------------------------------------------------------------------------------------------
 def _randomize_norms(model: nn.Module, gen: torch.Generator) -> None:
     """GroupNorm / PReLU parameters away from their 1/0 (0.25) defaults, so a wrong weight mapping shows."""
@@ -215,5 +386,18 @@ def compact_upscaler(seed: int = 0, **config) -> SRVGGNetCompact:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         m = SRVGGNetCompact(**cfg)
+        _randomize_norms(m, torch.Generator().manual_seed(seed + 1))
+    return m.float().eval()
+
+
+def sd15_unet(seed: int = 0, **config) -> UNetModel:
+    """The SD1.5 UNet (:data:`SD15_UNET_CONFIG`, ~860 M parameters: the real tensor sizes, among them
+    tensors past 2**24 elements) with PyTorch's default init under ``torch.manual_seed``, plus
+    randomized GroupNorm affines, float32, eval mode. ``config`` overrides the config (e.g.
+    ``model_channels=32, context_dim=32`` for a narrow smoke model)."""
+    cfg = {**SD15_UNET_CONFIG, **config}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = UNetModel(**cfg)
         _randomize_norms(m, torch.Generator().manual_seed(seed + 1))
     return m.float().eval()

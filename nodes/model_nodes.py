@@ -64,27 +64,46 @@ class Guarded(torch.nn.Module):
     ``original`` is a registered submodule (``.to``, ``.parameters``, ``state_dict`` reach the real
     weights); the compiled module is not (its parameters are the same tensors)."""
 
-    def __init__(self, original, compiled, node: str, what: str):
+    def __init__(self, original, compiled, node: str, what: str, device: str = "", input: str | None = None):
         super().__init__()
         self.original = original
         object.__setattr__(self, "compiled", compiled)
         object.__setattr__(self, "node", node)
         object.__setattr__(self, "what", what)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "input", input)  # the node input the model came through (error messages)
         object.__setattr__(self, "failed", None)  # why the backend refused the model, once it has
+        object.__setattr__(self, "eager_said", False)  # dynamo ran it eagerly, and the log said so
 
     def forward(self, *args, **kwargs):
         if self.failed is not None:
             return self.original(*args, **kwargs)
         adc = _compile_api()
+        before = adc.lowering.runs_here()
         try:
-            return self.compiled(*args, **kwargs)
-        except adc.AnyDeviceCompileError as exc:
-            object.__setattr__(self, "failed", str(exc))
-            log.warning("%s: the %s cannot run on the AnyDevice backend, it runs as before (PyTorch, "
-                        "uncompiled): %s", self.node, self.what, exc)
-            return self.original(*args, **kwargs)
-        except adc.AnyDeviceRunError as exc:
-            raise NodeError(self.node, None, None, f"the {self.what} failed on the device: {exc}") from exc
+            out = self.compiled(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - every failure said in the node's words, or eager
+            refused = _in_chain(exc, adc.AnyDeviceCompileError)
+            if refused is not None or (_from_dynamo(exc) and _in_chain(exc, adc.AnyDeviceRunError) is None
+                                       and not _passes(exc)):
+                why = str(refused if refused is not None else exc).strip().splitlines()[0][:400]
+                object.__setattr__(self, "failed", why)
+                log.warning("%s: the %s cannot run on the AnyDevice backend %s, it runs as before (PyTorch, "
+                            "uncompiled): %s", self.node, self.what, self.device, why)
+                return self.original(*args, **kwargs)
+            if _passes(exc):
+                raise
+            run = _in_chain(exc, adc.AnyDeviceRunError)
+            detail = str(run) if run is not None else f"{type(exc).__name__}: {exc}"
+            raise NodeError(self.node, self.input, self.what,
+                            f"failed on the device {self.device} (inputs {_arg_shapes(args, kwargs)}): "
+                            f"{detail}") from exc
+        if adc.lowering.runs_here() == before and not self.eager_said:
+            object.__setattr__(self, "eager_said", True)
+            log.warning("%s: the %s ran in PyTorch (eager, on the host), not on the AnyDevice backend %s: "
+                        "torch.compile gave up on it (its recompile limit, torch._dynamo.config.recompile_limit, "
+                        "was hit); results are right, only slower", self.node, self.what, self.device)
+        return out
 
     def __getattr__(self, name):
         """Other attributes are the original's (``dtype``, ``scale``...), as OptimizedModule forwards them."""
@@ -96,13 +115,70 @@ class Guarded(torch.nn.Module):
                 raise
             return getattr(original, name)
 
+    def __deepcopy__(self, memo):
+        """Itself: ComfyUI deep-copies ``model_options`` for each clone of a patcher, and a guarded
+        module is shared like the compiled modules in TorchCompileModel's wrapper (a copy would copy
+        the whole model's weights)."""
+        return self
+
     def extra_repr(self) -> str:
         return f"node={self.node!r}, what={self.what!r}, failed={self.failed is not None}"
 
 
-def guard(original, be, node: str, what: str) -> Guarded:
-    """``original`` compiled for backend ``be`` behind a :class:`Guarded`."""
-    return Guarded(original, _torch_compile(original, be), node, what)
+def _in_chain(exc, cls):
+    """The first exception of type ``cls`` in ``exc``'s cause/context chain (dynamo wraps what a
+    backend raises while compiling), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, cls):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _from_dynamo(exc) -> bool:
+    """Raised by torch.compile itself (tracing, aot_autograd): the model could not be compiled."""
+    return type(exc).__module__.startswith(("torch._dynamo", "torch._functorch", "torch._inductor"))
+
+
+def _passes(exc) -> bool:
+    """A cancel or torch's out-of-memory error: re-raised as it is (ComfyUI handles both)."""
+    return _compile_api().lowering._passes_through(exc) and not isinstance(exc, _compile_api().AnyDeviceError)
+
+
+def _arg_shapes(args, kwargs) -> str:
+    shapes = [tuple(a.shape) for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    return ", ".join(str(s) for s in shapes) or "none"
+
+
+class _GuardCache(dict):
+    """The Guarded modules of one original module, by backend: kept on the module (a deep copy or a
+    pickle of the module starts without them)."""
+
+    def __deepcopy__(self, memo):
+        return _GuardCache()
+
+    def __reduce__(self):
+        return (_GuardCache, ())
+
+
+def _be_key(be) -> tuple:
+    return (be.name, id(be))
+
+
+def guard(original, be, node: str, what: str, input: str | None = None, module=None) -> Guarded:
+    """``original`` compiled for backend ``be`` behind a :class:`Guarded`: one per module and backend
+    (kept on the module, so the node run again, or switched back to a backend it used before, reuses
+    that compiled module and its graphs instead of compiling again). ``module``: what to compile in
+    place of ``original`` (a share_copy of it), default ``original``."""
+    cache = original.__dict__.setdefault("_anydevice_guards", _GuardCache())
+    key = (_be_key(be), node, what)
+    g = cache.get(key)
+    if g is None or g.failed is not None:
+        g = cache[key] = Guarded(original, _torch_compile(original if module is None else module, be), node,
+                                 what, be.name, input)
+    return g
 
 
 def fallbacks_of(obj) -> list[str]:
@@ -180,6 +256,39 @@ def pytorch_attention_override(func, *args, **kwargs):
     return attention.attention_pytorch(*args, **kwargs)
 
 
+def weights_epoch(base_model):
+    """ComfyUI's patch state of ``base_model`` (a BaseModel): it changes whenever ComfyUI writes the
+    weights in place (a LoRA or weight patch applied or taken off: ``current_weight_patches_uuid``;
+    loading to a device or lowvram moves them to new tensors, which the tensor key sees anyway).
+    Weight hooks (scheduled LoRA) rewrite weights in place per step without changing it: with hooks
+    there is no epoch (None), and each step reads the weights' fingerprints."""
+    patcher = getattr(base_model, "current_patcher", None)
+    if patcher is not None and (getattr(patcher, "current_hooks", None) is not None or
+                                getattr(patcher, "hook_patches", None)):
+        return None
+    return ("comfy", id(base_model), getattr(base_model, "current_weight_patches_uuid", None),
+            bool(getattr(base_model, "model_lowvram", False)), getattr(base_model, "lowvram_patch_counter", 0))
+
+
+def apply_model_wrapper(key: str, compiled):
+    """The APPLY_MODEL wrapper: as comfy_api.torch_helpers' ``apply_torch_compile_factory`` (the
+    compiled module swapped in for the call), and the weights trusted unchanged while ComfyUI's patch
+    state is (``backend/versions.trusted``: no weight is re-read for a step between patches)."""
+    from ..backend import versions
+
+    def wrapper(executor, *args, **kwargs):
+        import comfy.utils  # noqa: PLC0415 - inside ComfyUI only
+        base = executor.class_obj
+        orig = comfy.utils.get_attr(base, key)
+        comfy.utils.set_attr(base, key, compiled)
+        try:
+            with versions.trusted(weights_epoch(base)):
+                return executor(*args, **kwargs)
+        finally:
+            comfy.utils.set_attr(base, key, orig)
+    return wrapper
+
+
 class _ModelNode(PackNode):
     CATEGORY = CATEGORY
     ARGS: dict[str, str] = {}
@@ -216,7 +325,7 @@ class AnyDeviceModel(_ModelNode):
         t = Timer()
         try:
             from comfy.patcher_extension import WrappersMP  # noqa: PLC0415 - inside ComfyUI only
-            from comfy_api.torch_helpers.torch_compile import apply_torch_compile_factory  # noqa: PLC0415
+            import comfy.utils  # noqa: PLC0415,F401
         except ImportError as exc:
             raise NodeError(node, "model", type(model).__name__, f"needs ComfyUI ({exc})") from exc
         m = model.clone()
@@ -224,11 +333,11 @@ class AnyDeviceModel(_ModelNode):
         original = m.get_model_object(key)
         if not isinstance(original, torch.nn.Module):
             raise NodeError(node, "model", type(original).__name__, "has no diffusion_model module to compile")
-        g = guard(original, be, node, "diffusion model")
+        g = guard(original, be, node, "diffusion model", input="model")
         # as comfy_api.torch_helpers.set_torch_compile_wrapper: replace other torch.compile wrappers,
         # swap the compiled module in for each apply_model call, keep the compile kwargs for reference
         m.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY)
-        m.add_wrapper_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY, apply_torch_compile_factory({key: g}))
+        m.add_wrapper_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY, apply_model_wrapper(key, g))
         m.model_options[TORCH_COMPILE_KWARGS] = {"backend": "anydevice", "options": {"device": be.name},
                                                  "mode": None, "fullgraph": False, "dynamic": None}
         m.model_options["anydevice_guards"] = [g]
@@ -272,7 +381,7 @@ class AnyDeviceVAE(_ModelNode):
             orig = getattr(fsm, p)
             tree = share_copy(orig)
             attn += use_pytorch_attention(tree)
-            g = Guarded(orig, _torch_compile(tree, be), node, f"VAE {p}")
+            g = guard(orig, be, node, f"VAE {p}", input="vae", module=tree)
             object.__setattr__(new_fsm, p, g)  # an attribute of the copy only (shadows the child module)
         new.first_stage_model = new_fsm
         patcher = getattr(vae, "patcher", None)
@@ -311,7 +420,7 @@ class AnyDeviceUpscaleModel(_ModelNode):
         be = resolve_backend(device, node)
         t = Timer()
         new = copy.copy(upscale_model)
-        g = guard(inner, be, node, "upscale model")
+        g = guard(inner, be, node, "upscale model", input="upscale_model")
         if "_model" in vars(new):  # spandrel's ModelBase keeps it as _model behind a read-only property
             new._model = g
         else:

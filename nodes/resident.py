@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..backend import config
+from ..backend.versions import tensor_version
 
 ENV = "ANYDEVICE_RESIDENT_MB"
 
@@ -130,20 +131,12 @@ def release_all() -> None:
 
 
 def version_of(t):
-    """What changes when ``t`` is written in place: its ``_version`` counter. Tensors made under
-    ``torch.inference_mode()`` (ComfyUI runs every node that way) keep no counter; for them a
-    fingerprint stands in: the data pointer, and 64 elements spread over the tensor plus the
-    float64 sum of every 97th element. It catches whole-tensor writes (``add_``, ``mul_``,
-    ``copy_``); a write that touches none of the sampled elements goes unseen."""
-    try:
-        return t._version
-    except RuntimeError:
-        flat = t.detach().reshape(-1)
-        n = flat.numel()
-        if n == 0:
-            return ("inference", t.data_ptr(), 0)
-        idx = torch.linspace(0, n - 1, steps=min(64, n)).long()
-        return ("inference", t.data_ptr(), tuple(flat[idx].tolist()), float(flat[::97].double().sum()))
+    """What changes when ``t`` is replaced or written in place: ``backend/versions.tensor_version``
+    (the data pointer, shape, dtype and ``_version``; tensors made under ``torch.inference_mode()``,
+    as ComfyUI runs every node, keep no counter: a fingerprint of 64 spread elements and a strided
+    sum stands in, which catches whole-tensor writes; a write that touches none of the sampled
+    elements goes unseen)."""
+    return tensor_version(t)
 
 
 # ---------------------------------------------------------------------------------------------

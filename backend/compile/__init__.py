@@ -88,13 +88,19 @@ def _static_indices(gm, example_inputs) -> list[int]:
     return out
 
 
+def _code_key(code) -> tuple:
+    """A code object's key in the report: file, name and first line (two classes' ``forward`` in one
+    file are two keys)."""
+    return (code.co_filename, code.co_name, code.co_firstlineno)
+
+
 def _current_codes() -> set:
     """The code object dynamo compiles now (report attribution of modules without weights)."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         tx = InstructionTranslator.current_tx()
         code = tx.f_code
-        return {(code.co_filename, code.co_name)}
+        return {_code_key(code)}
     except Exception:  # noqa: BLE001 - only for the report
         return set()
 
@@ -241,15 +247,14 @@ def _graphs_of_any(obj) -> list:
     mod = getattr(obj, "_orig_mod", obj)
     if isinstance(mod, torch.nn.Module):
         ids = {id(p) for p in mod.parameters()} | {id(b) for b in mod.buffers()}
-        code = type(mod).forward.__code__
-        key = (code.co_filename, code.co_name)
+        key = _code_key(type(mod).forward.__code__)
         return [g for g in live if (g.owner_ids & ids) or (not g.owner_ids and key in g.codes)]
     fn = getattr(obj, "_torchdynamo_orig_callable", obj)
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
-    return [g for g in live if any(f == code.co_filename and (c == code.co_name or c.endswith("_" + code.co_name)
-                                                               or code.co_name in c) for f, c in g.codes)]
+    key = _code_key(code)
+    return [g for g in live if key in g.codes]
 
 
 def report(obj) -> dict:
@@ -262,7 +267,7 @@ def report(obj) -> dict:
     own = getattr(getattr(obj, "_orig_mod", None), "forward", None) or getattr(obj, "_torchdynamo_orig_callable", obj)
     code = getattr(own, "__code__", None)
     if code is not None:
-        codes.add((code.co_filename, code.co_name))
+        codes.add(_code_key(code))
     out["eager_fallbacks"] = sum(_report.LIMIT_HITS.get(k, 0) for k in codes)
     return out
 

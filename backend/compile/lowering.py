@@ -23,17 +23,50 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
+import time
 import weakref
 
 import numpy as np
 
+from .. import cancel
 from ..errors import AnyDeviceError
+from ..versions import tensor_version
 from . import aten_ops
 from .report import Counting, Stats
 
 #: every Lowered graph alive (report attribution)
 GRAPHS: list = []
 ANY_COMPILED = [False]
+#: seconds between two cancel checks while a graph runs (a check is ComfyUI's interrupt flag)
+CANCEL_EVERY = 0.1
+_runs = threading.local()
+
+
+def runs_here() -> int:
+    """How many Lowered graphs this thread has run (a caller compares it around a compiled call to
+    see whether dynamo ran the module on the device at all, or eagerly: its recompile limit)."""
+    return getattr(_runs, "n", 0)
+
+
+def _passes_through(exc: BaseException) -> bool:
+    """Exceptions a compiled graph re-raises as they are: the pack's own errors (they name the op
+    already), a cancel (ComfyUI's InterruptProcessingException and its kin), torch's out-of-memory
+    error (ComfyUI reports that itself, with its advice)."""
+    if isinstance(exc, AnyDeviceError):
+        return True
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"InterruptProcessingException", "OutOfMemoryError"}) or \
+        any("Interrupt" in n or "Cancel" in n for n in names)
+
+
+def _shapes(vals) -> str:
+    out = []
+    for v in vals if isinstance(vals, (list, tuple)) else (vals,):
+        shape = getattr(v, "shape", None)
+        if shape is not None:
+            out.append(f"{tuple(shape)} {str(getattr(v, 'dtype', '')).replace('torch.', '')}".strip())
+    return ", ".join(out) or "no tensors"
 
 
 class AnyDeviceCompileError(AnyDeviceError):
@@ -51,20 +84,10 @@ def _torch():
 
 # ---- weights: uploaded once per tensor and version ----------------------------------------------
 def version_of(t):
-    """What changes when ``t`` is replaced or written: its data pointer, shape, dtype and
-    ``_version``; tensors made under ``torch.inference_mode()`` keep no version counter, so a
-    fingerprint stands in (64 elements spread over the tensor and the sum of every 97th)."""
-    base = (t.data_ptr(), tuple(t.shape), t.dtype)
-    try:
-        return base + (t._version,)
-    except RuntimeError:
-        torch = _torch()
-        flat = t.detach().reshape(-1)
-        n = flat.numel()
-        if n == 0:
-            return base
-        idx = torch.linspace(0, n - 1, steps=min(64, n)).long()
-        return base + (tuple(flat[idx].tolist()), float(flat[::97].double().sum()))
+    """What changes when ``t`` is replaced or written (``backend/versions.py``: data pointer, shape,
+    dtype and ``_version``, or a content fingerprint for inference tensors, cheap inside a
+    ``versions.trusted`` block)."""
+    return tensor_version(t)
 
 
 class Weights:
@@ -313,6 +336,7 @@ class Lowered:
         args = list(args)
         self.calls += 1
         self.count.add("calls")
+        _runs.n = getattr(_runs, "n", 0) + 1
         torch = _torch()
         be, kind = self.be, self.kind
         env = {}
@@ -360,24 +384,36 @@ class Lowered:
             downloaded[x] = t
             return t
 
+        next_check = time.monotonic() + CANCEL_EVERY
         for i, n in enumerate(self.nodes):
             k = kind[n]
-            if k in ("static", "input", "sym", "const"):
-                pass
-            elif k == "output":
-                return self._outputs(n, env, host, dev)
-            elif k == "py":
-                args_, kwargs_ = _map((n.args, n.kwargs), lambda x: env[x] if x in env else self._fold_host.get(x))
-                env[n] = n.target(*args_, **kwargs_)
-            elif k == "lower":
-                env[n] = self._lower(n, dev, host)
-            elif k == "size":
-                v = env[n.args[0]] if n.args[0] in env else self._fold_host.get(n.args[0])
-                shape = be._shape(v.a) if isinstance(v, Dev) else tuple(v.shape)
-                name = n.target.overloadpacket.__name__
-                env[n] = math.prod(shape) if name == "sym_numel" else shape[int(n.args[1])]
-            else:
-                env[n] = self._host(n, host, why="not in the lowering table")
+            if time.monotonic() >= next_check:  # by elapsed time: a cancel lands within ~0.1 s of work
+                cancel.check()
+                next_check = time.monotonic() + CANCEL_EVERY
+            try:
+                if k in ("static", "input", "sym", "const"):
+                    pass
+                elif k == "output":
+                    return self._outputs(n, env, host, dev)
+                elif k == "py":
+                    args_, kwargs_ = _map((n.args, n.kwargs), lambda x: env[x] if x in env else self._fold_host.get(x))
+                    env[n] = n.target(*args_, **kwargs_)
+                elif k == "lower":
+                    env[n] = self._lower(n, dev, host)
+                elif k == "size":
+                    v = env[n.args[0]] if n.args[0] in env else self._fold_host.get(n.args[0])
+                    shape = be._shape(v.a) if isinstance(v, Dev) else tuple(v.shape)
+                    name = n.target.overloadpacket.__name__
+                    env[n] = math.prod(shape) if name == "sym_numel" else shape[int(n.args[1])]
+                else:
+                    env[n] = self._host(n, host, why="not in the lowering table")
+            except Exception as exc:  # noqa: BLE001 - said as the pack's error: the op, the node, the shapes
+                if _passes_through(exc):
+                    raise
+                ins = [_meta(x) for x in _nodes_in((n.args, n.kwargs), [])]
+                raise AnyDeviceRunError(
+                    f"anydevice compile: {_op_name(n.target)} (node {n.name}) on {be.name}", None, None,
+                    f"failed on inputs of shape {_shapes(ins)}: {type(exc).__name__}: {exc}") from exc
             for x in self.drop_after.get(i, ()):
                 env.pop(x, None)
                 uploaded.pop(x, None)

@@ -105,10 +105,10 @@ class _LimitFilter(logging.Filter):
             from . import lowering
             if lowering.ANY_COMPILED[0]:
                 Counting(Stats()).add("eager_fallbacks")
-                m = re.search(r"function: '([^']+)' \((.+):\d+\)", msg)
+                m = re.search(r"function: '([^']+)' \((.+):(\d+)\)", msg)
                 if m:
                     with _lock:
-                        LIMIT_HITS[(m.group(2), m.group(1))] += 1
+                        LIMIT_HITS[(m.group(2), m.group(1), int(m.group(3)))] += 1
                 log.warning("anydevice compile: torch's recompile limit was hit; that code now runs "
                             "eagerly in PyTorch, not on the AnyDevice backend (torch.compile(..., "
                             "dynamic=True) or torch._dynamo.config.recompile_limit avoid it)")
