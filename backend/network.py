@@ -38,6 +38,15 @@ Layer types (inputs are (N, C, H, W) images or (N, F) features; N is any batch s
 - ``dropout(p=0.5)``: only in training; the mask is seeded (``forward(seed=)``), not torch's stream.
 - ``flatten``: (N, ...) -> (N, prod(...)).
 - ``residual(body)``: y = x + body(x), body a list of layers (``Network.residual(net)``).
+
+A spec may come from a file (netio.py), so it is untrusted: every setting is checked (ints within
+2**31 - 1, floats finite and within float32's range, no unknown settings or keys), residual blocks
+nest at most ``MAX_DEPTH`` (64) deep, a network has at most ``MAX_LAYERS`` layers, and every size
+is checked against the memory limit (ANYDEVICE_MAX_TENSOR_MB, default half the free memory) before
+anything is made: a layer's weights when it is made (for its smallest input), all weights once the
+input shape is known (``param_shapes``, ``initialized``), one sample's layer outputs in ``shapes``,
+the batch's on the backend's device in ``forward``. Each refusal is an AnyDeviceError naming the
+layer by index and type ("layer 3.body.0 (conv2d)"), the setting and its value.
 """
 from __future__ import annotations
 
@@ -450,8 +459,9 @@ class Network:
         return out
 
     def _check_fits(self, in_shape):
-        """The parameters fit this input (a conv's in_channels, a linear's in_features...)."""
-        ps, _ = self.param_shapes(in_shape)
+        """The parameters fit this input (a conv's in_channels, a linear's in_features...); their
+        sizes are not checked against the memory limit (they are there already)."""
+        ps, _ = self.param_shapes(in_shape, check_memory=False)
         for k, shape in ps.items():
             have = self.params.get(k)
             if have is not None and tuple(_shape_of(have)) != tuple(shape):
@@ -466,13 +476,13 @@ class Network:
         s = self.shapes(in_shape)
         return s[-1] if s else _check_in_shape(in_shape)
 
-    def param_shapes(self, in_shape) -> tuple[dict, dict]:
+    def param_shapes(self, in_shape, check_memory: bool = True) -> tuple[dict, dict]:
         """({param name: shape}, {buffer name: shape}) for input ``in_shape``, in torch's order.
-        AnyDeviceError naming the layer where its parameters, or all of them together, would be
-        over the memory limit (so ``initialized`` makes nothing that large)."""
+        ``check_memory``: AnyDeviceError naming the layer where its parameters, or all of them
+        together, would be over the memory limit (so ``initialized`` makes nothing that large)."""
         in_shape = _check_in_shape(in_shape)
         ps, bs = {}, {}
-        _walk_shapes(self.layers, in_shape, "", ps, bs)
+        _walk_shapes(self.layers, in_shape, "", ps, bs, check_memory)
         return ps, bs
 
     def num_params(self) -> int:
@@ -606,7 +616,7 @@ class Network:
                 shapes = None
         ps = {}
         if in_shape is not None and shapes is not None:
-            ps, _ = self.param_shapes(in_shape)
+            ps, _ = self.param_shapes(in_shape, check_memory=False)
         lines = []
         head = f"input {tuple(in_shape)}" if in_shape is not None else "input shape not set"
         lines.append(head)
@@ -889,13 +899,14 @@ def _param_layers(layers, s, prefix):
         s = _layer_shape(layer, s, key)
 
 
-def _walk_shapes(layers, s, prefix, ps, bs):
-    """Every parameter's and buffer's shape into ps / bs, in torch's order. Each layer's are checked
-    against the memory limit before the next (naming the layer), then all of them together."""
+def _walk_shapes(layers, s, prefix, ps, bs, check_memory=True):
+    """Every parameter's and buffer's shape into ps / bs, in torch's order. ``check_memory``: each
+    layer's are checked against the memory limit before the next (naming the layer), then all of
+    them together."""
     for layer, key, x in _param_layers(layers, s, prefix):
         p, b = _layer_param_shapes(layer, key, x)
         need = 4 * sum(math.prod(v) for v in list(p.values()) + list(b.values()))
-        over = _over_limit(need) if need else None
+        over = _over_limit(need) if need and check_memory else None
         if over:
             made = ", ".join(f"{k.rsplit('.', 1)[1]} {v}" for k, v in list(p.items()) + list(b.items()))
             raise AnyDeviceError(OP, _where(key, layer), tuple(x), f"its parameters ({made}; {_settings_text(layer)}) "
@@ -903,7 +914,7 @@ def _walk_shapes(layers, s, prefix, ps, bs):
         ps.update(p)
         bs.update(b)
     need = 4 * (sum(math.prod(v) for v in ps.values()) + sum(math.prod(v) for v in bs.values()))
-    over = _over_limit(need) if need else None
+    over = _over_limit(need) if need and check_memory else None
     if over:
         raise AnyDeviceError(OP, "parameters", tuple(s), f"the network's {len(ps) + len(bs)} parameter and buffer "
                              f"tensors would need {_mem(need)} of float32 together, over {over}")

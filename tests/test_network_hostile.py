@@ -287,3 +287,168 @@ def test_load_says_a_refused_spec_in_its_reason(tmp_path, limit_mb):
     exc = refused(lambda: netio.load(path), "layer 0 (upsample)")
     assert exc.op == "load" and exc.arg == "path"
     assert "layer 0 (upsample)" in exc.reason and "scale_factor=1000000.0" in exc.reason, exc.reason
+
+
+# ---- 3. the neighbours: odd values in settings, odd files ---------------------------------------
+@pytest.mark.parametrize("layer, setting, value", [
+    ({"type": "activation", "name": "leaky_relu", "negative_slope": float("nan")}, "negative_slope", "nan"),
+    ({"type": "batch_norm", "eps": float("inf")}, "eps", "inf"),
+    ({"type": "batch_norm", "momentum": float("-inf")}, "momentum", "-inf"),
+    ({"type": "activation", "name": "elu", "alpha": 1e308}, "alpha", "1e+308"),
+    ({"type": "upsample", "scale_factor": 1e308}, "scale_factor", "1e+308"),
+    ({"type": "upsample", "scale_factor": [2, float("nan")]}, "scale_factor", "nan"),
+    ({"type": "dropout", "p": float("nan")}, "p", "nan"),
+    ({"type": "linear", "out_features": 1e308}, "out_features", "1e+308"),
+    ({"type": "linear", "out_features": True}, "out_features", "True"),
+    ({"type": "linear", "out_features": 3, "bias": 1}, "bias", "1"),
+    ({"type": "conv2d", "out_channels": "8", "kernel_size": 3}, "out_channels", "'8'"),
+    ({"type": "conv2d", "out_channels": 8, "kernel_size": [3, True]}, "kernel_size", "True"),
+    ({"type": "conv2d", "out_channels": 8, "kernel_size": 3, "stride": 3.0}, "stride", "3.0"),
+    ({"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": "full"}, "padding", "'full'"),
+    ({"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding_mode": ["zeros"]}, "padding_mode", "['zeros']"),
+    ({"type": "linear", "out_features": 10**40}, "out_features", "10000000000000000000000000000000000000000"),
+    ({"type": "batch_norm", "eps": 10**400}, "eps", "1000000"),
+    ({"type": "activation", "name": "softmax", "dim": 1.5}, "dim", "1.5"),
+    ({"type": "activation", "name": 3}, "name", "3"),
+    ({"type": "pool", "kind": "adaptive_avg", "kernel_size": 0, "output_size": 1}, "kernel_size", "0"),
+    ({"type": "transformer"}, "type", "'transformer'"),
+    ({"type": ["linear"]}, "type", "['linear']"),
+    ({"type": None}, "type", "None"),
+    ({"type": "flatten", "start_dim": 2}, "start_dim", "2"),
+    ({"type": "linear", "out_features": 3, "weights": [1, 2]}, "weights", "[1, 2]"),
+    ({"type": "activation", "name": "relu", "inplace": True}, "inplace", "True"),
+    ({"type": "residual", "body": "conv"}, "body", "'conv'"),
+    ({"type": "residual", "body": [{"type": "linear", "out_features": 0.5}]}, "out_features", "0.5"),
+])
+def test_odd_settings_are_named(layer, setting, value):
+    text = json.dumps({"layers": [layer]}, allow_nan=True)
+    exc = refused(lambda: Network.from_spec_json(text), f"'{setting}'", value)
+    assert exc.arg == setting
+    assert "layer 0" in str(exc)
+
+
+@pytest.mark.parametrize("text, arg, fragment", [
+    ('{"layers": [], "weights": 1}', "weights", "unknown key"),
+    ('{"format": "anydevice.network/9", "layers": []}', "format", "anydevice.network/1"),
+    ('{"layers": [], "in_shape": 5}', "in_shape", "ints from 0"),
+    ('{"layers": [], "in_shape": [1, -3]}', "in_shape", "ints from 0"),
+    ('{"layers": [], "in_shape": [1, true]}', "in_shape", "ints from 0"),
+    ('{"layers": [], "in_shape": [1, 3.5]}', "in_shape", "ints from 0"),
+    ('{"layers": [{"type": "flatten"}], "in_shape": [1, 100000, 100000, 100000]}', "layer 0 (flatten)", "TiB"),
+    ('{"layers": "conv"}', "spec", "'layers' list"),
+    ('{"layers": [5]}', "layer", "'type'"),
+    ('[{"type": "flatten"}', "spec", "not valid JSON"),
+    ('{"layers": [{"type": "linear", "out_features": ' + "9" * 5000 + '}]}', "spec", "not valid JSON"),
+    (json.dumps({"layers": [{"type": "flatten"}] * 10001}), "spec", "at most 10000"),
+])
+def test_odd_specs_are_named(text, arg, fragment, limit_mb):
+    exc = refused(lambda: Network.from_spec_json(text), fragment)
+    assert exc.arg == arg, str(exc)
+
+
+def _entry(dtype="F32", shape=(3, 2), offsets=(0, 24)):
+    return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
+
+
+_META = {netio.LAYERS_KEY: spec([{"type": "linear", "out_features": 3}])}
+
+
+@pytest.mark.parametrize("header, data, fragments", [
+    ({"__metadata__": _META, "0.weight": _entry("f32")}, 24, ["'0.weight'", "dtype 'f32'", "F32, F16"]),
+    ({"__metadata__": _META, "0.weight": _entry("F8_E4M3")}, 24, ["'0.weight'", "'F8_E4M3'"]),
+    ({"__metadata__": _META, "0.weight": _entry(["F32"])}, 24, ["'0.weight'", "['F32']"]),
+    ({"__metadata__": _META, "0.weight": _entry(offsets=(0, 20))}, 24, ["'0.weight'", "[3, 2]", "needs 24 bytes",
+                                                                         "has 20"]),
+    ({"__metadata__": _META, "0.weight": _entry(offsets=(0, 28))}, 28, ["'0.weight'", "[3, 2]", "has 28"]),
+    ({"__metadata__": _META, "0.weight": _entry(offsets=(0, 24))}, 8, ["'0.weight'", "[0, 24]", "outside the 8"]),
+    ({"__metadata__": _META, "0.weight": _entry(offsets=(16, 8))}, 24, ["'0.weight'", "[16, 8]"]),
+    ({"__metadata__": _META, "0.weight": _entry(offsets=(0, 2**62))}, 24, ["'0.weight'", "outside"]),
+    ({"__metadata__": _META, "0.weight": _entry(shape=(-3, -2))}, 24, ["'0.weight'", "[-3, -2]", "negative"]),
+    ({"__metadata__": _META, "0.weight": _entry(shape=(3.0, 2))}, 24, ["'0.weight'", "[3.0, 2]", "ints"]),
+    ({"__metadata__": _META, "0.weight": _entry(shape=(True, 2))}, 24, ["'0.weight'", "ints"]),
+    ({"__metadata__": _META, "0.weight": _entry(shape=(2**31, 2**31))}, 24, ["'0.weight'", "[2147483648, 2147483648]"]),
+    ({"__metadata__": _META, "0.weight": _entry(shape=[1] * 9, offsets=(0, 4))}, 24, ["'0.weight'", "at most 8"]),
+    ({"__metadata__": _META, "0.weight": _entry(offsets=("0", "24"))}, 24, ["'0.weight'", "data_offsets"]),
+    ({"__metadata__": _META, "0.weight": [1, 2]}, 24, ["'0.weight'", "bad entry"]),
+    ({"__metadata__": _META, "0.weight": {**_entry(), "extra": 1}}, 24, ["'0.weight'", "bad entry"]),
+    ({"__metadata__": {netio.LAYERS_KEY: {"layers": []}}}, 0, ["'anydevice.layers'", "not a string"]),
+    ({"__metadata__": [1]}, 0, ["__metadata__", "list"]),
+    ({"__metadata__": {netio.LAYERS_KEY: spec([]), netio.BUFFERS_KEY: "{"}}, 0, ["'anydevice.buffers'"]),
+    ({"__metadata__": {netio.LAYERS_KEY: spec([]), netio.BUFFERS_KEY: "[[1]]"}}, 0, ["'anydevice.buffers'"]),
+    ({"__metadata__": {netio.LAYERS_KEY: "[" * 5000 + "]" * 5000}}, 0, ["layer spec", "nests"]),
+])
+def test_odd_headers_are_named(tmp_path, header, data, fragments):
+    path = st_file(tmp_path / "odd.safetensors", header, b"\0" * data)
+    exc = refused(lambda: netio.load(path), *fragments)
+    assert exc.op == "load" and exc.arg == "path" and exc.value == str(path)  # the message shows it, cut short
+
+
+@pytest.mark.parametrize("blob, fragment", [
+    (b"", "is empty"),
+    (b"\x01\x02\x03", "shorter than its 8-byte header length"),
+    (struct.pack("<Q", 2**64 - 1) + b"{}", "header length 18446744073709551615"),
+    (struct.pack("<Q", netio.MAX_HEADER + 8) + b"{}", "at most"),
+    (struct.pack("<Q", 4096) + b"{}" + b" " * 62, "points past the end"),
+    (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4, "is not a safetensors file"),
+    (b"PK\x03\x04" + b"\0" * 100, "is not a safetensors file"),
+    (struct.pack("<Q", 8) + b"\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8", "not JSON"),
+    (struct.pack("<Q", 8) + b"12345678", "not a JSON object"),
+])
+def test_files_that_are_not_safetensors(tmp_path, blob, fragment):
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(blob)
+    exc = refused(lambda: netio.load(path), fragment)
+    assert exc.op == "load" and exc.value == str(path)
+
+
+def test_paths_that_are_not_files(tmp_path):
+    assert refused(lambda: netio.load(tmp_path), "is a directory").value == str(tmp_path)
+    exc = refused(lambda: netio.load(tmp_path / "missing.safetensors"), "cannot be read", "No such file")
+    assert exc.value == str(tmp_path / "missing.safetensors")
+    import os
+    if os.path.exists("/dev/zero"):  # would read forever
+        refused(lambda: netio.load("/dev/zero"), "/dev/zero", "not a regular file")
+
+
+def test_weights_that_are_not_finite(tmp_path):
+    path = net_file(tmp_path / "nan.safetensors", [{"type": "linear", "out_features": 3}],
+                    {"0.weight": np.full((3, 2), np.nan), "0.bias": np.zeros(3)})
+    refused(lambda: netio.load(path), "'0.weight'", "[3, 2]", "NaN or Inf")
+    header = {"__metadata__": _META, "0.weight": _entry("F64", (3, 2), (0, 48)), "0.bias": _entry("F64", (3,), (48, 72))}
+    path = st_file(tmp_path / "big.safetensors", header, np.full(9, 1e308).tobytes())
+    refused(lambda: netio.load(path), "'0.weight'", "float32's range")
+
+
+def test_tensors_over_the_memory_limit_are_not_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "1")
+    n = 1 << 19  # 2 MiB of F32
+    header = {"__metadata__": {netio.LAYERS_KEY: spec([])}, "big": _entry("F32", (n,), (0, 4 * n))}
+    path = st_file(tmp_path / "big.safetensors", header, b"\0" * (4 * n))
+    refused(lambda: netio.load(path), "'big'", "2.0 MiB", "ANYDEVICE_MAX_TENSOR_MB=1", peak_mb=1)
+
+
+def test_a_good_file_still_loads(tmp_path, be):
+    net = (Network.empty().add("conv2d", out_channels=4, kernel_size=3, padding=1).add("batch_norm")
+           .residual(Network.empty().add("activation", name="relu")).add("flatten").add("linear", out_features=2))
+    net = net.initialized((1, 3, 8, 8), 0)
+    netio.save(net, tmp_path / "ok.safetensors")
+    back = netio.load(tmp_path / "ok.safetensors")
+    assert list(back.params) == list(net.params) and set(back.buffers) == set(net.buffers)
+    np.testing.assert_array_equal(back.forward(be, IMG).numpy(), net.forward(be, IMG).numpy())
+    # without the input shape in the spec: same tensors, in the layers' order
+    no_shape = Network(net.layers, net.params, net.buffers, None)
+    netio.save(no_shape, tmp_path / "noshape.safetensors")
+    back = netio.load(tmp_path / "noshape.safetensors")
+    assert back.in_shape is None and list(back.params) == list(net.params)
+
+
+def test_sizes_do_not_stop_describe_or_weights_that_are_there(be, monkeypatch):
+    """describe() says the parameter count of a network too large to make; a network whose weights
+    exist runs under a limit lower than they are (only what forward would make is checked)."""
+    net = Network.from_spec_json(spec([{"type": "flatten"}, {"type": "linear", "out_features": 10**6}]))
+    monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "256")
+    assert net.describe((1, 3, 32, 32)).splitlines()[-1] == "3073000000 parameters (not initialised)"
+    small = Network.empty().add("linear", out_features=300).initialized((2, 1000), 0)  # 1.1 MiB of weights
+    monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "1")
+    assert small.forward(be, np.zeros((2, 1000), np.float32)).shape == (2, 300)
+    refused(lambda: small.initialized((2, 2000), 0), "layer 0 (linear)", "weight (300, 2000)")
