@@ -310,6 +310,30 @@ def validate_texts(cls, mode: tuple[str, Any, list], texts) -> str | bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# constants a node builds itself (kernels, matrices, tensors sized by a widget)
+# ---------------------------------------------------------------------------------------------
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def check_constant(node: str, arg: str, value, shape, dtype=np.float32, what: str = "array") -> None:
+    """Before a node builds a constant of ``shape``: refuse it, naming the input ``arg`` that sizes it
+    and its ``value``, when one array of it in ``dtype`` (the dtype it is generated in: a seeded init
+    draws float64 before its float32 copy) is over the tensor limit (ANYDEVICE_MAX_TENSOR_MB, or half
+    the host's free memory). Nothing of that size is allocated."""
+    from ..backend.config import tensor_limit  # noqa: PLC0415
+    shape = tuple(int(v) for v in shape)
+    dt = np.dtype(dtype)
+    nbytes = math.prod(shape) * dt.itemsize
+    limit, free, where = tensor_limit(None, nbytes)
+    if nbytes > limit:
+        raise NodeError(node, arg, value, f"would build a {shape} {what} of {_gib(nbytes)} in {dt.name}, over the "
+                                          f"limit of {_gib(limit)}" + (" (ANYDEVICE_MAX_TENSOR_MB)" if free is None else
+                                          f" (half of the {_gib(free)} free in {where}; ANYDEVICE_MAX_TENSOR_MB sets "
+                                          "another)"))
+
+
+# ---------------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------------
 _LOAD_TIME: str | None = None

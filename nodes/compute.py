@@ -9,8 +9,8 @@ import torch
 from ..backend import ACTIVATIONS, LOSSES
 from ..backend.plans import check_groups, conv_image, normalize_dims, pair, planned, same_pads
 from . import presets as P
-from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge, cpu_f32,
-                     kind_of, parse_ints, parse_matrix, parse_vector, resolve_backend, validate_texts)
+from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge, check_constant,
+                     cpu_f32, kind_of, parse_ints, parse_matrix, parse_vector, resolve_backend, validate_texts)
 from .resident import constant, host_tensor
 from .values import data, from_layout, nchw_shape, numbers, out_shape, preview, result, shape_of, to_layout, wrap
 
@@ -111,11 +111,14 @@ class AnyDeviceLinear(ComputeNode):
         b = None
         warg = {"preset": "preset", "random": "out_features", "text": "matrix", "weights": "weights"}.get(source)
         if source == "preset":
+            if preset == "identity":  # one row per input channel
+                check_constant(node, "preset", preset, (in_f, in_f), np.float32, "identity matrix")
             try:
                 w, b = P.color_preset(preset, in_f)
             except ValueError as exc:
                 raise NodeError(node, "preset", preset, str(exc)) from None
-        elif source == "random":
+        elif source == "random":  # the seeded init draws in float64 before its float32 copy
+            check_constant(node, "out_features", out_features, (int(out_features), in_f), np.float64, "random matrix")
             w = P.seeded_uniform(init_seed, (int(out_features), in_f), in_f)
         elif source == "text":
             try:
@@ -278,6 +281,12 @@ class AnyDeviceConv2D(ComputeNode):
             oc, gs = int(out_channels), max(1, int(groups))
             lead = (c, 1) if channel_mode != "grouped" else (c, max(1, oc // gs)) if transposed else (oc, max(1, c // gs))
             planned(op, lead + (k, k), "weight")
+            # and in the dtype each is generated in, before it is: the seeded init draws the whole
+            # weight in float64, the gaussian preset computes its 2-D kernel in float64
+            if kernel_source == "random":
+                check_constant(node, "kernel_size", kernel_size, lead + (k, k), np.float64, "random kernel")
+            elif preset == "gaussian":
+                check_constant(node, "kernel_size", kernel_size, (k, k), np.float64, "gaussian kernel")
         k2, w4, wbias, label, karg = self._kernel(kernel_source, preset, kernel_size, sigma, kernel_text, init_seed,
                                                   weights)
         sized = kernel_source == "random" or (kernel_source == "preset" and preset in P.SIZED_KERNELS)
@@ -289,6 +298,14 @@ class AnyDeviceConv2D(ComputeNode):
         if wbias is not None:
             self.arg_inputs["bias"] = ("weights", f"bias of shape {tuple(np.shape(wbias))}")
         k = int(kernel_size)
+        if k2 is not None and w4 is None and channel_mode in self.CHANNEL_MODES:  # the 2-D kernel for every channel
+            gs = max(1, int(groups))
+            lead = (c, 1) if channel_mode == "depthwise" else \
+                (c, int(out_channels) // gs) if transposed else (int(out_channels), c // gs)
+            arg = size_arg if channel_mode == "depthwise" else "out_channels"
+            shown = {"kernel_size": kernel_size, "kernel_text": kernel_text, "preset": preset,
+                     "out_channels": out_channels, "weights": f"weight of shape {k2.shape}"}[arg]
+            check_constant(node, arg, shown, lead + k2.shape, np.float32, "kernel")
         if channel_mode == "depthwise":
             g = c
             if w4 is not None:

@@ -8,9 +8,9 @@ import torch
 
 from . import presets as P
 from . import resident as R
-from .common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge, cpu_f32,
-                     device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix, parse_vector, raw,
-                     resolve_backend, shape_str, to_nchw, validate_texts)
+from .common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
+                     check_constant, cpu_f32, device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix,
+                     parse_vector, raw, resolve_backend, shape_str, to_nchw, validate_texts)
 from .resident import DeviceTensor
 from .values import data, numbers, shape_of, to_layout
 
@@ -171,6 +171,8 @@ class AnyDeviceTensorSource(PackNode):
             out = torch.from_numpy(m[0].copy() if m.shape[0] == 1 else m)
         else:
             dims = _shape(shape, node)
+            if mode in self.MODES[:4]:  # every mode here makes the tensor in float32 directly
+                check_constant(node, "shape", shape, dims, np.float32, "tensor")
             if mode == "zeros":
                 out = torch.zeros(dims)
             elif mode == "ones":
@@ -274,6 +276,8 @@ class AnyDeviceWeights(PackNode):
         t = Timer()
         if source == "random":
             dims = _shape(shape, node)
+            # the seeded init draws in float64 before its float32 copy
+            check_constant(node, "shape", shape, dims, np.float64, "random weight")
             w = P.seeded_uniform(init_seed, dims, math.prod(dims[1:]) if len(dims) > 1 else 1)
         elif source == "text":
             try:

@@ -7,7 +7,8 @@ dependency order (found without recursion, so chains of any length run); before 
 shape of every node, every link (existing node, output index >= 0, matching type) and every widget
 value (converted as ComfyUI converts it, min/max and combos from INPUT_TYPES, VALIDATE_INPUTS) is
 checked, and LoadImage names and Load Labeled Images folders must stay inside the input folders.
-Every problem is one line naming node id, class, input and value. Saved files are named as ComfyUI names them: ``<prefix>_00001_.png``.
+Every problem is one line naming node id, class, input and value. Saved files are named as ComfyUI
+names them: ``<prefix>_00001_.png``.
 """
 from __future__ import annotations
 

@@ -89,7 +89,8 @@ def _workflow(name, mode, widget, text) -> tuple[dict, str]:
         return {"3": {"class_type": name, "inputs": _widgets(name, **{mode: "text", widget: text})},
                 "4": {"class_type": "AnyDeviceTensorInfo", "inputs": {"input": ["3", 0]}}}, "3"
     if name == "AnyDeviceWeights":  # Weights -> Linear(source weights) on an image
-        return {"1": _image(), "2": {"class_type": name, "inputs": _widgets(name, shape="3, 3", **{mode: "text", widget: text})},
+        return {"1": _image(),
+                "2": {"class_type": name, "inputs": _widgets(name, shape="3, 3", **{mode: "text", widget: text})},
                 "3": {"class_type": "AnyDeviceLinear", "inputs": _widgets(
                     "AnyDeviceLinear", input=["1", 0], source="weights", weights=["2", 0])},
                 "4": preview}, "2"
