@@ -399,8 +399,12 @@ def _two(v):
 
 def layer_seed(seed: int, key: str) -> int:
     """The init seed of the layer whose parameters are named ``key.*``: derived from the network's
-    seed and the name, so adding a layer leaves the others' initial weights as they were."""
-    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, zlib.crc32(key.encode())]).generate_state(1)[0])
+    seed and the name, so adding a layer leaves the others' initial weights as they were. The whole
+    seed counts (its words past the low 32 bits follow the name, so seeds below 2**32 keep the
+    weights they always gave)."""
+    seed = int(seed)
+    return int(np.random.SeedSequence([seed & 0xFFFFFFFF, zlib.crc32(key.encode())] +
+                                      ([seed >> 32] if seed >> 32 else [])).generate_state(1)[0])
 
 
 # ---- the value ----------------------------------------------------------------------------------
