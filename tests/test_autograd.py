@@ -37,6 +37,84 @@ def test_chain_and_accumulation(backend_target):
     assert be.to_numpy(W.grad).shape == (3, 5)
 
 
+def _second_backward_graph(be):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    w = rng.standard_normal((3, 5)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    t = rng.standard_normal((4, 3)).astype(np.float32)
+    W = ag.Var(be, w, requires_grad=True)
+    B = ag.Var(be, b, requires_grad=True)
+    y = ag.F.linear(ag.Var(be, x), W, B)
+    loss = ag.F.mse_loss(ag.F.tanh(y) * 2.0 + y, t)
+    tw = torch.tensor(w.astype(np.float64), requires_grad=True)
+    tb = torch.tensor(b.astype(np.float64), requires_grad=True)
+    ty = TF.linear(torch.tensor(x, dtype=torch.float64), tw, tb)
+    tloss = TF.mse_loss(torch.tanh(ty) * 2 + ty, torch.tensor(t, dtype=torch.float64))
+    return (W, B, loss), (tw, tb, tloss)
+
+
+def test_a_second_backward_through_a_freed_graph_is_an_error(backend_target):
+    """The first backward frees the graph; a second one silently did nothing (the loss had become a
+    leaf). torch raises "Trying to backward through the graph a second time", and so does the tape,
+    leaving .grad as the first backward made it."""
+    be = backend_target
+    (W, B, loss), (tw, tb, tloss) = _second_backward_graph(be)
+    loss.backward()
+    tloss.backward()
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        tloss.backward()
+    first_w, first_b = be.to_numpy(W.grad).copy(), be.to_numpy(B.grad).copy()
+    with pytest.raises(AnyDeviceError) as e:
+        loss.backward()
+    msg = str(e.value)
+    assert msg.startswith("backward: argument 'graph' = ") and "freed at op" in msg, msg
+    assert "Trying to backward through the graph a second time" in msg and "retain_graph=True" in msg, msg
+    np.testing.assert_array_equal(be.to_numpy(W.grad), first_w)
+    np.testing.assert_array_equal(be.to_numpy(B.grad), first_b)
+    np.testing.assert_allclose(first_w, tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(AnyDeviceError, match="second time"):  # ag.grad through it too
+        ag.grad(loss, [W])
+    assert not loss.is_leaf  # the loss keeps its (freed) node: it did not turn into a leaf
+
+
+def test_retain_graph_lets_a_second_backward_accumulate_as_torch(backend_target):
+    be = backend_target
+    (W, B, loss), (tw, tb, tloss) = _second_backward_graph(be)
+    loss.backward(retain_graph=True)
+    loss.backward()  # accumulates: twice the gradient, as torch's
+    tloss.backward(retain_graph=True)
+    tloss.backward()
+    np.testing.assert_allclose(be.to_numpy(W.grad), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(be.to_numpy(B.grad), tb.grad.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(AnyDeviceError, match="second time"):  # the second (without retain_graph) freed it
+        loss.backward()
+    # ag.grad with retain_graph keeps it too; nothing is accumulated into .grad
+    (W2, B2, loss2), (tw2, _tb2, tloss2) = _second_backward_graph(be)
+    g1, = ag.grad(loss2, [W2], retain_graph=True)
+    g2, = ag.grad(loss2, [W2])
+    ref, = torch.autograd.grad(tloss2, [tw2])
+    np.testing.assert_allclose(be.to_numpy(g1), ref.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(be.to_numpy(g1), be.to_numpy(g2))
+    assert W2.grad is None
+
+
+def test_a_backward_through_part_of_a_freed_graph_is_an_error(backend_target):
+    """Two losses over one shared value: after the first one's backward, the second reaches the
+    shared (freed) ops and raises, as torch does for ops that kept tensors."""
+    be = backend_target
+    W = ag.Var(be, np.arange(6, dtype=np.float32).reshape(2, 3) / 6, requires_grad=True)
+    y = ag.F.tanh(W)
+    ag.F.sum(y).backward()
+    with pytest.raises(AnyDeviceError, match="second time"):
+        ag.F.mean(ag.F.mul(y, y)).backward()
+    tw = torch.tensor(np.arange(6, dtype=np.float64).reshape(2, 3) / 6, requires_grad=True)
+    ty = torch.tanh(tw)
+    ty.sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        (ty * ty).mean().backward()
+
+
 def test_broadcast_gradient_is_summed(backend_target):
     check_grad(backend_target, "add", {"input": np.ones((4, 1, 3)), "other": np.arange(6.0).reshape(2, 3)},
                torch.add)

@@ -19,6 +19,11 @@ tensors as native arrays, the output) and the output gradient, and returns a dic
 -> gradient (a native array, or a list of them for list arguments such as ``cat``'s tensors;
 None for no gradient). Gradients of broadcast inputs may be returned at the broadcast shape: the
 tape sums them to the input's shape (``sum_to``).
+
+As in torch, a backward frees the graph it ran through: a second backward that reaches it raises
+("Trying to backward through the graph a second time") unless the first was given
+``retain_graph=True``, and then it accumulates into ``.grad`` again. (torch raises only at ops
+that kept tensors for their backward; the tape raises at any op already run back through.)
 """
 from __future__ import annotations
 
@@ -105,9 +110,11 @@ class Var:
     def detach(self) -> "Var":
         return Var(self.be, self.data)
 
-    def backward(self, gradient=None) -> None:
-        """Accumulate d(self)/d(leaf) into every reachable leaf's ``.grad`` that requires it."""
-        backward([self], None if gradient is None else [gradient], accumulate=True)
+    def backward(self, gradient=None, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into every reachable leaf's ``.grad`` that requires it. As in
+        torch, the graph is freed: a second backward through it is an error unless the first was
+        given ``retain_graph=True``."""
+        backward([self], None if gradient is None else [gradient], accumulate=True, retain_graph=retain_graph)
 
     def __repr__(self) -> str:
         flag = ", requires_grad" if self.requires_grad else ""
@@ -384,8 +391,10 @@ def backward(outputs: list[Var], gradients=None, inputs: list[Var] | None = None
         else:  # unused outputs of a multi-output op get zeros where a rule needs them
             gy = [g if g is not None or s is None else _zeros(be, s) for g, s in zip(gys, node.out_shapes)]
         if node.ctx is None:
-            raise AnyDeviceError("backward", node.op, "a freed graph",
-                                 "backward already ran through this op: pass retain_graph=True to the first")
+            raise AnyDeviceError("backward", "graph", f"freed at op {node.op!r}",
+                                 "Trying to backward through the graph a second time: the first backward freed "
+                                 "it; pass retain_graph=True to the first backward (Var.backward(retain_graph=True)) "
+                                 "to run it again")
         result = RULES[node.op](node.ctx, gy) or {}
         for name, pos, var in node.parents:
             g = result.get(name)
@@ -400,10 +409,7 @@ def backward(outputs: list[Var], gradients=None, inputs: list[Var] | None = None
             else:
                 _accumulate(be, grads, (id(var._node), var._index), g)
         if not retain_graph:
-            node.ctx = None
-    if not retain_graph:
-        for out in outputs:
-            _free(out)
+            _free(node)
     if accumulate:
         for key, var in leaves.items():
             g = grads.get(("leaf", key))
@@ -414,9 +420,12 @@ def backward(outputs: list[Var], gradients=None, inputs: list[Var] | None = None
     return None
 
 
-def _free(out: Var) -> None:
-    """Drop the recorded graph below ``out`` (backward ran; a second backward would be an error)."""
-    out._node = None
+def _free(node: Node) -> None:
+    """Drop what ``node`` kept for its backward (backward ran through it). The node stays in its
+    outputs' ``_node``, so a second backward that reaches it raises, as torch's does; its inputs are
+    let go, so the values below it are freed as before."""
+    node.ctx = None
+    node.parents = []
 
 
 def grad(output: Var, inputs: list[Var], gradient=None, retain_graph: bool = False) -> list:
