@@ -489,11 +489,9 @@ def test_seeds_below_2_32_keep_their_initial_weights_and_same_seed_same_weights(
         assert all(np.array_equal(a.params[k], b.params[k]) for k in a.params)
 
 
-@pytest.mark.xfail(strict=True, reason="backend/network.py layer_seed() keeps only the seed's low 32 bits "
-                   "(int(seed) & 0xFFFFFFFF); the fix belongs there (not this change's file)")
 def test_seeds_that_differ_above_32_bits_give_other_initial_weights():
     """train_seed 0 and 2**32 gave the same initial weights (and dropout masks): the seed was cut to
-    its low 32 bits."""
+    its low 32 bits (backend/network.py layer_seed)."""
     from anydevice.backend import get_backend
     net = Network.empty().add("linear", out_features=2)
     for lo in (0, 5):
