@@ -179,6 +179,19 @@ def test_same_seed_same_weights_and_another_seed_differs():
     assert not np.array_equal(a.params["0.weight"], c.params["0.weight"])
 
 
+def test_train_seeds_that_differ_above_32_bits_train_other_weights():
+    """train_seed 0 and 2**32 (the widget goes to 2**64 - 1) gave the same weights."""
+    img = rand_image(8, 5, 5, 3, seed=2)
+    net = conv(net_of("AnyDeviceNetworkInput", shape="3, 5, 5"), 3, 3)["result"][0]
+    a = train(net, img, img, steps=2, train_seed=0)["result"][0]
+    b = train(net, img, img, steps=2, train_seed=2**32)["result"][0]
+    c = train(net, img, img, steps=2, train_seed=2**32)["result"][0]
+    d = train(net, img, img, steps=2, train_seed=NN.SEED_MAX)["result"][0]
+    assert not np.array_equal(a.params["0.weight"], b.params["0.weight"])
+    assert not np.array_equal(b.params["0.weight"], d.params["0.weight"])
+    assert all(np.array_equal(b.params[k], c.params[k]) for k in b.params)
+
+
 def test_mask_latent_and_tensor_batches_train_and_apply_as_their_own_type():
     m = torch.rand(6, 5, 5, generator=torch.Generator().manual_seed(0))
     net = conv(None, 1, 3)["result"][0]
