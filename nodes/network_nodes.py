@@ -690,10 +690,29 @@ class AnyDeviceApplyNetwork(_LearnNode):
 _NAME_OK = re.compile(r"^[\w\-. /]+$")
 
 
+def _counted(path: Path) -> Path:
+    """The next ``stem_00001_.safetensors`` beside ``path``, counting on from the highest there:
+    ComfyUI's savers' scheme (its CheckpointSave: ``name_00001_.safetensors``)."""
+    stem = os.path.normcase(path.name[: -len(".safetensors")])
+    top = 0
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        names = []
+    for f in names:
+        f = os.path.normcase(f)
+        if f.startswith(stem + "_") and f.endswith("_.safetensors"):
+            digits = f[len(stem) + 1: -len("_.safetensors")]
+            if digits.isdigit():
+                top = max(top, int(digits))
+    return path.parent / f"{path.name[: -len('.safetensors')]}_{top + 1:05}_.safetensors"
+
+
 class AnyDeviceSaveNetwork(_LearnNode):
     DISPLAY = "Save Network (AnyDevice)"
     DESCRIPTION = ("Saves the network (layers in the metadata, weights as tensors under torch's state-dict names) as "
-                   "a .safetensors file in models/anydevice/.")
+                   "a .safetensors file in models/anydevice/. It never replaces a file unless overwrite is on: a "
+                   "name that is taken gets a counter (name_00001_.safetensors), as ComfyUI's savers do.")
     RETURN_TYPES = ()
     RETURN_NAMES = ()
     OUTPUT_TOOLTIPS = ()
@@ -704,9 +723,15 @@ class AnyDeviceSaveNetwork(_LearnNode):
         return {"required": {"network": (NETWORK, {"tooltip": "A trained network."}),
                              "filename": ("STRING", {"default": "anydevice_network",
                                                      "tooltip": "File name in models/anydevice/ (.safetensors is "
-                                                                "added); an existing file is replaced."})}}
+                                                                "added; a / makes subfolders). When that file "
+                                                                "exists it is kept and the network goes to the next "
+                                                                "name_00001_.safetensors, unless overwrite is on."})},
+                "optional": {"overwrite": ("BOOLEAN", {"default": False,
+                                                       "tooltip": "Replace an existing file of that name. Off (the "
+                                                                  "default): never replace a file; a taken name "
+                                                                  "gets a counter, name_00001_.safetensors."})}}
 
-    def _run(self, network, filename="anydevice_network"):
+    def _run(self, network, filename="anydevice_network", overwrite=False):
         from ..backend import netio
         node = self.DISPLAY
         net = _network(network, node, required=True)
@@ -719,11 +744,49 @@ class AnyDeviceSaveNetwork(_LearnNode):
             raise NodeError(node, "filename", filename, "must be a plain file name (letters, digits, - _ . /), "
                             "inside models/anydevice")
         base = model_dirs()[0]
-        path = base / f"{name}.safetensors"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        target = base / f"{name}.safetensors"
+        for sub in reversed(list(Path(name).parents)[:-1]):  # the folders the name makes, outermost first
+            if (base / sub).exists() and not (base / sub).is_dir():
+                raise NodeError(node, "filename", filename, f"'{sub.as_posix()}' is a file in {base}, not a "
+                                "folder: choose another name")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise NodeError(node, "filename", filename, f"cannot make the folder {target.parent}: "
+                            f"{exc.strerror or exc}") from None
+        if target.is_dir():
+            raise NodeError(node, "filename", filename, f"is a folder in {base}: choose another name")
+        path, replaced, reserved = target, target.exists(), False
+        if not overwrite:
+            replaced = False
+            # claimed with an exclusive create (a file another save made meanwhile is never replaced)
+            while True:
+                try:
+                    with open(path, "x"):
+                        pass
+                    reserved = True
+                    break
+                except FileExistsError:
+                    path = _counted(target)
+                except OSError as exc:
+                    raise NodeError(node, "filename", filename, f"cannot write {path}: {exc.strerror or exc}") from None
         t = Timer()
-        netio.save(net, path, metadata={"anydevice.in_shape": str(list(net.in_shape or []))})
-        ui = _host_ui(t.ms(), [f"saved {path.name}", f"{net.num_params()} parameters"], "CPU (file)", path=str(path))
+        try:
+            netio.save(net, path, metadata={"anydevice.in_shape": str(list(net.in_shape or []))})
+        except AnyDeviceError as exc:
+            if reserved:
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            raise NodeError(node, "filename", filename, exc.reason or str(exc)) from exc
+        lines = [f"saved {path.name}", f"{net.num_params()} parameters"]
+        if path != target:
+            lines.insert(1, f"{target.name} exists: kept (overwrite is off)")
+        elif replaced:
+            lines.insert(1, "replaced the file of that name (overwrite is on)")
+        log.info("AnyDevice %s: saved %s", node, path)
+        ui = _host_ui(t.ms(), lines, "CPU (file)", path=str(path))
         return {"ui": ui, "result": ()}
 
 

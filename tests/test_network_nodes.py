@@ -435,6 +435,74 @@ def test_save_and_load_round_trip(tmp_path, monkeypatch):
         run("AnyDeviceLoadNetwork", name="missing.safetensors")
 
 
+def test_save_never_replaces_a_file_unless_overwrite_is_on(tmp_path, monkeypatch):
+    """Save Network replaced an existing file silently. It now counts on as ComfyUI's savers do
+    (name_00001_.safetensors); overwrite=True replaces the file of that name."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "models" / "anydevice"
+    img = rand_image(8)
+    net = conv(net_of("AnyDeviceNetworkInput", shape="3, 6, 6"), 3)["result"][0]
+    a = train(net, img, img, steps=2)["result"][0]
+    b = train(net, img, img, steps=2, train_seed=1)["result"][0]
+    run("AnyDeviceSaveNetwork", network=a, filename="keep")
+    first = (folder / "keep.safetensors").read_bytes()
+    r = run("AnyDeviceSaveNetwork", network=b, filename="keep")
+    assert r["ui"]["text"][:2] == ["saved keep_00001_.safetensors", "keep.safetensors exists: kept (overwrite is off)"]
+    assert (folder / "keep.safetensors").read_bytes() == first
+    assert r["ui"]["anydevice"][0]["path"] == str(folder / "keep_00001_.safetensors")
+    run("AnyDeviceSaveNetwork", network=b, filename="keep.safetensors", overwrite=False)
+    assert (folder / "keep_00002_.safetensors").is_file() and (folder / "keep.safetensors").read_bytes() == first
+    (folder / "keep_00009_.safetensors").write_bytes(first)  # counting goes on from the highest, as ComfyUI's
+    assert run("AnyDeviceSaveNetwork", network=b, filename="keep")["ui"]["text"][0] == "saved keep_00010_.safetensors"
+    back = net_of("AnyDeviceLoadNetwork", name="keep_00001_.safetensors")
+    assert all(np.array_equal(back.params[k], b.params[k]) for k in b.params)
+    assert all(np.array_equal(net_of("AnyDeviceLoadNetwork", name="keep.safetensors").params[k], a.params[k])
+               for k in a.params)
+    r = run("AnyDeviceSaveNetwork", network=b, filename="keep", overwrite=True)
+    assert r["ui"]["text"][:2] == ["saved keep.safetensors", "replaced the file of that name (overwrite is on)"]
+    back = net_of("AnyDeviceLoadNetwork", name="keep.safetensors")
+    assert all(np.array_equal(back.params[k], b.params[k]) for k in b.params)
+    assert sorted(p.name for p in folder.iterdir()) == ["keep.safetensors", "keep_00001_.safetensors",
+                                                        "keep_00002_.safetensors", "keep_00009_.safetensors",
+                                                        "keep_00010_.safetensors"]
+    # a name whose folder part is an existing file: a NodeError naming node, input and value
+    for over in (False, True):
+        with pytest.raises(NodeError) as e:
+            run("AnyDeviceSaveNetwork", network=a, filename="keep.safetensors/x", overwrite=over)
+        msg = str(e.value)
+        assert msg.startswith("Save Network (AnyDevice): input 'filename' = 'keep.safetensors/x': "), msg
+        assert "'keep.safetensors' is a file" in msg and "not a folder" in msg, msg
+    (folder / "dir.safetensors").mkdir()
+    with pytest.raises(NodeError, match="input 'filename' = 'dir': is a folder"):
+        run("AnyDeviceSaveNetwork", network=a, filename="dir", overwrite=True)
+    assert not list(folder.glob("*.tmp*"))
+
+
+def test_save_network_overwrite_widget_is_optional_so_saved_prompts_still_run(tmp_path, monkeypatch):
+    spec = N["AnyDeviceSaveNetwork"].INPUT_TYPES()
+    assert "overwrite" not in spec["required"]
+    kind, opts = spec["optional"]["overwrite"]
+    assert kind == "BOOLEAN" and opts["default"] is False and "name_00001_.safetensors" in opts["tooltip"]
+    assert "unless overwrite is on" in spec["required"]["filename"][1]["tooltip"]
+    monkeypatch.chdir(tmp_path)
+    prompt = {  # an API prompt saved before the widget existed
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 6, "height": 6, "batch_size": 4, "color": 0x336699}},
+        "2": {"class_type": "AnyDeviceNetworkInput", "inputs": {"shape": "3, 6, 6"}},
+        "3": {"class_type": "AnyDeviceConvLayer", "inputs": {
+            "out_channels": 3, "kernel_size": 1, "stride": 1, "padding": "same", "padding_size": 1,
+            "padding_mode": "zeros", "dilation": 1, "groups": 1, "bias": True, "network": ["2", 0]}},
+        "4": {"class_type": "AnyDeviceTrainNetwork", "inputs": {
+            "loss": "mse", "optimizer": "sgd", "learning_rate": 0.1, "weight_decay": 0.0, "steps": 2, "epochs": 0,
+            "batch_size": 2, "momentum": 0.9, "train_seed": 0, "network": ["3", 0], "inputs": ["1", 0],
+            "targets": ["1", 0]}},
+        "5": {"class_type": "AnyDeviceSaveNetwork", "inputs": {"filename": "old_prompt", "network": ["4", 0]}},
+    }
+    for _ in range(2):
+        runner.run_prompt(prompt, output_dir=tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "models" / "anydevice").iterdir()) == [
+        "old_prompt.safetensors", "old_prompt_00001_.safetensors"]
+
+
 def test_folder_paths_registration(monkeypatch, tmp_path):
     fp = types.SimpleNamespace(folder_names_and_paths={}, models_dir=str(tmp_path))
     monkeypatch.setitem(sys.modules, "folder_paths", fp)
