@@ -4,8 +4,8 @@
 // Both go into one DOM widget per learning node (`addDOMWidget`, never serialised, added last so
 // `widgets_values` keep their order), which both of the frontend's renderers show: the classic
 // LiteGraph canvas and the Vue node renderer (`Comfy.VueNodes.Enabled`).
-// - Train Network sends an `anydevice.train` server event after every step
-//   ({node, step, steps, loss}; {start: true} before the first); the curve is redrawn as they come,
+// - Train Network sends an `anydevice.train` server event every 0.1 s of wall time and at the last
+//   step ({node, step, steps, loss}; {start: true} before the first); the curve is redrawn as they come,
 //   and replaced by the run's own `ui.train_curve` when the node finishes (so a reload or a cached
 //   run still shows it).
 // - Every learning node returns `ui.text` lines (layer and output shape, accuracy, saved file...),
