@@ -6,8 +6,10 @@ at ``ComfyUI/custom_nodes/<pack>``), a ``ComfyUI`` folder beside the repository,
 ``~/ComfyUI``. The venv is ``venv`` (or ``.venv``) inside the checkout, or ``COMFYUI_PYTHON``. Without
 one the tests skip and say why. The server runs from that venv on 127.0.0.1 with a free port and
 ``--cpu``; the pack is linked as ``<tmp>/custom_nodes/anydevice`` (an extra-model-paths yaml adds that
-folder, and a throwaway ``models/vae`` folder for :func:`write_random_vae`, so the ComfyUI checkout is
-never touched), input/output/temp/user folders are throwaway ones, and only this pack is allowed (``--disable-all-custom-nodes --whitelist-custom-nodes anydevice``).
+folder, and throwaway ``models/vae`` and ``models/checkpoints`` folders for :func:`write_random_vae` and
+:func:`write_random_sd15_checkpoint`, so the ComfyUI checkout is never touched), input/output/temp/user
+folders are throwaway ones, and only this pack is allowed (``--disable-all-custom-nodes
+--whitelist-custom-nodes anydevice``).
 
 Frontends: the one the checkout pins (its venv's ``comfyui-frontend-package``) and any other found by
 :func:`frontends` (``COMFYUI_FRONTEND_ROOTS``, or ``comfyui-frontend-*`` folders made with
@@ -36,6 +38,8 @@ ARTIFACTS = ROOT / "test-artifacts"
 API = ROOT / "example_workflows" / "api"
 #: the VAE file example_workflows/api/vae_decode_anydevice.json loads (made by write_random_vae)
 RANDOM_VAE = "anydevice_random_sd15_vae.safetensors"
+#: the SD1.5 checkpoint tests/test_sd15_e2e.py loads (made by write_random_sd15_checkpoint)
+RANDOM_SD15 = "anydevice_random_sd15.safetensors"
 
 
 def _venv_python(d: Path) -> Path | None:
@@ -139,6 +143,7 @@ class ComfyServer:
         self.proc = None
         self.output_dir = self.tmp / "output"
         self.vae_dir = self.tmp / "models" / "vae"
+        self.ckpt_dir = self.tmp / "models" / "checkpoints"
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 180.0) -> "ComfyServer":
@@ -146,8 +151,10 @@ class ComfyServer:
         nodes.mkdir()
         (nodes / PACK_NAME).symlink_to(ROOT, target_is_directory=True)
         self.vae_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         (self.tmp / "extra_paths.yaml").write_text(f"anydevice_e2e:\n    custom_nodes: {nodes}\n"
-                                                   f"    vae: {self.vae_dir}\n")
+                                                   f"    vae: {self.vae_dir}\n"
+                                                   f"    checkpoints: {self.ckpt_dir}\n")
         for sub in ("input", "output", "temp", "user/default"):
             (self.tmp / sub).mkdir(parents=True, exist_ok=True)
         shutil.copy(PHOTO, self.tmp / "input" / "photo.png")
@@ -287,6 +294,29 @@ def write_random_vae(srv: "ComfyServer", timeout: float = 600) -> Path:
                           timeout=timeout)
     if proc.returncode != 0 or not tmp.is_file():
         raise RuntimeError(f"could not make {RANDOM_VAE}: {proc.stderr[-3000:]}")
+    tmp.replace(path)
+    return path
+
+
+def write_random_sd15_checkpoint(srv: "ComfyServer", timeout: float = 900) -> Path:
+    """``RANDOM_SD15`` in the server's checkpoints folder (once per server, deleted with it): an
+    SD1.5-architecture checkpoint (ComfyUI's UNet, CLIP-L and SD1.x VAE, random weights, float32, about
+    4.3 GB) saved by ``comfy.sd.save_checkpoint``, made by tests/sd15_checkpoint_comfy.py under the
+    server's own python (about a minute on two cores). Raises RuntimeError if it cannot be made."""
+    path = srv.ckpt_dir / RANDOM_SD15
+    if path.is_file():
+        return path
+    tmp = path.with_suffix(".part")
+    env = dict(os.environ, COMFYUI_DIR=str(srv.comfy))
+    try:
+        proc = subprocess.run([str(_venv_python(srv.comfy)), str(ROOT / "tests" / "sd15_checkpoint_comfy.py"),
+                               str(tmp)], cwd=srv.comfy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"could not make {RANDOM_SD15} in {timeout:.0f} s") from exc
+    if proc.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"could not make {RANDOM_SD15}: {proc.stderr[-3000:]}")
     tmp.replace(path)
     return path
 
