@@ -633,9 +633,9 @@ def test_bench_train_flops_and_cases():
         Network.empty().add("conv2d", out_channels=4, kernel_size=1)).add("flatten").add("linear", out_features=2)
     want = 2.0 * 2 * 4 * 5 * 5 * 3 * 9 + 2.0 * 2 * 4 * 5 * 5 * 4 + 2.0 * 2 * 2 * 100
     assert bench_train.forward_flops(net, (2, 3, 5, 5)) == want
-    names = [c.name for c in bench_train.CASES]
+    names = [c.name for c in bench_train.cases()]
     assert any("digits" in n and "b64" in n for n in names) and any("denoiser b16 3x64x64" in n for n in names)
-    den = next(c for c in bench_train.CASES if "denoiser" in c.name)
+    den = next(c for c in bench_train.cases() if "denoiser" in c.name)
     assert den.network.out_shape(den.in_shape) == den.in_shape
 
 

@@ -7,12 +7,9 @@ The first real SD1.5 UNet crashed here (the weight fingerprint's float32 index p
 elements); a tiny UNet never showed it. ComfyUI's own UNetModel through the node itself runs in
 tests/test_model_nodes.py (under ComfyUI's python, where a ComfyUI checkout is found).
 
-One backend (numpy: no kernel builds), about a minute and a half on two cores; ``ANYDEVICE_UNET_BACKEND``
-picks another.
+One backend (numpy: no kernel builds), about a minute and a half on two cores.
 """
 from __future__ import annotations
-
-import os
 
 import pytest
 
@@ -23,7 +20,7 @@ from anydevice.backend import get_backend, list_backends, versions  # noqa: E402
 from anydevice.backend.model_zoo import sd15_unet  # noqa: E402
 from anydevice.nodes import model_nodes as mn  # noqa: E402
 
-DEVICE = os.environ.get("ANYDEVICE_UNET_BACKEND", "numpy")
+DEVICE = "numpy"
 
 
 def rel(a, b) -> float:

@@ -34,7 +34,7 @@ def main(argv) -> int:
         for b in backends.split(","):
             for cname in cases.split(","):
                 for v, (_, bt) in versions.items():
-                    case = next(c for c in bt.CASES if cname in c.name)
+                    case = next(c for c in bt.cases() if cname in c.name)
                     row = bt.bench_train_case(bes[(v, b)], case, budget)
                     rows.append(dict(round=r, version=v, backend=b, case=case.name, ms=row.ms,
                                      torch_ms=row.torch_ms, ratio=row.ratio, load=os.getloadavg()[0]))

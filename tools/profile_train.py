@@ -40,7 +40,7 @@ def main(argv):
     tape = importlib.import_module("anydevice.backend.autograd.tape")
     convgrad = importlib.import_module("anydevice.backend.convgrad")
     optim = importlib.import_module("anydevice.backend.optim")
-    case = next(c for c in bt.CASES if cname in c.name)
+    case = next(c for c in bt.cases() if cname in c.name)
     for bname in backends:
         be = bk.get_backend(bname)
         rec = collections.defaultdict(list)   # key -> per-step list of totals
