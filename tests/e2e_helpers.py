@@ -160,8 +160,10 @@ class ComfyServer:
         shutil.copy(PHOTO, self.tmp / "input" / "photo.png")
         (self.tmp / "user" / "default" / "comfy.settings.json").write_text(
             json.dumps({"Comfy.TutorialCompleted": True}))
+        # --base-directory: custom_nodes (and models) are the throwaway folder's only, so a pack linked
+        # into the checkout's own custom_nodes (another checkout of it, say) is not loaded beside this one
         cmd = [str(_venv_python(self.comfy)), "main.py", "--cpu", "--listen", "127.0.0.1",
-               "--port", str(self.port),
+               "--port", str(self.port), "--base-directory", str(self.tmp),
                "--user-directory", str(self.tmp / "user"),
                "--input-directory", str(self.tmp / "input"),
                "--output-directory", str(self.output_dir),

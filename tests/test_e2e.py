@@ -201,10 +201,10 @@ def test_out_of_range_widgets_fail_comfyuis_own_validation(srv, conv, widget, va
     ({"kernel_source": "text", "kernel_text": "1 2 3\n4 5"}, "Conv2D (AnyDevice): input 'kernel_text' = '1 2 3\\n4 5': is ragged"),
     ({"kernel_source": "text", "kernel_text": "1 2\n3 abc"}, "'abc') is not a number"),
 ])
-def test_bad_kernel_text_is_an_execution_error_naming_the_widget(srv, conv, expect):
-    """kernel_text is checked where its mode is known (run time): the error names node, widget, value."""
-    err = _execution_error(srv, _conv_prompt(**conv))
-    assert expect in err["exception_message"], err
+def test_bad_kernel_text_is_a_validation_error_naming_the_widget(srv, conv, expect):
+    """kernel_text is checked when the prompt is queued (VALIDATE_INPUTS, with the mode that says it is
+    parsed), before any node runs: the error names node, widget, value."""
+    assert expect in _validation_details(srv, _conv_prompt(**conv))
 
 
 def test_unavailable_device_fails_validation(srv, object_info):
