@@ -239,7 +239,7 @@ def test_sdpa_shape_errors(sq, sk, sv, gqa, arg):
 
 def test_sdpa_bench_case_runs(backend_target):
     """The bench's attention case (make + torch_fn), on a small shape."""
-    from anydevice.backend import bench
+    from anydevice.backend.bench import ops as bench
     case = next(c for c in bench.CASES if c.name.startswith("attention"))
     assert case.torch_fn == "F.scaled_dot_product_attention" and case.op == "scaled_dot_product_attention"
     small = bench.Case("attention small", case.op, (), (), {}, 4.0 * 2 * 32 * 32 * 8,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from anydevice.backend import bench
+from anydevice.backend.bench import ops as bench
 
 
 def test_bench_case_runs_on_every_backend(backend_target):

@@ -1,4 +1,4 @@
-"""``anydevice bench --model`` and its model definitions (backend/model_zoo.py).
+"""``anydevice bench --model`` and its model definitions (backend/bench/model_zoo.py).
 
 The definitions must be the real architectures: the SD1.x decoder against ComfyUI's own
 ``comfy.ldm.modules.diffusionmodules.model.Decoder`` (run in ComfyUI's venv, found as the e2e tests
@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import torch
 
-from anydevice.backend import bench, bench_model, model_zoo
+from anydevice.backend.bench import ops as bench, model as bench_model, model_zoo
 
 import compile_models as cm
 import e2e_helpers as e2e
@@ -69,7 +69,7 @@ def test_decoder_matches_comfyui_decoder():
     if comfy is None:
         pytest.skip(f"ComfyUI's Decoder not available ({why}; set COMFYUI_DIR to a ComfyUI checkout with a venv)")
     py = e2e._venv_python(comfy)
-    code = f"COMFY = {str(comfy)!r}\nZOO = {str(e2e.ROOT / 'backend' / 'model_zoo.py')!r}\n" + _COMFY_CHECK
+    code = f"COMFY = {str(comfy)!r}\nZOO = {str(e2e.ROOT / 'backend' / 'bench' / 'model_zoo.py')!r}\n" + _COMFY_CHECK
     p = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=600, cwd=str(comfy))
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert p.returncode == 0 and line, (p.stdout[-2000:], p.stderr[-3000:])

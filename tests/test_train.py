@@ -628,7 +628,7 @@ def test_digits_cnn(backend_target):
 
 # ---- bench --train rows ----------------------------------------------------------------------
 def test_bench_train_flops_and_cases():
-    from anydevice.backend import bench_train
+    from anydevice.backend.bench import train as bench_train
     net = Network.empty().add("conv2d", out_channels=4, kernel_size=3, padding=1).residual(
         Network.empty().add("conv2d", out_channels=4, kernel_size=1)).add("flatten").add("linear", out_features=2)
     want = 2.0 * 2 * 4 * 5 * 5 * 3 * 9 + 2.0 * 2 * 4 * 5 * 5 * 4 + 2.0 * 2 * 2 * 100
@@ -640,9 +640,9 @@ def test_bench_train_flops_and_cases():
 
 
 def test_bench_train_row(backend_target):
-    """One tiny case through the bench's timing loop: bench.py's Row, both sides measured."""
-    from anydevice.backend import bench_train
-    from anydevice.backend.bench import Row
+    """One tiny case through the bench's timing loop: bench/rows.py's Row, both sides measured."""
+    from anydevice.backend.bench import train as bench_train
+    from anydevice.backend.bench.rows import Row
     case = bench_train.TrainCase("tiny", Network.empty().add("flatten").add("linear", out_features=3), (4, 2, 2, 2),
                                  "cross_entropy", 1e-2)
     row = bench_train.bench_train_case(backend_target, case, budget_s=0.01, max_reps=3)

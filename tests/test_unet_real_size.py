@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from anydevice.backend import compile as adc  # noqa: E402
 from anydevice.backend import get_backend, list_backends, versions  # noqa: E402
-from anydevice.backend.model_zoo import sd15_unet  # noqa: E402
+from anydevice.backend.bench.model_zoo import sd15_unet  # noqa: E402
 from anydevice.nodes import model_nodes as mn  # noqa: E402
 
 DEVICE = "numpy"

@@ -25,7 +25,7 @@ def load(name: str, root: str):
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
-    return importlib.import_module(name + ".backend"), importlib.import_module(name + ".backend.bench")
+    return importlib.import_module(name + ".backend"), importlib.import_module(name + ".backend.bench.ops")
 
 
 def main(argv) -> int:

@@ -27,7 +27,7 @@ def main(argv) -> int:
     versions = {}
     for v, root in (("before", before_root), ("after", after_root)):
         be_mod, _ = load("ad_" + v, root)
-        versions[v] = (be_mod, importlib.import_module("ad_" + v + ".backend.bench_train"))
+        versions[v] = (be_mod, importlib.import_module("ad_" + v + ".backend.bench.train"))
     bes = {(v, b): mods[0].get_backend(b) for v, mods in versions.items() for b in backends.split(",")}
     rows = []
     for r in range(int(rounds)):

@@ -36,7 +36,7 @@ def main(argv):
     import importlib
     import numpy as np
     bk = importlib.import_module("anydevice.backend")
-    bt = importlib.import_module("anydevice.backend.bench_train")
+    bt = importlib.import_module("anydevice.backend.bench.train")
     tape = importlib.import_module("anydevice.backend.autograd.tape")
     convgrad = importlib.import_module("anydevice.backend.convgrad")
     optim = importlib.import_module("anydevice.backend.optim")

@@ -33,11 +33,11 @@ from .. import cancel
 from ..errors import AnyDeviceError
 from ..versions import tensor_version
 from . import aten_ops
+from . import report as _report
 from .report import Counting, Stats
 
 #: every Lowered graph alive (report attribution)
 GRAPHS: list = []
-ANY_COMPILED = [False]
 #: seconds between two cancel checks while a graph runs (a check is ComfyUI's interrupt flag)
 CANCEL_EVERY = 0.1
 _runs = threading.local()
@@ -296,7 +296,7 @@ class Lowered:
             self.used[n] = idx
         self.calls = 0
         GRAPHS.append(weakref.ref(self))
-        ANY_COMPILED[0] = True
+        _report.ANY_COMPILED[0] = True
 
     @property
     def owner_ids(self) -> set:

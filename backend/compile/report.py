@@ -40,6 +40,9 @@ class Stats:
                 "calls": self.calls, "eager_fallbacks": self.eager_fallbacks, "folded": self.folded}
 
 
+#: whether any graph was compiled for the backend in this process (set by lowering.Lowered): only
+#: then is a recompile-limit warning ours to count
+ANY_COMPILED = [False]
 GLOBAL_HOLDER: list = [None]
 GLOBAL = Stats()
 GLOBAL_HOLDER[0] = GLOBAL
@@ -102,8 +105,7 @@ class _LimitFilter(logging.Filter):
         except Exception:  # noqa: BLE001 - a log record we cannot format is not ours to judge
             return True
         if "hit config." in msg and "limit" in msg:
-            from . import lowering
-            if lowering.ANY_COMPILED[0]:
+            if ANY_COMPILED[0]:
                 Counting(Stats()).add("eager_fallbacks")
                 m = re.search(r"function: '([^']+)' \((.+):(\d+)\)", msg)
                 if m:

@@ -16,7 +16,7 @@ the real classes where they are installed):
 
 Builders (random weights, deterministic per seed, float32, eval mode)::
 
-    from anydevice.backend.model_zoo import sd_vae_decoder, compact_upscaler
+    from anydevice.backend.bench.model_zoo import sd_vae_decoder, compact_upscaler
     dec = sd_vae_decoder(seed=0)          # latent (N, 4, h, w) -> image (N, 3, 8h, 8w), ~49 M parameters
     up = compact_upscaler(seed=0)         # image (N, 3, H, W) -> (N, 3, 4H, 4W), ~0.6 M parameters
 
@@ -155,7 +155,7 @@ class SRVGGNetCompact(nn.Module):
                  upscale: int = 4, act_type: str = "prelu"):
         super().__init__()
         if act_type not in ("prelu", "relu", "leakyrelu"):
-            from .errors import AnyDeviceError
+            from ..errors import AnyDeviceError
             raise AnyDeviceError("SRVGGNetCompact", "act_type", act_type, "must be 'prelu', 'relu' or 'leakyrelu'")
         self.num_in_ch, self.num_out_ch, self.num_feat = num_in_ch, num_out_ch, num_feat
         self.num_conv, self.upscale, self.act_type = num_conv, upscale, act_type

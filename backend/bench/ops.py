@@ -12,13 +12,14 @@ generation, caches warming up).
 """
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
+
+from .rows import Row, _sync_torch, _torch_device_for, run_rows
 
 log = logging.getLogger("anydevice")
 
@@ -126,39 +127,6 @@ CASES += [
 
 
 
-@dataclass
-class Row:
-    backend: str
-    device: str
-    case: str
-    ms: float
-    torch_ms: float
-    gflops: float
-    torch_gflops: float
-    ratio: float          # torch time / backend time (> 1: backend faster)
-    first_ms: float
-    reps: int
-    per_call_us: bool
-
-
-def _torch_device_for(be):
-    import torch
-    dev = getattr(be, "dev", None)
-    if isinstance(dev, torch.device):  # the PyTorch backend: its own device
-        return dev
-    if be.name in ("cuda", "rocm") and torch.cuda.is_available():
-        return torch.device("cuda", getattr(be, "index", 0))
-    if be.name == "opencl" and not getattr(be, "is_cpu_device", True) and torch.cuda.is_available():
-        return torch.device("cuda", 0)  # an OpenCL GPU next to a CUDA/ROCm PyTorch: compare on the GPU
-    return torch.device("cpu")
-
-
-def _sync_torch(dev):
-    import torch
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def bench_case(be, case: Case, budget_s: float = 0.6, max_reps: int = 200) -> Row:
     import torch
     import torch.nn.functional as F
@@ -213,88 +181,11 @@ def bench_case(be, case: Case, budget_s: float = 0.6, max_reps: int = 200) -> Ro
                case.flops / mt / 1e9, mt / mb, first * 1e3, reps, case.per_call_us)
 
 
-def format_rows(rows) -> str:
-    head = f"{'backend':<9}{'case':<44}{'ms':>9}{'torch ms':>10}{'GFLOPS':>9}{'torch':>9}{'ratio':>7}{'first ms':>10}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        if r.per_call_us:
-            lines.append(f"{r.backend:<9}{r.case:<44}{r.ms * 1e3:>7.1f}us{r.torch_ms * 1e3:>8.1f}us"
-                         f"{'':>9}{'':>9}{r.ratio:>7.2f}{r.first_ms:>10.1f}")
-        else:
-            lines.append(f"{r.backend:<9}{r.case:<44}{r.ms:>9.2f}{r.torch_ms:>10.2f}{r.gflops:>9.1f}"
-                         f"{r.torch_gflops:>9.1f}{r.ratio:>7.2f}{r.first_ms:>10.1f}")
-    return "\n".join(lines)
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--backend", action="append", default=None,
-                   help="backend to measure (repeatable); default: every available backend")
-    p.add_argument("--case", action="append", default=None,
-                   help="only cases whose name contains this text (repeatable)")
-    p.add_argument("--quick", action="store_true", help="short timing budget per case")
-    p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
-    p.add_argument("--tf32", action="store_true",
-                   help="allow TF32 tensor cores on both sides (PyTorch's allow_tf32 switches and "
-                        "ANYDEVICE_ALLOW_TF32=1); by default both compute in full FP32")
-    from .bench_train import add_arguments as train_arguments  # --train
-    train_arguments(p)
-    from .bench_model import add_arguments as model_arguments  # --model, --reps
-    model_arguments(p)
-
-
-def set_tf32(on: bool) -> None:
-    """FP32 against FP32 (default) or TF32 against TF32: PyTorch's switches and the pack's own."""
-    import os
-    import torch
-    from .torch_backend import switches_mutable
-    os.environ["ANYDEVICE_ALLOW_TF32"] = "1" if on else "0"
-    with switches_mutable(torch.backends):
-        torch.backends.cuda.matmul.allow_tf32 = on
-        torch.backends.cudnn.allow_tf32 = on
-
-
-def run_rows(names, cases, run, json_path=None, label=None, extra=None) -> int:
-    """The bench loop every mode shares: for each backend named, ``run(be, case)`` for each case
-    (a row, or None to skip it), a failing case reported (by ``label(case)``, default its name) and
-    the others measured; each row printed as it comes (and ``extra(row)``'s line under it), then
-    the table (and the JSON file). Returns the exit status: 1 if a case failed."""
-    from . import get_backend
-    rows, failures = [], 0
-    for name in names:
-        be = get_backend(name)
-        print(f"\n{be.name}: {be.device}", flush=True)
-        for case in cases:
-            try:
-                row = run(be, case)
-            except Exception as exc:  # report and go on: one failing case must not hide the others
-                log.error("%s / %s failed: %s", name, label(case) if label else case.name, exc)
-                failures += 1
-                continue
-            if row is None:
-                continue
-            rows.append(row)
-            print(format_rows([row]).splitlines()[-1], flush=True)
-            if extra:
-                print(extra(row), flush=True)
-    print("\n" + format_rows(rows))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
-        print(f"wrote {json_path}")
-    return 1 if failures else 0
-
-
 def main(args) -> int:
+    """The op rows (``anydevice bench`` without --train / --model)."""
     import torch
-    from . import list_backends
+    from .. import list_backends
     tf32 = bool(getattr(args, "tf32", False))
-    set_tf32(tf32)
-    if getattr(args, "train", False):
-        from .bench_train import main as train_main
-        return train_main(args)
-    if getattr(args, "model", False):
-        from .bench_model import main as model_main
-        return model_main(args)
     names = args.backend or [i.name for i in list_backends() if i.available]
     cases = [c for c in CASES if not args.case or any(s in c.name for s in args.case)]
     budget = 0.25 if args.quick else 0.8

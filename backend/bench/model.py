@@ -37,7 +37,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from .bench import Row, _sync_torch, _torch_device_for
+from .rows import Row, _sync_torch, _torch_device_for
 
 log = logging.getLogger("anydevice")
 
@@ -119,7 +119,7 @@ def _per_call(after: dict, before: dict) -> dict:
 def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3) -> ModelRow:
     """One row: ``case`` compiled for ``be`` against PyTorch eager on the backend's torch device."""
     import torch
-    from . import compile as adc
+    from .. import compile as adc
     torch._dynamo.reset()
     model = case.build(quick)
     shape = case.quick_shape if quick else case.shape
@@ -206,7 +206,7 @@ def add_arguments(p) -> None:
 
 
 def default_backends() -> list[str]:
-    from . import list_backends
+    from .. import list_backends
     avail = {i.name for i in list_backends() if i.available}
     return [n for n in DEFAULT_BACKENDS if n in avail]
 
@@ -224,6 +224,6 @@ def main(args) -> int:
           f"backend='anydevice') vs PyTorch eager, float32, inference mode; ratio = torch time / ours, same run, "
           f"interleaved, median of {reps} (> 1: ours faster); our time includes the input upload and the "
           f"output download")
-    from .bench import run_rows
+    from .rows import run_rows
     return run_rows(names, cases, lambda be, case: bench_model_case(be, case, quick, reps),
                     getattr(args, "json", None), label=lambda case: case.name(quick), extra=format_extra)

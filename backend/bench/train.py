@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench import Row, _sync_torch, _torch_device_for
-from .network import Network
+from .rows import Row, _sync_torch, _torch_device_for
+from ..network import Network
 
 
 @dataclass
@@ -60,7 +60,7 @@ def forward_flops(net: Network, in_shape) -> float:
 
     def walk(layers, s):
         nonlocal total
-        from .network import _layer_shape, _two
+        from ..network import _layer_shape, _two
         for i, layer in enumerate(layers):
             out = _layer_shape(layer, s, str(i))
             if layer["type"] == "conv2d":
@@ -90,8 +90,8 @@ def _data(case: TrainCase, rng):
 
 def _our_step(be, case, net, x, t):
     """A closure running one training step on ``be`` (state kept across calls)."""
-    from . import optim
-    from .autograd import Var, apply
+    from .. import optim
+    from ..autograd import Var, apply
     pvars = net.param_vars(be)
     opt = optim.make("adam", list(pvars.values()), lr=case.lr)
     xd = Var(be, be.to_device(x))
@@ -169,11 +169,11 @@ def main(args) -> int:
     """The ``--train`` rows for every backend named by ``--backend`` (default: every available one),
     cases filtered by ``--case``; ``--quick`` shortens the budget; ``--json FILE`` writes the rows."""
     import torch
-    from . import list_backends
+    from .. import list_backends
     names = getattr(args, "backend", None) or [i.name for i in list_backends() if i.available]
     chosen = [c for c in cases() if not getattr(args, "case", None) or any(s in c.name for s in args.case)]
     budget = 0.8 if getattr(args, "quick", False) else 3.0
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; one training step (forward, backward, "
           f"Adam); ratio = torch time / backend time, same run, alternating blocks (> 1: backend faster)")
-    from .bench import run_rows
+    from .rows import run_rows
     return run_rows(names, chosen, lambda be, case: bench_train_case(be, case, budget), getattr(args, "json", None))
