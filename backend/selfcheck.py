@@ -178,8 +178,13 @@ def source_hash(sources) -> str:
     return h.hexdigest()
 
 
+#: the fields of a stored verdict and their JSON types (a verdict with another is damage: rebuilt)
+VERDICT_FIELDS = {"ok": bool, "reason": str, "driver": str, "sources": str, "check": str,
+                  "seconds": (int, float), "when": str}
+
+
 def _store() -> JsonStore:
-    return JsonStore(cache_dir() / STORE_NAME)
+    return JsonStore(cache_dir() / STORE_NAME, fields=VERDICT_FIELDS, required=("ok",))
 
 
 def _subject(name: str, index: int, module, impl_name: str) -> tuple[str, dict] | None:

@@ -32,8 +32,9 @@ def _is_gpu(dev) -> bool:
 
 
 def _checks() -> JsonStore:
-    """Per-device results of the kernel build check: {device key: {ok, reason}}."""
-    return JsonStore(cache_root() / "devices.json")
+    """Per-device results of the kernel build check: {device key: {ok, reason}} (an entry of
+    another shape is damage: the store drops it and rebuilds the file)."""
+    return JsonStore(cache_root() / "devices.json", fields={"ok": bool, "reason": str}, required=("ok",))
 
 
 def _record_check(dev, ok: bool, reason: str) -> None:
