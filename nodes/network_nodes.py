@@ -30,6 +30,7 @@ import torch
 from ..backend import AnyDeviceError
 from ..backend import cancel as _cancel
 from ..backend import network as _netmod
+from ..backend.learn.layers import LAYERS
 from ..backend.network import Network
 from .common import (ANY, DATA, DEVICE_INPUT, NodeError, PackNode, Progress, Timer, badge, kind_of, parse_ints,
                      raw, resolve_backend)
@@ -175,25 +176,7 @@ def _shape_text(s) -> str:
 
 
 def _layer_text(layer: dict) -> str:
-    t = layer["type"]
-    if t == "conv2d":
-        k = layer["kernel_size"]
-        k = f"{k}x{k}" if isinstance(k, int) else f"{k[0]}x{k[1]}"
-        extra = "" if layer["padding_mode"] == "zeros" else f" {layer['padding_mode']}"
-        return f"conv {k} -> {layer['out_channels']}{extra}"
-    if t == "linear":
-        return f"linear -> {layer['out_features']}"
-    if t == "activation":
-        return layer["name"]
-    if t == "pool":
-        return f"{layer['kind']} pool"
-    if t == "upsample":
-        return f"upsample x{layer['scale_factor']} {layer['mode']}"
-    if t == "dropout":
-        return f"dropout p={layer['p']}"
-    if t == "residual":
-        return f"residual ({len(layer['body'])} layers)"
-    return t
+    return LAYERS.of(layer).node_text(layer)
 
 
 def shape_report(net: Network, node: str, arg: str = "network") -> tuple[list[str], tuple | None]:
@@ -295,16 +278,41 @@ class AnyDeviceNetworkInput(_LearnNode):
 
 
 class _LayerNode(_LearnNode):
-    """A node that appends one layer: ``_layer(**widgets)`` gives (type, config)."""
+    """A node that appends one layer: ``_layer(**widgets)`` gives (type, config).
+
+    Where a widget (``CHOICE``: an activation's name, a pool's kind, a conv's padding) picks what
+    the layer is, the page shows only the widgets that apply to its value: the layer class says
+    which (``Layer.widgets``), and ``widget_uses`` serves them as the choice widget's
+    ``anydevice_uses`` option, which web/anydevice.js hides the others by."""
 
     RETURN_TYPES = (NETWORK,)
     RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("The network with this layer appended.",)
     WIDGETS: dict = {}
+    #: the layer type it appends; None where the CHOICE widget's value is the type (Norm Layer)
+    LAYER: str | None = None
+    #: the widget whose value decides which of the others apply, or None: they all do
+    CHOICE: str | None = None
+
+    @classmethod
+    def widget_uses(cls) -> dict:
+        """{each value of the CHOICE widget: the widgets that apply to it}, naming only the widgets
+        that do not apply to every value (the others are always shown); {} without a CHOICE."""
+        if cls.CHOICE is None:
+            return {}
+        used = {c: [w for w in cls.WIDGETS if w in LAYERS[cls.LAYER or c].widgets(c)]
+                for c in cls.WIDGETS[cls.CHOICE][0]}
+        always = set.intersection(*(set(u) for u in used.values()))
+        return {c: [w for w in u if w not in always] for c, u in used.items()}
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": dict(cls.WIDGETS), "optional": {"network": (NETWORK, {"tooltip": _NET_TIP})}}
+        required = dict(cls.WIDGETS)
+        uses = cls.widget_uses()
+        if uses:
+            typ, opts = required[cls.CHOICE]
+            required[cls.CHOICE] = (typ, {**opts, "anydevice_uses": uses})
+        return {"required": required, "optional": {"network": (NETWORK, {"tooltip": _NET_TIP})}}
 
     def _layer(self, **w) -> tuple[str, dict]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -331,6 +339,8 @@ class AnyDeviceConvLayer(_LayerNode):
     DISPLAY = "Conv Layer (AnyDevice)"
     DESCRIPTION = ("A 2-D convolution layer (torch.nn.Conv2d): in_channels from its input, trained weights and bias. "
                    "A 1x1 conv is a per-pixel linear map of the channels (a colour matrix).")
+    LAYER = "conv2d"
+    CHOICE = "padding"
     WIDGETS = {
         "out_channels": _int(16, 1, 4096, "Output channels."),
         "kernel_size": _int(3, 1, 31, "Kernel height and width."),
@@ -355,6 +365,7 @@ class AnyDeviceConvLayer(_LayerNode):
 class AnyDeviceLinearLayer(_LayerNode):
     DISPLAY = "Linear Layer (AnyDevice)"
     DESCRIPTION = "A fully connected layer (torch.nn.Linear) on (N, F) features; put a Flatten Layer before it on images."
+    LAYER = "linear"
     WIDGETS = {"out_features": _int(10, 1, 65536, "Output features."),
                "bias": ("BOOLEAN", {"default": True, "tooltip": "A trained bias per output feature."})}
 
@@ -365,6 +376,8 @@ class AnyDeviceLinearLayer(_LayerNode):
 class AnyDeviceActivationLayer(_LayerNode):
     DISPLAY = "Activation Layer (AnyDevice)"
     DESCRIPTION = "An activation layer: relu, leaky_relu, elu, gelu, silu, sigmoid, tanh, softplus or softmax."
+    LAYER = "activation"
+    CHOICE = "activation"
     WIDGETS = {
         "activation": (list(_netmod.ACTIVATION_PARAMS), {"default": "relu", "tooltip": "The function."}),
         "negative_slope": ("FLOAT", {"default": 0.01, "min": -100.0, "max": 100.0, "step": 0.001,
@@ -385,6 +398,7 @@ class AnyDeviceNormLayer(_LayerNode):
     DISPLAY = "Norm Layer (AnyDevice)"
     DESCRIPTION = ("A normalisation layer: batch_norm (running statistics, trained), group_norm, layer_norm or "
                    "instance_norm, with a trained scale and shift.")
+    CHOICE = "kind"
     WIDGETS = {
         "kind": (["batch_norm", "group_norm", "layer_norm", "instance_norm"], {
             "default": "batch_norm", "tooltip": "Which normalisation."}),
@@ -409,6 +423,8 @@ class AnyDeviceNormLayer(_LayerNode):
 class AnyDevicePoolLayer(_LayerNode):
     DISPLAY = "Pool Layer (AnyDevice)"
     DESCRIPTION = "Max or average pooling, or adaptive pooling to a fixed output size."
+    LAYER = "pool"
+    CHOICE = "kind"
     WIDGETS = {
         "kind": (list(_netmod.POOL_KINDS), {"default": "max", "tooltip": "max / avg: a window; adaptive: an output size."}),
         "kernel_size": _int(2, 1, 64, "max / avg: the window."),
@@ -426,6 +442,7 @@ class AnyDevicePoolLayer(_LayerNode):
 class AnyDeviceUpsampleLayer(_LayerNode):
     DISPLAY = "Upsample Layer (AnyDevice)"
     DESCRIPTION = "Resizes (N, C, H, W) by a scale factor (torch.nn.Upsample)."
+    LAYER = "upsample"
     WIDGETS = {"scale_factor": ("FLOAT", {"default": 2.0, "min": 0.05, "max": 16.0, "step": 0.05,
                                           "tooltip": "Output size = input size x this."}),
                "mode": (list(_netmod.UPSAMPLE_MODES), {"default": "nearest", "tooltip": "Interpolation."})}
@@ -437,6 +454,7 @@ class AnyDeviceUpsampleLayer(_LayerNode):
 class AnyDeviceDropoutLayer(_LayerNode):
     DISPLAY = "Dropout Layer (AnyDevice)"
     DESCRIPTION = "Drops a fraction p of the values in training (seeded masks); passes everything when applied."
+    LAYER = "dropout"
     WIDGETS = {"p": ("FLOAT", {"default": 0.5, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip": "Drop probability."})}
 
     def _layer(self, p):
@@ -446,6 +464,7 @@ class AnyDeviceDropoutLayer(_LayerNode):
 class AnyDeviceFlattenLayer(_LayerNode):
     DISPLAY = "Flatten Layer (AnyDevice)"
     DESCRIPTION = "(N, C, H, W) -> (N, C*H*W), before Linear Layers."
+    LAYER = "flatten"
     WIDGETS = {}
 
     def _layer(self):

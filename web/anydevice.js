@@ -49,7 +49,8 @@ function shortDevice(d) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// which widgets each mode uses (mirrors nodes/compute.py and nodes/helpers.py)
+// which widgets each mode uses (mirrors nodes/compute.py and nodes/helpers.py; the layer nodes
+// serve theirs, see servedRules)
 // ---------------------------------------------------------------------------------------------
 const SIZED_KERNELS = ["identity", "box_blur", "gaussian"];
 const BINARY = ["add", "sub", "mul", "div", "pow", "min", "max", "matmul"];
@@ -108,6 +109,26 @@ const USED = {
     matrix: (v) => v.source === "text",
   },
 };
+
+// Nodes that serve their own table (the layer nodes, nodes/network_nodes.py): a choice widget's
+// `anydevice_uses` option is {its value: [the widgets that apply to it]}; the widgets named under
+// any value are shown only for the values that name them, the others always.
+function servedRules(nodeData) {
+  const rules = {};
+  const choices = [];
+  for (const section of ["required", "optional"]) {
+    const inputs = (nodeData.input && nodeData.input[section]) || {};
+    for (const [choice, spec] of Object.entries(inputs)) {
+      const uses = spec && spec[1] && spec[1].anydevice_uses;
+      if (!uses || typeof uses !== "object") continue;
+      choices.push(choice);
+      for (const name of new Set(Object.values(uses).flat())) {
+        rules[name] = (v) => (uses[v[choice]] || []).includes(name);
+      }
+    }
+  }
+  return { rules, choices };
+}
 
 function inputLinked(node, name) {
   const inputs = node.inputs || [];
@@ -519,9 +540,12 @@ app.registerExtension({
         statusMap = null;
       }
     }
+    const served = servedRules(nodeData);
+    if (!USED[nodeData.name] && served.choices.length) USED[nodeData.name] = served.rules;
     const controls = new Set(Object.values(USED[nodeData.name] || {}).length
       ? ["kernel_source", "preset", "channel_mode", "padding", "transposed", "source", "activation", "loss", "op",
-        "mode", "bias", "kernel_size", "sigma", "kernel_text", "matrix", "init_seed", "out_features"]
+        "mode", "bias", "kernel_size", "sigma", "kernel_text", "matrix", "init_seed", "out_features",
+        ...served.choices]
       : []);
 
     const update = (node, exact) => {
