@@ -10,6 +10,7 @@ import argparse
 import difflib
 import json
 import logging
+import math
 import os
 import sys
 import traceback
@@ -94,8 +95,7 @@ def _cmd_bench(args) -> int:
 def _cmd_run(args) -> int:
     from .backend import registry
     registry.auto_name()  # a backend ANYDEVICE_BACKEND names but that cannot run: say so before the nodes load
-    from .nodes import runner
-    return runner.main(args)
+    return run_main(args)
 
 
 def add_run_arguments(parser) -> None:
@@ -163,6 +163,49 @@ def main(argv=None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place every error becomes one line
         return report_error(prog, exc, args.verbose)
+
+
+
+# ---- anydevice run ------------------------------------------------------------------------------
+def run_main(args) -> int:
+    """``anydevice run``; ``args`` from the cli's parser, or a list of its arguments. Human lines go
+    to stdout, or to stderr with --json (stdout then holds the JSON alone); errors to stderr."""
+    from .nodes.runner import load_workflow, run_prompt
+    if isinstance(args, (list, tuple)):
+        args = build_parser().parse_args(["run", *args])
+    stream = sys.stderr if args.json else sys.stdout
+
+    def echo(text):
+        print(text, file=stream)
+
+    try:
+        prompt = load_workflow(args.workflow)
+        echo(f"anydevice run {args.workflow}")
+        res = run_prompt(prompt, output_dir=args.output_dir, input_image=args.input, workflow_path=args.workflow,
+                         echo=echo)
+    except Exception as exc:  # noqa: BLE001 - one line a problem, the exit code it carries
+        return report_error("anydevice run", exc, getattr(args, "verbose", False))
+    echo(f"total: {sum(res.times_ms.values()):.1f} ms in {len(res.times_ms)} nodes")
+    for s in res.saved:
+        echo(f"saved: {s['path']}")
+    if args.json:
+        print(json.dumps(_jsonable({"backend": res.backend, "times_ms": res.times_ms, "ui": res.ui,
+                                    "saved": res.saved}), allow_nan=False))
+    return 0
+
+
+def _jsonable(x):
+    """Plain JSON: NumPy scalars as numbers, non-finite numbers (a PSNR of identical images) as null."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, (np.floating, np.integer)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 if __name__ == "__main__":

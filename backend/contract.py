@@ -20,11 +20,11 @@ Transfers: the conversion paths here count every host<->device copy (``transfers
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 
 from .errors import AnyDeviceError
+from .kinds import _is_torch_tensor, _kind
 from .memstat import CURRENT_BACKEND
 from .attention import AttentionOps
 from .layers import LayerOps
@@ -639,19 +639,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
 def _torch():
     import torch
     return torch
-
-
-def _is_torch_tensor(x) -> bool:
-    torch = sys.modules.get("torch")  # no torch imported: nothing can be a tensor
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _kind(x, backend) -> str:
-    if isinstance(x, backend.native_types) and not isinstance(x, np.ndarray) and not _is_torch_tensor(x):
-        return "native"
-    if _is_torch_tensor(x):
-        return "torch"
-    return "numpy"
 
 
 def _host_array(x, op: str, arg: str) -> np.ndarray:

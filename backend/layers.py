@@ -209,7 +209,7 @@ class LayerOps:
     # ---- cross_entropy / nll_loss ---------------------------------------------------------
     def _class_indices(self, op, target):
         """Integer class indices on the host (int64), or None for a float target (probabilities)."""
-        from .contract import _is_torch_tensor
+        from .kinds import _is_torch_tensor
         if _is_torch_tensor(target):
             if target.is_floating_point() or target.is_complex():
                 return None

@@ -141,7 +141,7 @@ class MovementOps:
     # ---- joining ---------------------------------------------------------------------------
     def _list_inputs(self, op, tensors):
         _tensor_list(op, "tensors", tensors)
-        from .contract import _kind  # (contract imports this module)
+        from .kinds import _kind
         kind, like = _kind(tensors[0], self), tensors[0]
         return kind, like, [self.to_device(t, op, f"tensors[{i}]") for i, t in enumerate(tensors)]
 

@@ -13,8 +13,7 @@ from . import NODE_CLASS_MAPPINGS as PACK_NODES
 from ..backend import config
 from ..backend.errors import short
 
-PACK_ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE_INPUTS = PACK_ROOT / "example_workflows" / "input"
+from .inputs import EXAMPLE_INPUTS, PACK_ROOT, input_folders  # noqa: F401 (the runner and tests read them here)
 
 
 class WorkflowError(Exception):
@@ -360,17 +359,6 @@ def _node_class(class_type):
 
 def _display(class_type) -> str:
     return getattr(PACK_NODES.get(class_type), "DISPLAY", class_type)
-
-
-def input_folders(workflow_path=None) -> list[Path]:
-    """Where LoadImage names are looked up, each folder once: next to the workflow, its input/
-    and ../input, ./ and ./input, and the pack's example_workflows/input."""
-    folders = []
-    if workflow_path is not None:
-        wd = Path(workflow_path).resolve().parent
-        folders += [wd, wd / "input", wd.parent / "input"]
-    folders += [Path.cwd(), Path.cwd() / "input", EXAMPLE_INPUTS]
-    return list(dict.fromkeys(d.resolve() for d in folders))
 
 
 def _find_input(name, search: list[Path]) -> Path:

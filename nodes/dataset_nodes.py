@@ -16,19 +16,17 @@ there that look like labelled image folders.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import sys
 from collections import Counter, deque
-from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .common import NodeError, PackNode, Timer
+from .inputs import input_roots, using_input_folders  # noqa: F401 (using_input_folders: the runner's)
 from .helpers import _host_badge
 
 log = logging.getLogger("anydevice")
@@ -46,42 +44,6 @@ LIST_VISITS = 2000
 
 #: the input folders the headless runner validates and runs a workflow with (None: ComfyUI's, or
 #: the runner's defaults)
-_RUNNER_FOLDERS: ContextVar = ContextVar("anydevice_input_folders", default=None)
-
-
-@contextlib.contextmanager
-def using_input_folders(folders):
-    """Inside the block the node lists, validates and reads folders of ``folders`` only (the
-    headless runner's input folders for the workflow it runs)."""
-    token = _RUNNER_FOLDERS.set(tuple(Path(f) for f in folders))
-    try:
-        yield
-    finally:
-        _RUNNER_FOLDERS.reset(token)
-
-
-def input_roots() -> list[Path]:
-    """Where a folder is looked up: the runner's folders inside ``using_input_folders``; ComfyUI's
-    input directory inside ComfyUI; otherwise the headless runner's default input folders (./,
-    ./input, the pack's example_workflows/input)."""
-    chosen = _RUNNER_FOLDERS.get()
-    if chosen is not None:
-        return list(chosen)
-    fp = sys.modules.get("folder_paths")
-    if fp is None and "comfy" in sys.modules:
-        try:
-            import folder_paths as fp  # noqa: PLC0415 - only inside ComfyUI
-        except ImportError:
-            fp = None
-    if fp is not None and hasattr(fp, "get_input_directory"):
-        # ComfyUI's input folder first; then the pack's own bundled inputs, so the bundled
-        # templates (the digits) run without copying anything
-        bundled = Path(__file__).resolve().parent.parent / "example_workflows" / "input"
-        return [Path(fp.get_input_directory()).resolve(), bundled]
-    from .core_nodes import input_folders  # noqa: PLC0415 - core_nodes imports the node table
-    return input_folders(None)
-
-
 def _inside(base: str, path: str) -> bool:
     try:
         return os.path.commonpath((base, path)) == base

@@ -25,8 +25,8 @@ import numpy as np
 
 from . import NODE_CLASS_MAPPINGS as PACK_NODES
 from ..backend.errors import short
-from .core_nodes import CORE_NODES, WorkflowError, _Ctx, _display, _node_class, input_folders
-from .dataset_nodes import using_input_folders
+from .core_nodes import CORE_NODES, WorkflowError, _Ctx, _display, _node_class
+from .inputs import input_folders, using_input_folders
 
 log = logging.getLogger("anydevice")
 
@@ -372,46 +372,3 @@ def _run_steps(steps: list[_Step], ctx: _Ctx, output_dir: Path, echo) -> RunResu
             echo(f"       warning: {_display(step.class_type)}: {badge['warning']}")
     out.saved = ctx.saved
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# command line (the arguments are cli.add_run_arguments)
-# ---------------------------------------------------------------------------------------------
-def main(args) -> int:
-    """``anydevice run``; ``args`` from the cli's parser, or a list of its arguments. Human lines go
-    to stdout, or to stderr with --json (stdout then holds the JSON alone); errors to stderr."""
-    from ..cli import build_parser, report_error
-    if isinstance(args, (list, tuple)):
-        args = build_parser().parse_args(["run", *args])
-    stream = sys.stderr if args.json else sys.stdout
-
-    def echo(text):
-        print(text, file=stream)
-
-    try:
-        prompt = load_workflow(args.workflow)
-        echo(f"anydevice run {args.workflow}")
-        res = run_prompt(prompt, output_dir=args.output_dir, input_image=args.input, workflow_path=args.workflow,
-                         echo=echo)
-    except Exception as exc:  # noqa: BLE001 - one line a problem, the exit code it carries
-        return report_error("anydevice run", exc, getattr(args, "verbose", False))
-    echo(f"total: {sum(res.times_ms.values()):.1f} ms in {len(res.times_ms)} nodes")
-    for s in res.saved:
-        echo(f"saved: {s['path']}")
-    if args.json:
-        print(json.dumps(_jsonable({"backend": res.backend, "times_ms": res.times_ms, "ui": res.ui,
-                                    "saved": res.saved}), allow_nan=False))
-    return 0
-
-
-def _jsonable(x):
-    """Plain JSON: NumPy scalars as numbers, non-finite numbers (a PSNR of identical images) as null."""
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, np.integer)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from anydevice.nodes import presets as P
+from anydevice import cli
 from anydevice.nodes import core_nodes, runner
 
 import e2e_helpers as H
@@ -212,7 +213,7 @@ def test_latent_filter(ran):
 
 # ---------------------------------------------------------------------------------------------
 def test_cli_main_prints_backend_times_and_paths(tmp_path, capsys):
-    rc = runner.main([str(API / "color_grading.json"), "--output-dir", str(tmp_path)])
+    rc = cli.run_main([str(API / "color_grading.json"), "--output-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     assert "backend: using " in out
@@ -221,14 +222,14 @@ def test_cli_main_prints_backend_times_and_paths(tmp_path, capsys):
         assert (tmp_path / f"{prefix}_00001_.png").is_file()
         assert f"saved: {tmp_path / (prefix + '_00001_.png')}" in out
     # ComfyUI's counter: a second run adds _00002_
-    assert runner.main([str(API / "color_grading.json"), "--output-dir", str(tmp_path)]) == 0
+    assert cli.run_main([str(API / "color_grading.json"), "--output-dir", str(tmp_path)]) == 0
     assert (tmp_path / "anydevice_sepia_00002_.png").is_file()
 
 
 def test_cli_input_override(tmp_path, capsys):
     img = tmp_path / "small.png"
     Image.new("RGB", (40, 30), (255, 0, 0)).save(img)
-    rc = runner.main([str(API / "color_grading.json"), "--input", str(img), "--output-dir", str(tmp_path / "o")])
+    rc = cli.run_main([str(API / "color_grading.json"), "--input", str(img), "--output-dir", str(tmp_path / "o")])
     assert rc == 0
     g = png(tmp_path / "o" / "anydevice_grayscale_00001_.png")
     assert g.shape == (30, 40, 3) and abs(int(g[0, 0, 0]) - round(0.299 * 255)) <= 1
@@ -274,14 +275,14 @@ def test_refuses_other_core_nodes(tmp_path, capsys):
     wf.write_text(json.dumps({
         "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "x.safetensors"}},
         "2": {"class_type": "AnyDeviceTensorInfo", "inputs": {"input": ["1", 0]}}}))
-    assert runner.main([str(wf)]) == 1
+    assert cli.run_main([str(wf)]) == 1
     err = capsys.readouterr().err
     assert "CheckpointLoaderSimple" in err and "needs ComfyUI" in err
 
 
 def test_refuses_the_vae_twin_saying_run_it_inside_comfyui(tmp_path, capsys):
     wf = API / "vae_decode_anydevice.json"
-    assert runner.main([str(wf)]) == 1
+    assert cli.run_main([str(wf)]) == 1
     err = capsys.readouterr().err
     for ct in ("VAELoader", "VAEEncode", "VAEDecode"):
         assert f"{ct}: node '{ct}' needs ComfyUI" in err, err
@@ -292,7 +293,7 @@ def test_refuses_the_vae_twin_saying_run_it_inside_comfyui(tmp_path, capsys):
 
 
 def test_refuses_ui_format(capsys):
-    assert runner.main([str(WF / "edge_detection.json")]) == 2
+    assert cli.run_main([str(WF / "edge_detection.json")]) == 2
     assert "UI-format" in capsys.readouterr().err
 
 
@@ -301,19 +302,19 @@ def test_bad_widget_and_execution_errors(tmp_path, capsys):
     prompt["3"]["inputs"]["stride"] = 0
     wf = tmp_path / "bad.json"
     wf.write_text(json.dumps(prompt))
-    assert runner.main([str(wf), "--output-dir", str(tmp_path)]) == 1
+    assert cli.run_main([str(wf), "--output-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "#3 Conv2D (AnyDevice): input 'stride' = 0" in err
     prompt["3"]["inputs"]["stride"] = 1
     prompt["3"]["inputs"].update(kernel_source="text", kernel_text="1 2\n3")
     wf.write_text(json.dumps(prompt))
-    assert runner.main([str(wf), "--output-dir", str(tmp_path)]) == 1
+    assert cli.run_main([str(wf), "--output-dir", str(tmp_path)]) == 1
     assert "input 'kernel_text'" in capsys.readouterr().err and True
     prompt["3"]["inputs"].update(kernel_source="preset", preset="gaussian", kernel_size=63)
     wf.write_text(json.dumps(prompt))
     tiny = tmp_path / "tiny.png"
     Image.new("RGB", (8, 8)).save(tiny)
-    assert runner.main([str(wf), "--input", str(tiny), "--output-dir", str(tmp_path)]) == 1
+    assert cli.run_main([str(wf), "--input", str(tiny), "--output-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "#3 Conv2D (AnyDevice): input 'kernel_size' = 63" in err
 
@@ -323,7 +324,7 @@ def test_missing_image_file(tmp_path, capsys):
     prompt["1"]["inputs"]["image"] = "nope.png"
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps(prompt))
-    assert runner.main([str(wf), "--output-dir", str(tmp_path)]) == 1
+    assert cli.run_main([str(wf), "--output-dir", str(tmp_path)]) == 1
     assert "nope.png" in capsys.readouterr().err
 
 
@@ -348,7 +349,7 @@ def one_error_line(err: str) -> str:
 def run_wf(tmp_path, prompt, *extra):
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps(prompt))
-    return runner.main([str(wf), "--output-dir", str(tmp_path / "out"), *extra])
+    return cli.run_main([str(wf), "--output-dir", str(tmp_path / "out"), *extra])
 
 
 MISUSE = {
@@ -423,7 +424,7 @@ def test_load_image_stays_inside_the_input_folders(tmp_path, capsys):
         wf = deep / "wf.json"
         wf.write_text(json.dumps({"1": {"class_type": "LoadImage", "inputs": {"image": name}},
                                   "2": preview(["1", 0])}))
-        assert runner.main([str(wf), "--output-dir", str(tmp_path / "out")]) == 1
+        assert cli.run_main([str(wf), "--output-dir", str(tmp_path / "out")]) == 1
         line = one_error_line(capsys.readouterr().err)
         assert "#1 LoadImage: input 'image' = '" in line and "must name a file inside the input folders" in line
     # a subfolder inside an input folder is fine, and --input loads any file
@@ -431,8 +432,8 @@ def test_load_image_stays_inside_the_input_folders(tmp_path, capsys):
     Image.new("RGB", (4, 4)).save(deep / "sub" / "ok.png")
     wf.write_text(json.dumps({"1": {"class_type": "LoadImage", "inputs": {"image": "sub/ok.png"}},
                               "2": preview(["1", 0])}))
-    assert runner.main([str(wf), "--output-dir", str(tmp_path / "out")]) == 0
-    assert runner.main([str(wf), "--input", str(private), "--output-dir", str(tmp_path / "out")]) == 0
+    assert cli.run_main([str(wf), "--output-dir", str(tmp_path / "out")]) == 0
+    assert cli.run_main([str(wf), "--input", str(private), "--output-dir", str(tmp_path / "out")]) == 0
 
 
 def test_missing_image_lists_each_folder_once(tmp_path, monkeypatch, capsys):
@@ -440,7 +441,7 @@ def test_missing_image_lists_each_folder_once(tmp_path, monkeypatch, capsys):
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps({"1": {"class_type": "LoadImage", "inputs": {"image": "nope.png"}},
                               "2": preview(["1", 0])}))
-    assert runner.main([str(wf)]) == 1
+    assert cli.run_main([str(wf)]) == 1
     line = one_error_line(capsys.readouterr().err)
     looked = line.split("looked in ")[1].split(")")[0].split(", ")
     assert len(looked) == len(set(looked)) and str(tmp_path.resolve()) in looked
@@ -480,7 +481,7 @@ def test_a_1500_node_chain_runs(tmp_path):
 def test_broken_workflow_files_name_the_file(tmp_path, capsys, content, fragment):
     wf = tmp_path / "broken.json"
     wf.write_bytes(content)
-    assert runner.main([str(wf)]) == 2
+    assert cli.run_main([str(wf)]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert str(wf) in line and fragment in line
 
@@ -488,13 +489,13 @@ def test_broken_workflow_files_name_the_file(tmp_path, capsys, content, fragment
 def test_utf8_bom_is_accepted(tmp_path):
     wf = tmp_path / "bom.json"
     wf.write_bytes(b"\xef\xbb\xbf" + json.dumps({"1": empty_image(), "2": preview(["1", 0])}).encode())
-    assert runner.main([str(wf), "--output-dir", str(tmp_path / "out")]) == 0
+    assert cli.run_main([str(wf), "--output-dir", str(tmp_path / "out")]) == 0
 
 
 def test_output_dir_that_is_a_file(tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("x")
-    assert runner.main([str(API / "color_grading.json"), "--output-dir", str(afile)]) == 2
+    assert cli.run_main([str(API / "color_grading.json"), "--output-dir", str(afile)]) == 2
     assert f"output folder {afile}: is a file, not a folder" in one_error_line(capsys.readouterr().err)
 
 
@@ -552,7 +553,7 @@ def test_load_labeled_images_reads_only_inside_the_input_folders(tmp_path, capsy
     wf = deep / "wf.json"
     for name in ("/etc", str(secret), "../../../elsewhere/secret", "link", str(deep / "link"), "input/../../x"):
         wf.write_text(json.dumps(_labeled(name)))
-        assert runner.main([str(wf), "--output-dir", str(tmp_path / "out")]) == 1
+        assert cli.run_main([str(wf), "--output-dir", str(tmp_path / "out")]) == 1
         line = one_error_line(capsys.readouterr().err)
         assert line == (f"anydevice run: error: #1 Load Labeled Images (AnyDevice): input 'folder' = {short(name)}: "
                         "must name a folder inside the input folders: a name relative to it, without '..' (as "

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import e2e_helpers as H
+from anydevice import cli
 from anydevice.nodes import runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +108,7 @@ def test_classify_digits_reaches_97_percent(ran):
 
 
 def test_runner_prints_the_training_line(tmp_path, capsys):
-    assert runner.main([str(API / "learn_color_grade.json"), "--output-dir", str(tmp_path)]) == 0
+    assert cli.run_main([str(API / "learn_color_grade.json"), "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "Train Network (AnyDevice)" in out and "mse " in out and "after 300 steps (sgd, lr 0.5)" in out
 

@@ -32,7 +32,7 @@ model and the launches). Kernel signatures and the tuning store are the shared r
 """
 from __future__ import annotations
 
-from .device import _describe, create, probe, selfcheck_identity
+from .device import _describe, probe, selfcheck_identity
 from .tiles import (BLOCK, CACHE_NAME, DIRECT_MAX_COUT_G, GRID_YZ_MAX, INSTALL_HINT, KERNELS_DIR, MAX_KSPLIT,
                     MIN_KSLICE, MISC, OWN_GEMM, OWN_MODES, TILE_EFFICIENCY, TILES, UNARY_CODES, _O_L,
                     _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X, SINGLE_CHAIN, plan, _T_L, _T_M, _T_S, build_options, kernel_source, mode_fits,
@@ -43,6 +43,12 @@ __all__ = ["BLOCK", "CACHE_NAME", "DIRECT_MAX_COUT_G", "GRID_YZ_MAX", "INSTALL_H
            "_O_L", "_O_M", "_O_S", "_O_W", "_O_W16", "_O_WW", "_O_X", "SINGLE_CHAIN", "plan", "_T_L", "_T_M", "_T_S", "build_options",
            "kernel_source", "mode_fits", "shipped_configs", "vec_fits", "_describe", "create", "probe", "selfcheck_identity",
            "CudaBackend"]
+
+
+def create(name: str = "cuda", index: int = 0):
+    """The CUDA (or ROCm: ``name="rocm"``) backend on device ``index`` (needs CuPy)."""
+    from .backend import CudaBackend
+    return CudaBackend(name, index)
 
 
 def __getattr__(name):

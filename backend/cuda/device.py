@@ -47,11 +47,6 @@ def probe(name: str = "cuda") -> dict:
     return out
 
 
-def create(name: str = "cuda", index: int = 0):
-    from .backend import CudaBackend
-    return CudaBackend(name, index)
-
-
 def _describe(cp, props, hip) -> str:
     dev = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     if hip:
