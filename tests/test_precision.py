@@ -2,8 +2,9 @@
 
 One test per op, parametrised over ``backend_target`` (see conftest.py), so a new backend is tested
 by this same code. Reference: PyTorch in float64 on the same float32 inputs. Bar: normwise relative
-error ||y - ref|| / ||ref|| <= 1e-6 (PyTorch's own FP32 CPU result is at 1.3e-7..3.9e-7 on the seed
-conv cases). NaN and Inf positions must match the reference exactly.
+error ||y - ref|| / ||ref|| <= 1e-6 for the pack's own kernels; the PyTorch-backed backends are held
+to VENDOR_TOL (5e-6, what PyTorch promises for float32: see there). NaN and Inf positions must
+match the reference exactly.
 """
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ from hypothesis import strategies as st
 from anydevice.backend import AnyDeviceError, conv2d_plan, conv_transpose2d_plan
 
 TOL = 1e-6
-#: PyTorch's vendor libraries on a GPU (cuDNN) are not held to 1e-6: on an H100 cuDNN's own FP32
-#: seed convs measured 1.05e-6..2.1e-6 against float64 (TF32 off). The pack's own kernels are.
-VENDOR_GPU_TOL = 5e-6
+#: The PyTorch-backed backends (``kind == "vendor"``: ``cpu``, ``torch-*``) are PyTorch's vendor
+#: libraries, not the pack's code, and are held to what PyTorch promises for float32 instead:
+#: torch.testing's float32 tolerance (rtol 1.3e-6 per element) leaves room above 1e-6 normwise,
+#: and the libraries pick their kernels by hardware. Measured on the seed convs against float64:
+#: oneDNN on CPU 1.3e-7..3.9e-7 with AVX-512 but 1.3e-6..2.6e-6 with AVX2; cuDNN on an H100
+#: 1.05e-6..2.1e-6 (TF32 off). The pack's own kernels keep TOL.
+VENDOR_TOL = 5e-6
 
 
 def tol_for(be) -> float:
-    dev = getattr(be, "dev", None)
-    return VENDOR_GPU_TOL if be.kind == "vendor" and dev is not None and dev.type != "cpu" else TOL
+    return VENDOR_TOL if be.kind == "vendor" else TOL
 HYP = settings(max_examples=int(__import__("os").environ.get("ANYDEVICE_HYPOTHESIS_EXAMPLES", "25")),
                deadline=None, derandomize=True, print_blob=True,
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
