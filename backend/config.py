@@ -87,15 +87,15 @@ def _choice(*options: str) -> Callable[[str], str]:
 
 def _backend(text: str) -> str | None:
     """``name[:index]`` of a known backend, or "auto" (None: the automatic choice)."""
-    from . import registry  # the registry reads this module; imported here, when a value is parsed
+    from . import specs
     if text.lower() == "auto":
         return None
     try:
-        base, _ = registry.parse_name(text)
+        base, _ = specs.parse_name(text)
     except AnyDeviceError as exc:
         raise ValueError(exc.reason) from None
-    if base not in registry.known_names():
-        raise ValueError(f"unknown backend; known: auto, {', '.join(registry.known_names())}")
+    if base not in specs.known_names():
+        raise ValueError(f"unknown backend; known: auto, {', '.join(specs.known_names())}")
     return text
 
 

@@ -32,21 +32,13 @@ from dataclasses import dataclass, field
 
 from . import config
 from .errors import AnyDeviceError
+from .specs import CORE_NAMES, SPECS, BackendSpec, known_names, parse_name  # noqa: F401 (the registry's names)
 
 log = logging.getLogger("anydevice")
 
 #: what to do where PyTorch is missing (the nodes, `anydevice bench` and the torch backends need it)
 INSTALL_TORCH = ("install PyTorch: pip install torch (a CPU-only build, much smaller: "
                  "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    name: str
-    priority: int
-    title: str
-    #: (module inside this package, name passed to its probe/create)
-    impls: tuple[tuple[str, str], ...]
 
 
 @dataclass
@@ -65,20 +57,6 @@ class BackendInfo:
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
-
-SPECS: list[BackendSpec] = [
-    BackendSpec("cuda", 10, "NVIDIA GPU", (("cuda_backend", "cuda"), ("torch_backend", "cuda"))),
-    BackendSpec("rocm", 20, "AMD GPU (ROCm)", (("cuda_backend", "rocm"), ("torch_backend", "rocm"))),
-    BackendSpec("xpu", 30, "Intel GPU (XPU)", (("torch_backend", "xpu"),)),
-    BackendSpec("mps", 40, "Apple GPU (MPS)", (("torch_backend", "mps"),)),
-    BackendSpec("opencl", 50, "OpenCL device (own kernels)", (("opencl_backend", "opencl"),)),
-    BackendSpec("numpy", 70, "CPU, NumPy (own code)", (("numpy_backend", "numpy"),)),
-    BackendSpec("cpu", 80, "CPU, PyTorch", (("torch_backend", "cpu"),)),
-    BackendSpec("torch-cuda", 90, "NVIDIA GPU, PyTorch/cuDNN", (("torch_backend", "torch-cuda"),)),
-    BackendSpec("torch-rocm", 91, "AMD GPU, PyTorch/MIOpen", (("torch_backend", "torch-rocm"),)),
-]
-#: the names every listing shows even when unavailable; the torch-* aliases show when available
-CORE_NAMES = ("cuda", "rocm", "xpu", "mps", "opencl", "numpy", "cpu")
 
 _lock = threading.RLock()
 _infos: dict[str, BackendInfo] | None = None
@@ -144,17 +122,6 @@ def list_backends(refresh: bool = False, include_aliases: bool = False) -> list[
     infos = _probe_all(refresh)
     out = [i for i in infos.values() if include_aliases or i.name in CORE_NAMES or i.available]
     return sorted(out, key=lambda i: (not i.available, i.priority))
-
-
-def known_names() -> list[str]:
-    return [s.name for s in SPECS]
-
-
-def parse_name(name: str) -> tuple[str, int]:
-    base, _, idx = name.strip().partition(":")
-    if idx and not idx.isdigit():
-        raise AnyDeviceError("get_backend", "name", name, "device index after ':' must be a number")
-    return base.lower(), int(idx or 0)
 
 
 #: own-kernel backend -> the PyTorch path tried before it by the automatic choice

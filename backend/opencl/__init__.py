@@ -34,12 +34,20 @@ program binaries, tuning store and kernel signatures are the shared runtime's (`
 from __future__ import annotations
 
 from .backend import OpenCLBackend
-from .device import (_describe, _device_key, _enumerate, _is_gpu, _usable, cache_root, create, probe,
-                     selfcheck_identity)
+from .device import (_describe, _device_key, _enumerate, _is_gpu, _usable, cache_root, probe, selfcheck_identity,
+                     usable_device)
 from .memory import BufferPool, CLArray
 from .params import KFILES, SIGS
 from .programs import ProgramCache
 from ..runtime.binaries import MAGIC as _MAGIC
 
+
+def create(name: str = "opencl", index: int = 0, family: str | None = None) -> OpenCLBackend:
+    """The OpenCL backend on the ``index``-th usable device (``family``: force the "cpu" or "gpu"
+    kernel family)."""
+    return OpenCLBackend(usable_device(index), index=index, family=family)
+
+
 __all__ = ["OpenCLBackend", "BufferPool", "CLArray", "ProgramCache", "KFILES", "SIGS", "_MAGIC", "_describe",
-           "_device_key", "_enumerate", "_is_gpu", "_usable", "cache_root", "create", "probe", "selfcheck_identity"]
+           "_device_key", "_enumerate", "_is_gpu", "_usable", "cache_root", "create", "probe", "selfcheck_identity",
+           "usable_device"]

@@ -108,14 +108,14 @@ def probe(name: str = "opencl") -> dict:
             "notes": "; ".join(bad)}
 
 
-def create(name: str = "opencl", index: int = 0, family: str | None = None):
+def usable_device(index: int = 0):
+    """The ``index``-th usable OpenCL device (RuntimeError saying why there is none)."""
     good, bad = _usable()
     if not good:
         raise RuntimeError("; ".join(bad) or "no usable OpenCL device")
     if index >= len(good):
         raise RuntimeError(f"OpenCL device index {index} out of range ({len(good)} usable)")
-    from .backend import OpenCLBackend
-    return OpenCLBackend(good[index][2], index=index, family=family)
+    return good[index][2]
 
 
 def selfcheck_identity(name: str = "opencl", index: int = 0) -> dict:
