@@ -80,6 +80,9 @@ __all__ = ["Network", "layer_seed", "normalize_layer", "param_names", "LAYER_TYP
 # ---- the value ----------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class Network:
+    """A network: its layers (canonical dicts, residual bodies inside their blocks), parameters and
+    buffers (None / {} until ``initialized``) and the input shape they were made for. Immutable."""
+
     layers: tuple = ()
     params: dict | None = None
     buffers: dict = field(default_factory=dict)

@@ -21,6 +21,8 @@ class _Norm(Layer):
     affine = "affine"
     #: its settings besides eps and the affine switch
     extra: tuple = ()
+    #: the affine switch's default
+    affine_default = True
 
     def normalize(self, c, w, where, depth):
         aff = self.affine
@@ -29,7 +31,7 @@ class _Norm(Layer):
         self._before_eps(c, w, out)
         out["eps"] = _float(w, "eps", c.get("eps", 1e-5), 0.0)
         self._after_eps(c, w, out)
-        out[aff] = _bool(w, aff, c.get(aff, self.type != "instance_norm"))
+        out[aff] = _bool(w, aff, c.get(aff, self.affine_default))
         return out
 
     def _before_eps(self, c, w, out):
@@ -160,6 +162,7 @@ class InstanceNorm(_Norm):
     """``instance_norm(eps=1e-5, affine=False)``: InstanceNorm2d (no running statistics)."""
 
     type = "instance_norm"
+    affine_default = False
 
     def out_shape(self, layer, s, path):
         need_dims(layer, s, (4,), "4-D (N, C, H, W)")
