@@ -15,8 +15,18 @@
 Both special paths need finite inputs and weights (an Inf or NaN would spread through an FFT, and
 a rank-1 split changes which products are formed): otherwise the op takes the backend's own conv.
 
-Every path runs long work in chunks (batch, output row bands) of about ``cancel.CHUNK_SECONDS``
-and calls ``cancel.check()`` between them (``chunked``), so a registered checker can stop it.
+Every path runs long work in chunks of about ``cancel.CHUNK_SECONDS`` of wall time and calls
+``cancel.check()`` between them, so a registered checker (ComfyUI's interrupt) stops it within a
+fraction of a second, also with another CPU-heavy process beside it:
+
+* ``chunked``: images, then output row bands, the size re-estimated from each chunk's elapsed time
+  (``cancel.Sizer``: it halves when a chunk took too long);
+* the finiteness check of the input, and on a device backend the FFT path's download of the input
+  and upload of the result: row chunks of at most ``CHUNK_ELEMS`` (``cancel.timed_chunks``);
+* the FFT path: kernel spectra group by group, one pool task per group and band with a check
+  before each of its stages (``threads.run_parallel`` raises the first task's cancel and ends the
+  others at their next check). Its band geometry depends on the shapes only, never on timing: the
+  numbers do not depend on the load.
 """
 from __future__ import annotations
 
@@ -87,9 +97,46 @@ def _seconds(be, macs: float, g) -> float:
     return macs / (slow if g.CinG * g.CoutG < 16 else fast)
 
 
+class _Out:
+    """The chunks of a chunked op's output, placed as they come: a NumPy or PyTorch chunk is copied
+    into one output allocated at the first chunk (inside the chunk's timed, checked work, so no long
+    copy runs after the last check); other arrays (a device backend's) are kept and concatenated at
+    the end (``_cat``: queued device copies)."""
+
+    def __init__(self, be, shape):
+        self.be, self.shape, self.out, self.parts = be, tuple(shape), None, []
+
+    def put(self, y, n0: int, n1: int, r0: int, r1: int) -> None:
+        if self.out is None and not self.parts:
+            if isinstance(y, np.ndarray):
+                self.out = np.empty(self.shape, y.dtype)
+            elif type(y).__module__.startswith("torch"):
+                import torch
+                self.out = torch.empty(self.shape, dtype=y.dtype, device=y.device)
+        if self.out is not None:
+            self.out[n0:n1, :, r0:r1] = y
+        else:
+            self.parts.append((n0, y))
+
+    def result(self):
+        if self.out is not None:
+            return self.out
+        images, rows = [], []  # row bands of one image, concatenated along H, then the images along N
+        for i, (n0, y) in enumerate(self.parts):
+            rows.append(y)
+            if i + 1 == len(self.parts) or self.parts[i + 1][0] != n0:
+                images.append(_cat(self.be, rows, 2))
+                rows = []
+        return _cat(self.be, images, 0)
+
+
 def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
     """fn(x, w, bias, stride, pads, dilation, groups) (a zero-padded conv2d) in chunks of about
-    cancel.CHUNK_SECONDS: images, then output row bands, with cancel.check() between chunks."""
+    cancel.CHUNK_SECONDS with cancel.check() between them: whole images while one takes well under
+    a chunk, else output row bands. The size is in output rows (k whole images are k * OH rows),
+    re-estimated after every chunk from its wall time (``cancel.Sizer``: the first chunk, a guess
+    from MACS_PER_S, is timed; then the size halves when a chunk took too long), so a CPU-heavy
+    process starting mid-op shrinks the chunks instead of stretching them."""
     g = conv2d_geometry(be._shape(x), be._shape(w), stride, pads, dilation, groups)
     macs = float(g.N) * g.Cout * g.OH * g.OW * g.CinG * g.KH * g.KW
     secs = _seconds(be, macs, g)
@@ -97,15 +144,10 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
         return fn(x, w, bias, stride, pads, dilation, groups)
     per_image = secs / g.N
     if per_image <= cancel.CHUNK_SECONDS / 2 or g.OH == 1:  # whole images per chunk
-        per = max(1, int(cancel.CHUNK_SECONDS / max(per_image, 1e-12)))
-        outs = []
-        for n0, n1 in cancel.chunks(g.N, per):
-            outs.append(fn(_batch(be, x, n0, n1), w, bias, stride, pads, dilation, groups))
-            _sync(be)
-        return _cat(be, outs, 0)
-    # row bands: the first (a quarter of the estimate) is timed, the others sized from it (one size,
-    # so device code built per launch size is built once more at most)
-    rows = max(1, int(g.OH * cancel.CHUNK_SECONDS / per_image) // 4)
+        first = max(1, int(cancel.CHUNK_SECONDS / max(per_image, 1e-12))) * g.OH
+    else:  # row bands: the first a quarter of the estimate
+        first = max(1, int(g.OH * cancel.CHUNK_SECONDS / per_image) // 4)
+    sizer = cancel.Sizer(first)
     KHe = g.dh * (g.KH - 1) + 1
 
     def band(r0, r1):
@@ -113,46 +155,62 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
         a, b = max(0, start), min(g.H, stop)
         return a, b, a - start, stop - b
 
-    outs = []
+    out = _Out(be, (g.N, g.Cout, g.OH, g.OW))
     done, total_rows = 0, g.N * g.OH
-    for n in range(g.N):
-        xn = x if g.N == 1 else _batch(be, x, n, n + 1)
-        parts = []
-        r0 = 0
-        while r0 < g.OH:
-            if done:
-                cancel.check()
-            r1 = min(g.OH, r0 + rows)
+    n, r0 = 0, 0
+    cancel.check()
+    while n < g.N:
+        if done:
+            cancel.check()
+        t0 = time.perf_counter()
+        size = sizer.size
+        if r0 == 0 and size >= g.OH:  # whole images
+            n1 = min(g.N, n + size // g.OH)
+            out.put(fn(_batch(be, x, n, n1), w, bias, stride, pads, dilation, groups), n, n1, 0, g.OH)
+            rows, n = (n1 - n) * g.OH, n1
+        else:
+            r1 = min(g.OH, r0 + size)
             a, b, top, bottom = band(r0, r1)
-            if a >= b:  # a band reading only padding (huge strides): the whole image at once
-                parts = [fn(xn, w, bias, stride, pads, dilation, groups)]
-                done += g.OH - r0
-                break
-            t0 = time.perf_counter()
-            parts.append(fn(_rows(be, xn, a, b), w, bias, stride, (top, bottom, pads[2], pads[3]), dilation, groups))
-            _sync(be)
-            dt = time.perf_counter() - t0
-            if done == 0 and dt > 0:
-                rows = max(1, min(g.OH, int((r1 - r0) * cancel.CHUNK_SECONDS / dt)))
-            done += r1 - r0
-            r0 = r1
-            cancel.progress(done, total_rows)
-        outs.append(_cat(be, parts, 2))
-    return _cat(be, outs, 0)
+            xn = x if g.N == 1 else _batch(be, x, n, n + 1)
+            if a >= b:  # a band reading only padding (huge strides): the rest of the image at once
+                y = fn(xn, w, bias, stride, pads, dilation, groups)
+                r1 = g.OH
+                out.put(_rows(be, y, r0, r1) if r0 else y, n, n + 1, r0, r1)
+            else:
+                out.put(fn(_rows(be, xn, a, b), w, bias, stride, (top, bottom, pads[2], pads[3]), dilation, groups),
+                        n, n + 1, r0, r1)
+            rows, r0 = r1 - r0, r1
+            if r0 == g.OH:
+                n, r0 = n + 1, 0
+        _sync(be)
+        sizer.update(rows, time.perf_counter() - t0)
+        done += rows
+        cancel.progress(done, total_rows)
+    return out.result()
 
 
 def chunked_transpose(be, fn, x, w, bias, stride, padding, output_padding, dilation, groups):
-    """conv_transpose2d in batch chunks with cancel.check() between them."""
+    """conv_transpose2d in batch chunks with cancel.check() between them, sized by wall time
+    (``cancel.Sizer``) from a first chunk guessed from MACS_PER_S."""
     g = conv_transpose2d_geometry(be._shape(x), be._shape(w), stride, padding, output_padding, dilation, groups)
     macs = float(g.N) * g.C * g.H * g.W * g.CoutG * g.KH * g.KW
     secs = _seconds(be, macs, g)
     if secs <= cancel.CHUNK_SECONDS or g.N <= 1:
         return fn(x, w, bias, stride, padding, output_padding, dilation, groups)
     per = max(1, int(g.N * cancel.CHUNK_SECONDS / secs))
+    sizer = cancel.Sizer(per)
     outs = []
-    for n0, n1 in cancel.chunks(g.N, per):
+    n0 = 0
+    while n0 < g.N:
+        if n0:
+            cancel.check()
+        n1 = min(g.N, n0 + sizer.size)
+        t0 = time.perf_counter()
         outs.append(fn(_batch(be, x, n0, n1), w, bias, stride, padding, output_padding, dilation, groups))
         _sync(be)
+        sizer.update(n1 - n0, time.perf_counter() - t0)
+        n0 = n1
+        cancel.progress(n0, g.N)
     return _cat(be, outs, 0)
 
 
@@ -174,25 +232,91 @@ def rank1_factors(wh: np.ndarray):
     return u[:, :, 0] * r[:, None], vt[:, 0, :] * r[:, None]
 
 
+def _plane_rows(P: int, H: int, a: int, b: int):
+    """(plane, r0, r1) pieces of the flat rows [a, b) of P planes of H rows."""
+    while a < b:
+        p, r = divmod(a, H)
+        e = min(b, (p + 1) * H)
+        yield p, r, r + e - a
+        a = e
+
+
+#: elements in a chunk of a finiteness check or a transfer (16 MB: then halved while a chunk takes
+#: longer than cancel.CHUNK_SECONDS). Never more: a bigger chunk is not faster (a larger download,
+#: a larger temporary, is memory touched for the first time: 600 MB in one read took 1.3 s here
+#: unloaded, 16 MB pieces of it 0.15 s in all)
+CHUNK_ELEMS = 1 << 22
+
+
 def _finite(be, x) -> bool:
+    """No Inf or NaN in x. Checked in row chunks of about cancel.CHUNK_SECONDS with cancel.check()
+    between them (a whole 4096x4096 batch in one call was most of a second under load)."""
+    s = be._shape(x)
+    H, W = s[-2], s[-1]
+    P = math.prod(s[:-2])
+    if P * H * W == 0:
+        return True
+    first = max(1, CHUNK_ELEMS // max(1, W))
     if isinstance(x, np.ndarray):  # plane by plane (x may be a strided view: no flattening copy)
-        return all(bool(np.isfinite(x[i]).all()) for i in np.ndindex(*x.shape[:-2]))
+        planes = list(np.ndindex(*s[:-2]))
+        for a, b in cancel.timed_chunks(P * H, first):
+            if not all(bool(np.isfinite(x[planes[p]][r0:r1]).all()) for p, r0, r1 in _plane_rows(P, H, a, b)):
+                return False
+        return True
     f = getattr(be, "_all_finite", None)
-    if f is not None:
-        return f(x)
-    cp = getattr(be, "cp", None)  # the CUDA backend (CuPy arrays)
-    if cp is not None and isinstance(x, cp.ndarray):
-        return bool(cp.isfinite(x).all())
-    return False
+    if f is None:
+        cp = getattr(be, "cp", None)  # the CUDA backend (CuPy arrays)
+        if cp is None or not isinstance(x, cp.ndarray):
+            return False
+        f = lambda a: bool(cp.isfinite(a).all())  # noqa: E731
+    flat = be._reshape(x, (P * H, W))
+    return all(f(_batch(be, flat, a, b)) for a, b in cancel.timed_chunks(P * H, first))
 
 
-def _download(be, x) -> np.ndarray:
-    """x on the host for the FFT path (counted as a download on a device backend)."""
+def _host_image(be, x, n: int, g, h: np.ndarray | None = None) -> np.ndarray:
+    """Image n of x (C, H, W) on the host for the FFT path: a view of a NumPy array, else downloaded
+    into ``h`` (reused from image to image; None: a new one) in row chunks with cancel.check()
+    between them (the whole batch in one blocking read was seconds under load; counted as one
+    download of the image)."""
     if isinstance(x, np.ndarray):
-        return x
-    h = be._to_numpy(x)
+        return x[n]
+    C, H, W = g.C, g.H, g.W
+    flat = be._reshape(_batch(be, x, n, n + 1), (C * H, W))
+    h = np.empty((C * H, W), F32) if h is None else h.reshape(C * H, W)
+    for a, b in cancel.timed_chunks(C * H, max(1, CHUNK_ELEMS // max(1, W))):
+        h[a:b] = be._to_numpy(_batch(be, flat, a, b))
     be._count("downloads", h.nbytes)
-    return h
+    return h.reshape(C, H, W)
+
+
+class _DeviceOut:
+    """The FFT path's output on a device backend, written image by image from the host in row chunks
+    of about cancel.CHUNK_SECONDS with cancel.check() between them (one upload of a whole batch was
+    seconds under load). OpenCL arrays are written in place (one output array, no concatenation);
+    any other device backend gets one upload per image and a concatenation at the end."""
+
+    def __init__(self, be, shape):
+        self.be, self.shape = be, tuple(shape)
+        self.cl = getattr(be, "cl", None) is not None and hasattr(be, "_empty") and hasattr(be, "queue")
+        self.out = be._empty(self.shape) if self.cl else None
+        self.parts = []
+
+    def put(self, n: int, y: np.ndarray) -> None:
+        be = self.be
+        y = np.ascontiguousarray(y, F32)
+        if not self.cl:  # a copy: the host image is reused for the next one
+            self.parts.append(be._from_numpy(np.array(y[None])))
+        else:
+            rows = y.reshape(-1, y.shape[-1])
+            W = rows.shape[1]
+            base = self.out.offset + n * rows.size
+            for a, b in cancel.timed_chunks(rows.shape[0], max(1, CHUNK_ELEMS // max(1, W))):
+                be.cl.enqueue_copy(be.queue, self.out.buffer, rows[a:b], dst_offset=4 * (base + a * W),
+                                   is_blocking=True)
+        be._count("uploads", y.nbytes)
+
+    def result(self):
+        return self.out if self.cl else _cat(self.be, self.parts, 0)
 
 
 def _fft_capable(be) -> bool:
@@ -214,8 +338,7 @@ def conv2d(be, x, w, bias, stride, pads, dilation, groups):
     if sep or fft:
         cancel.check()
         wh = _host_weight(be, w)
-        xh = _download(be, x) if fft and not sep else None  # the FFT reads the input on the host
-        if not np.isfinite(wh).all() or not _finite(be, x if xh is None else xh):
+        if not np.isfinite(wh).all() or not _finite(be, x):  # checked in chunks
             sep = fft = False
         cancel.check()
         if sep:
@@ -225,7 +348,7 @@ def conv2d(be, x, w, bias, stride, pads, dilation, groups):
                 return _separable(be, x, fac, bias, g)
         if fft:
             log.debug("anydevice conv2d: FFT path (%dx%d, %d in-channels per group)", g.KH, g.KW, g.CinG)
-            return _fft_conv(be, x, wh, bias, g, xh)
+            return _fft_conv(be, x, wh, bias, g)
     return chunked(be, be._conv2d, x, w, bias, stride, pads, dilation, groups)
 
 
@@ -267,9 +390,13 @@ def _fft_fits(g) -> bool:
     return spectra <= workspace_budget_bytes()
 
 
-def _fft_conv(be, x, wh, bias, g, xh=None):
-    """Overlap-save FFT conv2d in float64 (cross-correlation: the kernel is flipped), output row bands."""
-    xh = np.asarray(_download(be, x) if xh is None else xh, dtype=F32)
+def _fft_conv(be, x, wh, bias, g):
+    """Overlap-save FFT conv2d in float64 (cross-correlation: the kernel is flipped), output row bands.
+
+    The band geometry (Fh) depends on the shapes only, never on timing (the numbers must not depend
+    on the load). The work is cut for cancel instead: kernel spectra group by group, an input image
+    downloaded in row chunks (device backends), one pool task per group and band with a check
+    before each of its stages, the result uploaded image by image in row chunks."""
     bh = None if bias is None else np.asarray(be._to_numpy(bias), dtype=np.float64)
     N, C, H, W = g.N, g.C, g.H, g.W
     KHe, KWe = g.dh * (g.KH - 1) + 1, g.dw * (g.KW - 1) + 1
@@ -283,40 +410,57 @@ def _fft_conv(be, x, wh, bias, g, xh=None):
     rows = max(1, (Fh - KHe) // g.sh + 1)
     wk = np.zeros((g.Cout, g.CinG, KHe, KWe))
     wk[:, :, ::g.dh, ::g.dw] = wh
-    # flipped kernels, spectra (G, CoutG, CinG, Fh, Fw/2+1)
-    Wf = np.fft.rfft2(wk[:, :, ::-1, ::-1], s=(Fh, Fw)).reshape(g.G, g.CoutG, g.CinG, Fh, Fw // 2 + 1)
+    # flipped kernels, spectra (G, CoutG, CinG, Fh, Fw/2+1), a few groups at a time (each transform
+    # is independent: the same numbers as one call)
+    Wf = np.empty((g.G, g.CoutG, g.CinG, Fh, Fw // 2 + 1), np.complex128)
+    wk = wk.reshape(g.G, g.CoutG, g.CinG, KHe, KWe)
+    for g0, g1 in cancel.timed_chunks(g.G, max(1, (1 << 20) // max(1, g.CoutG * g.CinG * Fh * Fw))):
+        Wf[g0:g1] = np.fft.rfft2(wk[g0:g1, :, :, ::-1, ::-1], s=(Fh, Fw))
     cancel.check()
-    out = np.empty((N, g.Cout, g.OH, g.OW), F32)
+    dev = None if isinstance(x, np.ndarray) else _DeviceOut(be, (N, g.Cout, g.OH, g.OW))
+    out = np.empty((N if dev is None else 1, g.Cout, g.OH, g.OW), F32)
     col_sl = slice(KWe - 1, KWe - 1 + (g.OW - 1) * g.sw + 1, g.sw)
     nb = -(-g.OH // rows)
     done = 0
+    xn = None
     for n in range(N):
+        xn = _host_image(be, x, n, g, xn)
+        on = out[n if dev is None else 0]
         for r0 in range(0, g.OH, rows):
-            if done:
-                cancel.check()
+            cancel.check()
             r1 = min(g.OH, r0 + rows)
             start = r0 * g.sh - g.pt  # first padded input row, in input coordinates
             L = (r1 - 1 - r0) * g.sh + KHe
             a, b = max(0, start), min(H, start + L)
-            band = np.zeros((C, Fh, Fw))
-            if a < b:
-                band[:, a - start:b - start, g.pl:g.pl + W] = xh[n, :, a:b]
 
-            def task(gi, band=band, n=n, r0=r0, r1=r1):
-                if gi:
-                    cancel.check()
-                Xf = np.fft.rfft2(band[gi * g.CinG:(gi + 1) * g.CinG])
+            def task(gi, r0=r0, r1=r1, start=start, a=a, b=b):
+                cancel.check()
+                c0 = gi * g.CinG
+                band = np.zeros((g.CinG, Fh, Fw))
+                if a < b:
+                    band[:, a - start:b - start, g.pl:g.pl + W] = xn[c0:c0 + g.CinG, a:b]
+                cancel.check()
+                Xf = np.fft.rfft2(band)
+                del band
+                cancel.check()
                 if g.CinG == 1:
                     Yf = Wf[gi, :, 0] * Xf[0]
                 else:
                     Yf = np.einsum("ochw,chw->ohw", Wf[gi], Xf, optimize=True)
+                del Xf
+                cancel.check()
                 y = np.fft.irfft2(Yf, s=(Fh, Fw))
+                del Yf
+                cancel.check()
                 y = y[:, KHe - 1:KHe - 1 + (r1 - 1 - r0) * g.sh + 1:g.sh, col_sl]
                 if bh is not None:
                     y = y + bh[gi * g.CoutG:(gi + 1) * g.CoutG, None, None]
-                out[n, gi * g.CoutG:(gi + 1) * g.CoutG, r0:r1] = y
+                on[gi * g.CoutG:(gi + 1) * g.CoutG, r0:r1] = y
 
             threads.run_parallel(task, range(g.G))
             done += 1
             cancel.progress(done, N * nb)
-    return out if isinstance(x, np.ndarray) else be.to_device(out, "conv2d")  # counted as an upload
+        if dev is not None:
+            cancel.check()
+            dev.put(n, on)
+    return out if dev is None else dev.result()

@@ -12,9 +12,20 @@ so a cancel takes effect at the next step however short or long the steps are) b
 progress by elapsed wall time (``Pacer``: every ``REPORT_SECONDS``), not every step: inside ComfyUI
 each report is several server messages (the progress bar, the progress state, the live loss
 point), and one a step would send millions over a long run of short steps.
+
+Chunks are sized by elapsed wall time, not by a count fixed up front: ``Sizer`` (and ``timed_chunks``
+over a plain range) re-estimates the size after every chunk from how long it took, so a chunk stays
+near ``CHUNK_SECONDS`` when another CPU-heavy process slows the machine down mid-op. After one
+measured first chunk the size only halves (or doubles back, never above the measured size): few
+distinct sizes, since device code may be built per launch size.
+
+Pool tasks (``threads.run_parallel``) call ``check()`` too: the first task whose check raises ends
+the call with that exception, and its sibling tasks end at their next ``check()`` (``Abandoned``,
+never seen by the caller), since ComfyUI's check clears the interrupt flag when it raises.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -28,8 +39,26 @@ _lock = threading.Lock()
 CHUNK_SECONDS = 0.2
 #: the wall time between two progress reports of a loop of short steps (``Pacer``)
 REPORT_SECONDS = 0.1
-#: the clock ``Pacer`` reads (time.monotonic; tests put a fake one here)
+#: the clock ``Pacer`` and ``timed_chunks`` read (time.monotonic; tests put a fake one here)
 _clock = time.monotonic
+#: per thread: the Event that, once set, makes check() raise Abandoned (``abandon_on``)
+_local = threading.local()
+
+
+class Abandoned(Exception):
+    """check() in a pool task whose sibling task raised (``threads.run_parallel``): ends the task at
+    its next check; run_parallel raises the sibling's exception, never this one."""
+
+
+@contextlib.contextmanager
+def abandon_on(event: threading.Event):
+    """Inside the block, check() on this thread raises Abandoned once ``event`` is set."""
+    prev = getattr(_local, "abandon", None)
+    _local.abandon = event
+    try:
+        yield
+    finally:
+        _local.abandon = prev
 
 
 def set_checker(fn) -> None:
@@ -51,7 +80,11 @@ def set_progress(fn) -> None:
 
 
 def check() -> None:
-    """Call the checker (if any): it raises when the running work is to be cancelled."""
+    """Call the checker (if any): it raises when the running work is to be cancelled. Lock-free (a
+    read of the registered function), so it is cheap enough to call every few milliseconds."""
+    ev = getattr(_local, "abandon", None)
+    if ev is not None and ev.is_set():
+        raise Abandoned()
     fn = _checker
     if fn is not None:
         fn()
@@ -76,6 +109,59 @@ def chunks(total: int, per_chunk: int):
         yield s, min(total, s + per_chunk)
         if n > 1:
             progress(i + 1, n)
+
+
+class Sizer:
+    """The size of the next chunk of a long op, re-estimated by elapsed wall time after every chunk.
+
+    ``size`` is the first chunk (an estimate). With ``probe`` the second is sized from the first's
+    measured rate, at most ``MAX_GROWTH`` times the first (a cost that grows faster than the size,
+    such as memory touched for the first time, is not extrapolated far); that size is the ceiling
+    ``top`` (without ``probe``, ``size`` is). After that a chunk whose size would take longer than
+    ``seconds`` (default ``CHUNK_SECONDS``) at the rate just measured halves the size (as often as
+    needed), and one that took under a quarter of it doubles it back, up to ``top``. So the sizes are
+    ``size``, ``top`` and ``top / 2**k`` (device code built per launch size is built a few times at
+    most), and a chunk slowed down by a CPU-heavy process beside this one is followed by smaller ones."""
+
+    #: the most the probe multiplies the first size by
+    MAX_GROWTH = 8
+
+    def __init__(self, size: int, seconds: float | None = None, probe: bool = True):
+        self.size = self.top = max(1, int(size))
+        self.seconds = CHUNK_SECONDS if seconds is None else float(seconds)
+        self.probe = probe
+
+    def update(self, n: int, dt: float) -> int:
+        """``n`` items took ``dt`` seconds: returns (and keeps) the size of the next chunk."""
+        if n <= 0 or dt <= 0:
+            return self.size
+        per = dt / n
+        if self.probe:
+            self.probe = False
+            self.size = self.top = max(1, min(int(self.seconds / per), self.MAX_GROWTH * self.size))
+            return self.size
+        while self.size > 1 and self.size * per > self.seconds:
+            self.size //= 2
+        if self.size * per < self.seconds / 4 and self.size * 2 <= self.top:
+            self.size *= 2
+        return self.size
+
+
+def timed_chunks(total: int, size: int, seconds: float | None = None, probe: bool = False):
+    """(start, stop) ranges covering range(total), sized by a ``Sizer`` (by default ``size`` at most,
+    halved while chunks take longer than ``seconds``) from the wall time the caller spent on the
+    chunk before (the time between two yields), with check() before every chunk after the first.
+    No progress reports (for the stretches around an op's main work: transfers, finiteness checks)."""
+    sizer = Sizer(size, seconds, probe)
+    s = 0
+    while s < total:
+        if s:
+            check()
+        e = min(total, s + sizer.size)
+        t0 = _clock()
+        yield s, e
+        sizer.update(e - s, _clock() - t0)
+        s = e
 
 
 class Pacer:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 log = logging.getLogger("anydevice")
 
@@ -65,14 +65,47 @@ def pool() -> ThreadPoolExecutor:
 
 
 def run_parallel(fn, tasks) -> None:
-    """Run fn(task) for every task on the pool (inline when there is one task or one thread)."""
+    """Run fn(task) for every task on the pool (inline when there is one task or one thread).
+
+    The first exception a task raises (a cancel: ``cancel.check()`` in the task) is raised here as
+    soon as the tasks already running have stopped: tasks not started are dropped, and running ones
+    end at their next ``cancel.check()`` (it raises ``cancel.Abandoned`` in them once a sibling has
+    raised: ComfyUI's interrupt check clears its flag when it raises, so they would not see it).
+    Nothing is locked while a task runs or checks."""
     tasks = list(tasks)
     if len(tasks) <= 1 or num_threads() == 1:
         for t in tasks:
             fn(t)
         return
-    for f in [pool().submit(fn, t) for t in tasks]:
-        f.result()
+    from . import cancel
+    failed = threading.Event()
+
+    def one(t):
+        if failed.is_set():
+            return
+        with cancel.abandon_on(failed):
+            try:
+                fn(t)
+            except BaseException:
+                failed.set()
+                raise
+
+    futures = [pool().submit(one, t) for t in tasks]
+    done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+    if pending:  # a task raised: drop the tasks not started, wait for the running ones to stop
+        for f in pending:
+            f.cancel()
+        wait(pending)
+    first = None
+    for f in futures:  # the first failure in task order, other than a sibling's Abandoned
+        if f.cancelled() or f.exception() is None:
+            continue
+        exc = f.exception()
+        if not isinstance(exc, cancel.Abandoned):
+            raise exc
+        first = first or exc
+    if first is not None:
+        raise first
 
 
 def _blas_controllers():

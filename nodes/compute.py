@@ -6,7 +6,7 @@ import math
 import numpy as np
 import torch
 
-from ..backend import ACTIVATIONS, LOSSES
+from ..backend import ACTIVATIONS, LOSSES, cancel
 from ..backend.plans import check_groups, conv_image, normalize_dims, pair, planned, same_pads
 from . import presets as P
 from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge, check_constant,
@@ -366,6 +366,7 @@ class AnyDeviceConv2D(ComputeNode):
         else:
             xp = be.pad(x, (pads[2], pads[3], pads[0], pads[1]), "constant" if mode == "zeros" else mode)
             y = be.conv2d(xp, wd, bd, stride=stride, padding=0, dilation=dilation, groups=g)
+        cancel.check()  # a cancel during the op's last chunk ends here, before the long result conversion
         out = result(be, y, kind, input, "nchw", node)
         ms = t.ms(be)
         for _ in range(n):  # progress counts images

@@ -201,6 +201,134 @@ def test_no_checker_is_harmless():
     assert list(cancel.chunks(5, 2)) == [(0, 2), (2, 4), (4, 5)]
 
 
+# ---- chunks sized by elapsed time; a check in every stretch --------------------------------------
+def test_sizer_halves_by_elapsed_time_and_grows_back_to_its_measured_size():
+    s = cancel.Sizer(10, seconds=0.2)
+    assert s.update(10, 0.05) == 40  # the probe: sized from the first chunk's rate
+    assert s.update(40, 0.8) == 10  # 4x too slow (a CPU-heavy process started): halved twice
+    assert s.update(10, 0.21) == 5
+    assert s.update(5, 0.01) == 10  # fast again: doubled back, one step a chunk,
+    assert s.update(10, 0.001) == 20
+    assert s.update(20, 0.001) == 40
+    assert s.update(40, 0.001) == 40  # never above the probe's size (few launch sizes)
+    s = cancel.Sizer(10, seconds=0.2)
+    assert s.update(10, 1e-6) == 10 * cancel.Sizer.MAX_GROWTH  # the probe extrapolates a little only
+    s = cancel.Sizer(8, seconds=0.2, probe=False)
+    assert s.update(8, 0.01) == 8  # without a probe the first size is the largest
+    assert s.update(8, 1.0) == 1
+
+
+def test_timed_chunks_shrink_when_a_chunk_takes_too_long(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(cancel, "_clock", lambda: now[0])
+    calls = []
+    cancel.set_checker(lambda: calls.append(1))
+    got = []
+    try:
+        for a, b in cancel.timed_chunks(100, 16, seconds=0.2):
+            got.append((a, b))
+            now[0] += 0.1 if a < 32 else 0.04 * (b - a)  # from item 32 on, 6.4x slower
+    finally:
+        cancel.set_checker(None)
+    assert got[:4] == [(0, 16), (16, 32), (32, 48), (48, 52)]  # 16 items took 0.64 s: 4 a chunk
+    assert all(b - a == 4 for a, b in got[3:])
+    assert [i for a, b in got for i in range(a, b)] == list(range(100))
+    assert len(calls) == len(got) - 1  # a check before every chunk but the first
+
+
+def test_run_parallel_raises_the_cancel_and_ends_the_sibling_tasks():
+    """A task's check raises (and, as ComfyUI's, clears the flag): run_parallel raises it at once; the
+    tasks running beside it end at their next check (Abandoned, not raised to the caller) and the
+    tasks not started never start."""
+    import threading
+    import time
+    from anydevice.backend import threads
+    flag = threading.Event()
+
+    def checker():
+        if flag.is_set():
+            flag.clear()
+            raise _Stop
+    started, finished = [], []
+
+    def task(i):
+        started.append(i)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5:
+            cancel.check()
+            time.sleep(0.001)
+        finished.append(i)
+    cancel.set_checker(checker)
+    timer = threading.Timer(0.1, flag.set)
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(_Stop):
+            threads.run_parallel(task, range(8))
+    finally:
+        cancel.set_checker(None)
+        timer.cancel()
+    assert time.monotonic() - t0 < 2.0
+    assert not finished and len(started) < 8
+
+
+def _check_sites(monkeypatch):
+    """Names of the functions that called cancel.check() (through the checker)."""
+    import sys
+    sites = []
+
+    def checker():
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_filename.endswith("cancel.py"):
+            f = f.f_back
+        sites.append(f.f_code.co_name if f is not None else "?")
+    cancel.set_checker(checker)
+    return sites
+
+
+def test_fft_path_checks_in_every_stretch(backend_target, spy, monkeypatch):
+    """The finiteness check, the download of the input, each pool task and the upload of the result
+    are cut into chunks with a check between them (a 4096x4096 batch held each for seconds)."""
+    monkeypatch.setattr(bigconv, "CHUNK_ELEMS", 200)  # a few rows of 64
+    sites = _check_sites(monkeypatch)
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1, 1, (2, 3, 40, 64)).astype(np.float32)
+    w = rng.standard_normal((3, 1, 25, 25)).astype(np.float32)
+    try:
+        backend_target.conv2d(x, w, None, 1, 12, 1, 3)
+    finally:
+        cancel.set_checker(None)
+    if not spy["fft"]:
+        pytest.skip(f"{backend_target!r} does not take the FFT path")
+    assert sites.count("_finite") + sites.count("<genexpr>") > 3
+    assert sites.count("task") >= 2 * 3 * 4  # every group's task, before each of its stages
+    if backend_target.name != "numpy":  # a device backend: the transfers too
+        assert sites.count("_host_image") > 3 and sites.count("put") > 3
+
+
+def test_chunks_do_not_change_the_numbers(backend_target, monkeypatch):
+    """The same inputs give the same bits however the transfers and checks are cut (the FFT bands
+    depend on the shapes only)."""
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1, 1, (2, 3, 70, 64)).astype(np.float32)
+    w = rng.standard_normal((3, 1, 31, 31)).astype(np.float32)
+    b = rng.uniform(-1, 1, 3).astype(np.float32)
+    y0 = np.array(backend_target.to_numpy(backend_target.conv2d(x, w, b, 1, 15, 1, 3)))
+    monkeypatch.setattr(bigconv, "CHUNK_ELEMS", 100)
+    y1 = np.array(backend_target.to_numpy(backend_target.conv2d(x, w, b, 1, 15, 1, 3)))
+    assert y0.view(np.uint32).tolist() == y1.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nonfinite_found_in_a_late_chunk(backend_target, monkeypatch, bad):
+    monkeypatch.setattr(bigconv, "CHUNK_ELEMS", 64)
+    x = np.ones((2, 3, 30, 30), np.float32)
+    x[1, 2, 29, 29] = bad
+    w = np.random.default_rng(2).standard_normal((3, 1, 25, 25)).astype(np.float32)
+    check(backend_target.conv2d(x, w, None, 1, 7, 1, 3), _ref(x, w, None, 1, 7, 1, 3), "non-finite",
+          tol_for(backend_target))
+
+
 # ---- huge padding / stride / dilation: only what the output needs --------------------------------
 def test_huge_padding_stride(backend_target):
     one = np.ones((1, 1, 1, 1), np.float32)
