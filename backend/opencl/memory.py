@@ -41,9 +41,10 @@ class _Block:
     def __init__(self, buf, nbytes, pool):
         self.buf, self.nbytes, self.pool = buf, nbytes, pool
 
-    def __del__(self, _finalizing=sys.is_finalizing):  # bound now: at exit the module's globals may be gone
+    def __del__(self):
         pool = self.pool
-        if pool is not None and not _finalizing():  # at exit the driver frees everything
+        # at exit the driver frees everything (and the module's globals, sys too, may be gone already)
+        if pool is not None and sys is not None and not sys.is_finalizing():  # at exit the driver frees everything
             try:  # no lock, no call: the pool's next call takes it (see the module docstring)
                 pool.returned.append((self.buf, self.nbytes))
             except Exception:
