@@ -31,7 +31,7 @@ def report_error(prog: str, exc: BaseException, verbose: bool = False) -> int:
     if verbose:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     if isinstance(exc, ModuleNotFoundError) and exc.name == "torch" and "PyTorch" not in str(exc):
-        from .backend.registry import INSTALL_TORCH
+        from .backend.system.registry import INSTALL_TORCH
         text = f"needs PyTorch: {INSTALL_TORCH}"
     elif isinstance(exc, MemoryError):
         text = "out of memory"
@@ -46,7 +46,7 @@ def report_error(prog: str, exc: BaseException, verbose: bool = False) -> int:
 
 def _settings_problems() -> list:
     """ConfigError for every ANYDEVICE_* variable with a bad value; warns about unknown names."""
-    from .backend import config
+    from .backend.system import config
     for name in config.unknown():
         near = difflib.get_close_matches(name.upper(), list(config.SETTINGS), n=1)
         hint = f"; did you mean {near[0]}?" if near else " (README.md lists the settings)"
@@ -55,7 +55,8 @@ def _settings_problems() -> list:
 
 
 def _cmd_devices(args) -> int:
-    from .backend import config, list_backends, registry
+    from .backend.system import config, registry
+    from .backend import list_backends
     problems = list(args.settings_problems)
     infos = list_backends(refresh=True, include_aliases=args.all)
     chosen = None
@@ -93,7 +94,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from .backend import registry
+    from .backend.system import registry
     registry.auto_name()  # a backend ANYDEVICE_BACKEND names but that cannot run: say so before the nodes load
     return run_main(args)
 

@@ -7,18 +7,30 @@
 
 Every backend implements the op contract in ``contract.Backend``; see README.md for the list.
 """
-from . import threads as _threads
+from .system import threads as _threads
 
 _threads.prepare_blas_env()  # before NumPy loads, where it has not yet (see threads.py)
 
-from .contract import (  # noqa: E402
+from .ops.contract import (  # noqa: E402
     ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, UNARY_OPS, Backend, conv2d_plan,
     conv_transpose2d_plan)
-from .errors import AnyDeviceError  # noqa: E402
-from .registry import BackendInfo, auto_name, describe, get_backend, list_backends  # noqa: E402
+from .system.errors import AnyDeviceError  # noqa: E402
+from .system.registry import BackendInfo, auto_name, describe, get_backend, list_backends  # noqa: E402
 
 __all__ = [
     "AnyDeviceError", "Backend", "BackendInfo", "list_backends", "get_backend", "auto_name", "describe",
     "conv2d_plan", "conv_transpose2d_plan",
     "ACTIVATIONS", "BINARY_OPS", "LOSSES", "PADDING_MODES", "REDUCE_OPS", "UNARY_OPS",
 ]
+
+#: public submodules that live deeper in the package, imported on first use
+#: (``from anydevice.backend import autograd, optim``)
+_LAZY = {"autograd": ".learn.autograd", "optim": ".learn.optim"}
+
+
+def __getattr__(name):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    return importlib.import_module(target, __name__)

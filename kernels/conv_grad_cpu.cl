@@ -1,6 +1,6 @@
 /* CPU-family conv2d weight gradient (OpenCL only): the B operand of gemm_cpu for
    gW[b] (CoutG x CinG*KH*KW) = gy[b] (CoutG x positions) . cols[b] (positions x CinG*KH*KW),
-   one batch b = image n * G + group g (backend/convgrad.py; opencl/backend.py
+   one batch b = image n * G + group g (backend/ops/convgrad.py; opencl/backend.py
    _conv2d_weight_grad). The A operand is gy itself through pack_a; the per-image products are
    summed afterwards.
 

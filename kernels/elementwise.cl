@@ -513,7 +513,7 @@ __kernel void gemm_small(const int M, const int N, const int K,
     }
 }
 
-/* One Adam / AdamW step of one parameter (backend/optim.py's formulas, torch's single-tensor
+/* One Adam / AdamW step of one parameter (backend/learn/optim.py's formulas, torch's single-tensor
    float32 order of operations, every product and sum rounded on its own: FP_CONTRACT off and each
    step through ad_binary_op, exactly the ops the unfused path launches one by one):
      diff = g - m;  m' = lerp_form ? g + diff * w : m + diff * w

@@ -17,7 +17,7 @@
 #ifndef ANYDEVICE_ELEMENTWISE_MATH_H
 #define ANYDEVICE_ELEMENTWISE_MATH_H
 
-/* ---- unary ops: codes as UNARY_KERNEL_CODES in backend/contract.py ------------------------- */
+/* ---- unary ops: codes as UNARY_KERNEL_CODES in backend/ops/contract.py ------------------------- */
 #define OP_ABS 0
 #define OP_NEG 1
 #define OP_EXP 2
@@ -106,7 +106,7 @@ DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const f
     }
 }
 
-/* ---- binary ops: codes as BINARY_CODES in backend/opencl_backend.py (used by elementwise.cl;
+/* ---- binary ops: codes as BINARY_CODES in backend/devices/opencl/ (used by elementwise.cl;
  * the CUDA backend's binary ops are CuPy's, whose minimum/maximum propagate NaN alike) ------- */
 #define BOP_ADD 0
 #define BOP_SUB 1

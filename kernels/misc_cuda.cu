@@ -10,7 +10,7 @@
  *   launch: 1-D, any geometry (grid-stride loop over planes*OH*OW), group size BLOCK.
  * kernel ad_unary(x, y, n, op, p0, p1, flags)
  *   y[i] = ad_unary_op(x[i], ...) (elementwise_math.h) for contiguous x, y of n elements; op
- *   codes as UNARY_KERNEL_CODES in backend/contract.py; p0/p1 the op's parameters (alpha, slope,
+ *   codes as UNARY_KERNEL_CODES in backend/ops/contract.py; p0/p1 the op's parameters (alpha, slope,
  *   beta/threshold, min/max); flags bit 0/1: clamp has min/max. NaN and Inf as in torch.
  *   launch: 1-D, any geometry (grid-stride loop), group size BLOCK.
  * kernel ad_direct_conv(x, w, bias, has_bias, y, N, C, H, W, Cout, CinG, CoutG, KH, KW, OH, OW,

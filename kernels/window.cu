@@ -1,4 +1,4 @@
-/* window.cu: pooling and resampling through index/weight tables (backend/windows.py), in the
+/* window.cu: pooling and resampling through index/weight tables (backend/ops/windows.py), in the
  * portable subset (kernels/README.md): prelude_cuda.cuh + this file for CUDA/HIP, prelude_opencl.h
  * + this file as OpenCL C for both OpenCL kernel families.
  *

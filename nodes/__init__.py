@@ -13,7 +13,7 @@ try:
 except ModuleNotFoundError as _exc:
     if _exc.name != "torch":
         raise
-    from ..backend.registry import INSTALL_TORCH
+    from ..backend.system.registry import INSTALL_TORCH
     raise ModuleNotFoundError(f"the AnyDevice nodes need PyTorch: {INSTALL_TORCH}", name="torch") from None
 
 from .compute import COMPUTE_NODES
@@ -41,7 +41,8 @@ def log_backend_choice() -> None:
     _logged = True
     name = "numpy"
     try:
-        from ..backend import describe, registry
+        from ..backend import describe
+        from ..backend.system import registry
         from .common import load_time_backend_name
         with registry.deferred_selfcheck():  # start-up: a backend's self-check runs on its first use
             name = load_time_backend_name()

@@ -6,8 +6,9 @@ import math
 import numpy as np
 import torch
 
-from ..backend import ACTIVATIONS, LOSSES, cancel
-from ..backend.plans import check_groups, conv_image, normalize_dims, pair, planned, same_pads
+from ..backend import ACTIVATIONS, LOSSES
+from ..backend.system import cancel
+from ..backend.ops.plans import check_groups, conv_image, normalize_dims, pair, planned, same_pads
 from . import presets as P
 from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, Progress, Timer, badge, check_constant,
                      cpu_f32, kind_of, parse_ints, parse_matrix, parse_vector, resolve_backend, validate_texts)

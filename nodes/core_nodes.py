@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from . import NODE_CLASS_MAPPINGS as PACK_NODES
-from ..backend import config
-from ..backend.errors import short
+from ..backend.system import config
+from ..backend.system.errors import short
 
 from .inputs import EXAMPLE_INPUTS, PACK_ROOT, input_folders  # noqa: F401 (the runner and tests read them here)
 

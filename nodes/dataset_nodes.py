@@ -173,7 +173,7 @@ def _mb(nbytes: int) -> str:
 def _over_limit(nbytes: int) -> str | None:
     """None, or the limit ``nbytes`` of float32 is over (ANYDEVICE_MAX_TENSOR_MB or a share of the
     host's free memory), said as the runner's EmptyImage size check says it."""
-    from ..backend import config  # noqa: PLC0415
+    from ..backend.system import config  # noqa: PLC0415
     limit, free, where = config.tensor_limit(None, nbytes)
     if nbytes <= limit:
         return None

@@ -274,7 +274,7 @@ def apply_model_wrapper(key: str, compiled):
     """The APPLY_MODEL wrapper: as comfy_api.torch_helpers' ``apply_torch_compile_factory`` (the
     compiled module swapped in for the call), and the weights trusted unchanged while ComfyUI's patch
     state is (``backend/versions.trusted``: no weight is re-read for a step between patches)."""
-    from ..backend import versions
+    from ..backend.system import versions
 
     def wrapper(executor, *args, **kwargs):
         import comfy.utils  # noqa: PLC0415 - inside ComfyUI only

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from ..backend import AnyDeviceError
-from ..backend import cancel as _cancel
-from ..backend import network as _netmod
+from ..backend.system import cancel as _cancel
+from ..backend.learn import network as _netmod
 from ..backend.learn.layers import LAYERS
-from ..backend.network import Network
+from ..backend.learn.network import Network
 from .common import (ANY, DATA, DEVICE_INPUT, NodeError, PackNode, Progress, Timer, badge, kind_of, parse_ints,
                      raw, resolve_backend)
 from .resident import DeviceTensor
@@ -574,7 +574,7 @@ class AnyDeviceTrainNetwork(_LearnNode):
 
     def _run(self, network, inputs, targets, loss="mse", optimizer="adam", learning_rate=0.001, weight_decay=0.0,
              steps=200, epochs=0, batch_size=16, momentum=0.9, train_seed=0, device=None, unique_id=None):
-        from ..backend.train import train
+        from ..backend.learn.train import train
         node = self.DISPLAY
         net = _network(network, node, required=True)
         if not net.layers:
@@ -666,7 +666,7 @@ class AnyDeviceApplyNetwork(_LearnNode):
                              "device": DEVICE_INPUT}}
 
     def _run(self, network, input, batch_size=256, labels=None, device=None):
-        from ..backend.train import predict
+        from ..backend.learn.train import predict
         node = self.DISPLAY
         net = _network(network, node, required=True)
         be = resolve_backend(device, node)
@@ -751,7 +751,7 @@ class AnyDeviceSaveNetwork(_LearnNode):
                                                                   "gets a counter, name_00001_.safetensors."})}}
 
     def _run(self, network, filename="anydevice_network", overwrite=False):
-        from ..backend import netio
+        from ..backend.learn import netio
         node = self.DISPLAY
         net = _network(network, node, required=True)
         if net.params is None:
@@ -828,7 +828,7 @@ class AnyDeviceLoadNetwork(_LearnNode):
         return p.stat().st_mtime if p is not None else ""
 
     def _run(self, name):
-        from ..backend import netio
+        from ..backend.learn import netio
         node = self.DISPLAY
         p = network_path(name)
         if p is None:

@@ -30,14 +30,14 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..backend import config
-from ..backend.versions import tensor_version
+from ..backend.system import config
+from ..backend.system.versions import tensor_version
 
 ENV = "ANYDEVICE_RESIDENT_MB"
 
 
 def budget_bytes() -> int:
-    """ANYDEVICE_RESIDENT_MB in bytes (backend/config.py parses it; a bad value names the variable)."""
+    """ANYDEVICE_RESIDENT_MB in bytes (backend/system/config.py parses it; a bad value names the variable)."""
     return config.get(ENV)
 
 
@@ -125,7 +125,7 @@ def release_all() -> None:
     """Every kept device array goes (TENSORs to their host copies), then every backend in use gives
     its pooled memory back."""
     trim(0)
-    from ..backend import registry
+    from ..backend.system import registry
     for be in list(registry._instances.values()):
         free_backend_memory(be)
 

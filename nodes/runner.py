@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import NODE_CLASS_MAPPINGS as PACK_NODES
-from ..backend.errors import short
+from ..backend.system.errors import short
 from .core_nodes import CORE_NODES, WorkflowError, _Ctx, _display, _node_class
 from .inputs import input_folders, using_input_folders
 

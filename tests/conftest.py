@@ -37,7 +37,7 @@ from anydevice import backend as _backend  # noqa: E402
 
 
 def _opencl_gpu_family():
-    from anydevice.backend import opencl_backend
+    from anydevice.backend.devices import opencl as opencl_backend
     return opencl_backend.create("opencl", 0, family="gpu")
 
 

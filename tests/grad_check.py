@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from anydevice.backend import autograd as ag
+from anydevice.backend.learn import autograd as ag
 
 
 def normwise(ours: np.ndarray, ref: np.ndarray) -> float:

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from anydevice.backend import AnyDeviceError
-from anydevice.backend.config import workspace_budget_bytes
-from anydevice.backend.plans import attention_plan
+from anydevice.backend.system.config import workspace_budget_bytes
+from anydevice.backend.ops.plans import attention_plan
 
 from test_precision import HYP, _assert_unchanged, _snapshot, check, relerr, t64, tol_for
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as TF
 
-from anydevice.backend import AnyDeviceError, autograd as ag
+from anydevice.backend import AnyDeviceError
+from anydevice.backend.learn import autograd as ag
 from grad_check import check_grad
 
 

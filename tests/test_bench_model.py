@@ -121,7 +121,7 @@ def test_compact_matches_spandrel(act):
 
 
 def test_compact_refuses_unknown_activation():
-    from anydevice.backend.errors import AnyDeviceError
+    from anydevice.backend.system.errors import AnyDeviceError
     with pytest.raises(AnyDeviceError, match="act_type"):
         model_zoo.SRVGGNetCompact(act_type="gelu")
 

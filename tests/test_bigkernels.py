@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from anydevice.backend import bigconv, cancel
+from anydevice.backend.ops import bigconv
+from anydevice.backend.system import cancel
 from anydevice.nodes import presets
 
 from test_precision import check, t64, tol_for
@@ -242,7 +243,7 @@ def test_run_parallel_raises_the_cancel_and_ends_the_sibling_tasks():
     tasks not started never start."""
     import threading
     import time
-    from anydevice.backend import threads
+    from anydevice.backend.system import threads
     flag = threading.Event()
 
     def checker():

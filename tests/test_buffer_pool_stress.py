@@ -1,4 +1,4 @@
-"""The OpenCL buffer pool under threads and the garbage collector (backend/opencl/memory.py).
+"""The OpenCL buffer pool under threads and the garbage collector (backend/devices/opencl/memory.py).
 
 Blocks are dropped from many threads, handed between threads and freed by the collector
 (reference cycles, ``gc.collect()`` in the threads, a low collection threshold so collections
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from anydevice.backend.opencl import memory
+from anydevice.backend.devices.opencl import memory
 
 log = logging.getLogger(__name__)
 

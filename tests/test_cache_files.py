@@ -1,5 +1,5 @@
-"""Damaged cache files (backend/runtime/store.py, read by backend/selfcheck.py and
-backend/opencl/device.py): whatever is wrong with ``selfcheck.json`` or ``opencl/devices.json`` under
+"""Damaged cache files (backend/system/store.py, read by backend/system/selfcheck.py and
+backend/devices/opencl/device.py): whatever is wrong with ``selfcheck.json`` or ``opencl/devices.json`` under
 ``ANYDEVICE_CACHE_DIR`` (bytes that are not UTF-8, text that is not JSON or is cut short, JSON of
 the wrong shape, entries of the wrong type), the backends come up available, the file is written
 again valid (its sound sections kept) and one warning names it. The backend part runs on the real
@@ -12,8 +12,9 @@ import logging
 import numpy as np
 import pytest
 
-from anydevice.backend import get_backend, list_backends, registry, selfcheck
-from anydevice.backend.runtime import JsonStore
+from anydevice.backend import get_backend, list_backends
+from anydevice.backend.system import registry, selfcheck
+from anydevice.backend.devices.runtime import JsonStore
 
 KEY = "KEY"  # stands for the entry of the device under test
 GOOD = {"ok": True, "reason": ""}
@@ -122,8 +123,8 @@ def cache(monkeypatch, tmp_path):
     """ANYDEVICE_CACHE_DIR in tmp_path (built kernels from the usual cache), a fresh registry, and
     the keys of the OpenCL device's entries in devices.json and selfcheck.json."""
     pytest.importorskip("pyopencl")
-    from anydevice.backend.opencl import device, programs
-    from anydevice.backend import opencl_backend
+    from anydevice.backend.devices.opencl import device, programs
+    from anydevice.backend.devices import opencl as opencl_backend
     probe = opencl_backend.probe("opencl")
     if not probe["available"]:
         pytest.skip(f"opencl backend unavailable: {probe['reason']}")

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anydevice.backend import AnyDeviceError, config, get_backend, list_backends
+from anydevice.backend import AnyDeviceError, get_backend, list_backends
+from anydevice.backend.system import config
 
 ROOT = Path(__file__).resolve().parent.parent
 WF = ROOT / "example_workflows" / "api" / "color_grading.json"
@@ -199,7 +200,7 @@ def test_bad_number_setting_names_the_variable(var, reader, monkeypatch):
     assert p.returncode == 2
     assert f"{var}='abc': must be a number of megabytes > 0" in one_error(p, "anydevice run")
     monkeypatch.setenv(var, "abc")
-    from anydevice.backend import contract
+    from anydevice.backend.ops import contract
     with pytest.raises(AnyDeviceError, match=f"{var}='abc'"):
         getattr(contract, reader)()
     if var == "ANYDEVICE_MAX_TENSOR_MB":  # read by every op: the op's error names the variable
@@ -218,7 +219,7 @@ _TYPE_NAMES = {"ANYDEVICE_LABELS", "ANYDEVICE_NETWORK"}
 
 
 def test_every_setting_is_in_the_one_table():
-    """Every ANYDEVICE_* name the code or the README mentions is a setting of backend/config.py."""
+    """Every ANYDEVICE_* name the code or the README mentions is a setting of backend/system/config.py."""
     import re
     named = set()
     for path in [ROOT / "README.md", *ROOT.glob("backend/**/*.py"), *ROOT.glob("nodes/*.py"), ROOT / "cli.py",
@@ -252,7 +253,7 @@ def test_config_values():
     assert config.get("ANYDEVICE_BACKEND", {"ANYDEVICE_BACKEND": "auto"}) is None
     assert config.get("ANYDEVICE_BACKEND", {"ANYDEVICE_BACKEND": "opencl:1"}) == "opencl:1"
     assert config.get("ANYDEVICE_OPENCL_DEVICE", {"ANYDEVICE_OPENCL_DEVICE": "1:2"}) == (1, 2)
-    from anydevice.backend import contract
+    from anydevice.backend.ops import contract
     assert contract.workspace_budget_bytes is config.workspace_budget_bytes
 
 

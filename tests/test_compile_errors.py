@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from anydevice.backend import cancel, get_backend
+from anydevice.backend.system import cancel
+from anydevice.backend import get_backend
 from anydevice.backend import compile as adc
 from anydevice.nodes import model_nodes as mn
 from anydevice.nodes.common import NodeError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anydevice.backend import cuda_backend
+from anydevice.backend.devices import cuda as cuda_backend
 
 pytestmark = pytest.mark.gpu
 

@@ -2,7 +2,7 @@
 configuration builds for sm_80, sm_90 and compute_90 PTX without register spills in the GEMM/conv
 kernels. Uses nvcc when on PATH, else NVRTC (libnvrtc) through ctypes; skips when neither exists.
 
-Also the source assembly all compilers share (backend/kernel_source.py): prelude + file with its
+Also the source assembly all compilers share (backend/devices/runtime/kernel_source.py): prelude + file with its
 ``#include "x.h"`` lines expanded once each, ``#line`` markers pointing at the right file."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from anydevice.backend import kernel_source as ks
+from anydevice.backend.devices.runtime import kernel_source as ks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def test_all_cuda_kernels_compile_without_spills():
     assert {"ad_conv_gemm", "ad_unary", "ad_pad", "ad_direct_conv"} <= kernels
 
 
-# ---- source assembly (backend/kernel_source.py) ------------------------------------------------
+# ---- source assembly (backend/devices/runtime/kernel_source.py) ------------------------------------------------
 def _kdir(tmp_path, files: dict):
     kdir = tmp_path / "kernels dir"  # a space in the path: no compiler ever sees it
     kdir.mkdir()

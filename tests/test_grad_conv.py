@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as TF
 
-from anydevice.backend import autograd as ag
+from anydevice.backend.learn import autograd as ag
 from grad_check import check_grad
 
 
@@ -230,11 +230,11 @@ def test_conv2d_grad_shifted_paths(backend_target, monkeypatch, xs, ws, opts):
     """The stride-1 weight / input gradient paths that the size thresholds keep for large convs
     (OpenCL: packed x shifted per tap; NumPy: shifted views, several position steps per thread)
     forced on small ones."""
-    from anydevice.backend import numpy_backend
+    from anydevice.backend.devices.numpy import backend as numpy_backend
     monkeypatch.setattr(numpy_backend, "WGRAD_STEP", 7)
     monkeypatch.setattr(numpy_backend, "WGRAD_SHIFT_MIN_CIN", 1)
     try:
-        from anydevice.backend.opencl import backend as ocl
+        from anydevice.backend.devices.opencl import backend as ocl
         monkeypatch.setattr(ocl, "WGRAD_SHIFT_MIN_COLS", 0)
         monkeypatch.setattr(ocl, "WGRAD_SHIFT_MIN_CIN", 1)
         monkeypatch.setattr(ocl, "WGRAD_SHIFT_BYTES", 1)  # one image per step

@@ -1,5 +1,5 @@
 """Gradient checks of the layer, window, data-movement, dropout and attention ops (issue 13):
-every rule of backend/autograd/rules_layers.py against torch's float64 autograd (check_grad)."""
+every rule of backend/learn/autograd/rules_layers.py against torch's float64 autograd (check_grad)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as TF
 
-from anydevice.backend import AnyDeviceError, autograd as ag
-from anydevice.backend.autograd import rules_layers
+from anydevice.backend import AnyDeviceError
+from anydevice.backend.learn import autograd as ag
+from anydevice.backend.learn.autograd import rules_layers
 from grad_check import check_grad
 
 

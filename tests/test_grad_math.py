@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as TF
 
-from anydevice.backend import AnyDeviceError, autograd as ag
-from anydevice.backend.contract import gaussian_window
+from anydevice.backend import AnyDeviceError
+from anydevice.backend.learn import autograd as ag
+from anydevice.backend.ops.contract import gaussian_window
 from grad_check import check_grad
 
 _RNG = np.random.default_rng(13)
@@ -415,7 +416,7 @@ def test_backward_stays_on_the_device(backend_target):
 def test_ssim_gradient_in_chunks(backend_target, monkeypatch):
     """Inputs larger than one ssim chunk: forward and backward go in groups of planes (one plane,
     then two: 256 elements each) and still match torch."""
-    from anydevice.backend import contract
+    from anydevice.backend.ops import contract
     monkeypatch.setattr(contract, "SSIM_MIN_CHUNK", 300)
     a = rand(2, 3, 16, 16)
     b = np.clip(a + 0.2 * randn(2, 3, 16, 16), 0, 1).astype(np.float32)

@@ -1,4 +1,4 @@
-"""cross_entropy, nll_loss, dropout and batch_norm (backend/layers.py) on every backend here,
+"""cross_entropy, nll_loss, dropout and batch_norm (backend/ops/layers.py) on every backend here,
 against torch in float64 on the same float32 inputs: normwise relative error <= 1e-6, NaN and Inf
 positions exact, inputs never changed, bad arguments refused before any kernel."""
 from __future__ import annotations

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from anydevice import backend as B
-from anydevice.backend import config, contract, memstat
-from anydevice.backend import numpy_backend as NB
-from anydevice.backend.errors import AnyDeviceError
+from anydevice.backend.system import config, memstat
+from anydevice.backend.ops import contract
+from anydevice.backend.devices.numpy import backend as NB
+from anydevice.backend.system.errors import AnyDeviceError
 
 ROOT = Path(__file__).resolve().parent.parent
 AVAILABLE = {i.name for i in B.list_backends() if i.available}

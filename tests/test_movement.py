@@ -1,4 +1,4 @@
-"""Data movement and selection (backend/movement.py) and pad's cropping, on every backend here,
+"""Data movement and selection (backend/ops/movement.py) and pad's cropping, on every backend here,
 against torch: reshape/view, permute, transpose, expand/broadcast_to, narrow, slice, split, chunk,
 cat, stack, contiguous, where, eq/ne/lt/le/gt/ge, pad with negative amounts.
 

@@ -1,4 +1,4 @@
-"""backend/network.py (the Network value) and backend/netio.py (safetensors save/load).
+"""backend/learn/network.py (the Network value) and backend/learn/netio.py (safetensors save/load).
 
 The forward pass of every layer type is compared with ``net.to_torch()`` on the same weights in
 float64 (normwise relative error <= 1e-5) on every backend, in evaluation and in training mode
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from anydevice.backend import AnyDeviceError
-from anydevice.backend.network import Network, layer_seed
-from anydevice.backend import netio
+from anydevice.backend.learn.network import Network, layer_seed
+from anydevice.backend.learn import netio
 
 from grad_check import normwise
 
@@ -127,7 +127,7 @@ def test_to_torch_keys_and_values(rich):
 
 
 def test_param_vars_record_gradients(backend_target):
-    from anydevice.backend import autograd as ag
+    from anydevice.backend.learn import autograd as ag
     net = (Network.empty().add("linear", out_features=3).add("activation", name="relu")
            .add("linear", out_features=1)).initialized((2, 4), seed=1)
     be = backend_target

@@ -1,5 +1,5 @@
-"""A saved network is untrusted input: hostile layer specs (backend/network.py) and hostile
-safetensors files (backend/netio.py) are refused with an AnyDeviceError that names where (the layer
+"""A saved network is untrusted input: hostile layer specs (backend/learn/network.py) and hostile
+safetensors files (backend/learn/netio.py) are refused with an AnyDeviceError that names where (the layer
 by index and type, the tensor, the file), what (the setting, the field) and the value, before any
 large allocation and without a hang: every case runs in a thread joined with a timeout (a hang
 guard, not a speed test) under tracemalloc, whose peak must stay small."""
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from anydevice.backend import AnyDeviceError, get_backend
-from anydevice.backend import netio
-from anydevice.backend.network import MAX_DEPTH, Network
-from anydevice.backend.train import predict
+from anydevice.backend.learn import netio
+from anydevice.backend.learn.network import MAX_DEPTH, Network
+from anydevice.backend.learn.train import predict
 
 #: a hostile case must be refused well within this (a hang guard: the bugs took 80 s or forever)
 HANG_S = 60

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from anydevice.backend import AnyDeviceError
-from anydevice.backend import cancel
-from anydevice.backend.network import Network
-from anydevice.backend.train import batch_plan
+from anydevice.backend.system import cancel
+from anydevice.backend.learn.network import Network
+from anydevice.backend.learn.train import batch_plan
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
 from anydevice.nodes import core_nodes as C
 from anydevice.nodes import network_nodes as NN

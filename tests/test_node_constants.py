@@ -40,7 +40,7 @@ def test_conv_random_kernel_far_above_the_widget_max(monkeypatch):
 
 def test_conv_random_kernel_with_the_default_limit(monkeypatch):
     """Without the setting the limit is half the free host memory: the message says so."""
-    from anydevice.backend import memstat
+    from anydevice.backend.system import memstat
     monkeypatch.delenv("ANYDEVICE_MAX_TENSOR_MB", raising=False)
     monkeypatch.setattr(memstat, "free_bytes", lambda be=None, want=0: (32 * 2**30, "host RAM"))
     tracemalloc.start()

@@ -252,7 +252,7 @@ def test_activation_matches_torch(act, device):
 
 
 def _ssim_ref(x, y, win=11, sigma=1.5, dr=1.0):
-    g = torch.from_numpy(B.contract.gaussian_window(win, sigma).astype(np.float32))
+    g = torch.from_numpy(B.ops.contract.gaussian_window(win, sigma).astype(np.float32))
     c = x.shape[1]
     wv, wh = g.view(1, 1, -1, 1).expand(c, 1, win, 1), g.view(1, 1, 1, -1).expand(c, 1, 1, win)
     blur = lambda t: F.conv2d(F.conv2d(t, wv, groups=c), wh, groups=c)  # noqa: E731

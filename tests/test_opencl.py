@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anydevice.backend import opencl_backend as ob
+from anydevice.backend.devices import opencl as ob
 
 _PROBE = ob.probe("opencl")
 needs_device = pytest.mark.skipif(not _PROBE["available"],
@@ -112,7 +112,7 @@ t0 = time.perf_counter()
 spec = importlib.util.spec_from_file_location("anydevice", r"{root}/__init__.py",
                                               submodule_search_locations=[r"{root}"])
 mod = importlib.util.module_from_spec(spec); sys.modules["anydevice"] = mod; spec.loader.exec_module(mod)
-from anydevice.backend import opencl_backend as ob
+from anydevice.backend.devices import opencl as ob
 import numpy as np
 import pyopencl
 t_pkg = time.perf_counter() - t0  # the pack's own imports (torch through the nodes) are not ours

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from anydevice.backend.contract import Backend
+from anydevice.backend.ops.contract import Backend
 
 from test_precision import _assert_unchanged, _snapshot, check, tol_for
 

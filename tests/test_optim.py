@@ -1,4 +1,4 @@
-"""Optimizers (backend/optim.py) against torch.optim, and the default initialisation (backend/init.py)
+"""Optimizers (backend/learn/optim.py) against torch.optim, and the default initialisation (backend/learn/init.py)
 against torch's formulas.
 
 Each optimizer runs 20 steps on random parameters and a random gradient sequence, next to
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from anydevice.backend import AnyDeviceError, autograd as ag, init, optim
+from anydevice.backend import AnyDeviceError
+from anydevice.backend.learn import autograd as ag, init, optim
 
 SHAPES = [(7, 5), (3,), (4, 2, 3, 3)]
 STEPS = 20

@@ -1,5 +1,5 @@
 """The fused Adam / AdamW step (a backend's ``_adam_step``: kernels/elementwise.cl's adam_step on
-OpenCL, NumPy ufuncs into new buffers) against the unfused path of backend/optim.py, which runs the
+OpenCL, NumPy ufuncs into new buffers) against the unfused path of backend/learn/optim.py, which runs the
 same float32 operations one op at a time: parameters and state buffers must come out bit for bit
 equal after several steps, in every option combination (the lerp form of beta1 <= 0.5 included);
 and the step never writes into the arrays it was given."""
@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from anydevice.backend import autograd as ag, optim
+from anydevice.backend.learn import autograd as ag, optim
 
 SHAPES = [(33, 17), (5,), (8, 3, 3, 3), (1,)]
 CASES = [dict(lr=lr, betas=b, eps=e, weight_decay=wd, amsgrad=a, maximize=mx)

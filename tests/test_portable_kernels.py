@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anydevice.backend import cuda_backend as cb
-from anydevice.backend import opencl_backend as ob
-from anydevice.backend.kernel_source import kernel_source
+from anydevice.backend.devices import cuda as cb
+from anydevice.backend.devices import opencl as ob
+from anydevice.backend.devices.runtime.kernel_source import kernel_source
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -71,7 +71,7 @@ def _tile_shipped(cfg: dict) -> bool:
 
 class Runner:
     """Builds prelude_opencl.h + a CUDA-backend source (includes expanded by
-    backend/kernel_source.py, as every backend does) and launches its kernels on one device."""
+    backend/devices/runtime/kernel_source.py, as every backend does) and launches its kernels on one device."""
 
     def __init__(self):
         try:

@@ -383,7 +383,7 @@ def test_pad(backend_target, mode):
 
 
 # ---------------------------------------------------------------------------------------------
-# layer ops (backend/layers.py): var, std, log_softmax, layer_norm, group_norm, rms_norm
+# layer ops (backend/ops/layers.py): var, std, log_softmax, layer_norm, group_norm, rms_norm
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("op", ["var", "std"])
 @HYP

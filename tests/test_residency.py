@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from anydevice import backend as B
-from anydevice.backend.contract import TRANSFER_KEYS
+from anydevice.backend.ops.contract import TRANSFER_KEYS
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
 from anydevice.nodes import common, resident
 from anydevice.nodes import presets as P

@@ -195,8 +195,8 @@ def test_converter_of_a_computed_value_never_aliases_it(backend_target, name, ar
 @pytest.mark.parametrize("content", ["null", "[1, 2]", '"x"', "{", '{"K": null}', '{"K": [1, 2]}',
                                      '{"K": {"gemm_cpu.cl": null}}'])
 def test_json_store_of_wrong_type_is_rebuilt(tmp_path, caplog, content):
-    from anydevice.backend.runtime import JsonStore
-    from anydevice.backend.runtime import store
+    from anydevice.backend.devices.runtime import JsonStore
+    from anydevice.backend.system import store
     monkey = store.JsonStore._warned
     path = tmp_path / "s.json"
     path.write_text(content)
@@ -217,9 +217,10 @@ def test_json_store_of_wrong_type_is_rebuilt(tmp_path, caplog, content):
 @pytest.mark.parametrize("fname", ["devices.json", "tune.json"])
 def test_damaged_opencl_cache_keeps_opencl_working(tmp_path, monkeypatch, fname, content):
     pytest.importorskip("pyopencl")
-    from anydevice.backend import list_backends, registry
-    from anydevice.backend import opencl_backend
-    from anydevice.backend.opencl import device
+    from anydevice.backend import list_backends
+    from anydevice.backend.system import registry
+    from anydevice.backend.devices import opencl as opencl_backend
+    from anydevice.backend.devices.opencl import device
     if not any(i.name == "opencl" and i.available for i in list_backends()):
         pytest.skip("no OpenCL device")
     monkeypatch.setenv("ANYDEVICE_CACHE_DIR", str(tmp_path))
@@ -354,7 +355,7 @@ def test_huge_conv_geometry_the_kernels_cannot_take_is_refused(backend_target):
 def test_fp32_switch_works_when_torch_froze_the_flags():
     """Importing torch.testing._internal (the OpInfo replay does) calls
     torch.backends.disable_global_flags(); the torch-cuda backend's FP32 switch must still work."""
-    from anydevice.backend.torch_backend import TorchBackend
+    from anydevice.backend.devices.torch.backend import TorchBackend
     b = torch.backends
     frozen = b.flags_frozen()
     b.disable_global_flags()

@@ -542,7 +542,7 @@ def _labeled(folder):
 def test_load_labeled_images_reads_only_inside_the_input_folders(tmp_path, capsys):
     """As LoadImage's names: a folder outside the input folders is refused when the workflow is
     validated, saying nothing about it; nothing is read or saved. A set in an input folder runs."""
-    from anydevice.backend.errors import short
+    from anydevice.backend.system.errors import short
     secret = tmp_path / "elsewhere" / "secret"
     for c in ("alpha", "beta", "gamma"):
         (secret / c).mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The self-check (backend/selfcheck.py): an own-kernel backend proves itself on first use through
+"""The self-check (backend/system/selfcheck.py): an own-kernel backend proves itself on first use through
 the registry before it is trusted. Runs on the real OpenCL backend here (skipped, with the
 reason, without an OpenCL device); a subclass of it whose conv2d is wrong stands in for a
 miscompiling driver. The verdict store is a temporary file; built kernels stay in the usual cache."""
@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from anydevice.backend import config, registry, selfcheck
-from anydevice.backend import opencl_backend as ob
-from anydevice.backend.errors import AnyDeviceError
+from anydevice.backend.system import config, registry, selfcheck
+from anydevice.backend.devices import opencl as ob
+from anydevice.backend.system.errors import AnyDeviceError
 
 _PROBE = ob.probe("opencl")
 needs_opencl = pytest.mark.skipif(not _PROBE["available"],
@@ -69,7 +69,7 @@ def reg(monkeypatch, tmp_path):
     def use(module):
         """Serve the opencl registry name from ``module`` (a fresh registry again)."""
         ns.module = module
-        monkeypatch.setattr(registry, "_import", lambda m: module if m == "opencl_backend" else real_import(m))
+        monkeypatch.setattr(registry, "_import", lambda m: module if m == "devices.opencl" else real_import(m))
         reset()
 
     def reset():
@@ -130,7 +130,7 @@ def test_real_opencl_passes_and_is_quick(reg):
 
 @needs_opencl
 def test_check_does_not_count_as_transfers(reg):
-    from anydevice.backend.transfers import transfer_totals
+    from anydevice.backend.system.transfers import transfer_totals
     before = transfer_totals()
     be = registry.get_backend("opencl")
     assert reg.calls and not any(be.transfers().values())
@@ -223,8 +223,8 @@ def test_cache_invalidated_by_sources_and_driver(reg, monkeypatch):
 
 def test_source_hash_follows_every_kernel_file_and_header(tmp_path, monkeypatch):
     """The hash covers what is compiled: an edit to a file, or to a header it includes, changes it."""
-    from anydevice.backend import kernel_source
-    from anydevice.backend.opencl.params import KFILES
+    from anydevice.backend.devices.runtime import kernel_source
+    from anydevice.backend.devices.opencl.params import KFILES
     kdir = tmp_path / "kernels"
     shutil.copytree(kernel_source.KERNELS_DIR, kdir)
     monkeypatch.setattr(kernel_source, "KERNELS_DIR", kdir)
@@ -243,7 +243,7 @@ def test_source_hash_follows_every_kernel_file_and_header(tmp_path, monkeypatch)
 def test_cuda_identity_without_a_gpu(monkeypatch):
     """The CUDA backend's identity (device, driver/runtime/NVRTC versions, its two kernel files)
     from a stand-in CuPy: a new driver is a new verdict."""
-    from anydevice.backend.cuda import device as cdev
+    from anydevice.backend.devices.cuda import device as cdev
     rt = SimpleNamespace(is_hip=False, driverGetVersion=lambda: 13000, runtimeGetVersion=lambda: 12080,
                          getDeviceProperties=lambda i: {"name": b"NVIDIA H100", "major": 9, "minor": 0})
     cp = SimpleNamespace(__version__="14.2.0", cuda=SimpleNamespace(runtime=rt, nvrtc=SimpleNamespace(
@@ -314,7 +314,7 @@ mod = importlib.util.module_from_spec(spec); sys.modules["anydevice"] = mod; spe
 nodes = mod.NODE_CLASS_MAPPINGS  # what ComfyUI reads at start-up (the nodes log the backend choice)
 for cls in nodes.values():
     cls.INPUT_TYPES()
-from anydevice.backend import selfcheck
+from anydevice.backend.system import selfcheck
 print("RESULT", os.path.exists(os.path.join(r"{tmp_path}", "selfcheck.json")), len(selfcheck._memo))
 """
     env = dict(os.environ, ANYDEVICE_CACHE_DIR=str(tmp_path), COMFYUI_DIR="none")

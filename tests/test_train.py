@@ -1,4 +1,4 @@
-"""backend/train.py: the training loop against torch (same initial weights, same batches, step by
+"""backend/learn/train.py: the training loop against torch (same initial weights, same batches, step by
 step), every loss, the checks made before any work, the NaN stop, on_step and cancelling,
 determinism in one process and across processes, and the 8x8 digits CNN (>= 97% held out)."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from anydevice.backend import AnyDeviceError
-from anydevice.backend.network import Network
-from anydevice.backend.train import batch_plan, predict, step_bytes, train
+from anydevice.backend.learn.network import Network
+from anydevice.backend.learn.train import batch_plan, predict, step_bytes, train
 
 from grad_check import normwise
 
@@ -310,7 +310,7 @@ def test_on_step_can_cancel(backend_target):
 
 
 def test_cancel_checker_runs_every_step(backend_target):
-    from anydevice.backend import cancel
+    from anydevice.backend.system import cancel
     net, x, y = _diverging()
     n = []
 
@@ -407,7 +407,7 @@ def test_the_plan_is_drawn_lazily_one_epoch_at_a_time():
     gives its first batches at once; they are the list batch_plan gives."""
     import itertools
     import types
-    from anydevice.backend.train import iter_batches, plan_steps
+    from anydevice.backend.learn.train import iter_batches, plan_steps
     gen = iter_batches(1000, 16, 0, steps=10**9)
     assert isinstance(gen, types.GeneratorType)
     first = _finishes(lambda: list(itertools.islice(gen, 70)), 10)
@@ -423,7 +423,8 @@ def test_a_billion_steps_start_at_once_and_cancel_with_bounded_memory():
     """steps=10**9 built the whole plan before step 1 (MemoryError after 45 s); epochs=100000 of
     1000 samples grew to 2.4 GB. Now the first step runs at once and a cancel ends the run."""
     import tracemalloc
-    from anydevice.backend import cancel, get_backend
+    from anydevice.backend.system import cancel
+    from anydevice.backend import get_backend
     be = get_backend("numpy")
     net, x, y = _diverging()
     calls = []
@@ -491,7 +492,7 @@ def test_seeds_below_2_32_keep_their_initial_weights_and_same_seed_same_weights(
 
 def test_seeds_that_differ_above_32_bits_give_other_initial_weights():
     """train_seed 0 and 2**32 gave the same initial weights (and dropout masks): the seed was cut to
-    its low 32 bits (backend/network.py layer_seed)."""
+    its low 32 bits (backend/learn/network.py layer_seed)."""
     from anydevice.backend import get_backend
     net = Network.empty().add("linear", out_features=2)
     for lo in (0, 5):
@@ -562,8 +563,8 @@ root = sys.argv[1]
 spec = importlib.util.spec_from_file_location("anydevice", root + "/__init__.py", submodule_search_locations=[root])
 mod = importlib.util.module_from_spec(spec); sys.modules["anydevice"] = mod; spec.loader.exec_module(mod)
 from anydevice.backend import get_backend
-from anydevice.backend.network import Network
-from anydevice.backend.train import train
+from anydevice.backend.learn.network import Network
+from anydevice.backend.learn.train import train
 rng = np.random.default_rng(0)
 x = rng.standard_normal((24, 3, 8, 8)).astype(np.float32); t = rng.integers(0, 5, 24)
 net = (Network.empty().add("conv2d", out_channels=6, kernel_size=3, padding=1).add("batch_norm")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from anydevice import backend
-from anydevice.backend import AnyDeviceError, registry
+from anydevice.backend import AnyDeviceError
+from anydevice.backend.system import registry
 
 X = np.zeros((1, 4, 8, 8), np.float32)
 W = np.zeros((6, 4, 3, 3), np.float32)
@@ -113,7 +114,7 @@ def test_huge_result_refused_not_oom(backend_target, monkeypatch):
 def test_conv_workspace_is_chunked(monkeypatch):
     """Convs whose scratch exceeds the budget run in chunks and give the same result."""
     be = backend.get_backend("numpy")
-    from anydevice.backend import numpy_backend
+    from anydevice.backend.devices.numpy import backend as numpy_backend
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 8, 64, 64)).astype(np.float32)
     w = rng.standard_normal((4, 8, 3, 3)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""backend/versions.py: the one "did this tensor change" key (device copies of node values, compiled
+"""backend/system/versions.py: the one "did this tensor change" key (device copies of node values, compiled
 models' weights), exact past 2**24 elements, and cheap inside a trusted epoch."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from anydevice.backend import versions  # noqa: E402
+from anydevice.backend.system import versions  # noqa: E402
 from anydevice.backend.compile import version_of  # noqa: E402
 from anydevice.nodes import resident  # noqa: E402
 

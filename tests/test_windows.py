@@ -1,4 +1,4 @@
-"""Window ops (backend/windows.py): max_pool2d, avg_pool2d, adaptive_avg/max_pool2d and
+"""Window ops (backend/ops/windows.py): max_pool2d, avg_pool2d, adaptive_avg/max_pool2d and
 interpolate on every backend, against torch in float64 on the same float32 inputs: normwise
 relative error <= 1e-6, NaN and Inf positions exact, inputs never written, and every bad argument
 refused with an AnyDeviceError naming it before any kernel runs (where torch refuses it too)."""
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from anydevice.backend import AnyDeviceError
-from anydevice.backend.windows import interp_table, pool_table
+from anydevice.backend.ops.windows import interp_table, pool_table
 
 from test_precision import check, t64, tol_for
 

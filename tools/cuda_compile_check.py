@@ -3,10 +3,10 @@
 
 Builds every CUDA kernel source the CUDA backend compiles -- the portable GPU-family files
 (kernels/*_gpu.cl, found dynamically) and the CUDA-only kernels/*.cu, each exactly as the backend
-assembles it (``cuda_backend.kernel_source``: prelude_cuda.cuh + the file with its
-``#include "x.h"`` lines expanded by backend/kernel_source.py, so no -I is needed and a header
+assembles it (``devices.cuda.kernel_source``: prelude_cuda.cuh + the file with its
+``#include "x.h"`` lines expanded by backend/devices/runtime/kernel_source.py, so no -I is needed and a header
 change reaches every file that includes it) -- in every macro configuration the backend ships
-(``cuda_backend.shipped_configs``;
+(``devices.cuda.shipped_configs``;
 a file it does not list is built with its defaults), for sm_80 and sm_90 cubins and compute_90
 PTX. Prints registers, stack and spills per kernel; fails on a compile error (with the compiler
 log) and on any register spill in the GEMM/conv kernels.
@@ -46,13 +46,13 @@ MAIN_KERNEL = re.compile(r"gemm|conv")
 
 
 def _backend_module():
-    """backend.cuda_backend, imported without running the pack's ComfyUI __init__ (and without CuPy)."""
+    """backend.devices.cuda, imported without running the pack's ComfyUI __init__ (and without CuPy)."""
     pkg = "anydevice_compile_check"
     if pkg not in sys.modules:
         mod = types.ModuleType(pkg)
         mod.__path__ = [str(ROOT)]
         sys.modules[pkg] = mod
-    return importlib.import_module(f"{pkg}.backend.cuda_backend")
+    return importlib.import_module(f"{pkg}.backend.devices.cuda")
 
 
 @dataclass

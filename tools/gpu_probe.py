@@ -11,7 +11,7 @@ in FP32, every tile of ``SWEEP`` and K split of ``KSPLITS``; ``tf32``: its tenso
 with the backend's tiles), and PyTorch (cuDNN / cuBLAS) with TF32 off and on.
 Every variant's result is checked against float64 on the GPU (relative Frobenius error), so a
 fast but wrong variant shows as such. Prints one table; used to choose the default family and
-tiles (the answer goes into ``TILES`` in backend/cuda_backend.py).
+tiles (the answer goes into ``TILES`` in backend/devices/cuda/).
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def main(argv=None):
     _load_pack()
     import torch
     import torch.nn.functional as F
-    from anydevice.backend import cuda_backend as cb
+    from anydevice.backend.devices import cuda as cb
 
     be = cb.create("cuda", 0)
     cp = be.cp
@@ -165,7 +165,7 @@ def main(argv=None):
             torch.backends.cudnn.allow_tf32 = False
             x = cp.from_dlpack(tx)
             w = cp.from_dlpack(tw)
-            from anydevice.backend.plans import conv2d_geometry
+            from anydevice.backend.ops.plans import conv2d_geometry
             geo = conv2d_geometry((32, 512, 7, 7), (512, 512, k, k), (s, s), (p, p, p, p), (1, 1), 1)
             for family, cfg, ks in variants(be, cb, families):
                 tag = f"{family} {_tag(cfg)} ks{ks}"

@@ -18,7 +18,7 @@ from gpu_probe import _load_pack  # noqa: E402
 
 _load_pack()
 import torch  # noqa: E402
-from anydevice.backend import cuda_backend as cb  # noqa: E402
+from anydevice.backend.devices import cuda as cb  # noqa: E402
 
 WW = cb._O_WW
 VARIANTS = {

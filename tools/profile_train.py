@@ -37,9 +37,9 @@ def main(argv):
     import numpy as np
     bk = importlib.import_module("anydevice.backend")
     bt = importlib.import_module("anydevice.backend.bench.train")
-    tape = importlib.import_module("anydevice.backend.autograd.tape")
-    convgrad = importlib.import_module("anydevice.backend.convgrad")
-    optim = importlib.import_module("anydevice.backend.optim")
+    tape = importlib.import_module("anydevice.backend.learn.autograd.tape")
+    convgrad = importlib.import_module("anydevice.backend.ops.convgrad")
+    optim = importlib.import_module("anydevice.backend.learn.optim")
     case = next(c for c in bt.cases() if cname in c.name)
     for bname in backends:
         be = bk.get_backend(bname)

@@ -155,7 +155,7 @@ class SRVGGNetCompact(nn.Module):
                  upscale: int = 4, act_type: str = "prelu"):
         super().__init__()
         if act_type not in ("prelu", "relu", "leakyrelu"):
-            from ..errors import AnyDeviceError
+            from ..system.errors import AnyDeviceError
             raise AnyDeviceError("SRVGGNetCompact", "act_type", act_type, "must be 'prelu', 'relu' or 'leakyrelu'")
         self.num_in_ch, self.num_out_ch, self.num_feat = num_in_ch, num_out_ch, num_feat
         self.num_conv, self.upscale, self.act_type = num_conv, upscale, act_type

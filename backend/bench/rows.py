@@ -59,7 +59,7 @@ def set_tf32(on: bool) -> None:
     """FP32 against FP32 (default) or TF32 against TF32: PyTorch's switches and the pack's own."""
     import os
     import torch
-    from ..torch_backend import switches_mutable
+    from ..devices.torch.backend import switches_mutable
     os.environ["ANYDEVICE_ALLOW_TF32"] = "1" if on else "0"
     with switches_mutable(torch.backends):
         torch.backends.cuda.matmul.allow_tf32 = on

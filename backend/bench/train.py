@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .rows import Row, _sync_torch, _torch_device_for
-from ..network import Network
+from ..learn.network import Network
 
 
 @dataclass
@@ -60,7 +60,7 @@ def forward_flops(net: Network, in_shape) -> float:
 
     def walk(layers, s):
         nonlocal total
-        from ..network import _layer_shape, _two
+        from ..learn.network import _layer_shape, _two
         for i, layer in enumerate(layers):
             out = _layer_shape(layer, s, str(i))
             if layer["type"] == "conv2d":
@@ -90,8 +90,8 @@ def _data(case: TrainCase, rng):
 
 def _our_step(be, case, net, x, t):
     """A closure running one training step on ``be`` (state kept across calls)."""
-    from .. import optim
-    from ..autograd import Var, apply
+    from ..learn import optim
+    from ..learn.autograd import Var, apply
     pvars = net.param_vars(be)
     opt = optim.make("adam", list(pvars.values()), lr=case.lr)
     xd = Var(be, be.to_device(x))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import AnyDeviceError
+from ..system.errors import AnyDeviceError
 from . import aten_ops, report as _report
 from .lowering import GRAPHS, AnyDeviceCompileError, AnyDeviceRunError, Lowered, Weights, version_of
 
@@ -44,8 +44,8 @@ OPTIONS = ("device", "dynamic")
 
 
 def _resolve(device):
-    from .. import registry
-    from ..contract import Backend
+    from ..system import registry
+    from ..ops.contract import Backend
     if isinstance(device, Backend):
         return device
     if device is not None and not isinstance(device, str):

@@ -29,9 +29,9 @@ import weakref
 
 import numpy as np
 
-from .. import cancel
-from ..errors import AnyDeviceError
-from ..versions import tensor_version
+from ..system import cancel
+from ..system.errors import AnyDeviceError
+from ..system.versions import tensor_version
 from . import aten_ops
 from . import report as _report
 from .report import Counting, Stats
@@ -84,7 +84,7 @@ def _torch():
 
 # ---- weights: uploaded once per tensor and version ----------------------------------------------
 def version_of(t):
-    """What changes when ``t`` is replaced or written (``backend/versions.py``: data pointer, shape,
+    """What changes when ``t`` is replaced or written (``backend/system/versions.py``: data pointer, shape,
     dtype and ``_version``, or a content fingerprint for inference tensors, cheap inside a
     ``versions.trusted`` block)."""
     return tensor_version(t)

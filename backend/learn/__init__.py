@@ -1,6 +1,3 @@
-"""The learning side of the pack below the Network value: one class per layer kind and their registry
-(``layers/``), and reading a network's JSON spec (``spec.py``).
-
-``backend/network.py`` holds the Network value and the walks over its layers; it asks the registry
-what each layer is. Nothing here imports network.py, and importing this package imports nothing.
-"""
+"""Learning on the op contract: autograd (the tape and every op's backward rule), the layers
+(one class per layer kind, in a registry), the Network value and its spec, parameter init, the
+optimizers, the training loop and safetensors I/O. Nothing here imports torch's autograd."""

@@ -5,7 +5,7 @@ softplus(beta, threshold), softmax(dim=1). Its parameters are the function's, no
 """
 from __future__ import annotations
 
-from ... import plans
+from ...ops import plans
 from .base import LAYERS, Layer
 from .settings import MAX_INT, _choice, _err, _float, _is_int, _unknown
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import AnyDeviceError
+from ...system.errors import AnyDeviceError
 from .settings import OP, MAX_DEPTH, _err, _mem, _over_limit
 
 

@@ -1,14 +1,14 @@
 """The convolution layers: ``conv2d`` (torch.nn.Conv2d) and ``conv_transpose2d`` (torch.nn.ConvTranspose2d).
 
 Both take in_channels from their input (N, C, H, W) and have a weight and, unless ``bias`` is off, a
-bias, initialised as torch's modules initialise theirs (backend/init.py, seeded per layer).
+bias, initialised as torch's modules initialise theirs (backend/learn/init.py, seeded per layer).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ... import plans
-from ...errors import AnyDeviceError
+from ...ops import plans
+from ...system.errors import AnyDeviceError
 from .base import LAYERS, Layer, layer_seed, need_dims
 from .settings import _bool, _choice, _err, _int, _pair, _required, _two, _unknown
 
@@ -85,7 +85,7 @@ class Conv2d(_Conv):
         return ps, {}
 
     def init_params(self, layer, key, x, shapes, seed):
-        from ... import init as _init
+        from .. import init as _init
         kh, kw = _two(layer["kernel_size"])
         w, b = _init.conv2d_params(layer["out_channels"], x[1] // layer["groups"], kh, kw, layer["bias"],
                                    layer_seed(seed, key))
@@ -158,7 +158,7 @@ class ConvTranspose2d(_Conv):
 
     def init_params(self, layer, key, x, shapes, seed):
         # torch's ConvTranspose2d: fan_in is weight.size(1) * kH * kW = out/groups * kH * kW
-        from ... import init as _init
+        from .. import init as _init
         kh, kw = _two(layer["kernel_size"])
         cog = layer["out_channels"] // layer["groups"]
         w, _ = _init.conv2d_params(x[1], cog, kh, kw, False, layer_seed(seed, key))

@@ -1,11 +1,11 @@
 """The fully connected layer: ``linear(out_features, bias=True)`` (torch.nn.Linear), on (N, F) features.
 
 in_features comes from the input's last dim; the weight (out, in) and bias are initialised as
-torch's nn.Linear initialises them (backend/init.py, seeded per layer).
+torch's nn.Linear initialises them (backend/learn/init.py, seeded per layer).
 """
 from __future__ import annotations
 
-from ...errors import AnyDeviceError
+from ...system.errors import AnyDeviceError
 from .base import LAYERS, Layer, layer_seed, need_dims
 from .settings import _bool, _int, _required, _unknown
 
@@ -50,7 +50,7 @@ class Linear(Layer):
         return True
 
     def init_params(self, layer, key, x, shapes, seed):
-        from ... import init as _init
+        from .. import init as _init
         w, b = _init.linear_params(layer["out_features"], x[-1], layer["bias"], layer_seed(seed, key))
         made = {key + ".weight": w}
         if b is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import plans
+from ...ops import plans
 from .base import LAYERS, Layer, need_dims
 from .settings import _bool, _float, _int, _required, _unknown
 

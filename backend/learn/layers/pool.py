@@ -5,7 +5,7 @@ half the kernel); adaptive_avg / adaptive_max take the output_size instead.
 """
 from __future__ import annotations
 
-from ... import plans
+from ...ops import plans
 from .base import LAYERS, Layer, need_dims
 from .settings import _choice, _err, _is_int, _pair, _two, _unknown
 

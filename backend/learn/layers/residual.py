@@ -5,7 +5,7 @@ Sequential); blocks nest at most MAX_DEPTH deep.
 """
 from __future__ import annotations
 
-from ...errors import AnyDeviceError
+from ...system.errors import AnyDeviceError
 from .base import LAYERS, Layer, layer_from_dict, layer_shape, where_of
 from .settings import MAX_DEPTH, MAX_LAYERS, OP, _err, _unknown
 

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from ...errors import AnyDeviceError
-from ... import plans
+from ...system.errors import AnyDeviceError
+from ...ops import plans
 
 OP = "network"
 
@@ -115,7 +115,7 @@ def _mem(nbytes: int) -> str:
 def _over_limit(need: int, be=None) -> str | None:
     """None where ``need`` bytes fit the tensor limit (ANYDEVICE_MAX_TENSOR_MB; unset, half the memory
     free on ``be``'s device, the host's without one), else that limit as an error says it."""
-    from ...config import tensor_limit
+    from ...system.config import tensor_limit
     limit, free, where = tensor_limit(be, need)
     if need <= limit:
         return None

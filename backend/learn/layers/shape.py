@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ... import plans
+from ...ops import plans
 from .base import LAYERS, Layer, layer_seed, need_dims
 from .settings import _bool, _choice, _err, _float, _required, _unknown
 

@@ -1,0 +1,356 @@
+"""The CUDA backend's device object: device and stream context (PyTorch's current stream), DLPack
+conversion, elementwise ops and reductions, kernel builds, and tile tuning. GEMM and convolutions
+are in ``linalg.py``."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from ...system import config
+from ...ops.contract import Backend, tf32_allowed, unary_kernel_args
+from ...ops.plans import conv2d_geometry
+from ..runtime import JsonStore, cache_dir, pack_args
+from .device import _cupy, _describe
+from .linalg import CudaLinalg
+from .tiles import BLOCK, CACHE_NAME, MISC, _cdiv, _size_class, _tiles_for, build_options, kernel_source
+
+
+class CudaBackend(CudaLinalg, Backend):
+    kind = "own"
+
+    def __init__(self, name: str = "cuda", index: int = 0):
+        super().__init__(index, name)
+        self.cp = cp = _cupy()
+        self.hip = bool(getattr(cp.cuda.runtime, "is_hip", False))
+        n = cp.cuda.runtime.getDeviceCount()
+        if not 0 <= index < n:
+            raise ValueError(f"device index {index} out of range ({n} device(s))")
+        props = cp.cuda.runtime.getDeviceProperties(index)
+        self._desc = _describe(cp, props, self.hip)
+        self.cc = (int(props["major"]), int(props["minor"]))
+        self.arch = "hip" if self.hip else f"sm_{self.cc[0]}{self.cc[1]}"
+        self.sm_count = int(props["multiProcessorCount"])
+        self.native_types = (cp.ndarray,)
+        self.tf32 = tf32_allowed() and not self.hip and self.cc >= (8, 0)
+        self._tiles = _tiles_for(self.arch)
+        self._mods: dict = {}
+        self._lock = threading.RLock()
+        self._streams: dict = {}
+        self._tuned = self._load_tuned()
+        self._plan_cache: dict = {}
+        self._arg_cache: dict = {}
+        self._launch_cache: dict = {}   # call signature -> recorded launch (linalg._own_launch)
+        self._geo_cache: dict = {}      # conv arguments -> ConvGeometry
+        # read once (per-call os.environ lookups showed in the host-side profile)
+        self._forced_ksplit = config.get("ANYDEVICE_CUDA_KSPLIT")  # None: chosen per problem
+        self._dummy = None
+        os.environ.setdefault("CUPY_CACHE_DIR", str(cache_dir("cupy")))
+        self._enter()
+
+    @property
+    def device(self) -> str:
+        return self._desc + (", TF32 tensor cores allowed" if self.tf32 else "")
+
+    # ---- device / stream context ----------------------------------------------------------
+    def _enter(self):
+        """Make this device current and CuPy's current stream PyTorch's current stream."""
+        cp = self.cp
+        cp.cuda.Device(self.index).use()
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        try:
+            if not torch.cuda.is_initialized():
+                return
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # one C call (the profile's
+            ptr = raw(self.index) if raw else torch.cuda.current_stream(self.index).cuda_stream  # top item)
+        except Exception:
+            return
+        cur = cp.cuda.get_current_stream()
+        if cur.ptr == ptr:
+            return
+        st = self._streams.get(ptr)
+        if st is None:
+            st = cp.cuda.Stream.null if ptr == 0 else cp.cuda.ExternalStream(ptr)
+            self._streams[ptr] = st
+        st.use()
+
+    def _inputs(self, op, optional=("bias",), **arrays):
+        self._enter()
+        return super()._inputs(op, optional, **arrays)
+
+    def synchronize(self):
+        self.cp.cuda.Device(self.index).synchronize()
+
+    def free_memory(self):
+        """Give CuPy's pooled blocks back to the driver (e.g. when ComfyUI unloads models)."""
+        with self.cp.cuda.Device(self.index):
+            self.cp.get_default_memory_pool().free_all_blocks()
+
+    def device_free_bytes(self) -> int:
+        """The GPU's free memory plus the blocks CuPy's pool holds free (ANYDEVICE_MAX_TENSOR_MB's
+        default is a share of it)."""
+        with self.cp.cuda.Device(self.index):
+            free, _total = self.cp.cuda.runtime.memGetInfo()
+            return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
+
+    # ---- conversion / layout ----------------------------------------------------------------
+    def _from_numpy(self, a):
+        self._enter()
+        return self.cp.asarray(a, dtype=self.cp.float32)
+
+    def _to_numpy(self, x):
+        self._enter()
+        return self.cp.asnumpy(x)
+
+    def _from_torch(self, t):
+        torch = sys.modules["torch"]
+        t = t.detach()
+        if t.device.type != "cuda":
+            return self._from_numpy(t.to(torch.float32).numpy())
+        self._enter()
+        if t.dtype != torch.float32:  # float16/bfloat16/int/bool: converted by torch on the GPU
+            t = t.to(torch.float32)
+        if t.is_conj():
+            t = t.resolve_conj()
+        arr = self.cp.from_dlpack(t)
+        if arr.device.id != self.index:
+            with self.cp.cuda.Device(self.index):
+                arr = self.cp.array(arr, copy=True)
+        return arr
+
+    def _to_torch(self, x, like):
+        torch = sys.modules["torch"]
+        if like.device.type == "cuda":
+            self._enter()
+            t = torch.from_dlpack(self._contig(x))
+            return t if t.device == like.device else t.to(like.device)
+        a = self._to_numpy(x)
+        return torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape))
+
+    def _reshape(self, x, shape):
+        return x.reshape(tuple(shape))
+
+    def _permute(self, x, axes):
+        return x.transpose(tuple(axes))
+
+    def _expand(self, x, shape):
+        return self.cp.broadcast_to(x, tuple(shape))
+
+    def _concat_channels(self, parts, n, c, h, w):
+        return self.cp.concatenate(parts, axis=1)
+
+    def _slice1(self, x, i):
+        return x[:, i]
+
+    # ---- kernels ----------------------------------------------------------------------------
+    def _function(self, fname: str, kname: str, macros: dict):
+        key = (fname, kname, tuple(sorted(macros.items())))
+        fn = self._mods.get(key)
+        if fn is None:
+            with self._lock:
+                fn = self._mods.get(key)
+                if fn is None:
+                    mkey = (fname, key[2])  # one module per source and build options, any kernel of it
+                    mod = self._mods.get(mkey)
+                    if mod is None:
+                        mod = self.cp.RawModule(code=kernel_source(fname), options=build_options(macros))
+                        self._mods[mkey] = mod
+                    fn = mod.get_function(kname)
+                    self._mods[key] = fn
+        return fn
+
+    def _misc(self, kname):
+        return self._function(MISC, kname, {"BLOCK": BLOCK})
+
+    def _launch_1d(self, fn, total, args):
+        grid = max(1, min(_cdiv(total, BLOCK), self.sm_count * 32))
+        fn((grid,), (BLOCK,), args)
+
+    def _empty(self, shape):
+        return self.cp.empty(tuple(shape), dtype=self.cp.float32)
+
+    def _null(self):
+        if self._dummy is None:
+            self._dummy = self.cp.zeros((1,), dtype=self.cp.float32)
+        return self._dummy
+
+    def _contig(self, x):
+        y = self.cp.ascontiguousarray(x, dtype=self.cp.float32)
+        return y if y.shape == x.shape else y.reshape(x.shape)  # CuPy makes 0-d arrays 1-d
+
+    # ---- elementwise ------------------------------------------------------------------------
+    def _pad(self, x, pads, mode):
+        x = self._contig(x)
+        t, b, l, r = pads
+        *lead, H, W = x.shape
+        OH, OW = H + t + b, W + l + r
+        y = self._empty((*lead, OH, OW))
+        if y.size == 0:
+            return y
+        planes = math.prod(lead)
+        code = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}[mode]
+        self._launch_1d(self._misc("ad_pad"), y.size,
+                        pack_args("ad_pad", (x, y, planes, H, W, t, l, OH, OW, code)))
+        return y
+
+    def _window2d(self, x, mode, rows, cols):
+        (ri, rw), (ci, cw) = rows, cols
+        x = self._contig(x)
+        *lead, H, W = x.shape
+        OH, OW, T, S = ri.shape[0], ci.shape[0], ri.shape[1], ci.shape[1]
+        y = self._empty((*lead, OH, OW))
+        if y.size == 0:
+            return y
+        P = math.prod(lead)
+        tabs = [self._table_array(a) for a in (ri, rw, ci, cw)]
+        # the common small windows (bilinear 2x2, bicubic 4x4, 3x3 pooling) unrolled at build time
+        spec = T if T == S and T <= 4 else 0
+        fn = self._function("window.cu", "ad_window2d", {"BLOCK": BLOCK, "WT": spec, "WS": spec})
+        L = 128 if OW > 64 else 64
+        grid = (max(1, min(_cdiv(OW, L), 1024)), max(1, min(P * OH, 65535)))
+        fn(grid, (L, 1), pack_args("ad_window2d", (x, y, *tabs, P, H, W, OH, OW, T, S, int(mode == "max"))))
+        return y
+
+    def _table_array(self, a):
+        """A window table (small host array) on the device, cached by content."""
+        cache = self.__dict__.setdefault("_tables", {})
+        key = (self.index, a.dtype.str, a.shape, a.tobytes())
+        arr = cache.get(key)
+        if arr is None:
+            if len(cache) > 256:
+                cache.clear()
+            arr = self.cp.asarray(np.ascontiguousarray(a))
+            self._count("constants", a.nbytes)
+            cache[key] = arr
+        return arr
+
+    def _unary(self, op, x, **p):
+        x = self._contig(x)
+        y = self._empty(x.shape)
+        if y.size == 0:
+            return y
+        code, p0, p1, has_min, has_max = unary_kernel_args(op, p)
+        self._launch_1d(self._misc("ad_unary"), y.size,
+                        pack_args("ad_unary", (x, y, y.size, code, p0, p1, has_min | has_max << 1)))
+        return y
+
+    def _binary(self, op, a, b):
+        cp = self.cp
+        a = np.float32(a) if isinstance(a, float) else a
+        b = np.float32(b) if isinstance(b, float) else b
+        fn = {"add": cp.add, "sub": cp.subtract, "mul": cp.multiply, "div": cp.true_divide,
+              "pow": cp.power, "minimum": cp.minimum, "maximum": cp.maximum}.get(op)
+        if not isinstance(a, cp.ndarray):  # scalar first
+            a = cp.full((), a, dtype=cp.float32)
+        if not isinstance(b, cp.ndarray):
+            b = cp.full((), b, dtype=cp.float32)
+        if fn is None:  # comparisons: float32 1.0 / 0.0 (NaN as in torch and elementwise_math.h)
+            return self._compare(op, a, b)
+        return fn(a, b, dtype=cp.float32)
+
+    def _compare(self, op, a, b):
+        """Comparisons on order-preserving integer keys of the float bits: CuPy's float compares
+        flush denormals to zero (1e-38 == 0 measured on an H100), torch's do not. -0 and +0 get the
+        same key; a NaN on either side makes every comparison false but ne."""
+        cp = self.cp
+
+        def key(x):
+            i = cp.ascontiguousarray(x).view(cp.int32)
+            return cp.where(i < 0, np.int32(-2**31) - i, i)
+
+        ka, kb = key(a), key(b)
+        nan = cp.isnan(a) | cp.isnan(b)
+        r = {"eq": cp.equal, "ne": cp.equal, "lt": cp.less, "le": cp.less_equal, "gt": cp.greater,
+             "ge": cp.greater_equal}[op](ka, kb) & ~nan
+        return (~r if op == "ne" else r).astype(cp.float32)
+
+    def _slice(self, x, dim, start, length, step):
+        return x[(slice(None),) * dim + (slice(start, start + (length - 1) * step + 1 if length else start, step),)]
+
+    def _cat(self, parts, dim):
+        return self.cp.concatenate(parts, axis=dim)
+
+    def _where(self, c, a, b):
+        return self.cp.where(c != 0, a, b).astype(self.cp.float32, copy=False)
+
+    def _contiguous(self, x):
+        return self._contig(x)
+
+    def _reduce(self, op, x, dims, keepdim):
+        cp = self.cp
+        if len(dims) == 0:
+            return x.astype(cp.float32, copy=True)
+        if op in ("sum", "mean"):
+            f = cp.sum if op == "sum" else cp.mean
+            return f(x, axis=dims, dtype=cp.float64, keepdims=keepdim).astype(cp.float32)
+        f = cp.amax if op == "max" else cp.amin
+        return self._contig(f(x, axis=dims, keepdims=keepdim))
+
+    # ---- tuning -----------------------------------------------------------------------------
+    def _load_tuned(self) -> dict:
+        return self._tiles_store().section(self._cache_key())
+
+    @staticmethod
+    def _tiles_store() -> JsonStore:
+        return JsonStore(cache_dir() / CACHE_NAME)
+
+    def _cache_key(self) -> str:
+        return f"{self._desc.split(' via ')[0]}|{self.arch}|cupy{self.cp.__version__}"
+
+    def tune(self, shapes=None, repeats: int = 5) -> dict:
+        """Time every candidate tile for GEMM/conv problem sizes; store the winners on disk.
+
+        shapes: list of ("gemm", M, N, K) / ("conv2d", x_shape, w_shape, stride, padding)."""
+        cp = self.cp
+        self._enter()
+        shapes = shapes or [("gemm", 4096, 4096, 4096), ("gemm", 1024, 1024, 1024),
+                            ("conv2d", (32, 512, 7, 7), (512, 512, 3, 3), 1, 1),
+                            ("conv2d", (1, 128, 256, 256), (128, 128, 3, 3), 1, 1)]
+        results = {}
+        for spec in shapes:
+            if spec[0] == "gemm":
+                _, M, N, K = spec
+                a = cp.random.standard_normal((1, M, K), dtype=cp.float32)
+                b = cp.random.standard_normal((1, K, N), dtype=cp.float32)
+                family = self._family("gemm")
+                run = lambda cfg: self._gemm(a, b, cfg=cfg, family=family)  # noqa: E731
+                key = f"{family}:gemm:{_size_class(M, N, 1)}"
+            else:
+                _, xs, ws, s, p = spec
+                x = cp.random.standard_normal(xs, dtype=cp.float32)
+                w = cp.random.standard_normal(ws, dtype=cp.float32)
+                g = conv2d_geometry(xs, ws, (s, s), (p, p, p, p), (1, 1), 1)
+                OH, OW = g.OH, g.OW
+                y = self._empty((xs[0], ws[0], OH, OW))
+                family = self._family("conv2d")
+                run = lambda cfg: self._own_conv(x, w, None, y, g, 0, family, cfg=cfg)  # noqa: E731
+                key = f"{family}:conv2d:{_size_class(ws[0], xs[0] * OH * OW, 1)}"
+            best = None
+            for cfg in self._tiles["own_conv" if family == "own" and spec[0] != "gemm" else family]:
+                try:
+                    run(cfg)
+                    self.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(repeats):
+                        run(cfg)
+                    self.synchronize()
+                    dt = (time.perf_counter() - t0) / repeats
+                except Exception:
+                    continue
+                if best is None or dt < best[0]:
+                    best = (dt, cfg)
+            if best:
+                results[key] = best[1]
+        self._tuned.update(results)
+        self._plan_cache.clear()
+        self._launch_cache.clear()
+        self._tiles_store().update(self._cache_key(), results)
+        return results
+
+

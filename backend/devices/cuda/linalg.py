@@ -1,0 +1,238 @@
+"""The CUDA backend's GEMM and convolutions, as a mixin of CudaBackend: the CUDA kernel
+(kernels/conv_gemm_cuda.cu) with tile and K split chosen per problem, and the direct kernel for
+few output channels per group."""
+from __future__ import annotations
+
+from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
+from ..runtime import pack_args
+from ..runtime.conv_gemm import conv_args, kchunk_for, plan as plan_tiles
+from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, OWN_GEMM, TILES, _cdiv, _mode_macros, _size_class, _strided,
+                    _vec_ok, vec_fits)
+
+
+class CudaLinalg:
+    """GEMM / conv ops of CudaBackend (uses its cp, _function, _empty, _null, _launch_1d, tables)."""
+
+    # ---- tile choice ------------------------------------------------------------------------
+    def _family(self, op: str) -> str:
+        """tf32 (when allowed and the GPU has TF32 tensor cores), else the FP32 kernel."""
+        return "tf32" if self.tf32 and self._tiles.get("tf32") else "own"
+
+    def _cands(self, family: str, op: str, M: int, N: int, Z: int) -> list:
+        """Candidate tiles of the own kernel for an op: a tune() winner alone, else the table's."""
+        tuned = self._tuned.get(f"{family}:{op}:{_size_class(M, N, Z)}")
+        key = "own_conv" if family == "own" and op != "gemm" else family
+        cands = self._tiles.get(key) or TILES["default"][key]
+        return [tuned] if tuned and tuned in cands else list(cands)
+
+    def _ksplit(self, cfg: dict, M: int, N: int, Z: int, K: int) -> int:
+        """K slices for one tile (``_plan`` with a single candidate)."""
+        return self._plan([cfg], M, N, Z, K)[1]
+
+    def _plan(self, cands: list, M: int, N: int, Z: int, K: int) -> tuple[dict, int]:
+        """(tile, K slices) for the own kernel: the pair with the least modelled time, where time
+        = waves of groups (groups per SM from the tile's registers) x one group's FMAs / the
+        tile's measured efficiency, plus the split's reduction pass. Slices are at least
+        MIN_KSLICE long. ANYDEVICE_CUDA_KSPLIT=n forces the split."""
+        pkey = (tuple(map(id, cands)), M, N, Z, K)
+        hit = self._plan_cache.get(pkey)
+        if hit is not None:
+            return hit
+        best = plan_tiles(cands, M, N, Z, K, self.sm_count, self._forced_ksplit)
+        if len(self._plan_cache) > 4096:
+            self._plan_cache.clear()
+        self._plan_cache[pkey] = best
+        return best
+
+    def _own_launch(self, macros: dict, cfg: dict, M: int, N: int, K: int, Z: int, args_a: tuple,
+                    args_b: tuple, c_args: tuple, bias, conv: tuple, out, gemm_out: tuple, ksplit: int,
+                    record=None):
+        """Launch ad_conv_gemm over Z problems (grid z chunks), split over K when ksplit > 1 (then
+        into a workspace, and ad_splitk_reduce writes ``out``). ``record``: a key under which a
+        one-chunk launch is kept for ``_replay`` (the next call of the same signature skips the
+        planning, the build lookup and the argument packing)."""
+        cp = self.cp
+        fn = self._function(OWN_GEMM[0], OWN_GEMM[1], macros)
+        block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+        ksplit, kchunk = kchunk_for(K, ksplit, cfg)
+        per = max(1, GRID_YZ_MAX // ksplit)
+        if record is not None and Z <= per:
+            a, sam, sak, a_bs = args_a(0)
+            b, sbk, sbn, b_bs = args_b(0)
+            c, ldc, c_bs, bs = c_args(0)
+            tpl = pack_args(OWN_GEMM[1], (M, N, K, None, sam, sak, a_bs, None, sbk, sbn, b_bs, None, ldc,
+                                          c_bs, None, bias is not None, *conv, ksplit, kchunk))
+            grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), Z * ksplit)
+            red = red_tpl = None
+            if ksplit > 1:
+                red = self._function(OWN_GEMM[0], "ad_splitk_reduce", macros)
+                is_gemm, OHW, Cout = gemm_out
+                red_tpl = pack_args("ad_splitk_reduce", (None, None, None, bias is not None, ksplit, Z, M, N,
+                                                         ldc, c_bs, is_gemm, OHW, Cout))
+            if len(self._launch_cache) > 4096:
+                self._launch_cache.clear()
+            self._launch_cache[record] = (fn, grid, block, tuple(tpl), Z * ksplit * M * N if ksplit > 1 else 0,
+                                          red, red_tpl, Z * M * N)
+            return self._replay(self._launch_cache[record], a, b, c, bs, out)
+        for z0 in range(0, Z, per):
+            z1 = min(Z, z0 + per)
+            a, sam, sak, a_bs = args_a(z0)
+            b, sbk, sbn, b_bs = args_b(z0)
+            c, ldc, c_bs, bs = c_args(z0)
+            ws = c if ksplit == 1 else cp.empty((z1 - z0) * ksplit * M * N, dtype=cp.float32)
+            grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), (z1 - z0) * ksplit)
+            # the scalar arguments as NumPy scalars, built once per geometry (per-call host cost)
+            key = (M, N, K, sam, sak, a_bs, sbk, sbn, b_bs, ldc, c_bs, bias is not None, conv, ksplit, kchunk)
+            tpl = self._arg_cache.get(key)
+            if tpl is None:
+                tpl = list(pack_args(OWN_GEMM[1], (M, N, K, None, sam, sak, a_bs, None, sbk, sbn, b_bs, None, ldc,
+                                                   c_bs, None, bias is not None, *conv, ksplit, kchunk)))
+                if len(self._arg_cache) > 4096:
+                    self._arg_cache.clear()
+                self._arg_cache[key] = tpl
+            args = list(tpl)
+            args[3], args[7], args[11], args[14] = a, b, ws, bs
+            fn(grid, block, tuple(args))
+            if ksplit > 1:
+                red = self._function(OWN_GEMM[0], "ad_splitk_reduce", macros)
+                is_gemm, OHW, Cout = gemm_out
+                self._launch_1d(red, (z1 - z0) * M * N,
+                                pack_args("ad_splitk_reduce", (ws, c, bs, bias is not None, ksplit, z1 - z0, M, N,
+                                                               ldc, c_bs, is_gemm, OHW, Cout)))
+        return out
+
+    def _replay(self, rec, a, b, c, bs, out):
+        """One recorded launch (``_own_launch(record=...)``) on new operands: A, B, C (or the split's
+        workspace) and the bias pointer are the only arguments that change between calls."""
+        fn, grid, block, tpl, ws_n, red, red_tpl, total = rec
+        args = list(tpl)
+        args[3], args[7], args[14] = a, b, bs
+        if not ws_n:
+            args[11] = c
+            fn(grid, block, tuple(args))
+            return out
+        ws = self.cp.empty(ws_n, dtype=self.cp.float32)
+        args[11] = ws
+        fn(grid, block, tuple(args))
+        rargs = list(red_tpl)
+        rargs[0], rargs[1], rargs[2] = ws, c, bs
+        self._launch_1d(red, total, tuple(rargs))
+        return out
+
+    # ---- matmul -----------------------------------------------------------------------------
+    def _bmm(self, a, b):
+        cp = self.cp
+        Ba, M, K = a.shape
+        Bb, _, N = b.shape
+        B = max(Ba, Bb)
+        if B * M * N == 0 or K == 0:
+            return cp.zeros((B, M, N), dtype=cp.float32)
+        if Bb == 1 and Ba > 1 and a.flags.c_contiguous:  # one GEMM with the batch folded into M
+            y = self._gemm(a.reshape(1, Ba * M, K), b)
+            return y.reshape(B, M, N)
+        return self._gemm(a, b)
+
+    def _gemm(self, a, b, cfg=None, family=None, ksplit=None):
+        """(Ba, M, K) @ (Bb, K, N), Ba/Bb in {1, B}, any strides (copied only when neither layout)."""
+        cp = self.cp
+        Ba, M, K = a.shape
+        Bb, _, N = b.shape
+        B = max(Ba, Bb)
+        family = family or self._family("gemm")
+        record = None
+        if cfg is None and ksplit is None:
+            record = ("gemm", family, a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15)
+            rec = self._launch_cache.get(record)
+            if rec is not None:
+                c = self._empty((B, M, N))
+                return self._replay(rec, a, b, c, self._null(), c)
+        a_in, b_in = a, b
+        a, sa = _strided(cp, a)
+        b, sb = _strided(cp, b)
+        a_bs = sa[0] if Ba > 1 else 0
+        b_bs = sb[0] if Bb > 1 else 0
+        c = self._empty((B, M, N))
+        if cfg is None:
+            cfg, ks = self._plan(self._cands(family, "gemm", M, N, B), M, N, B, K)
+            ksplit = ksplit or ks
+        ta, tb = int(sa[2] != 1), int(sb[2] != 1)
+        vec_a = int(not ta and vec_fits(cfg, "A") and _vec_ok(a, sa[1], a_bs, K))
+        vec_b = int(not tb and vec_fits(cfg, "B") and _vec_ok(b, sb[1], b_bs, N))
+        macros = {**cfg, **_mode_macros(dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb, VEC_A=vec_a, VEC_B=vec_b))}
+        return self._own_launch(macros, cfg, M, N, K, B,
+                                lambda z: (a[z:] if Ba > 1 else a, sa[1], sa[2], a_bs),
+                                lambda z: (b[z:] if Bb > 1 else b, sb[1], sb[2], b_bs),
+                                lambda z: (c[z:], N, M * N, self._null()),
+                                None, (0,) * 15, c, (1, 1, 1), ksplit or self._ksplit(cfg, M, N, B, K),
+                                record=record if (a is a_in and b is b_in) else None)  # no copies made
+
+    # ---- convolution ------------------------------------------------------------------------
+    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        key = (x.shape, w.shape, stride, pads, dilation, groups)
+        g = self._geo_cache.get(key)
+        if g is None:
+            if len(self._geo_cache) > 4096:
+                self._geo_cache.clear()
+            g = self._geo_cache[key] = conv2d_geometry(x.shape, w.shape, stride, pads, dilation, groups)
+        return self._conv(x, w, bias, g, 0)
+
+    def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
+        g = conv_transpose2d_geometry(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
+        return self._conv(x, w, bias, g, 1)
+
+    def _conv(self, x, w, bias, g, transposed: int):
+        """conv2d or conv_transpose2d (transposed=1) of a given geometry: the direct kernel for few
+        output channels per group, else the implicit-GEMM kernel."""
+        x, w = self._contig(x), self._contig(w)
+        bias = None if bias is None else self._contig(bias)
+        y = self._empty((g.N, g.Cout, g.OH, g.OW))
+        if y.size == 0:
+            return y
+        if not transposed:  # a conv of this signature ran before: replay its launch
+            rec = self._launch_cache.get(("conv", g, self.tf32, bias is None, w.data.ptr & 15))
+            if rec is not None:
+                return self._replay(rec, w, x, y, self._null() if bias is None else bias, y)
+        # a transposed conv with an Inf/NaN weight and stride > 1: the direct kernel, which keeps it
+        # off the outputs its taps skip (torch scatters products; the GEMM multiplies it by zeros)
+        nonfinite = transposed and (g.sh > 1 or g.sw > 1) and not bool(self.cp.isfinite(w).all())
+        if g.CoutG <= DIRECT_MAX_COUT_G or nonfinite:
+            return self._direct(x, w, bias, y, g, transposed=transposed)
+        family = self._family("conv_transpose2d" if transposed else "conv2d")
+        if transposed:  # own kernel: weights re-laid out as (G, CoutG, CinG*KH*KW)
+            G, C, CoutG, KH, KW = g.G, g.C, g.CoutG, g.KH, g.KW
+            w = self.cp.ascontiguousarray(
+                w.reshape(G, C // G, CoutG, KH * KW).transpose(0, 2, 1, 3)).reshape(g.Cout, C // G, KH, KW)
+        return self._own_conv(x, w, bias, y, g, transposed=transposed, family=family)
+
+    def _direct(self, x, w, bias, y, g, transposed):
+        fn = self._misc("ad_direct_conv")
+        args = pack_args("ad_direct_conv", (
+            x, w, self._null() if bias is None else bias, bias is not None, y,
+            *(getattr(g, k) for k in ("N", "C", "H", "W", "Cout", "CinG", "CoutG", "KH", "KW", "OH", "OW",
+                                      "sh", "sw", "ph", "pw", "dh", "dw")), transposed))
+        self._launch_1d(fn, y.size, args)
+        return y
+
+    def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None):
+        M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
+        G = g.G
+        record = None
+        if cfg is None and ksplit is None and not transposed:
+            record = ("conv", g, self.tf32, bias is None, w.data.ptr & 15)
+        if cfg is None:
+            op = "conv_transpose2d" if transposed else "conv2d"
+            cfg, ks = self._plan(self._cands(family, op, M, Ntot, G), M, Ntot, G, K)
+            ksplit = ksplit or ks
+        vec_a = int(vec_fits(cfg, "A") and K % 4 == 0 and (M * K) % 4 == 0 and w.data.ptr % 16 == 0)
+        macros = {**cfg, **_mode_macros(dict(IS_GEMM=0, CONV_TRANSPOSED=int(transposed), VEC_A=vec_a))}
+        HW, P = g.H * g.W, g.OH * g.OW
+        ks = ksplit or self._ksplit(cfg, M, Ntot, G, K)
+        conv = conv_args(g)
+        # views starting at group g0 (the kernel indexes from these pointers with full strides)
+        return self._own_launch(
+            macros, cfg, M, Ntot, K, G,
+            lambda g0: (w.reshape(-1)[g0 * M * K:], K, 1, M * K),
+            lambda g0: (x.reshape(-1)[g0 * g.CinG * HW:], 0, 0, 0),
+            lambda g0: (y.reshape(-1)[g0 * M * P:], 0, 0, self._null() if bias is None else bias[g0 * M:]),
+            bias, conv, y, (0, P, g.Cout), ks, record=record)
+

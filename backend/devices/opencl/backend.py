@@ -1,0 +1,733 @@
+"""The OpenCL backend's device object and its non-GEMM ops: kernels (through the shared runtime's
+program cache and signature table), allocation and transfers, elementwise ops, pad, reductions.
+GEMM and convolutions are in ``linalg.py``."""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+
+from ...system import config
+from ...ops.contract import Backend, unary_kernel_args
+from ..runtime.kernel_source import kernel_source
+from ..runtime import JsonStore
+from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
+from .linalg import LinalgOps
+from .memory import BufferPool, CLArray, _collapse, _contig_strides
+from .params import (BINARY_CODES, DEFAULT_TUNE, F32, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS,
+                     TUNE_BUDGET_S)
+from .programs import ProgramCache
+
+log = logging.getLogger("anydevice")
+
+
+class OpenCLBackend(LinalgOps, Backend):
+    name = "opencl"
+    kind = "own"
+    native_types = (CLArray,)
+
+    def __init__(self, dev, index: int = 0, family: str | None = None):
+        super().__init__(index)
+        cl = _cl()
+        self.cl = cl
+        self.dev = dev
+        fam = (family or config.get("ANYDEVICE_OPENCL_FAMILY") or "").strip().lower()
+        if fam not in ("", "cpu", "gpu"):
+            raise RuntimeError(f"kernel family {fam!r} must be cpu or gpu")
+        self.family = fam or ("gpu" if _is_gpu(dev) else "cpu")
+        self.is_cpu_device = not _is_gpu(dev)
+        self.ctx = cl.Context([dev])
+        self.queue = cl.CommandQueue(self.ctx, dev)
+        self.programs = ProgramCache(self.ctx, dev)
+        self.compute_units = max(1, int(dev.max_compute_units))
+        limit = min(int(dev.global_mem_size) // 4, 2 << 30)  # on a CPU device also a share of free RAM
+        self.pool = BufferPool(self.ctx, limit, host_ram=self.is_cpu_device)
+        self._kernels: dict[tuple, object] = {}
+        self._meta_cache: dict[tuple, object] = {}
+        self._sources: dict[str, str] = {}
+        self._tune = self._tune_store().section(_device_key(dev))
+        self._tune_spent = 0.0
+        self._lock = threading.RLock()
+        self._check_device()
+
+    # ---- device check -------------------------------------------------------------------
+    def _check_device(self) -> None:
+        """Build (or load from the disk cache) and run a tiny kernel; a failure marks the device."""
+        cl = self.cl
+        try:
+            prg = self.programs.build(PROBE_SRC, "")
+            k = cl.Kernel(prg, "probe_kernel")
+            host = np.arange(4, dtype=F32)
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+            k.set_args(buf)
+            cl.enqueue_nd_range_kernel(self.queue, k, (4,), None)
+            out = np.empty(4, F32)
+            cl.enqueue_copy(self.queue, out, buf, is_blocking=True)
+            if not np.array_equal(out, 2 * host + 1):
+                raise RuntimeError(f"test kernel computed {out.tolist()} instead of {(2 * host + 1).tolist()}")
+        except Exception as exc:
+            reason = f"kernel build check failed on {_describe(self.dev)}: {exc}"
+            _record_check(self.dev, False, reason)
+            raise RuntimeError(reason) from None
+        if not _checks().section(_device_key(self.dev)).get("ok"):
+            _record_check(self.dev, True, "")
+
+    # ---- description ---------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return f"{_describe(self.dev)} [{self.family} kernel family]"
+
+    def synchronize(self) -> None:
+        self.queue.finish()
+
+    def free_memory(self) -> None:
+        """Give the buffer pool's free buffers back to the driver (arrays in use stay)."""
+        self.pool.clear()
+
+    def device_free_bytes(self) -> int | None:
+        """A GPU's global memory less the pool's buffers in use (OpenCL has no free-memory query);
+        None on a CPU device, whose memory is the host's RAM."""
+        if self.is_cpu_device:
+            return None
+        return max(0, int(self.dev.global_mem_size) - self.pool.live)
+
+    @staticmethod
+    def _tune_store() -> JsonStore:
+        return JsonStore(cache_root() / "tune.json")
+
+    # ---- kernels ---------------------------------------------------------------------------
+    def _source(self, fname: str, portable: bool) -> str:
+        src = self._sources.get(fname)
+        if src is None:
+            src = kernel_source(fname, "opencl", KERNEL_DIR, prelude=portable)
+            self._sources[fname] = src
+        return src
+
+    def tunables(self, fname: str, shape_class: str = "") -> dict:
+        """Build-time tunables: defaults, overridden by stored tuning results for this device."""
+        params = dict(DEFAULT_TUNE.get(fname, {}))
+        key = f"{fname}:{shape_class}"
+        if (shape_class and key not in self._tune and fname == "gemm_cpu.cl"
+                and config.get("ANYDEVICE_OPENCL_TUNE")):
+            self._autotune_gemm_cpu(shape_class)
+        for stored in (self._tune.get(fname), self._tune.get(key)):
+            if isinstance(stored, dict):  # an entry of another type (a damaged tune.json) is ignored
+                params.update(stored)
+        return params
+
+    def _autotune_gemm_cpu(self, shape_class: str) -> None:
+        """Time a few gemm_cpu variants on a problem of this shape class (<= TUNE_BUDGET_S in all,
+        shared by every class tuned in this process); store the winner on disk."""
+        key = f"gemm_cpu.cl:{shape_class}"
+        self._tune[key] = {}  # no recursion, and a failure is not retried
+        left = TUNE_BUDGET_S - self._tune_spent
+        if left <= 0.5:
+            return
+        size = {"s": 64, "m": 512, "l": 1024}
+        M, N, K = (size[c] for c in shape_class)
+        rng = np.random.default_rng(0)
+        a = self._from_numpy(rng.standard_normal((M, K), dtype=np.float32))
+        b = self._from_numpy(rng.standard_normal((K, N), dtype=np.float32))
+        cands = [{}, {"MR": 8, "MSUB": 4, "KC": 128}, {"MR": 14, "MSUB": 2}, {"MSUB": 8},
+                 {"KC": 512, "KP": 256}]
+        t_start = time.perf_counter()
+        best, best_t = None, float("inf")
+        log.info("anydevice opencl: auto-tuning gemm_cpu for shape class %s (budget %.1f s)", shape_class, left)
+        for i, cand in enumerate(cands):
+            if time.perf_counter() - t_start > left:
+                break
+            params = dict(DEFAULT_TUNE["gemm_cpu.cl"], **cand)
+            self._tune[key] = params
+            try:
+                self._gemm(M, N, K, 1, a, 0, K, 1, 0, b, 0, N, 1, 0)
+                self.synchronize()
+                t0 = time.perf_counter()
+                self._gemm(M, N, K, 1, a, 0, K, 1, 0, b, 0, N, 1, 0)
+                self.synchronize()
+                dt = time.perf_counter() - t0
+            except Exception as exc:
+                log.info("anydevice opencl: tune candidate %s failed: %s", cand, exc)
+                continue
+            log.info("anydevice opencl: tune %d/%d %s: %.2f GFLOPS", i + 1, len(cands), params,
+                     2.0 * M * N * K / dt / 1e9)
+            if dt < best_t:
+                best, best_t = params, dt
+        self._tune_spent += time.perf_counter() - t_start
+        self._tune[key] = best or {}
+        if best:
+            self._tune_store().update(_device_key(self.dev), {key: best})
+            log.info("anydevice opencl: tuned %s -> %s", key, best)
+
+    def _kernel(self, name: str, params: dict | None = None):
+        fname, portable = KFILES[name]
+        if params is None:
+            params = DEFAULT_TUNE.get(fname, {})
+        key = (name, tuple(sorted(params.items())))
+        k = self._kernels.get(key)
+        if k is None:
+            opts = " ".join(f"-D{a}={b}" for a, b in sorted(params.items()))
+            prg = self.programs.build(self._source(fname, portable), opts)
+            k = self.cl.Kernel(prg, name)
+            k.set_scalar_arg_dtypes(SIGS[name])
+            self._kernels[key] = k
+        return k
+
+    def _run(self, name, gsize, lsize, *args, params=None):
+        if any(g == 0 for g in gsize):
+            return
+        with self._lock:  # a Kernel's arguments are shared state
+            k = self._kernel(name, params)
+            k(self.queue, gsize, lsize, *args)
+
+    def _meta(self, values) -> object:
+        key = tuple(int(v) for v in values)
+        buf = self._meta_cache.get(key)
+        if buf is None:
+            if len(self._meta_cache) > 512:
+                self._meta_cache.clear()
+            arr = np.asarray(key, dtype=np.int64)
+            cl = self.cl
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=arr)
+            self._meta_cache[key] = buf
+        return buf
+
+    def _flat_geometry(self, n: int):
+        """(global size, local size, chunk) for the flat elementwise kernels."""
+        if self.is_cpu_device:
+            chunk = max(4096, -(-n // (8 * self.compute_units)))
+            return (-(-n // chunk),), (1,), chunk
+        return (-(-n // 256) * 256,), (256,), 1
+
+    # ---- allocation / conversion --------------------------------------------------------
+    def _empty(self, shape) -> CLArray:
+        shape = tuple(int(s) for s in shape)
+        return CLArray(shape, self.pool.alloc(4 * max(1, math.prod(shape))), 0)
+
+    def _from_numpy(self, a):
+        a = np.asarray(a, dtype=F32, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+        out = self._empty(a.shape)
+        if a.size:
+            self.cl.enqueue_copy(self.queue, out.buffer, a, is_blocking=True)
+        return out
+
+    def _to_numpy(self, x):
+        out = np.empty(x.shape, F32)
+        if out.size:
+            self.cl.enqueue_copy(self.queue, out, x.buffer, src_offset=4 * x.offset, is_blocking=True)
+        return out
+
+    def _shape(self, x):
+        return x.shape
+
+    def _reshape(self, x, shape):
+        shape = tuple(int(s) for s in shape)
+        if math.prod(shape) != x.size:
+            raise ValueError(f"cannot reshape {x.shape} to {shape}")
+        return CLArray(shape, x.block, x.offset)
+
+    def _copy_strided(self, src: CLArray, s_off, shape, sstr, dst: CLArray, d_off, dstr):
+        n = math.prod(shape)
+        if n == 0:
+            return
+        shape2, (s2, d2) = _collapse(shape, sstr, dstr)
+        if len(shape2) == 1 and s2[0] == 1 and d2[0] == 1:
+            self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, byte_count=4 * n,
+                                 src_offset=4 * s_off, dst_offset=4 * d_off)
+            return
+        meta = self._meta((len(shape2),) + shape2 + s2 + d2)
+        g, l, chunk = self._flat_geometry(n)
+        self._run("copy_nd", g, l, src.buffer, s_off, dst.buffer, d_off, n, chunk, meta)
+
+    def _permute(self, x, axes):
+        axes = tuple(int(a) for a in axes)
+        if axes == tuple(range(len(axes))):
+            return x
+        st = _contig_strides(x.shape)
+        shape = tuple(x.shape[a] for a in axes)
+        out = self._empty(shape)
+        self._copy_strided(x, x.offset, shape, tuple(st[a] for a in axes), out, 0, _contig_strides(shape))
+        return out
+
+    def _expand(self, x, shape):
+        shape = tuple(int(s) for s in shape)
+        if shape == x.shape:
+            return x
+        src_shape = (1,) * (len(shape) - x.ndim) + x.shape
+        st = _contig_strides(src_shape)
+        sstr = tuple(0 if (s == 1 and t != 1) else st[i] for i, (s, t) in enumerate(zip(src_shape, shape)))
+        out = self._empty(shape)
+        self._copy_strided(x, x.offset, shape, sstr, out, 0, _contig_strides(shape))
+        return out
+
+    def _concat_channels(self, parts, n, c, h, w):
+        k = len(parts)
+        out = self._empty((n, k * c, h, w))
+        inner = c * h * w
+        for i, p in enumerate(parts):
+            self._copy_strided(p, p.offset, (n, inner), (inner, 1), out, i * inner, (k * inner, 1))
+        return out
+
+    def _slice1(self, x, i):
+        n, k = x.shape[:2]
+        rest = x.shape[2:]
+        inner = math.prod(rest)
+        if n == 1:
+            return CLArray((1,) + rest, x.block, x.offset + i * inner)
+        out = self._empty((n,) + rest)
+        self._copy_strided(x, x.offset + i * inner, (n, inner), (k * inner, 1), out, 0, (inner, 1))
+        return out
+
+    def _piece(self, x, i0, i1, j0, j1, r0, r1):
+        n, c, h, w = x.shape  # the pieces ssim takes are contiguous spans: a view
+        return CLArray((i1 - i0, j1 - j0, r1 - r0, w), x.block, x.offset + ((i0 * c + j0) * h + r0) * w)
+
+    def _fill(self, out: CLArray, value: float = 0.0):
+        if out.size:
+            self.cl.enqueue_fill_buffer(self.queue, out.buffer, np.float32(value), 4 * out.offset, 4 * out.size)
+
+    # ---- elementwise ------------------------------------------------------------------------
+    def _unary(self, op, x, **p):
+        out = self._empty(x.shape)
+        n = x.size
+        if n == 0:
+            return out
+        code, p0, p1, f0, f1 = unary_kernel_args(op, p)
+        g, l, chunk = self._flat_geometry(n)
+        self._run("unary", g, l, x.buffer, x.offset, out.buffer, 0, n, chunk, code, p0, p1, f0, f1)
+        return out
+
+    def _binary(self, op, a, b):
+        code = BINARY_CODES[op]
+        if not isinstance(a, CLArray) or not isinstance(b, CLArray):
+            t = b if isinstance(b, CLArray) else a
+            out = self._empty(t.shape)
+            n = t.size
+            if n:
+                g, l, chunk = self._flat_geometry(n)
+                if isinstance(a, CLArray):
+                    self._run("binary_flat", g, l, a.buffer, a.offset, a.buffer, a.offset, out.buffer, 0,
+                              n, chunk, code, 2, 0.0, float(b))
+                else:
+                    self._run("binary_flat", g, l, b.buffer, b.offset, b.buffer, b.offset, out.buffer, 0,
+                              n, chunk, code, 1, float(a), 0.0)
+            return out
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        out = self._empty(shape)
+        n = out.size
+        if n == 0:
+            return out
+        g, l, chunk = self._flat_geometry(n)
+        if a.shape == b.shape:
+            self._run("binary_flat", g, l, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0,
+                      n, chunk, code, 0, 0.0, 0.0)
+            return out
+
+        def bstrides(s):
+            s = (1,) * (len(shape) - len(s)) + s
+            st = _contig_strides(s)
+            return tuple(0 if (d == 1 and t != 1) else st[i] for i, (d, t) in enumerate(zip(s, shape)))
+        shape2, (sa, sb, _) = _collapse(shape, bstrides(a.shape), bstrides(b.shape), _contig_strides(shape))
+        meta = self._meta((len(shape2),) + shape2 + sa + sb)
+        self._run("binary_nd", g, l, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0, n, chunk, code, meta)
+        return out
+
+    def _slice(self, x, dim, start, length, step):
+        shape = x.shape
+        outer, n, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+        out_shape = shape[:dim] + (length,) + shape[dim + 1:]
+        if math.prod(out_shape) == 0 or (outer == 1 and (step == 1 or length == 1)):
+            return CLArray(out_shape, x.block, x.offset + start * inner)  # one contiguous run: a view
+        out = self._empty(out_shape)
+        self._copy_strided(x, x.offset + start * inner, (outer, length, inner), (n * inner, step * inner, 1),
+                           out, 0, (length * inner, inner, 1))
+        return out
+
+    def _cat(self, parts, dim):
+        shape = parts[0].shape
+        outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
+        total = sum(p.shape[dim] for p in parts)
+        out = self._empty(shape[:dim] + (total,) + shape[dim + 1:])
+        pos = 0
+        for p in parts:
+            k = p.shape[dim] * inner
+            self._copy_strided(p, p.offset, (outer, k), (k, 1), out, pos, (total * inner, 1))
+            pos += k
+        return out
+
+    def _where(self, c, a, b):
+        shape = tuple(np.broadcast_shapes(c.shape, a.shape, b.shape))
+        out = self._empty(shape)
+        n = out.size
+        if n == 0:
+            return out
+        if all(t.size == n or t.size == 1 for t in (c, a, b)):
+            # each operand the output's n contiguous elements or one element: where_flat
+            scalars = sum(bit for t, bit in ((c, 1), (a, 2), (b, 4)) if t.size == 1 and n != 1)
+            g, l, chunk = self._flat_geometry(n)
+            self._run("where_flat", g, l, c.buffer, c.offset, a.buffer, a.offset, b.buffer, b.offset,
+                      out.buffer, 0, n, chunk, scalars)
+            return out
+
+        def bstrides(s):
+            s = (1,) * (len(shape) - len(s)) + s
+            st = _contig_strides(s)
+            return tuple(0 if (d == 1 and t != 1) else st[i] for i, (d, t) in enumerate(zip(s, shape)))
+        shape2, (sc, sa, sb, _) = _collapse(shape, bstrides(c.shape), bstrides(a.shape), bstrides(b.shape),
+                                            _contig_strides(shape))
+        meta = self._meta((len(shape2),) + shape2 + sc + sa + sb)
+        g, l, chunk = self._flat_geometry(n)
+        self._run("where_nd", g, l, c.buffer, c.offset, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0,
+                  n, chunk, meta)
+        return out
+
+    # ---- padding ----------------------------------------------------------------------------
+    def _pad(self, x, pads, mode):
+        t, bo, l, r = pads
+        lead = x.shape[:-2]
+        H, W = x.shape[-2:]
+        OH, OW = H + t + bo, W + l + r
+        out = self._empty(lead + (OH, OW))
+        P = math.prod(lead)
+        if out.size == 0:
+            return out
+        self._run("pad2d", (OH, P), (1, 1) if self.is_cpu_device else None, x.buffer, x.offset, out.buffer, 0,
+                  H, W, OH, OW, t, l, PAD_CODES[mode])
+        return out
+
+    def _window2d(self, x, mode, rows, cols):
+        (ri, rw), (ci, cw) = rows, cols
+        lead, (H, W) = x.shape[:-2], x.shape[-2:]
+        OH, OW, T, S = ri.shape[0], ci.shape[0], ri.shape[1], ci.shape[1]
+        out = self._empty(lead + (OH, OW))
+        if out.size == 0:
+            return out
+        P = math.prod(lead)
+        xs = self._at0(x, x.offset, x.size)
+        if self.family == "gpu":
+            tabs = [self._table_buffer(a) for a in (ri, rw, ci, cw)]
+            spec = T if T == S and T <= 4 else 0
+            self._run("ad_window2d", (-(-OW // 64) * 64, min(P * OH, 1 << 24)), (64, 1), xs.buffer, out.buffer,
+                      *tabs, P, H, W, OH, OW, T, S, int(mode == "max"), params={"WT": spec, "WS": spec})
+            return out
+        # CPU family: one output per work item, groups of L x R items (PoCL runs a group as one
+        # vectorised loop and pays per group); small windows unrolled, index checks dropped where a
+        # table has no skipped tap (max: a skipped tap is replaced by one of its row's others)
+        ri, dense_r = _dense_table(ri, mode)
+        ci, dense_c = _dense_table(ci, mode)
+        m = int(mode == "max")
+        tabs = [self._table_buffer(a) for a in (ri, rw, ci, cw)]
+        spec = {"WT": T if T <= 4 else 0, "WS": S if S <= 4 else 0, "DENSE_R": dense_r, "DENSE_C": dense_c}
+        # separable where it saves gathers: columns into a scratch t (P, H, OW), then the rows with
+        # contiguous loads (ad_window_rows: whole rows per work item); same sums in the same order
+        if T > 1 and H * S + OH * T // 4 < OH * T * S:
+            t = self._empty((P, H, OW))
+            self._window_px(xs, t, tabs, P, H, W, H, OW, 1, S, m, {**spec, "WT": 1, "IDENT_R": 1})
+            rows = P * OH
+            self._run("ad_window_rows", (min(rows, 64 * self.compute_units),), (1,), t.buffer, out.buffer,
+                      tabs[0], tabs[1], P, H, OW, OH, T, m)
+        else:
+            self._window_px(xs, out, tabs, P, H, W, OH, OW, T, S, m, spec)
+        return out
+
+    def _window_px(self, x, out, tabs, P, H, W, OH, OW, T, S, m, params):
+        """CPU family: ad_window2d_px, one output per work item, in groups of up to 64 along a row
+        (PoCL runs a group's items as one vectorised loop)."""
+        L = min(64, 1 << max(0, (OW - 1).bit_length()))
+        self._run("ad_window2d_px", (-(-OW // L) * L, OH, P), (L, 1, 1), x.buffer, out.buffer,
+                  *tabs, P, H, W, OH, OW, T, S, m, params=params)
+
+    def _table_buffer(self, a):
+        """A window table (small host array) as a read-only constant buffer, cached by content."""
+        cache = self.__dict__.setdefault("_tables", {})
+        key = (a.dtype.str, a.shape, a.tobytes())
+        buf = cache.get(key)
+        if buf is None:
+            if len(cache) > 256:
+                cache.clear()
+            cl = self.cl
+            host = np.ascontiguousarray(a)
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+            self._count("constants", host.nbytes)
+            cache[key] = buf
+        return buf
+
+    # ---- reductions -----------------------------------------------------------------------
+    def _reduce_pass(self, x: CLArray, O, R, I, opcode, scale) -> CLArray:
+        """x viewed (O, R, I) -> (O, I)."""
+        parts = 1
+        if O * I < 4 * self.compute_units and R >= 16384:
+            parts = min(256, -(-R // 4096))
+        L = -(-R // parts)
+        cpu = self.is_cpu_device
+        lsz = (1, 1) if cpu else None
+        if parts == 1:
+            out = self._empty((O, I))
+            self._run("reduce_ori", (I, O), lsz, x.buffer, x.offset, out.buffer, 0, O, R, I, 1, max(L, 1),
+                      opcode, scale)
+            return out
+        tmp = self._empty((O, parts, I))
+        self._run("reduce_ori", (I, O * parts), lsz, x.buffer, x.offset, tmp.buffer, 0, O, R, I, parts, L,
+                  opcode, 1.0)
+        out = self._empty((O, I))
+        self._run("reduce_ori", (I, O), lsz, tmp.buffer, 0, out.buffer, 0, O, parts, I, 1, parts, opcode, scale)
+        return out
+
+    def _norm_rows(self, x, eps):
+        """layers._normalize fused: one work item a row (CPU family, enough rows to fill the
+        device or rows short enough that one work item each is cheap), a work group a row (GPU
+        family)."""
+        rows, n = x.shape
+        if rows < self.compute_units and n > 65536:  # too few rows to fill the device
+            return None
+        if self.family != "cpu":  # GPU family: a work group of 256 a row (norm_rows_wg)
+            if self.dev.max_work_group_size < 256:
+                return None
+            out = self._empty((rows, n))
+            self._run("norm_rows_wg", (rows * 256,), (256,), x.buffer, x.offset, out.buffer, 0, rows, n,
+                      1.0 / n, eps)
+            return out
+        out = self._empty((rows, n))
+        self._run("norm_rows", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps)
+        return out
+
+    def _softmax_rows(self, s):
+        """attention's exp(s - row max) in place and the rows' sums (at least 1), one kernel
+        launch (CPU family)."""
+        if self.family != "cpu":
+            return None
+        rows, n = s.shape
+        t = self._empty((rows, 1))
+        self._run("softmax_rows", (rows,), (1,), s.buffer, s.offset, s.buffer, s.offset, t.buffer, 0,
+                  1, rows, n, 1)
+        return s, t
+
+    def _reduce(self, op, x, dims, keepdim):
+        shape = x.shape
+        if len(dims) == 0:
+            out = self._empty(shape)
+            self._copy_strided(x, x.offset, shape, _contig_strides(shape), out, 0, _contig_strides(shape))
+            return out
+        out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape)) if keepdim else \
+            tuple(s for i, s in enumerate(shape) if i not in dims)
+        count = math.prod(shape[d] for d in dims)
+        opcode = {"sum": 0, "mean": 0, "max": 1, "min": 2}[op]
+        if math.prod(out_shape) == 0:
+            return self._empty(out_shape)
+        # runs of consecutive reduced dims, reduced from the last run to the first
+        runs = []
+        for d in sorted(dims):
+            if runs and runs[-1][1] == d:
+                runs[-1][1] = d + 1
+            else:
+                runs.append([d, d + 1])
+        cur = x
+        cur_shape = list(shape)
+        for ri, (s, e) in enumerate(reversed(runs)):
+            O = math.prod(cur_shape[:s])
+            R = math.prod(cur_shape[s:e])
+            I = math.prod(cur_shape[e:])
+            last = ri == len(runs) - 1
+            scale = (1.0 / count if count else float("inf")) if (op == "mean" and last) else 1.0
+            if R == 0 and op == "mean":
+                scale = float("nan")
+            cur = self._reduce_pass(cur, O, R, I, opcode, scale)
+            cur_shape = cur_shape[:s] + [1] * (e - s) + cur_shape[e:]
+        return self._reshape(cur, out_shape)
+
+
+def _dense_table(idx, mode):
+    """(idx, 1) when the table has no skipped tap, or (for max, where a repeated tap changes
+    nothing) each row's skipped taps replaced by its first valid one; else (idx, 0)."""
+    valid = idx >= 0
+    if valid.all():
+        return idx, 1
+    if mode != "max" or not valid.any(axis=1).all():
+        return idx, 0
+    first = idx[np.arange(idx.shape[0]), valid.argmax(axis=1)]
+    return np.where(valid, idx, first[:, None]).astype(np.int32), 1
+
+
+# ---- conv2d weight gradient (autograd; backend/ops/convgrad.py) ----------------------------------------
+#: bytes of packed columns one step of the weight gradient packs and multiplies (kept in cache)
+WGRAD_CHUNK_BYTES = 16 << 20
+
+
+def _conv2d_weight_grad(self, x, gy, wshape, stride, pads, dilation, groups):
+    """CPU family: gW = sum over images of gy[n] (CoutG x OH*OW) . cols[n] (OH*OW x CinG*KH*KW) per
+    group, as gemm_cpu products: gy is packed in place by pack_a, kernels/conv_grad_cpu.cl packs the
+    columns from x in place, in steps of about WGRAD_CHUNK_BYTES (whole images, or position ranges
+    of one) so the packed panels are still in cache when gemm_cpu reads them. Every step writes its
+    own (G, CoutG, Kw) partial product into one buffer, summed by one reduction at the end.
+    None (the caller's generic path) for the GPU family."""
+    from .params import PACK_K
+    if self.family != "cpu":
+        return None
+    N, C, H, W = x.shape
+    Cout, CinG, KH, KW = wshape
+    G = groups
+    CoutG = Cout // G
+    OH, OW = gy.shape[2:]
+    P, Kw = OH * OW, CinG * KH * KW
+    if N == 0 or P == 0:
+        return None
+    (sh, sw), (dh, dw), (t, _, l, _) = stride, dilation, pads
+    if (sh, sw) == (1, 1) and CinG == 1 and CoutG == 1:
+        return _wgrad_depthwise(self, x, gy, wshape, dilation, pads)
+    if (sh, sw) == (1, 1) and CinG >= WGRAD_SHIFT_MIN_CIN and N * P * Kw >= WGRAD_SHIFT_MIN_COLS:
+        gw = _wgrad_shifted(self, x, gy, wshape, dilation, pads, groups)
+        if gw is not None:
+            return gw
+    params = self.tunables("gemm_cpu.cl", self._shape_class(CoutG, Kw, min(P, 4096)))
+    mr, msub = params["MR"], params["MSUB"]
+    mt, ntl = -(-CoutG // mr), -(-Kw // 32)
+    per_pos = 4 * G * (ntl * 32 + mt * mr)  # packed bytes per output position of one image
+    npos = min(P, max(PACK_K, WGRAD_CHUNK_BYTES // per_pos // PACK_K * PACK_K))
+    nimg = max(1, min(N, WGRAD_CHUNK_BYTES // (per_pos * npos))) if npos == P else 1
+    steps = [(n0, min(N, n0 + nimg) - n0, p0, min(npos, P - p0)) for n0 in range(0, N, nimg)
+             for p0 in range(0, P, npos)]
+    # partial products: one (nb*G, CoutG, Kw) block per step, nb images each (summed at the end)
+    slots = sum(nb for _, nb, _, _ in steps)
+    part = self._empty((slots, Cout * Kw))
+    cpu_l = (1, 1, 1)
+    slot = 0
+    for n0, nb, p0, npp in steps:
+        bb = nb * G
+        kb = -(-npp // PACK_K)
+        Ap = self._empty((bb, mt * mr * npp))
+        self._run("pack_a", (kb, mt, bb), cpu_l, CoutG, npp, gy.buffer, gy.offset + n0 * Cout * P + p0,
+                  P, 1, CoutG * P, Ap.buffer, params=params)
+        Bp = self._empty((bb, ntl * 32 * npp))
+        self._run("wgrad_pack_b", (kb, ntl, bb), cpu_l, x.buffer, x.offset + n0 * C * H * W, Bp.buffer,
+                  H, W, CinG, KH, KW, OW, sh, sw, t, l, dh, dw, p0, npp)
+        self._run("gemm_cpu", (-(-CoutG // (mr * msub)), ntl, bb), cpu_l,
+                  CoutG, Kw, npp, Ap.buffer, mt * mr * npp, Bp.buffer, ntl * 32 * npp,
+                  part.buffer, slot * Cout * Kw, Kw, CoutG * Kw, part.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+        slot += nb
+        del Ap, Bp
+    gw = self._reduce("sum", part, (0,), False) if slots > 1 else part
+    return self._reshape(gw, (Cout, CinG, KH, KW))
+
+
+def _wgrad_depthwise(self, x, gy, wshape, dilation, pads):
+    """Depthwise stride-1 weight gradient (a GEMM would be 1 x 9 per image and channel): x and gy
+    channel-major and zero-padded to the (Hq, Wq) the taps read, one flat row of N*Hq*Wq positions
+    per channel; tap (kh, kw) is then gy * (x shifted by kh*dh*Wq + kw*dw positions), a view of one
+    contiguous span of the same buffer (what runs past a row meets gy's zeros), summed per channel."""
+    N, C, H, W = x.shape
+    _, _, KH, KW = wshape
+    OH, OW = gy.shape[2:]
+    dh, dw = dilation
+    t, _, l, _ = pads
+    Hq, Wq = (KH - 1) * dh + OH, (KW - 1) * dw + OW
+    Q = N * Hq * Wq
+    slack = (KH - 1) * dh * Wq + (KW - 1) * dw
+    xc = self._permute(x, (1, 0, 2, 3))
+    xq = self._pad_crop(xc, (t, Hq - H - t, l, Wq - W - l), "zeros")  # negative: rows never read
+    del xc
+    xf = self._reshape(xq, (C * Q,))
+    if slack:  # the last channel's shifted views run past its row
+        z = self._empty((slack,))
+        self._fill(z, 0.0)
+        xf = self._cat([xf, z], 0)
+    gq = self._pad(self._permute(gy, (1, 0, 2, 3)), (0, Hq - OH, 0, Wq - OW), "zeros")
+    gf = self._reshape(gq, (C, Q))
+    cols = []
+    for kh in range(KH):
+        for kw in range(KW):
+            d = kh * dh * Wq + kw * dw
+            view = CLArray((C, Q), xf.block, xf.offset + d)
+            cols.append(self._reduce("sum", self._binary("mul", gf, view), (1,), True))
+    gw = self._cat(cols, 1)  # (C, KH*KW)
+    return self._reshape(gw, (C, 1, KH, KW))
+
+
+#: stride-1 convs with at least this many input channels per group take _wgrad_shifted, when the
+#: im2col it saves has at least WGRAD_SHIFT_MIN_COLS values (below, its ~KH*KW+5 launches cost more)
+WGRAD_SHIFT_MIN_CIN = 16
+WGRAD_SHIFT_MIN_COLS = 4 << 20
+#: bytes of packed operands one step of _wgrad_shifted holds
+WGRAD_SHIFT_BYTES = 32 << 20
+
+
+def _wgrad_shifted(self, x, gy, wshape, dilation, pads, groups):
+    """Stride-1 weight gradient without an im2col: x is packed once (kernels/conv_grad_cpu.cl's
+    wgrad_pack_x: padded positions q = row * Wq + col, one channel per column), gy once with its
+    rows widened to Wq by zeros; tap (kh, kw) is then gy . (x panels shifted by kh*dh*Wq + kw*dw
+    positions), one gemm_cpu launch per tap and 32-channel tile reading a sub-buffer of the same
+    packed panels. None where a sub-buffer's origin would break the device's alignment."""
+    from .params import PACK_K
+    N, C, H, W = x.shape
+    Cout, CinG, KH, KW = wshape
+    G = groups
+    CoutG = Cout // G
+    OH, OW = gy.shape[2:]
+    dh, dw = dilation
+    t, _, l, _ = pads
+    Hq, Wq = (KH - 1) * dh + OH, (KW - 1) * dw + OW
+    Kg = OH * Wq
+    Q = Hq * Wq + (KW - 1) * dw
+    align = max(1, int(self.dev.mem_base_addr_align) // 8)
+    if (4 * 32) % align:
+        return None
+    params = self.tunables("gemm_cpu.cl", self._shape_class(CoutG, min(CinG, 32), min(Kg, 4096)))
+    mr, msub = params["MR"], params["MSUB"]
+    mt, ntl = -(-CoutG // mr), -(-CinG // 32)
+    per_img = 4 * G * (ntl * Q * 32 + mt * mr * Kg)
+    nimg = max(1, min(N, WGRAD_SHIFT_BYTES // max(1, per_img)))
+    gyq = self._pad(gy, (0, 0, 0, Wq - OW), "zeros") if Wq != OW else gy  # (N, Cout, OH, Wq)
+    taps = KH * KW
+    out_per = taps * CoutG * CinG  # one batch's (taps, CoutG, CinG) block
+    part = self._empty((N * G, out_per))
+    cpu_l = (1, 1, 1)
+    for n0 in range(0, N, nimg):
+        nb = min(N, n0 + nimg) - n0
+        bb = nb * G
+        Ap = self._empty((bb, mt * mr * Kg))
+        self._run("pack_a", (-(-Kg // PACK_K), mt, bb), cpu_l, CoutG, Kg, gyq.buffer,
+                  gyq.offset + n0 * Cout * Kg, Kg, 1, CoutG * Kg, Ap.buffer, params=params)
+        Bp = self._empty((bb, ntl * Q * 32))
+        self._run("wgrad_pack_x", (-(-Q // PACK_K), ntl, bb), cpu_l, x.buffer, x.offset + n0 * C * H * W,
+                  Bp.buffer, H, W, CinG, Hq, Wq, t, l, Q)
+        total = bb * ntl * Q * 32
+        for kh in range(KH):
+            for kw in range(KW):
+                delta = kh * dh * Wq + kw * dw
+                for nt in range(ntl):
+                    origin = (nt * Q + delta) * 32
+                    sub = Bp.buffer.get_sub_region(4 * (Bp.offset + origin), 4 * (total - origin))
+                    self._run("gemm_cpu", (-(-CoutG // (mr * msub)), 1, bb), cpu_l,
+                              CoutG, min(32, CinG - nt * 32), Kg, Ap.buffer, mt * mr * Kg, sub, ntl * Q * 32,
+                              part.buffer, (n0 * G) * out_per + (kh * KW + kw) * CoutG * CinG + nt * 32,
+                              CinG, out_per, part.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+        del Ap, Bp
+    gw = self._reduce("sum", self._reshape(part, (N, G * out_per)), (0,), False) if N > 1 else part
+    gw = self._permute(self._reshape(gw, (G, taps, CoutG, CinG)), (0, 2, 3, 1))
+    return self._reshape(gw, (Cout, CinG, KH, KW))
+
+
+OpenCLBackend._conv2d_weight_grad = _conv2d_weight_grad
+
+
+# ---- Adam / AdamW step (backend/learn/optim.py) ---------------------------------------------------------
+def _adam_step(self, param, grad, m, v, vmax, w, lerp_form, beta2, omb2, bc2_sqrt, eps, neg_step):
+    """One Adam update of one parameter in one launch (kernels/elementwise.cl's adam_step, the
+    unfused ops' float32 arithmetic in their order): returns new (param, exp_avg, exp_avg_sq,
+    max_exp_avg_sq or None); vmax None: no amsgrad. The inputs are never written."""
+    n = param.size
+    shape = param.shape
+    po, mo, vo = self._empty(shape), self._empty(shape), self._empty(shape)
+    vmo = self._empty(shape) if vmax is not None else None
+    if n:
+        g, l, chunk = self._flat_geometry(n)
+        vm = vmax if vmax is not None else v
+        self._run("adam_step", g, l, param.buffer, param.offset, grad.buffer, grad.offset, m.buffer, m.offset,
+                  v.buffer, v.offset, vm.buffer, vm.offset, po.buffer, mo.buffer, vo.buffer,
+                  (vmo if vmo is not None else vo).buffer, n, chunk, w, int(lerp_form), beta2, omb2, bc2_sqrt,
+                  eps, neg_step, int(vmax is not None))
+    return po, mo, vo, vmo
+
+
+OpenCLBackend._adam_step = _adam_step

@@ -1,0 +1,450 @@
+"""The OpenCL backend's GEMM and convolutions (CPU family: packed GEMM, direct, im2col, Winograd;
+GPU family: kernels/conv_gemm_cuda.cu and misc_cuda.cu's direct conv, the CUDA backend's kernels
+built as OpenCL C), as a mixin of OpenCLBackend."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ops.contract import workspace_budget_bytes
+from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
+from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchunk_for, operand_layout, plan as plan_tiles,
+                                 vec_fits)
+from .memory import CLArray, _contig_strides
+from .params import DIRECT_MAX_K, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
+
+#: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
+GEMM_TILES, CONV_TILES = [_O_L, _O_S], [_O_M, _O_S]
+#: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
+#: is short, so one tile a work item spent more on PoCL's per-group cost than on the product)
+ATT_NL = 8
+#: GPU family: convs with at most this many output channels per group use the direct kernel
+GPU_DIRECT_MAX_COUT_G = 4
+
+
+class LinalgOps:
+    """GEMM / conv ops of OpenCLBackend (uses its _run, _empty, _kernel, pool and family)."""
+
+    # ---- matmul ------------------------------------------------------------------------------
+    def _gemm(self, M, N, K, batches, A, a_off, sam, sak, a_bs, B, b_off, sbk, sbn, b_bs, out_shape=None):
+        """C (batches, M, N) contiguous = A . B with strided operands (strides in elements)."""
+        out = self._empty(out_shape or (batches, M, N))
+        if out.size == 0:
+            return out
+        if K == 0:
+            self._fill(out, 0.0)
+            return out
+        if self.family == "gpu":
+            A, sam, sak, a_bs, ta = self._gpu_operand(A, a_off, sam, sak, a_bs, batches, M, K)
+            B, sbk, sbn, b_bs, tb = self._gpu_operand(B, b_off, sbk, sbn, b_bs, batches, K, N)
+            vec_a = not ta and sam % 4 == 0 and a_bs % 4 == 0 and K % 4 == 0
+            vec_b = not tb and sbk % 4 == 0 and b_bs % 4 == 0 and N % 4 == 0
+            self._conv_gemm("gemm", dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb), vec_a, vec_b, M, N, K, batches,
+                            (A, sam, sak, a_bs), (B, sbk, sbn, b_bs), out, (N, M * N), None, (0,) * 15)
+            return out
+        if M * N * K <= SMALL_GEMM_MACS:
+            rows = max(1, min(M, 2048 // max(1, N * K)))
+            self._run("gemm_small", (1, -(-M // rows), batches), (1, 1, 1) if self.is_cpu_device else None,
+                      M, N, K, A.buffer, a_off, sam, sak, a_bs, B.buffer, b_off, sbk, sbn, b_bs,
+                      out.buffer, 0, out.buffer, 0, rows)
+            return out
+        params = self.tunables("gemm_cpu.cl", self._shape_class(M, N, K))
+        mr, msub = params["MR"], params["MSUB"]
+        ba = batches if a_bs else 1
+        bb = batches if b_bs else 1
+        mt, nt = -(-M // mr), -(-N // 32)
+        Ap = self._empty((ba, mt * mr * K))
+        Bp = self._empty((bb, nt * 32 * K))
+        cpu_l = (1, 1, 1)
+        kb = -(-K // PACK_K)
+        self._run("pack_a", (kb, mt, ba), cpu_l, M, K, A.buffer, a_off, sam, sak, a_bs, Ap.buffer, params=params)
+        self._run("pack_b", (kb, nt, bb), cpu_l, N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer, params=params)
+        self._run("gemm_cpu", (-(-M // (mr * msub)), nt, batches), cpu_l,
+                  M, N, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer, (nt * 32 * K) if bb > 1 else 0,
+                  out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+        return out
+
+    def _packed_b(self, B, b_off, sbk, sbn, b_bs, N, K, batches, params):
+        """B in pack_b's layout (per batch ceil(N/32)*32*K), as _gemm packs it."""
+        bb = batches if b_bs else 1
+        nt = -(-N // 32)
+        Bp = self._empty((bb, nt * 32 * K))
+        self._run("pack_b", (-(-K // PACK_K), nt, bb), (1, 1, 1), N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer,
+                  params=params)
+        return Bp
+
+    def _gemm_packed(self, Ap, Bp, M, N, K, batches, params):
+        """_gemm's CPU-family GEMM of operands already packed (pack_a's / pack_b's layouts; an
+        operand with one batch is shared by all)."""
+        out = self._empty((batches, M, N))
+        mr, msub = params["MR"], params["MSUB"]
+        mt, nt = -(-M // mr), -(-N // 32)
+        self._run("gemm_cpu", (-(-M // (mr * msub)), nt, batches), (1, 1, 1),
+                  M, N, K, Ap.buffer, (mt * mr * K) if Ap.shape[0] > 1 else 0,
+                  Bp.buffer, (nt * 32 * K) if Bp.shape[0] > 1 else 0,
+                  out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+        return out
+
+    def _attention(self, q, k, v, m, plan, causal):
+        y = self._attention_cpu(q, k, v, m, plan, causal)
+        if y is not None:
+            return y
+        self._att_packs = {}  # kt's and v's packed panels, shared by the query blocks of this call
+        try:
+            return super()._attention(q, k, v, m, plan, causal)
+        finally:
+            self._att_packs = {}
+
+    def _attention_cpu(self, q, k, v, m, plan, causal):
+        """CPU family, no mask, not causal, q / k / v of one batch shape (else None: the generic
+        blocks). The whole call in place of attention.py's blocks: k^T packed for gemm_cpu
+        straight from k (no transposed copy) and v packed once; per query block, q's rows packed
+        straight from q (no slice copy), s = q k^T (gemm_cpu, ``ATT_NL`` column tiles a work
+        item: K = E is short), softmax_tile writes exp(s - max) into e @ v's packed A and the
+        row sums into one (B, L) array, and e @ v lands in its rows of the (B, L, Ev) output
+        (no concatenation); one division at the end. The same kernels and the same values as
+        the blocked path."""
+        sq, sk, sv = self._shape(q), self._shape(k), self._shape(v)
+        B, L, E, S, Ev = math.prod(sq[:-2]), sq[-2], sq[-1], sk[-2], sv[-1]
+        rows = self._attention_block_rows(plan)
+        if (self.family != "cpu" or m is not None or causal or sk[:-2] != sq[:-2] or sv[:-2] != sq[:-2]
+                or rows * Ev * S <= SMALL_GEMM_MACS or rows * S * E <= SMALL_GEMM_MACS or B * L * S * Ev == 0):
+            return None
+        p1 = self.tunables("gemm_cpu.cl", self._shape_class(rows, S, E))
+        p1n = dict(p1, NL=ATT_NL)
+        p2 = self.tunables("gemm_cpu.cl", self._shape_class(rows, Ev, S))
+        mr1, mr, msub = p1["MR"], p2["MR"], p2["MSUB"]
+        if mr > 16:
+            return None
+        if plan.scale != 1.0:
+            q = self._binary("mul", q, plan.scale)
+        kp = self._packed_b(k, k.offset, 1, E, S * E if B > 1 else 0, S, E, B, p1)  # k^T: (E, S)
+        vp = self._packed_b(v, v.offset, Ev, 1, S * Ev if B > 1 else 0, Ev, S, B, p2)
+        y = self._empty((B, L, Ev))
+        t = self._empty((B, L, 1))
+        nt1, nt2 = -(-S // 32), -(-Ev // 32)
+        for r0 in range(0, L, rows):
+            n = min(rows, L - r0)
+            mt1, mt = -(-n // mr1), -(-n // mr)
+            aq = self._empty((B, mt1 * mr1 * E))
+            self._run("pack_a", (-(-E // PACK_K), mt1, B), (1, 1, 1), n, E, q.buffer, q.offset + r0 * E, E, 1,
+                      L * E, aq.buffer, params=p1)
+            s = self._empty((B, n, S))
+            self._run("gemm_cpu", (-(-n // (mr1 * p1["MSUB"])), -(-nt1 // ATT_NL), B), (1, 1, 1),
+                      n, S, E, aq.buffer, mt1 * mr1 * E, kp.buffer, (nt1 * 32 * E) if B > 1 else 0,
+                      s.buffer, 0, S, n * S, s.buffer, 0, 0, 1 << 30, 0, 0, params=p1n)
+            del aq
+            ap = self._empty((B, mt * mr * S))
+            self._run("softmax_tile", (B * mt,), (1,), s.buffer, 0, ap.buffer, 0, t.buffer, r0, B, n, S, mr, L)
+            del s
+            self._run("gemm_cpu", (-(-n // (mr * msub)), nt2, B), (1, 1, 1),
+                      n, Ev, S, ap.buffer, mt * mr * S, vp.buffer, (nt2 * 32 * S) if B > 1 else 0,
+                      y.buffer, r0 * Ev, Ev, L * Ev, y.buffer, 0, 0, 1 << 30, 0, 0, params=p2)
+            del ap
+        return self._reshape(self._binary("div", y, t), plan.out_shape)
+
+    def _att_packed_b(self, x, N, K, B, params):
+        """x (B, K, N) contiguous packed for gemm_cpu, once per attention call (x stays referenced
+        by the cache entry, so its id is not reused while the entry lives)."""
+        packs = getattr(self, "_att_packs", None)
+        hit = None if packs is None else packs.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        Bp = self._packed_b(x, x.offset, N, 1, K * N if B > 1 else 0, N, K, B, params)
+        if packs is not None:
+            packs[id(x)] = (x, Bp)
+        return Bp
+
+    def _attention_rows(self, q, kt, v, m):
+        """CPU family, no mask, one batch shape: kt and v packed once per call, and softmax_tile
+        writes exp(s - max) straight into gemm_cpu's packed A of e @ v (no pack_a pass over the
+        block's largest operand)."""
+        sq, sv = q.shape, v.shape
+        B, M, E, S, Ev = math.prod(sq[:-2]), sq[-2], sq[-1], kt.shape[-1], sv[-1]
+        if (self.family != "cpu" or m is not None or kt.shape[:-2] != sq[:-2] or sv[:-2] != sq[:-2]
+                or M * Ev * S <= SMALL_GEMM_MACS or M * S * E <= SMALL_GEMM_MACS or B * M * S * Ev == 0):
+            return super()._attention_rows(q, kt, v, m)
+        p1 = self.tunables("gemm_cpu.cl", self._shape_class(M, S, E))
+        mr1 = p1["MR"]
+        Aq = self._empty((B, -(-M // mr1) * mr1 * E))
+        self._run("pack_a", (-(-E // PACK_K), -(-M // mr1), B), (1, 1, 1), M, E, q.buffer, q.offset, E, 1, M * E,
+                  Aq.buffer, params=p1)
+        s = self._gemm_packed(Aq, self._att_packed_b(kt, S, E, B, p1), M, S, E, B, p1)
+        del Aq
+        params = self.tunables("gemm_cpu.cl", self._shape_class(M, Ev, S))
+        mr = params["MR"]
+        mt = -(-M // mr)
+        Ap = self._empty((B, mt * mr * S))
+        t = self._empty(sq[:-1] + (1,))
+        if mr <= 16:
+            self._run("softmax_tile", (B * mt,), (1,), s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0, B, M, S, mr, M)
+        else:
+            self._run("softmax_rows", (B * mt * mr,), (1,), s.buffer, s.offset, Ap.buffer, 0, t.buffer, 0, B, M, S, mr)
+        del s
+        y = self._gemm_packed(Ap, self._att_packed_b(v, Ev, S, B, params), M, Ev, S, B, params)
+        return self._binary("div", self._reshape(y, sq[:-1] + (Ev,)), t)
+
+    # ---- GPU family: the CUDA backend's kernels built as OpenCL C --------------------------------
+    def _at0(self, x: CLArray, off: int, span: int) -> CLArray:
+        """x's elements [off, off + span) at offset 0 of a buffer (the GPU-family kernels take no
+        offsets): x itself when off is 0, else a copy of that span."""
+        if off == 0:
+            return x
+        out = self._empty((span,))
+        self._copy_strided(x, off, (span,), (1,), out, 0, (1,))
+        return out
+
+    def _gpu_operand(self, X: CLArray, off, s_row, s_col, s_batch, batches, rows, cols):
+        """(array at offset 0, row, column and batch strides, transposed flag) for ad_conv_gemm, which
+        needs one of the two inner strides to be 1 (else the operand is copied contiguous)."""
+        nb = batches if s_batch else 1
+        usable, s_row2, s_col2 = operand_layout(rows, cols, s_row, s_col)
+        if not usable:
+            tmp = self._empty((nb, rows, cols))
+            self._copy_strided(X, off, (nb, rows, cols), (s_batch, s_row, s_col), tmp, 0, _contig_strides((nb, rows, cols)))
+            X, off, s_batch = tmp, 0, rows * cols if nb > 1 else 0
+            _, s_row2, s_col2 = operand_layout(rows, cols, cols, 1)
+        s_row, s_col = s_row2, s_col2
+        span = (nb - 1) * s_batch + (rows - 1) * s_row + (cols - 1) * s_col + 1
+        return self._at0(X, off, span), s_row, s_col, s_batch, int(s_col != 1)
+
+    def _conv_gemm(self, op, mode, vec_a, vec_b, M, N, K, Z, a, b, out, c_layout, bias, conv, layout=(1, 1, 1)):
+        """Launch kernels/conv_gemm_cuda.cu's ad_conv_gemm (a = (A, sam, sak, a_bs), b likewise),
+        with the tile and K split the shared plan picks; a split writes a workspace that
+        ad_splitk_reduce sums in order into ``out`` (+ bias)."""
+        cands = GEMM_TILES if op == "gemm" else CONV_TILES
+        cfg, ks = plan_tiles(cands, M, N, Z, K, self.compute_units)
+        mode = dict(mode, VEC_A=int(bool(vec_a) and vec_fits(cfg, "A")), VEC_B=int(bool(vec_b) and vec_fits(cfg, "B")))
+        macros = {**cfg, **_mode_macros(mode)}
+        ks, kchunk = kchunk_for(K, ks, cfg)
+        ws = out if ks == 1 else self._empty((Z * ks * M * N,))
+        (A, sam, sak, a_bs), (B, sbk, sbn, b_bs), (ldc, c_bs) = a, b, c_layout
+        lsz = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
+        gsz = (-(-N // cfg["TILE_N"]) * lsz[0], -(-M // cfg["TILE_M"]) * lsz[1], Z * ks)
+        bbuf, hb = (bias.buffer, 1) if bias is not None else (out.buffer, 0)
+        self._run("ad_conv_gemm", gsz, lsz, M, N, K, A.buffer, sam, sak, a_bs, B.buffer, sbk, sbn, b_bs,
+                  ws.buffer, ldc, c_bs, bbuf, hb, *conv, ks, kchunk, params=macros)
+        if ks > 1:
+            n = Z * M * N
+            self._run("ad_splitk_reduce", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
+                      ws.buffer, out.buffer, bbuf, hb, ks, Z, M, N, ldc, c_bs, *layout, params=macros)
+        return out
+
+    def _gpu_conv(self, x, w, bias, out, g, transposed: int, direct: bool = False):
+        """conv2d / conv_transpose2d with the CUDA backend's kernels: misc_cuda.cu's direct kernel
+        for few output channels per group (or when ``direct``), else ad_conv_gemm's implicit GEMM
+        (batch folded into N)."""
+        x, w = self._at0(x, x.offset, x.size), self._at0(w, w.offset, w.size)
+        if direct or g.CoutG <= GPU_DIRECT_MAX_COUT_G:
+            n = out.size
+            self._run("ad_direct_conv", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
+                      x.buffer, w.buffer, bias.buffer if bias is not None else out.buffer, int(bias is not None),
+                      out.buffer, g.N, g.C, g.H, g.W, g.Cout, g.CinG, g.CoutG, g.KH, g.KW, g.OH, g.OW,
+                      g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, transposed, params={"BLOCK": 256})
+            return out
+        M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
+        if transposed:  # weights re-laid out as (G, CoutG, CinG*KH*KW)
+            w = self._permute(self._reshape(w, (g.G, g.CinG, g.CoutG, g.KH * g.KW)), (0, 2, 1, 3))
+        return self._conv_gemm("conv", dict(IS_GEMM=0, CONV_TRANSPOSED=transposed), K % 4 == 0, False,
+                               M, Ntot, K, g.G, (w, K, 1, M * K), (x, 0, 0, 0), out, (0, 0), bias, conv_args(g),
+                               layout=(0, g.OH * g.OW, g.Cout))
+
+    def _copy_of(self, x: CLArray) -> CLArray:
+        out = self._empty(x.shape)
+        self._copy_strided(x, x.offset, (x.size,), (1,), out, 0, (1,))
+        return out
+
+    @staticmethod
+    def _shape_class(M, N, K) -> str:
+        def b(v):
+            return "s" if v < 128 else "m" if v < 1024 else "l"
+        return b(M) + b(N) + b(K)
+
+    def _mm(self, a, b):
+        M, K = a.shape
+        N = b.shape[1]
+        return self._gemm(M, N, K, 1, a, a.offset, K, 1, 0, b, b.offset, N, 1, 0, out_shape=(M, N))
+
+    def _bmm(self, a, b):
+        Ba, M, K = a.shape
+        Bb, _, N = b.shape
+        B = max(Ba, Bb)
+        if Bb == 1 and Ba > 1:
+            y = self._gemm(Ba * M, N, K, 1, a, a.offset, K, 1, 0, b, b.offset, N, 1, 0)
+            return self._reshape(y, (B, M, N))
+        return self._gemm(M, N, K, B, a, a.offset, K, 1, M * K if Ba > 1 else 0,
+                          b, b.offset, N, 1, K * N if Bb > 1 else 0)
+
+    def _linear(self, x, w, b):
+        sx, sw = x.shape, w.shape
+        if len(sw) != 2:
+            return super()._linear(x, w, b)
+        rows, K = math.prod(sx[:-1]), sx[-1]
+        Nout = sw[0]
+        self._check_size("linear", (rows, Nout))
+        y = self._gemm(rows, Nout, K, 1, x, x.offset, K, 1, 0, w, w.offset, 1, K, 0,
+                       out_shape=sx[:-1] + (Nout,))
+        return y if b is None else self._binary("add", y, b)
+
+    # ---- convolution --------------------------------------------------------------------
+    def _conv_out(self, g, bias):
+        """(output array, bias at offset 0, has-bias flag, bias buffer or a stand-in) for a conv."""
+        out = self._empty((g.N, g.Cout, g.OH, g.OW))
+        if bias is not None and bias.offset:
+            bias = self._copy_of(bias)
+        hb = int(bias is not None)
+        return out, bias, hb, (bias.buffer if hb else out.buffer)
+
+    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        g = conv2d_geometry(x.shape, w.shape, stride, pads, dilation, groups)
+        N, C, H, W, Cout, CinG, CoutG, KH, KW, OH, OW, sh, sw, pt, pb, pl, pr, dh, dw, G = g
+        out, bias, hb, bbuf = self._conv_out(g, bias)
+        if out.size == 0:
+            return out
+        K = CinG * KH * KW
+        geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, pl, dh, dw)
+        if self.family == "gpu":
+            return self._gpu_conv(x, w, bias, out, g, 0)
+        path = self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
+        if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl):
+            return out
+        if path == "winograd":  # Inf/NaN: Winograd's transforms mix a tile (Inf - Inf = NaN)
+            path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
+        if path == "direct" and not self._all_finite(w):
+            path = "gemm"  # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); im2col does too
+        if path == "direct":
+            ncob = -(-CoutG // 8)
+            self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),
+                      x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
+                      params=_direct_spec(KH, KW, sh, sw, dh, dw))
+            return out
+        # im2col into packed panels + GEMM, in column chunks that fit the workspace budget
+        P = OH * OW
+        total = N * P
+        per_col = 4 * K * G
+        chunk = max(32, (workspace_budget_bytes() // max(1, per_col)) // 32 * 32)
+        chunk = min(chunk, -(-total // 32) * 32)
+        params = self.tunables("gemm_cpu.cl", self._shape_class(CoutG, chunk, K))
+        mr, msub = params["MR"], params["MSUB"]
+        mt = -(-CoutG // mr)
+        Ap = self._empty((G, mt * mr * K))
+        cpu_l = (1, 1, 1)
+        kb = -(-K // PACK_K)
+        self._run("pack_a", (kb, mt, G), cpu_l, CoutG, K, w.buffer, w.offset, K, 1, CoutG * K, Ap.buffer,
+                  params=params)
+        for c0 in range(0, total, chunk):
+            nc = min(chunk, total - c0)
+            nt = -(-nc // 32)
+            Bp = self._empty((G, nt * 32 * K))
+            self._run("im2col_pack", (kb, nt, G), cpu_l, x.buffer, x.offset, Bp.buffer,
+                      C, H, W, CinG, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, c0, nc)
+            self._run("gemm_cpu", (-(-CoutG // (mr * msub)), nt, G), cpu_l,
+                      CoutG, nc, K, Ap.buffer, mt * mr * K, Bp.buffer, nt * 32 * K,
+                      out.buffer, 0, P, CoutG * P, bbuf, hb, CoutG, P, Cout * P, c0, params=params)
+        return out
+
+    def _all_finite(self, a) -> bool:
+        """No Inf or NaN in ``a``: sum(a * 0) is 0, or NaN when there is one (one scalar read back)."""
+        z = self._reduce("sum", self._binary("mul", a, 0.0), tuple(range(len(a.shape))), False)
+        return bool(np.isfinite(self._to_numpy(z)).all())
+
+    def _conv_path(self, xshape, Cout, KH, KW, stride, dilation, groups, OW) -> str:
+        """CPU family: which conv2d path a geometry takes ("winograd", "direct" or "gemm")."""
+        C = xshape[1]
+        K = (C // groups) * KH * KW
+        if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
+                and C >= WINO_MIN_CH and Cout >= WINO_MIN_CH \
+                and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes():
+            return "winograd"
+        if K <= DIRECT_MAX_K and OW >= 24:
+            return "direct"
+        return "gemm"
+
+    def _conv2d_winograd(self, x, w, bias, out, pt, pl):
+        """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
+        panels, input transform straight into packed-B panels (tile chunks within the workspace
+        budget), 16 batched gemm_cpu products, output transform adding the bias.
+
+        The two transforms also flag an Inf/NaN among the values they read (a transformed sum that is
+        not finite; a finite overflow flags too); returns False then, and the caller recomputes ``out``
+        on an exact path. One 4-byte read-back at the end replaces separate finiteness passes."""
+        N, C, H, W = x.shape
+        Cout = w.shape[0]
+        _, _, OH, OW = out.shape
+        th, tw = -(-OH // 2), -(-OW // 2)
+        total = N * th * tw
+        params = self.tunables("gemm_cpu.cl", self._shape_class(Cout, min(total, 1024), C))
+        mr, msub = params["MR"], params["MSUB"]
+        wparams = dict(params, PK=PACK_K, OB=WINO_OB)
+        mt = -(-Cout // mr)
+        cpu_l = (1, 1)
+        Up = self._empty((16, mt * mr * C))
+        flag = self._empty((1,))
+        self.cl.enqueue_fill_buffer(self.queue, flag.buffer, np.int32(0), 0, 4)
+        self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset, Up.buffer, Cout, C,
+                  flag.buffer, params=wparams)
+        hb = int(bias is not None)
+        bbuf = bias.buffer if hb else out.buffer
+        per_tile = 4 * 16 * (C + Cout)
+        chunk = max(32, (workspace_budget_bytes() // per_tile) // 32 * 32)
+        chunk = min(chunk, -(-total // 32) * 32)
+        for t0 in range(0, total, chunk):
+            ntl = min(chunk, total - t0)
+            nt = -(-ntl // 32)
+            Vp = self._empty((16, nt * 32 * C))
+            self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
+                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, params=wparams)
+            Mb = self._empty((16, Cout, ntl))
+            self._run("gemm_cpu", (-(-Cout // (mr * msub)), nt, 16), (1, 1, 1),
+                      Cout, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
+                      Mb.buffer, 0, ntl, Cout * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+            self._run("wino_out", (-(-nt // WINO_OB), Cout), cpu_l, Mb.buffer, ntl, Cout * ntl,
+                      out.buffer, 0, bbuf, hb, Cout, OH, OW, th, tw, t0, ntl, params=wparams)
+        bad = np.zeros(1, np.int32)
+        self.cl.enqueue_copy(self.queue, bad, flag.buffer, is_blocking=True)
+        return not bad[0]
+
+    # ---- chunks of long convs (bigconv.chunked): batch and row-band views, concatenation ----------
+    def _band_batch(self, x: CLArray, a: int, b: int) -> CLArray:
+        inner = math.prod(x.shape[1:])
+        return CLArray((b - a,) + tuple(x.shape[1:]), x.block, x.offset + a * inner)
+
+    def _band_rows(self, x: CLArray, a: int, b: int) -> CLArray:
+        N, C, H, W = x.shape
+        out = self._empty((N, C, b - a, W))
+        self._copy_strided(x, x.offset + a * W, (N * C, b - a, W), (H * W, W, 1), out, 0, ((b - a) * W, W, 1))
+        return out
+
+    def _band_cat(self, parts, axis: int) -> CLArray:
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        out = self._empty(shape)
+        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        pos = 0
+        for p in parts:
+            k = p.shape[axis]
+            self._copy_strided(p, p.offset, (outer, k * inner), (k * inner, 1), out, pos * inner,
+                               (shape[axis] * inner, 1))
+            pos += k
+        return out
+
+    def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
+        g = conv_transpose2d_geometry(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
+        N, C, H, W, _, CinG, CoutG, KH, KW, OH, OW, sh, sw, ph, _, pw, _, dh, dw, G = g
+        out, bias, hb, bbuf = self._conv_out(g, bias)
+        if out.size == 0:
+            return out
+        geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, ph, pw, dh, dw)
+        # an Inf/NaN weight with stride > 1: only the direct kernel keeps it off the outputs its taps
+        # skip (torch scatters products; the GEMM and phase kernels multiply it by zeros)
+        finite = (g.sh == 1 and g.sw == 1) or self._all_finite(w)
+        if self.family == "gpu" or not finite:
+            return self._gpu_conv(x, w, bias, out, g, 1, direct=not finite)
+        ncob = -(-CoutG // 8)
+        J = -(-OW // sw)
+        self._run("conv_t2d_direct", (-(-J // 32), OH * sw, N * G * ncob), (1, 1, 1),
+                  x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
+                  params=_direct_spec(KH, KW, sh, sw, dh, dw))
+        return out
+

@@ -1,0 +1,321 @@
+"""OpenCL device arrays (``CLArray``: shape + pooled buffer + element offset, C-contiguous) and
+the size-bucketed buffer pool they come from.
+
+Thread safety of the pool (``BufferPool``):
+
+- Any thread may allocate, drop arrays, ``clear()`` and read ``pooled``/``live`` at any time.
+- A finaliser (``_Block.__del__``, run by whichever thread drops the last reference or runs the
+  garbage collector, at any allocation, even inside another pool call or the bootstrap of a new
+  thread) takes no lock and calls nothing: it appends ``(buffer, size)`` to ``returned``, a
+  ``collections.deque`` (``append`` and ``popleft`` are atomic in CPython). The next normal pool call
+  (``alloc``, ``release``, ``clear``, reading ``pooled``/``live``, the idle timer) drains it into
+  the free lists.
+- ``lock`` (not re-entrant) guards the free lists and the counters only. Nothing that can wait runs
+  while it is held: no thread is started (the idle timer is armed after the lock is let go), no
+  OpenCL call (buffers are created and released outside it), no host RAM reading (taken before),
+  no logging. A thread that holds it therefore always lets go of it, whatever the other threads
+  and the garbage collector do (a finaliser that waited for it deadlocked the timer thread, which
+  held it while ``Timer.start()`` waited for a new thread whose bootstrap ran that finaliser).
+- At interpreter exit nothing goes back to the pool: the driver frees everything.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import sys
+import threading
+import time
+
+import numpy as np
+
+from .device import _cl
+
+log = logging.getLogger("anydevice")
+
+
+class _Block:
+    """One pooled buffer; goes back to the pool when the last array referencing it is dropped."""
+    __slots__ = ("buf", "nbytes", "pool")
+
+    def __init__(self, buf, nbytes, pool):
+        self.buf, self.nbytes, self.pool = buf, nbytes, pool
+
+    def __del__(self):
+        pool = self.pool
+        # at exit the driver frees everything (and the module's globals, sys too, may be gone already)
+        if pool is not None and sys is not None and not sys.is_finalizing():  # at exit the driver frees everything
+            try:  # no lock, no call: the pool's next call takes it (see the module docstring)
+                pool.returned.append((self.buf, self.nbytes))
+            except Exception:
+                pass
+
+
+class BufferPool:
+    """Size-bucketed free lists of cl.Buffer. A buffer is only here while no _Block holds it.
+
+    Bounded by ``limit`` and, on a CPU device (PoCL: its buffers are host RAM, taken from ComfyUI's
+    models), by HOST_SHARE of the host's available RAM; there, when the host is short (less free than
+    twice the request plus what the pool keeps), a miss also gives back as many pooled bytes (of
+    other sizes) as it allocates, so the pool does not add to a peak. (Giving them back on every miss
+    made a model whose sizes alternate thrash: each miss freed the buffers the next op needed, and
+    every call malloc'ed and page-faulted its working set again.) Emptied when nothing was allocated
+    for IDLE_S seconds (a timer), and by ``clear()`` (``free_memory()``: ComfyUI asking for memory).
+
+    Dropped blocks come back through ``returned`` (finalisers take no lock; see the module
+    docstring for the thread-safety contract). The idle timer runs while anything is pooled or in
+    use (every IDLE_S seconds while only arrays in use are left), so a buffer dropped after the
+    last allocation is still given back to the driver."""
+
+    #: on a CPU device, the pool keeps at most this share of the host's available RAM
+    HOST_SHARE = 1 / 16
+    #: seconds without an allocation after which the pooled buffers go back to the driver
+    IDLE_S = 10.0
+    #: the idle timer's shortest delay
+    MIN_DELAY_S = 0.05
+
+    def __init__(self, ctx, limit_bytes: int, host_ram: bool = False):
+        self.ctx = ctx
+        self.limit = limit_bytes
+        self.host_ram = host_ram
+        self.free: dict[int, list] = {}
+        self._pooled = 0
+        self._live = 0  # bytes of buffers held by arrays (and dropped ones not yet drained)
+        self.hits = 0
+        self.misses = 0
+        self.returned: collections.deque = collections.deque()  # (buffer, size) from finalisers
+        self.lock = threading.Lock()
+        self.last_use = time.monotonic()
+        self._timer = None
+
+    @property
+    def pooled(self) -> int:
+        """Bytes in the free lists (the blocks dropped so far taken in first)."""
+        self._drain()
+        return self._pooled
+
+    @property
+    def live(self) -> int:
+        """Bytes of buffers held by arrays (the blocks dropped so far taken in first)."""
+        self._drain()
+        return self._live
+
+    @staticmethod
+    def bucket(nbytes: int) -> int:
+        nbytes = max(64, int(nbytes))
+        if nbytes <= 4096:
+            return 1 << (nbytes - 1).bit_length()
+        step = 1 << max(12, (nbytes - 1).bit_length() - 3)  # 8 buckets per power of two
+        return -(-nbytes // step) * step
+
+    def bound(self) -> int:
+        """The most the pool may keep now (reads the host's free RAM: never with the lock held)."""
+        if not self.host_ram:
+            return self.limit
+        from ...system.memstat import free_bytes
+        return min(self.limit, int(free_bytes(None)[0] * self.HOST_SHARE))
+
+    def alloc(self, nbytes: int) -> _Block:
+        size = self.bucket(nbytes)
+        bound = self.bound() if self.returned else None
+        buf = None
+        with self.lock:
+            spare = self._take_returned(bound)
+            self.last_use = time.monotonic()
+            self._live += size
+            lst = self.free.get(size)
+            if lst:
+                buf = lst.pop()
+                self._pooled -= size
+                self.hits += 1
+            else:
+                self.misses += 1
+            pooled = self._pooled
+        self._to_driver(spare)
+        if buf is None:
+            buf = self._new_buffer(size, pooled)
+        self._arm()
+        return _Block(buf, size, self)
+
+    def _new_buffer(self, size: int, pooled: int):
+        """A new cl.Buffer of ``size`` bytes (a miss; ``size`` is already counted as live)."""
+        if self.host_ram and pooled:
+            from ...system.memstat import free_bytes
+            if free_bytes(None, 2 * size)[0] < 2 * size + pooled:  # the host is short
+                with self.lock:
+                    spare = self._evict(size)
+                self._to_driver(spare)  # a new buffer takes the place of pooled ones of other sizes
+        cl = _cl()
+        try:
+            try:
+                return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+            except Exception:
+                self.clear()
+                return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+        except BaseException:
+            with self.lock:
+                self._live -= size
+            raise
+
+    def release(self, buf, size: int) -> None:
+        """Give ``buf`` back (not from a finaliser: it drains what they returned and arms the timer)."""
+        self.returned.append((buf, size))
+        self._drain()
+
+    def _drain(self) -> None:
+        """Take the blocks the finalisers returned into the free lists (beyond the bound: to the driver)."""
+        if not self.returned:
+            return
+        bound = self.bound()
+        with self.lock:
+            spare = self._take_returned(bound)
+        self._to_driver(spare)
+        self._arm()
+
+    def _take_returned(self, bound: int | None) -> list:
+        """(lock held) Move the returned blocks into the free lists while they fit in ``bound``;
+        the buffers beyond it, to release. ``bound`` None: leave them for the next call."""
+        spare = []
+        if bound is None:
+            return spare
+        while True:
+            try:
+                buf, size = self.returned.popleft()
+            except IndexError:
+                return spare
+            self._live -= size
+            if self._pooled + size <= bound:
+                self.free.setdefault(size, []).append(buf)
+                self._pooled += size
+            else:
+                spare.append(buf)
+
+    def _evict(self, nbytes: int) -> list:
+        """(lock held) Take at least ``nbytes`` of pooled buffers out (the largest first), to release."""
+        out, got = [], 0
+        for size in sorted(self.free, reverse=True):
+            lst = self.free[size]
+            while lst and got < nbytes:
+                out.append(lst.pop())
+                got += size
+                self._pooled -= size
+            if not lst:
+                del self.free[size]
+            if got >= nbytes:
+                break
+        return out
+
+    @staticmethod
+    def _to_driver(bufs) -> None:
+        """Release buffers to the driver (never with the lock held: the driver may take a while)."""
+        for b in bufs:
+            b.release()
+
+    def _arm(self) -> None:
+        """(lock not held) A timer that empties the pool once it has been idle IDLE_S seconds, while
+        anything is pooled, in use or returned."""
+        if self._timer is not None or sys.is_finalizing():
+            return
+        with self.lock:
+            if self._timer is not None or not (self._pooled or self._live or self.returned):
+                return
+            wait = self.last_use + self.IDLE_S - time.monotonic() if self._pooled else self.IDLE_S
+        timer = threading.Timer(max(self.MIN_DELAY_S, wait), self._idle)
+        timer.daemon = True
+        with self.lock:
+            if self._timer is not None:
+                return
+            self._timer = timer
+        try:
+            timer.start()  # outside the lock: start() waits for the new thread, which may run finalisers
+        except RuntimeError as exc:  # no new thread (interpreter shutdown, thread limit)
+            log.debug("AnyDevice: OpenCL buffer pool idle timer not started: %s", exc)
+            with self.lock:
+                if self._timer is timer:
+                    self._timer = None
+
+    def _idle(self) -> None:
+        me = threading.current_thread()
+        bound = self.bound() if self.returned else None
+        with self.lock:
+            if self._timer is not me:  # cancelled by clear() (a later timer may run already)
+                return
+            self._timer = None
+            spare = self._take_returned(bound)
+            given = 0
+            if self._pooled and time.monotonic() - self.last_use >= self.IDLE_S:
+                given = self._pooled
+                spare += self._take_free()
+        if given:
+            log.debug("AnyDevice: OpenCL buffer pool idle for %.0f s, %d MB given back", self.IDLE_S,
+                      given >> 20)
+        self._to_driver(spare)
+        self._arm()
+
+    def _take_free(self) -> list:
+        """(lock held) Every pooled buffer, out of the free lists."""
+        out = [b for lst in self.free.values() for b in lst]
+        self.free.clear()
+        self._pooled = 0
+        return out
+
+    def clear(self) -> None:
+        with self.lock:
+            timer, self._timer = self._timer, None
+            spare = self._take_returned(0)
+            spare += self._take_free()
+        if timer is not None:
+            timer.cancel()
+        self._to_driver(spare)  # outside the lock: the driver's release may take a while
+        self._arm()  # arrays still in use: their buffers are looked for when idle
+
+
+class CLArray:
+    """A C-contiguous float32 array in an OpenCL buffer (read-only once made; ops never write it)."""
+    __slots__ = ("shape", "block", "offset", "size", "__weakref__")
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, shape, block: _Block, offset: int = 0):
+        self.shape = tuple(int(s) for s in shape)
+        self.block = block
+        self.offset = int(offset)
+        self.size = math.prod(self.shape)
+
+    @property
+    def buffer(self):
+        return self.block.buf
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.size
+
+    def __repr__(self):
+        return f"CLArray(shape={self.shape}, offset={self.offset})"
+
+
+def _contig_strides(shape):
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return tuple(reversed(out))
+
+
+def _collapse(shape, *stride_sets):
+    """Drop size-1 dims and merge dims that are contiguous in every stride set."""
+    dims = [(s, [st[i] for st in stride_sets]) for i, s in enumerate(shape) if s != 1]
+    if not dims:
+        return (1,), [(1,) for _ in stride_sets]
+    out = [dims[0]]
+    for s, st in dims[1:]:
+        ps, pst = out[-1]
+        if all(pst[j] == st[j] * s for j in range(len(st))):
+            out[-1] = (ps * s, st)
+        else:
+            out.append((s, st))
+    shape2 = tuple(s for s, _ in out)
+    return shape2, [tuple(st[j] for _, st in out) for j in range(len(stride_sets))]

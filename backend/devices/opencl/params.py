@@ -1,0 +1,76 @@
+"""OpenCL backend constants: op codes, path thresholds, default tunables, and which source file and
+signature each kernel has (from the shared runtime's one table)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...ops.contract import UNARY_KERNEL_CODES
+from ..runtime import KERNELS, cl_scalar_dtypes
+
+
+KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels"
+F32 = np.float32
+TUNE_BUDGET_S = 10.0
+
+UNARY_CODES = UNARY_KERNEL_CODES
+BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "minimum": 5, "maximum": 6,
+                "eq": 7, "ne": 8, "lt": 9, "le": 10, "gt": 11, "ge": 12}
+PAD_CODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
+
+#: CPU family: direct conv when CinG*KH*KW is at most this (and the rows are wide enough)
+DIRECT_MAX_K = 576
+#: CPU family: matmuls below this many multiply-adds use the one-launch gemm_small kernel
+SMALL_GEMM_MACS = 48 * 48 * 48
+#: CPU family: rows of k one packing work item copies (PK in gemm_cpu.cl / conv_cpu.cl)
+PACK_K = 64
+#: CPU family: Winograd F(2x2,3x3) for 3x3 stride-1 ungrouped convs with at least this many
+#: input and output channels (below it the transforms cost more than the multiplies saved)
+WINO_MIN_CH = 32
+#: CPU family: 32-tile groups one wino_out work item transforms (OB in winograd_cpu.cl)
+WINO_OB = 4
+
+
+#: the OpenCL backend's kernels: name -> (source file, portable?) and scalar dtypes, both from the
+#: runtime's signature table (portable GPU-family files get the OpenCL prelude)
+OPENCL_KERNELS = ("unary", "binary_flat", "binary_nd", "copy_nd", "where_nd", "pad2d", "reduce_ori", "norm_rows", "norm_rows_wg", "softmax_rows", "softmax_tile", "gemm_small",
+                  "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
+                  "wino_filter", "wino_in", "wino_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv",
+                  "ad_window2d", "ad_window2d_px", "ad_window_rows")
+#: portable sources (built with the OpenCL prelude): the CUDA backend's kernels, as OpenCL C
+KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith(".cu")) for k in OPENCL_KERNELS}
+SIGS = {k: cl_scalar_dtypes(k) for k in OPENCL_KERNELS + ("probe_kernel",)}
+PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)] = 2.0f * x[get_global_id(0)] + 1.0f; }\n"
+
+#: default tunables per family/file
+DEFAULT_TUNE = {
+    "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128},
+}
+
+
+
+def _direct_spec(KH, KW, sh, sw, dh, dw) -> dict:
+    """Build options that specialise the CPU direct conv kernels on their geometry: only for the
+    common square kernels with stride 1-2 and no dilation (a few builds in all); others {}."""
+    if KH == KW and KH <= 7 and sh == sw and sh <= 2 and dh == dw == 1:
+        return {"SPEC_KH": KH, "SPEC_KW": KW, "SPEC_SH": sh, "SPEC_SW": sw, "SPEC_DH": 1, "SPEC_DW": 1}
+    return {}
+
+
+
+# ---- conv2d weight gradient (backend/ops/convgrad.py, kernels/conv_grad_cpu.cl) -------------------------
+#: registered here (not in the shared runtime table): an OpenCL-only packing kernel
+KFILES["wgrad_pack_b"] = ("conv_grad_cpu.cl", False)
+SIGS["wgrad_pack_b"] = [None, np.int64, None] + [np.int32] * 14
+KFILES["wgrad_pack_x"] = ("conv_grad_cpu.cl", False)
+SIGS["wgrad_pack_x"] = [None, np.int64, None] + [np.int32] * 8
+
+# ---- Adam / AdamW step (backend/learn/optim.py, kernels/elementwise.cl's adam_step) ----------------------
+KFILES["adam_step"] = ("elementwise.cl", False)
+SIGS["adam_step"] = [None, np.int64] * 5 + [None] * 4 + [np.int64, np.int64, np.float32, np.int32] + \
+    [np.float32] * 5 + [np.int32]
+
+# ---- where with contiguous / one-element operands (kernels/elementwise.cl's where_flat) ------------
+KFILES["where_flat"] = ("elementwise.cl", False)
+SIGS["where_flat"] = [None, np.int64] * 4 + [np.int64, np.int64, np.int32]

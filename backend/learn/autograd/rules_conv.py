@@ -1,0 +1,160 @@
+"""Backward rules of linear, matmul, conv2d, conv_transpose2d and pad (tape.py's rule signature).
+
+The convolution and pad gradients are computed by ``backend/ops/convgrad.py`` on the backend's own
+primitives (its conv paths, GEMM and window kernels), so they stay on the device."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ops import convgrad
+from ...system.errors import AnyDeviceError
+from ...ops.plans import CONV_INDEX_MAX, pad_plan, pair, same_pads
+from .tape import rule, sum_to
+
+
+@rule("linear")
+def _linear(ctx, gy):
+    """y = x @ W.T + b: gx = gy @ W, gW = gy^T x (over every leading dim), gb = sum of gy."""
+    be, x, w = ctx.be, ctx["input"], ctx["weight"]
+    sx, sw = tuple(be._shape(x)), tuple(be._shape(w))
+    out = {}
+    rows = math.prod(sx[:-1])
+    if len(sw) == 1:  # a vector weight: y = x @ w
+        if ctx.needs.get("input"):
+            out["input"] = be.mul(be.reshape(gy, tuple(be._shape(gy)) + (1,)), w)
+        if ctx.needs.get("weight"):
+            out["weight"] = be.reshape(be.matmul(be.reshape(gy, (1, rows)), be.reshape(x, (rows, sx[-1]))), sw)
+    else:
+        g2 = be.reshape(gy, (rows, sw[0]))
+        if ctx.needs.get("input"):
+            out["input"] = be.reshape(be.matmul(g2, w), sx)
+        if ctx.needs.get("weight"):
+            out["weight"] = be.matmul(be.transpose(g2, 0, 1), be.reshape(x, (rows, sx[-1])))
+    if ctx.needs.get("bias"):
+        out["bias"] = gy  # summed to the bias's shape by the tape
+    return out
+
+
+@rule("matmul")
+def _matmul(ctx, gy):
+    """torch.matmul: a 1-D operand is a row (input) or a column (other); batch dims broadcast, and
+    the gradient of a broadcast operand is summed over them."""
+    be, a, b = ctx.be, ctx["input"], ctx["other"]
+    sa, sb = tuple(be._shape(a)), tuple(be._shape(b))
+    a2 = sa if len(sa) > 1 else (1,) + sa
+    b2 = sb if len(sb) > 1 else sb + (1,)
+    batch = tuple(int(v) for v in np.broadcast_shapes(a2[:-2], b2[:-2]))
+    M, K, N = a2[-2], a2[-1], b2[-1]
+    g = be.reshape(gy, batch + (M, N))
+    out = {}
+    if ctx.needs.get("input"):
+        if len(b2) == 2 and batch:  # b shared by every batch: one GEMM over the flattened rows
+            ga = be.reshape(be.matmul(be.reshape(g, (-1, N)), be.transpose(be.reshape(b, b2), 0, 1)), batch + (M, K))
+        else:
+            ga = be.matmul(g, be.transpose(be.reshape(b, b2), -1, -2))
+        out["input"] = be.reshape(sum_to(be, ga, a2), sa)
+    if ctx.needs.get("other"):
+        if len(a2) == 2 and batch:  # a shared: gb = sum over batches of a^T g_b = a^T [g_1 ... g_B]
+            gt = be.reshape(be.permute(g, (len(batch),) + tuple(range(len(batch))) + (len(batch) + 1,)),
+                            (M, -1))
+            gb = be.reshape(be.matmul(be.transpose(be.reshape(a, a2), 0, 1), gt), (K,) + batch + (N,))
+            gb = be.permute(gb, tuple(range(1, len(batch) + 1)) + (0, len(batch) + 1))
+        elif len(b2) == 2 and batch:  # b 2-D, a batched: sum over batches as one GEMM of the flattened rows
+            gb = be.matmul(be.transpose(be.reshape(a, (-1, K)), 0, 1), be.reshape(g, (-1, N)))
+        else:
+            gb = be.matmul(be.transpose(be.reshape(a, a2), -1, -2), g)
+        out["other"] = be.reshape(sum_to(be, gb, b2), sb)
+    return out
+
+
+# ---- convolutions -------------------------------------------------------------------------------
+def _conv_pads(padding, kh, kw, dilation):
+    if isinstance(padding, str):
+        return (0, 0, 0, 0) if padding == "valid" else same_pads(kh, kw, dilation)
+    ph, pw = pair("conv2d", "padding", padding, minimum=0)
+    return (ph, ph, pw, pw)
+
+
+def _check_reach(op, stride, dilation, pads, hw):
+    """The forward reduces geometries past 32-bit indexing (plans.conv_reach); their gradients
+    would need the full padded extent: refused, naming the argument."""
+    for arg, value in (("stride", stride), ("dilation", dilation), ("padding", pads)):
+        if max(value) > CONV_INDEX_MAX // 4 or max(hw) + 2 * max(pads) > CONV_INDEX_MAX // 4:
+            raise AnyDeviceError(op, arg, value, "is too large for the backward pass (at most "
+                                 f"{CONV_INDEX_MAX // 4} with the input's size)")
+
+
+def _batched(be, x, gy, sx):
+    """An unbatched (C, H, W) input and its gradient as a batch of one; and whether they were."""
+    if len(sx) != 3:
+        return x, gy, False
+    return be._reshape(x, (1,) + sx), be._reshape(gy, (1,) + tuple(be._shape(gy))), True
+
+
+@rule("conv2d")
+def _conv2d(ctx, gy):
+    be, x, w = ctx.be, ctx["input"], ctx["weight"]
+    sx, sw = tuple(be._shape(x)), tuple(be._shape(w))
+    stride = pair("conv2d", "stride", ctx["stride"], minimum=1)
+    dilation = pair("conv2d", "dilation", ctx["dilation"], minimum=1)
+    groups, mode = ctx["groups"], ctx["padding_mode"]
+    pads = _conv_pads(ctx["padding"], sw[2], sw[3], dilation)
+    _check_reach("conv2d", stride, dilation, pads, sx[-2:])
+    x, gy, unbatched = _batched(be, x, gy, sx)
+    x4 = tuple(be._shape(x))
+    padded = mode != "zeros" and any(pads)
+    out = {}
+    if ctx.needs.get("weight"):
+        if padded:
+            xp = be._pad(x, pads, mode)
+            out["weight"] = convgrad.conv2d_weight_grad(be, xp, gy, sw, stride, (0, 0, 0, 0), dilation, groups)
+            del xp
+        else:
+            out["weight"] = convgrad.conv2d_weight_grad(be, x, gy, sw, stride, pads, dilation, groups)
+    if ctx.needs.get("input"):
+        if padded:
+            hp, wp = x4[2] + pads[0] + pads[1], x4[3] + pads[2] + pads[3]
+            gxp = convgrad.conv2d_input_grad(be, gy, w, (hp, wp), stride, (0, 0, 0, 0), dilation, groups)
+            gx = convgrad.pad_backward(be, gxp, x4, pads, mode)
+        else:
+            gx = convgrad.conv2d_input_grad(be, gy, w, x4[2:], stride, pads, dilation, groups)
+        out["input"] = be._reshape(gx, sx) if unbatched else gx
+    if ctx.needs.get("bias"):
+        out["bias"] = convgrad.bias_grad(be, gy)
+    return out
+
+
+@rule("conv_transpose2d")
+def _conv_transpose2d(ctx, gy):
+    be, x, w = ctx.be, ctx["input"], ctx["weight"]
+    sx, sw = tuple(be._shape(x)), tuple(be._shape(w))
+    op = "conv_transpose2d"
+    stride = pair(op, "stride", ctx["stride"], minimum=1)
+    dilation = pair(op, "dilation", ctx["dilation"], minimum=1)
+    padding = pair(op, "padding", ctx["padding"], minimum=0)
+    groups = ctx["groups"]
+    _check_reach(op, stride, dilation, (padding[0], padding[0], padding[1], padding[1]), sx[-2:])
+    x, gy, unbatched = _batched(be, x, gy, sx)
+    x4 = tuple(be._shape(x))
+    out = {}
+    if ctx.needs.get("weight"):
+        out["weight"] = convgrad.conv_transpose2d_weight_grad(be, x, gy, sw, stride, padding, dilation, groups)
+    if ctx.needs.get("input"):
+        gx = convgrad.conv_transpose2d_input_grad(be, gy, w, x4[2:], stride, padding, dilation, groups)
+        out["input"] = be._reshape(gx, sx) if unbatched else gx
+    if ctx.needs.get("bias"):
+        out["bias"] = convgrad.bias_grad(be, gy)
+    return out
+
+
+@rule("pad")
+def _pad(ctx, gy):
+    be, x = ctx.be, ctx["input"]
+    shape = tuple(be._shape(x))
+    pads, mode = pad_plan("pad", shape, ctx["pad"], ctx["mode"])
+    lead = shape[:-2]
+    g4 = be._reshape(gy, (math.prod(lead), 1) + tuple(be._shape(gy))[-2:])
+    gx = convgrad.pad_backward(be, g4, shape, pads, mode)
+    return {"input": be._reshape(gx, shape)}
