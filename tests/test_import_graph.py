@@ -124,6 +124,6 @@ def test_no_module_over_600_lines():
             text = p.read_text(encoding="utf-8")
             n = text.count("\n")
             first = text.lstrip().splitlines()[0] if text.strip() else ""
-            if n > MAX_LINES and "pure table" not in first.lower():
+            if n > MAX_LINES and not first.lower().lstrip("\"' ").startswith("a pure table"):
                 big.append(f"{p.relative_to(ROOT)}: {n}")
     assert big == [], "modules over 600 lines:\n" + "\n".join(big)

@@ -1,4 +1,4 @@
-"""The lowering table: ATen op -> the op contract on the chosen backend. The one place it lives.
+"""A pure table: the lowering table, ATen op -> the op contract on the chosen backend (its one place).
 
 Each entry is ``fn(cx, *args, **kwargs)`` with the ATen op's own arguments, where every tensor is
 already the backend's native float32 array; it returns a native array (or a tuple, for ops with

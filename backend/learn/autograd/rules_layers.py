@@ -1,5 +1,5 @@
-"""Backward rules of the layer ops (layers.py), the window ops (windows.py), data movement
-(movement.py), dropout and scaled_dot_product_attention (attention.py).
+"""A pure table: the backward rules of the layer ops (layers.py), the window ops (windows.py),
+data movement (movement.py), dropout and scaled_dot_product_attention (attention.py).
 
 Each rule: ``fn(ctx, gy) -> {argument name: gradient}`` (tape.py). Gradients are computed with the
 contract's public ops on native arrays, so they stay on the device; the window ops' backward runs

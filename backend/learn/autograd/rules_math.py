@@ -1,4 +1,4 @@
-"""Backward rules of the elementwise ops, reductions, activations, softmax and the losses.
+"""A pure table: the backward rules of the elementwise ops, reductions, activations, softmax and losses.
 
 Each rule: ``fn(ctx, gy) -> {argument name: gradient}`` (tape.py). Gradients are computed with
 the contract's own public ops on native arrays (``be.mul(a, b)``...), so they stay on the device.
