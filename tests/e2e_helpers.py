@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -40,6 +41,26 @@ API = ROOT / "example_workflows" / "api"
 RANDOM_VAE = "anydevice_random_sd15_vae.safetensors"
 #: the SD1.5 checkpoint tests/test_sd15_e2e.py loads (made by write_random_sd15_checkpoint)
 RANDOM_SD15 = "anydevice_random_sd15.safetensors"
+
+
+def finishes(fn, timeout: float = 120.0):
+    """fn() in a thread joined with a timeout: a hang guard (the thread is a daemon, so a loop that
+    never ends fails the test instead of the whole run). fn's value is returned, its exception raised."""
+    out = {}
+
+    def body():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"did not finish within {timeout} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def _venv_python(d: Path) -> Path | None:

@@ -22,6 +22,7 @@ from anydevice.nodes import runner
 from anydevice.nodes.common import NodeError
 from anydevice.nodes.resident import DeviceTensor
 from conftest import TARGETS
+from e2e_helpers import finishes
 
 BACKENDS = [t[0] for t in TARGETS if t[0] in ("numpy", "opencl", "cpu", "cuda", "rocm", "torch-cuda")]
 
@@ -255,26 +256,6 @@ def test_bad_training_input_is_a_node_error_naming_the_input():
     assert lin is None
 
 
-def _finishes(fn, timeout=120.0):
-    """fn() in a daemon thread joined with a timeout: a hang guard."""
-    import threading
-    out = {}
-
-    def body():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
-
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"did not finish within {timeout} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 def test_batch_size_1_trains_and_batch_norm_on_features_says_why_not():
     """Linear Layer after Network Input "3", 8 feature rows, batch_size=1, steps=3 never finished
     (every one-sample batch was skipped)."""
@@ -283,13 +264,13 @@ def test_batch_size_1_trains_and_batch_norm_on_features_says_why_not():
     y = DeviceTensor.from_host(torch.from_numpy(rng.standard_normal((8, 2)).astype(np.float32)))
     lin = net_of("AnyDeviceLinearLayer", network=net_of("AnyDeviceNetworkInput", shape="3"), out_features=2,
                  bias=True)
-    r = _finishes(lambda: train(lin, x, y, batch_size=1, steps=3))
+    r = finishes(lambda: train(lin, x, y, batch_size=1, steps=3))
     trained, loss_map, final = r["result"]
     assert len(loss_map["loss"]) == 3 and final == loss_map["loss"][-1] and "after 3 steps" in r["ui"]["text"][0]
     bn = run("AnyDeviceNormLayer", network=lin, kind="batch_norm", num_groups=4, eps=1e-5, momentum=0.1,
              affine=True)["result"][0]
     with pytest.raises(NodeError) as e:
-        _finishes(lambda: train(bn, x, y, batch_size=1, steps=3))
+        finishes(lambda: train(bn, x, y, batch_size=1, steps=3))
     msg = str(e.value)
     assert msg.startswith("Train Network (AnyDevice): input 'batch_size' = 1: "), msg
     assert "batch norm needs at least 2 samples per batch" in msg, msg

@@ -19,6 +19,7 @@ from anydevice.backend import AnyDeviceError
 from anydevice.backend.learn.network import Network
 from anydevice.backend.learn.train import batch_plan, predict, step_bytes, train
 
+from e2e_helpers import finishes
 from grad_check import normwise
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -338,35 +339,14 @@ def test_batch_plan():
     assert [len(i) for i in batch_plan(3, 16, seed=0, steps=2)] == [3, 3]
 
 
-def _finishes(fn, timeout=120.0):
-    """fn() in a thread joined with a timeout: a hang guard (the thread is a daemon, so a loop that
-    never ends fails this test instead of the whole run)."""
-    import threading
-    out = {}
-
-    def body():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out["error"] = exc
-
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"did not finish within {timeout} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 def test_batch_plan_of_one_sample_batches():
-    p = _finishes(lambda: batch_plan(8, 1, seed=0, epochs=2), 10)
+    p = finishes(lambda: batch_plan(8, 1, seed=0, epochs=2), 10)
     assert [len(i) for i in p] == [1] * 16
     for e in range(2):  # each epoch every sample once, in the epoch's permutation
         assert sorted(int(i[0]) for i in p[8 * e:8 * e + 8]) == list(range(8))
     rng = np.random.default_rng(0)
     assert [int(i[0]) for i in p] == list(rng.permutation(8)) + list(rng.permutation(8))
-    assert [len(i) for i in _finishes(lambda: batch_plan(8, 1, seed=0, steps=3), 10)] == [1, 1, 1]
+    assert [len(i) for i in finishes(lambda: batch_plan(8, 1, seed=0, steps=3), 10)] == [1, 1, 1]
     assert [i.tolist() for i in batch_plan(1, 4, seed=0, epochs=3)] == [[0], [0], [0]]
 
 
@@ -379,7 +359,7 @@ def test_batch_size_1_trains_one_sample_a_step_like_torch(backend_target):
     y = rng.standard_normal((8, 2)).astype(np.float32)
     net = Network.empty().add("linear", out_features=2).initialized((1, 3), seed=0)
     seen = []
-    res = _finishes(lambda: train(net, x, y, be=be, loss="mse", optimizer="sgd", lr=0.1, steps=3, batch_size=1,
+    res = finishes(lambda: train(net, x, y, be=be, loss="mse", optimizer="sgd", lr=0.1, steps=3, batch_size=1,
                                   seed=0, on_step=lambda s, n, v: seen.append((s, n))))
     assert res.steps == 3 and len(res.losses) == 3 and res.stopped is None
     assert seen == [(1, 3), (2, 3), (3, 3)]
@@ -398,7 +378,7 @@ def test_batch_size_1_trains_one_sample_a_step_like_torch(backend_target):
     state = tnet.state_dict()
     for k, v in res.network.params.items():
         assert normwise(v, state[k].numpy()) <= 1e-5, k
-    ep = _finishes(lambda: train(net, x, y, be=be, loss="mse", optimizer="sgd", lr=0.1, epochs=2, batch_size=1))
+    ep = finishes(lambda: train(net, x, y, be=be, loss="mse", optimizer="sgd", lr=0.1, epochs=2, batch_size=1))
     assert ep.steps == 16 and len(ep.losses) == 16
 
 
@@ -410,12 +390,12 @@ def test_the_plan_is_drawn_lazily_one_epoch_at_a_time():
     from anydevice.backend.learn.train import iter_batches, plan_steps
     gen = iter_batches(1000, 16, 0, steps=10**9)
     assert isinstance(gen, types.GeneratorType)
-    first = _finishes(lambda: list(itertools.islice(gen, 70)), 10)
+    first = finishes(lambda: list(itertools.islice(gen, 70)), 10)
     assert all(np.array_equal(a, b) for a, b in zip(first, batch_plan(1000, 16, 0, steps=70)))
     assert [len(i) for i in first[60:65]] == [16, 16, 8, 16, 16]  # 62 batches of 16, then the 8 left
     assert plan_steps(1000, 16, epochs=100000) == 6_300_000 and plan_steps(1000, 16, steps=10**9) == 10**9
     assert plan_steps(9, 4) == 2 and plan_steps(8, 1, epochs=2) == 16
-    head = _finishes(lambda: list(itertools.islice(iter_batches(1000, 16, 0, epochs=100000), 3)), 10)
+    head = finishes(lambda: list(itertools.islice(iter_batches(1000, 16, 0, epochs=100000), 3)), 10)
     assert all(np.array_equal(a, b) for a, b in zip(head, first))
 
 
@@ -438,7 +418,7 @@ def test_a_billion_steps_start_at_once_and_cancel_with_bounded_memory():
     cancel.set_checker(checker)
     try:
         with pytest.raises(KeyboardInterrupt):
-            _finishes(lambda: train(net, x, y, be=be, loss="mse", lr=1e-3, steps=10**9, batch_size=4), 60)
+            finishes(lambda: train(net, x, y, be=be, loss="mse", lr=1e-3, steps=10**9, batch_size=4), 60)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         cancel.set_checker(None)
@@ -461,7 +441,7 @@ def test_a_billion_steps_start_at_once_and_cancel_with_bounded_memory():
     tracemalloc.start()
     try:
         with pytest.raises(Stop):
-            _finishes(lambda: train(net, xs, ys, be=be, loss="mse", lr=1e-3, epochs=100000, batch_size=16,
+            finishes(lambda: train(net, xs, ys, be=be, loss="mse", lr=1e-3, epochs=100000, batch_size=16,
                                     on_step=on_step), 60)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -517,7 +497,7 @@ def test_batch_norm_refuses_one_value_per_channel_batches(backend_target):
     y = rng.standard_normal((8, 2)).astype(np.float32)
     bn = Network.empty().add("linear", out_features=4).add("batch_norm").add("linear", out_features=2)
     with pytest.raises(AnyDeviceError) as e:
-        _finishes(lambda: train(bn, x, y, be=be, steps=3, batch_size=1))
+        finishes(lambda: train(bn, x, y, be=be, steps=3, batch_size=1))
     assert e.value.op == "train" and e.value.arg == "batch_size" and e.value.value == 1
     assert "layer 1 (batch_norm)" in str(e.value) and "batch norm needs at least 2 samples per batch" in str(e.value)
     res = train(bn, x, y, be=be, steps=3, batch_size=2)  # two samples a batch: fine
@@ -530,7 +510,7 @@ def test_batch_norm_refuses_one_value_per_channel_batches(backend_target):
         train(res_body, x, np.zeros((8, 3), np.float32), be=be, steps=3, batch_size=1)
     img = rng.uniform(0, 1, (4, 2, 5, 5)).astype(np.float32)
     conv_bn = Network.empty().add("conv2d", out_channels=2, kernel_size=3, padding=1).add("batch_norm")
-    res = _finishes(lambda: train(conv_bn, img, img, be=be, steps=3, batch_size=1))
+    res = finishes(lambda: train(conv_bn, img, img, be=be, steps=3, batch_size=1))
     assert res.steps == 3 and all(math.isfinite(v) for v in res.losses)
 
 
