@@ -133,11 +133,7 @@ def cache(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ANYDEVICE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(programs, "cache_root", lambda: real_root)
-    monkeypatch.setattr(registry, "_instances", {})
-    monkeypatch.setattr(registry, "_failed", {})
-    monkeypatch.setattr(registry, "_unchecked", set())
-    monkeypatch.setattr(registry, "_infos", None)
-    monkeypatch.setattr(registry, "_auto", None)
+    monkeypatch.setattr(registry, "REGISTRY", registry.Registry())  # the process's own comes back after
     monkeypatch.setattr(selfcheck, "_memo", {})
     dev_key = device._device_key(device._usable()[0][0][2])
     check_key, _ = selfcheck._subject("opencl", 0, opencl_backend, "opencl")

@@ -49,11 +49,7 @@ def reg(monkeypatch, tmp_path):
     """A fresh registry (restored afterwards), the verdicts in tmp_path, and the check's runs counted."""
     for var in ("ANYDEVICE_BACKEND", "ANYDEVICE_SELFCHECK", "ANYDEVICE_PREFER_OWN", "ANYDEVICE_OPENCL_FAMILY"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(registry, "_instances", {})
-    monkeypatch.setattr(registry, "_failed", {})
-    monkeypatch.setattr(registry, "_unchecked", set())
-    monkeypatch.setattr(registry, "_infos", None)
-    monkeypatch.setattr(registry, "_auto", None)
+    monkeypatch.setattr(registry, "REGISTRY", registry.Registry())  # the process's own comes back after
     monkeypatch.setattr(selfcheck, "_memo", {})
     monkeypatch.setattr(selfcheck, "cache_dir", lambda sub="": tmp_path)
     calls = []
@@ -74,11 +70,7 @@ def reg(monkeypatch, tmp_path):
 
     def reset():
         """What a new process sees: no instances, no in-memory verdicts (the file stays)."""
-        registry._instances.clear()
-        registry._failed.clear()
-        registry._unchecked.clear()
-        registry._infos = None
-        registry._auto = None
+        registry.REGISTRY.reset()
         selfcheck._memo.clear()
     ns.use, ns.reset = use, reset
     return ns

@@ -150,19 +150,19 @@ def test_unknown_and_unavailable_backend_by_name():
 
 
 def test_env_override_and_auto(monkeypatch):
-    monkeypatch.setattr(registry, "_auto", None)
+    monkeypatch.setattr(registry.REGISTRY, "auto", None)
     monkeypatch.setenv("ANYDEVICE_BACKEND", "cpu")
     assert backend.get_backend().name == "cpu"
-    monkeypatch.setattr(registry, "_auto", None)
+    monkeypatch.setattr(registry.REGISTRY, "auto", None)
     monkeypatch.delenv("ANYDEVICE_BACKEND")
     best = next(i for i in backend.list_backends() if i.available)
     # the best by priority, except that PyTorch's CUDA path goes before the own CUDA kernels
     want = "torch-cuda" if best.name == "cuda" and best.kind == "own" else best.name
     assert backend.get_backend().name == want
-    monkeypatch.setattr(registry, "_auto", None)
+    monkeypatch.setattr(registry.REGISTRY, "auto", None)
     monkeypatch.setenv("ANYDEVICE_PREFER_OWN", "1")
     assert backend.get_backend().name == best.name
-    monkeypatch.setattr(registry, "_auto", None)
+    monkeypatch.setattr(registry.REGISTRY, "auto", None)
 
 
 def test_probe_never_raises(monkeypatch):

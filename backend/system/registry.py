@@ -58,15 +58,6 @@ class BackendInfo:
         return dict(self.__dict__)
 
 
-_lock = threading.RLock()
-_infos: dict[str, BackendInfo] | None = None
-_instances: dict[tuple[str, int], object] = {}
-_auto: str | None = None
-_failed: dict[str, str] = {}  # name -> reason creation failed (so auto moves on)
-_unchecked: set[tuple[str, int]] = set()  # instances created while the self-check was deferred
-_local = threading.local()
-
-
 def _import(module: str):
     """A device package of backend/ (``devices.opencl``): its ``probe`` and ``create``."""
     return importlib.import_module(f"..{module}", __package__)
@@ -105,17 +96,7 @@ def _probe_spec(spec: BackendSpec) -> BackendInfo:
 
 
 def _probe_all(refresh: bool = False) -> dict[str, BackendInfo]:
-    global _infos, _auto
-    with _lock:
-        if _infos is None or refresh:
-            _infos = {s.name: _probe_spec(s) for s in SPECS}
-            for name, why in _failed.items():
-                info = _infos.get(name)
-                if info is not None:
-                    info.available, info.reason = False, why
-            if refresh:
-                _auto = None
-        return _infos
+    return REGISTRY.probe_all(refresh)
 
 
 def list_backends(refresh: bool = False, include_aliases: bool = False) -> list[BackendInfo]:
@@ -144,53 +125,123 @@ def _auto_order() -> list[BackendInfo]:
     return order
 
 
-def auto_name() -> str:
-    """The backend auto picks: ANYDEVICE_BACKEND if set, else the best available. A setting that
-    names no backend or one that cannot start here raises config.ConfigError (not cached)."""
-    global _auto
-    with _lock:
-        if _auto is not None and not _deferred() and parse_name(_auto) in _unchecked:
+class Registry:
+    """The registry's state: what was probed, the live backends, the automatic choice, the names
+    that failed to start and the instances whose self-check still waits. One instance per process
+    (``REGISTRY``, used by the module's functions); ``reset()`` forgets everything, as a new
+    process would (tests).
+
+    Threads: every method may be called from any thread. ``_lock`` (re-entrant) guards the fields
+    and is held only while reading or writing them, never while calling out (probing, creating a
+    device, running the self-check); a finaliser never takes it. Creating one name and index is
+    serialised by that key's own lock, held across its create and self-check, so threads asking for
+    the same backend at once get the one instance while other names go on in parallel; probing
+    all backends is serialised by ``_probe_lock``. Two threads making the automatic choice at once
+    make the same one (each step is the same ``get_backend``)."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._probe_lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """What a new process sees: nothing probed, no instances, no choice, no failures (the
+        self-check's stored verdicts stay: they are files, see selfcheck.py)."""
+        with self._lock:
+            self.infos: dict[str, BackendInfo] | None = None
+            self.instances: dict[tuple[str, int], object] = {}
+            self.auto: str | None = None
+            self.failed: dict[str, str] = {}  # name -> reason creation failed (so auto moves on)
+            self.unchecked: set[tuple[str, int]] = set()  # created while the self-check was deferred
+            self._creating: dict[tuple[str, int], threading.RLock] = {}  # key -> its creation lock
+            self._local = threading.local()  # per thread: the deferred_selfcheck depth
+
+    # ---- probing ---------------------------------------------------------------------------------
+    def probe_all(self, refresh: bool = False) -> dict[str, BackendInfo]:
+        with self._lock:
+            if self.infos is not None and not refresh:
+                return self.infos
+        with self._probe_lock:
+            with self._lock:
+                if self.infos is not None and not refresh:  # another thread probed meanwhile
+                    return self.infos
+            infos = {s.name: _probe_spec(s) for s in SPECS}  # outside _lock: probes import devices
+            with self._lock:
+                for name, why in self.failed.items():
+                    info = infos.get(name)
+                    if info is not None:
+                        info.available, info.reason = False, why
+                self.infos = infos
+                if refresh:
+                    self.auto = None
+                return infos
+
+    def live(self) -> list:
+        """The backends created so far (a snapshot)."""
+        with self._lock:
+            return list(self.instances.values())
+
+    # ---- the automatic choice --------------------------------------------------------------------
+    def auto_name(self) -> str:
+        with self._lock:
+            auto = self.auto
+            pending = auto is not None and not self.deferred() and parse_name(auto) in self.unchecked
+        if pending:
             try:  # chosen while the self-check was deferred (start-up): it runs now
-                get_backend(_auto)
-            except AnyDeviceError:  # it failed: _auto is reset and the choice moves on
+                self.get(auto)
+            except AnyDeviceError:  # it failed: auto is reset and the choice moves on
                 pass
-        if _auto is not None:
-            return _auto
+            with self._lock:
+                auto = self.auto
+        if auto is not None:
+            return auto
         env = config.backend_override()
         if env is not None:
             try:
-                get_backend(env)
+                self.get(env)
             except AnyDeviceError as exc:
                 raise config.ConfigError("ANYDEVICE_BACKEND", env, exc.reason or str(exc)) from None
-            _auto = env
-            return _auto
+            return self._chose(env)
         for info in _auto_order():
             try:
-                get_backend(info.name)
+                self.get(info.name)
             except Exception as exc:  # e.g. a device that lists but cannot build kernels
                 log.warning("backend %s unusable, trying the next: %s", info.name, exc)
                 continue
-            _auto = info.name
-            return _auto
-        _auto = "numpy"
-        return _auto
+            return self._chose(info.name)
+        return self._chose("numpy")
 
+    def _chose(self, name: str) -> str:
+        with self._lock:
+            if self.auto is None:
+                self.auto = name
+            return self.auto
 
-def get_backend(name: str | None = None):
-    """The backend for ``name`` ("cuda", "opencl:1", ...); None or "auto" gives the auto choice."""
-    if name is None or name == "auto":
-        name = auto_name()
-    if not isinstance(name, str):
-        raise AnyDeviceError("get_backend", "name", name, "must be a string such as 'numpy' or 'opencl:0'")
-    base, index = parse_name(name)
-    with _lock:
-        key = (base, index)
-        if key in _instances:
-            if key in _unchecked and not _deferred():
-                _selfcheck(name, key, _instances[key])
-            return _instances[key]
-        infos = _probe_all()
-        info = infos.get(base)
+    # ---- instances ---------------------------------------------------------------------------------
+    def get(self, name: str | None = None):
+        if name is None or name == "auto":
+            name = self.auto_name()
+        if not isinstance(name, str):
+            raise AnyDeviceError("get_backend", "name", name, "must be a string such as 'numpy' or 'opencl:0'")
+        key = parse_name(name)
+        with self._lock:
+            backend = self.instances.get(key)
+            if backend is not None and key not in self.unchecked:
+                return backend
+            creating = self._creating.setdefault(key, threading.RLock())
+        with creating:  # one creation (and self-check) of this name and index at a time
+            with self._lock:
+                backend = self.instances.get(key)
+                check = backend is not None and key in self.unchecked and not self.deferred()
+            if backend is not None:
+                if check:
+                    self._selfcheck(name, key, backend)
+                return backend
+            return self._create(name, key)
+
+    def _create(self, name: str, key: tuple[str, int]):
+        base, index = key
+        info = self.probe_all().get(base)
         if info is None:
             raise AnyDeviceError("get_backend", "name", name,
                                  f"unknown backend; known: {', '.join(known_names())}")
@@ -206,51 +257,94 @@ def get_backend(name: str | None = None):
             raise
         except Exception as exc:
             why = f"could not start: {type(exc).__name__}: {exc}"
-            _failed[base] = why
-            info.available, info.reason = False, why
+            with self._lock:
+                self.failed[base] = why
+                info.available, info.reason = False, why
             raise AnyDeviceError("get_backend", "name", name, why) from exc
-        _instances[key] = backend
-        _unchecked.add(key)
-        _selfcheck(name, key, backend, run=not _deferred())
+        deferred = self.deferred()
+        with self._lock:
+            self.instances[key] = backend
+            self.unchecked.add(key)
+        self._selfcheck(name, key, backend, run=not deferred)
         return backend
 
+    def _selfcheck(self, name: str, key: tuple[str, int], backend, run: bool = True) -> None:
+        """The backend proves itself on first use (selfcheck.py; ``run=False``: only a cached
+        failure counts). On failure it is dropped and the error raised; device 0 is marked
+        unavailable with the reason, so the automatic choice moves on to the next backend."""
+        from . import selfcheck
+        base, index = key
+        info = self.probe_all()[base]
+        impl_name = dict(_spec(base).impls)[info.module]
+        why = selfcheck.verdict(backend, info, _import(info.module), impl_name, index, run=run)
+        with self._lock:
+            if run or why:
+                self.unchecked.discard(key)
+            if why:
+                self.instances.pop(key, None)
+                if index == 0:
+                    self.failed[base] = why
+                    info.available, info.reason = False, why
+                if self.auto is not None and parse_name(self.auto) == key:
+                    self.auto = None
+        if why:
+            raise AnyDeviceError("get_backend", "name", name, why)
 
-def _selfcheck(name: str, key: tuple[str, int], backend, run: bool = True) -> None:
-    """The backend proves itself on first use (selfcheck.py; ``run=False``: only a cached failure
-    counts). On failure it is dropped and the error raised; device 0 is marked unavailable with
-    the reason, so the automatic choice moves on to the next backend."""
-    global _auto
-    from . import selfcheck
-    base, index = key
-    info = _probe_all()[base]
-    impl_name = dict(_spec(base).impls)[info.module]
-    why = selfcheck.verdict(backend, info, _import(info.module), impl_name, index, run=run)
-    if run or why:
-        _unchecked.discard(key)
-    if why:
-        _instances.pop(key, None)
-        if index == 0:
-            _failed[base] = why
-            info.available, info.reason = False, why
-        if _auto is not None and parse_name(_auto) == key:
-            _auto = None
-        raise AnyDeviceError("get_backend", "name", name, why)
+    # ---- start-up -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def deferred_selfcheck(self):
+        local = self._local  # the same object on the way out, even across a reset()
+        local.defer = getattr(local, "defer", 0) + 1
+        try:
+            yield
+        finally:
+            local.defer -= 1
+
+    def deferred(self) -> bool:
+        return getattr(self._local, "defer", 0) > 0
 
 
-@contextlib.contextmanager
+#: the process's registry; the functions below are calls on it
+REGISTRY = Registry()
+
+#: the old module globals, read through REGISTRY (nodes/ reads ``_instances``; use live_backends())
+_LEGACY = {"_infos": "infos", "_instances": "instances", "_auto": "auto", "_failed": "failed",
+           "_unchecked": "unchecked"}
+
+
+def __getattr__(name):
+    attr = _LEGACY.get(name)
+    if attr is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(REGISTRY, attr)
+
+
+def auto_name() -> str:
+    """The backend auto picks: ANYDEVICE_BACKEND if set, else the best available. A setting that
+    names no backend or one that cannot start here raises config.ConfigError (not cached)."""
+    return REGISTRY.auto_name()
+
+
+def get_backend(name: str | None = None):
+    """The backend for ``name`` ("cuda", "opencl:1", ...); None or "auto" gives the auto choice.
+    From any thread: one instance per name and index."""
+    return REGISTRY.get(name)
+
+
+def live_backends() -> list:
+    """The backends created so far in this process (a snapshot; for memory hooks and reports)."""
+    return REGISTRY.live()
+
+
 def deferred_selfcheck():
     """Within it (ComfyUI start-up: the load-time choice and its log line) backends are created
     without running their self-check; it runs on their first ``get_backend`` after it. A cached
-    failed verdict still counts at once."""
-    _local.defer = getattr(_local, "defer", 0) + 1
-    try:
-        yield
-    finally:
-        _local.defer -= 1
+    failed verdict still counts at once. Per thread: another thread's calls are not deferred."""
+    return REGISTRY.deferred_selfcheck()
 
 
 def _deferred() -> bool:
-    return getattr(_local, "defer", 0) > 0
+    return REGISTRY.deferred()
 
 
 def selfcheck_status(info: BackendInfo, index: int = 0) -> str:
