@@ -291,7 +291,9 @@ def test_a_loss_that_turns_nan_stops_with_a_warning_and_the_last_finite_weights(
 # ---------------------------------------------------------------------------------------------
 # ComfyUI plumbing: progress bar, live events, cancel
 # ---------------------------------------------------------------------------------------------
-def test_progress_events_and_cancel(monkeypatch):
+def _fake_comfy_server(monkeypatch):
+    """ComfyUI's PromptServer (its send_sync records (event, data, sid) in the first list) and
+    comfy.utils.ProgressBar (its updates record (total, n) in the second), faked in sys.modules."""
     sent, ticks = [], []
 
     class Inst:
@@ -309,6 +311,11 @@ def test_progress_events_and_cancel(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=Inst())))
     monkeypatch.setitem(sys.modules, "comfy.utils", types.SimpleNamespace(ProgressBar=Bar))
+    return sent, ticks
+
+
+def test_progress_events_and_cancel(monkeypatch):
+    sent, ticks = _fake_comfy_server(monkeypatch)
     monkeypatch.setattr(cancel, "REPORT_SECONDS", 0.0)  # a report every step (see the paced test below)
     img = rand_image(8)
     net = conv(None, 3)["result"][0]
@@ -343,23 +350,7 @@ def test_progress_and_events_are_paced_by_wall_time_and_cancel_is_checked_every_
     ComfyUI answered Cancel seconds late. Reports now come every cancel.REPORT_SECONDS of wall
     time (a fake monotonic clock here: 0.03 s a step) and at the last step; the interrupt is still
     checked before every step."""
-    sent, ticks, checks = [], [], []
-
-    class Inst:
-        client_id = "c1"
-
-        def send_sync(self, event, data, sid=None):
-            sent.append(dict(data))
-
-    class Bar:
-        def __init__(self, total):
-            self.total = total
-
-        def update(self, n):
-            ticks.append((self.total, n))
-
-    monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=Inst())))
-    monkeypatch.setitem(sys.modules, "comfy.utils", types.SimpleNamespace(ProgressBar=Bar))
+    (events, ticks), checks = _fake_comfy_server(monkeypatch), []
     clock = iter(i * 0.03 for i in range(10**6))
     monkeypatch.setattr(cancel, "_clock", lambda: next(clock))
     assert cancel.REPORT_SECONDS == 0.1
@@ -371,6 +362,7 @@ def test_progress_and_events_are_paced_by_wall_time_and_cancel_is_checked_every_
     finally:
         cancel.set_checker(None)
     assert len(checks) == 20  # before every step
+    sent = [d for _, d, _ in events]
     assert [d["step"] for d in sent[1:]] == [1, 5, 9, 13, 17, 20]  # t = 0, 0.12, 0.24, 0.36, 0.48; the last
     assert all(d["steps"] == 20 and isinstance(d["loss"], float) for d in sent[1:])
     assert ticks == [(20, 1), (20, 4), (20, 4), (20, 4), (20, 4), (20, 3)] and sum(n for _, n in ticks) == 20
