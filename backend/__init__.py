@@ -6,6 +6,16 @@
     y = be.conv2d(x, w, stride=2, padding=1)  # PyTorch semantics, float32, x: NumPy or torch
 
 Every backend implements the op contract in ``contract.Backend``; see README.md for the list.
+
+Public: exactly ``__all__``, plus the submodules ``autograd`` and ``optim`` (imported on first use),
+``compile``, ``network`` (Network) and ``train`` (train, predict, TrainResult); everything else is
+private and may change without notice (README, "Public API").
+
+Threads (README, "Thread safety"): the registry may be used from any thread (one instance per name
+and index); a Backend's ops may be called from several threads at once (OpenCL serialises its
+launches on one queue); a compiled module is compiled in one thread, then may be called from
+several; the cancel checker is process-wide. Not safe: writing one array from two threads, training
+one Network from two threads.
 """
 from .system import threads as _threads
 
@@ -23,9 +33,10 @@ __all__ = [
     "ACTIVATIONS", "BINARY_OPS", "LOSSES", "PADDING_MODES", "REDUCE_OPS", "UNARY_OPS",
 ]
 
-#: public submodules that live deeper in the package, imported on first use
-#: (``from anydevice.backend import autograd, optim``)
-_LAZY = {"autograd": ".learn.autograd", "optim": ".learn.optim"}
+#: public submodules, imported on first use (``from anydevice.backend import autograd, optim``);
+#: autograd and optim live deeper in the package
+_LAZY = {"autograd": ".learn.autograd", "optim": ".learn.optim", "compile": ".compile",
+         "network": ".network", "train": ".train"}
 
 
 def __getattr__(name):
