@@ -230,7 +230,7 @@ def test_conv2d_grad_shifted_paths(backend_target, monkeypatch, xs, ws, opts):
     """The stride-1 weight / input gradient paths that the size thresholds keep for large convs
     (OpenCL: packed x shifted per tap; NumPy: shifted views, several position steps per thread)
     forced on small ones."""
-    from anydevice.backend.devices.numpy import backend as numpy_backend
+    from anydevice.backend.devices.numpy import gradients as numpy_backend
     monkeypatch.setattr(numpy_backend, "WGRAD_STEP", 7)
     monkeypatch.setattr(numpy_backend, "WGRAD_SHIFT_MIN_CIN", 1)
     try:

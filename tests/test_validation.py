@@ -114,7 +114,7 @@ def test_huge_result_refused_not_oom(backend_target, monkeypatch):
 def test_conv_workspace_is_chunked(monkeypatch):
     """Convs whose scratch exceeds the budget run in chunks and give the same result."""
     be = backend.get_backend("numpy")
-    from anydevice.backend.devices.numpy import backend as numpy_backend
+    from anydevice.backend.devices.numpy import common as numpy_backend
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 8, 64, 64)).astype(np.float32)
     w = rng.standard_normal((4, 8, 3, 3)).astype(np.float32)

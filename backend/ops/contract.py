@@ -30,6 +30,7 @@ from .attention import AttentionOps
 from .layers import LayerOps
 from .movement import MovementOps
 from .windows import WindowOps
+from ..devices.interface import Capabilities, Device  # noqa: F401
 from ..system.transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
 # argument checks and shape plans live in plans.py; the names other modules import from here stay here
 from .plans import (  # noqa: F401
@@ -88,9 +89,26 @@ def ssim_chunk_elements(total: int) -> int:
     return max(SSIM_MIN_CHUNK, min(cap, total // 32))
 
 
+#: unary ops without parameters, each a Backend method named as torch's (``be.relu(x)``)
+_PLAIN_UNARY = tuple(op for op in UNARY_OPS if op not in UNARY_PARAMS)
+
+
+def _unary_method(op: str):
+    def method(self, input):
+        return self.unary(op, input)
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = f"torch.{op}, elementwise (``unary('{op}', input)``)."
+    return method
+
+
+#: the mixin of those methods (``be.relu(x)`` is ``be.unary("relu", x)``)
+_UnaryMethods = type("_UnaryMethods", (), {op: _unary_method(op) for op in _PLAIN_UNARY})
+
+
 # ----------------------------------------------------------------------------------------------
-class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
-    """Base class: validation, conversion and composite ops. Subclasses implement primitives."""
+class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, TransferCounts, Device):
+    """The shared ops: validation, conversion and composite ops on top of the ``Device`` primitives
+    (devices/interface.py). A device class derives from it and implements the primitives."""
 
     name = "base"
     #: "own" for the pack's own kernels, "vendor" for PyTorch
@@ -101,111 +119,35 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         if name is not None:
             self.name = name
 
-    # ---- description ---------------------------------------------------------------------
-    @property
-    def device(self) -> str:
-        """Human-readable device description."""
-        return "unknown device"
-
     def __repr__(self) -> str:
         return f"<AnyDevice backend {self.name}:{self.index} on {self.device}>"
 
-    # ---- primitives to implement -----------------------------------------------------------
-    native_types: tuple[type, ...] = ()
-
-    def _from_numpy(self, a: np.ndarray):
-        """float32 NumPy array -> native array (may share memory; never written to)."""
-        raise NotImplementedError
-
-    def _to_numpy(self, x) -> np.ndarray:
-        raise NotImplementedError
-
-    def _from_torch(self, t):
-        return self._from_numpy(t.detach().to("cpu", dtype=_torch().float32).numpy())
-
-    def _to_torch(self, x, like):
-        torch = _torch()
-        a = self._to_numpy(x)
-        out = torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape))  # keeps 0-d results 0-d
-        return out if like.device.type == "cpu" else out.to(like.device)
-
-    def _shape(self, x) -> tuple[int, ...]:
-        return tuple(x.shape)
-
-    def _reshape(self, x, shape):
-        raise NotImplementedError
-
-    def _permute(self, x, axes):
-        """Permuted array (a copy or a read-only view)."""
-        raise NotImplementedError
-
-    def _expand(self, x, shape):
-        """x broadcast to ``shape`` (materialised if the backend needs it)."""
-        raise NotImplementedError
-
-    def _bmm(self, a, b):
-        """a (Ba, M, K) @ b (Bb, K, N) with Ba, Bb in {1, B} -> (B, M, N)."""
-        raise NotImplementedError
-
-    def _mm(self, a, b):
-        """a (M, K) @ b (K, N). Default: through _bmm."""
-        M, N = self._shape(a)[0], self._shape(b)[1]
-        y = self._bmm(self._reshape(a, (1,) + self._shape(a)), self._reshape(b, (1,) + self._shape(b)))
-        return self._reshape(y, (M, N))
-
-    def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
-        """Zero-padded conv; pads = (top, bottom, left, right)."""
-        raise NotImplementedError
-
-    def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
-        raise NotImplementedError
-
-    def _pad(self, x, pads, mode):
-        """pads = (top, bottom, left, right) on the last two dims; mode reflect/replicate/circular/zeros."""
-        raise NotImplementedError
-
-    def _window2d(self, x, mode, rows, cols):
-        """x (..., H, W) -> (..., OH, OW) through a row table and a column table (windows.py):
-        rows = (idx int32 (OH, T), wgt float32 (OH, T)), cols = (idx (OW, S), wgt (OW, S)); idx -1
-        skips a tap. mode "sum": y = sum over valid taps of wr * wc * x[hr, hc]; "max": the max over
-        valid taps, NaN propagating (as torch's max_pool2d), -inf where no tap is valid."""
-        raise NotImplementedError
-
-    def _unary(self, op: str, x, **params):
-        raise NotImplementedError
-
-    def _binary(self, op: str, a, b):
-        """a, b: native arrays or Python floats (not both floats); broadcasting as torch."""
-        raise NotImplementedError
-
-    def _reduce(self, op: str, x, dims: tuple[int, ...], keepdim: bool):
-        raise NotImplementedError
-
-    def synchronize(self) -> None:
-        """Wait for queued device work (used by benchmarks)."""
-
     # ---- conversion: the one place host<->device transfers are counted ------------------
-    def to_device(self, x, op: str = "to_device", arg: str = "input", constant: bool = False):
-        """Any accepted input -> this backend's native float32 array (a host array: one upload,
-        counted under ``constants`` for a constant parameter such as a kernel or a bias)."""
+    def to_device(self, x, op: str = "to_device", arg: str = "input", constant: bool = False, dtype=None):
+        """Any accepted input -> this backend's native array, stored as ``dtype`` (None: float32; a
+        dtype the device cannot store is refused). A host array is one upload, counted under
+        ``constants`` for a constant parameter such as a kernel or a bias."""
         key = "constants" if constant else "uploads"
+        dtype = self._storage_dtype(op, dtype)
+        size = np.dtype(dtype).itemsize
         if isinstance(x, np.ndarray) or isinstance(x, (list, tuple, int, float, np.number)):
             a = _as_float32(x if isinstance(x, np.ndarray) else _host_array(x, op, arg), op, arg)
-            self._count(key, 4 * a.size)
-            return self._from_numpy(a)
+            self._count(key, size * a.size)
+            return self._from_numpy(a) if dtype == "float32" else self._from_numpy(a, dtype)
         if _is_torch_tensor(x):
             if x.is_complex():
                 raise AnyDeviceError(op, arg, x, f"complex dtype {x.dtype} is not supported")
-            self._count(key, 4 * x.numel(), x.device.type == "cpu")
-            return self._from_torch(x)
+            self._count(key, size * x.numel(), x.device.type == "cpu")
+            return self._from_torch(x) if dtype == "float32" else self._from_torch(x, dtype)
         if isinstance(x, self.native_types):
             return x
         raise AnyDeviceError(op, arg, type(x).__name__,
                              "must be a NumPy array, a torch tensor or a device array")
 
     def to_numpy(self, x) -> np.ndarray:
-        """A NumPy array of ``x`` (a native array: one download)."""
-        if isinstance(x, np.ndarray):
+        """A NumPy array of ``x`` (a native array: one download; float32 from a device that stores
+        other dtypes)."""
+        if isinstance(x, np.ndarray) and (x.dtype == _FLOAT32 or x.dtype.name not in self.caps.storage_dtypes):
             return x
         if _is_torch_tensor(x):
             self._count("downloads", 4 * x.numel(), x.device.type != "cpu")
@@ -616,14 +558,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
         contiguous span of a contiguous x (ssim's chunks; a view where the backend has them)."""
         return x[i0:i1, j0:j1, r0:r1]
 
-    def _concat_channels(self, parts, n, c, h, w):
-        """Stack k arrays (n, c, h, w) into (n, k*c, h, w)."""
-        raise NotImplementedError
-
-    def _slice1(self, x, i):
-        """x[:, i] of a 5-D (n, k, ...) array."""
-        raise NotImplementedError
-
     def loss(self, name: str, input, target, **params):
         """Dispatch by name: mse, l1, smooth_l1, huber, bce, psnr, ssim."""
         table = {"mse": self.mse_loss, "l1": self.l1_loss, "smooth_l1": self.smooth_l1_loss,
@@ -636,11 +570,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, TransferCounts):
 # ----------------------------------------------------------------------------------------------
 # input kinds
 # ----------------------------------------------------------------------------------------------
-def _torch():
-    import torch
-    return torch
-
-
 def _host_array(x, op: str, arg: str) -> np.ndarray:
     """A list, tuple or number as a NumPy array (a ragged list is refused, naming the argument)."""
     try:
@@ -655,19 +584,3 @@ def _as_float32(a: np.ndarray, op: str, arg: str) -> np.ndarray:
     if a.dtype.kind in "fiub":
         return a.astype(np.float32)
     raise AnyDeviceError(op, arg, a, f"dtype {a.dtype} is not supported (use a real number type)")
-
-
-#: unary ops without parameters, each a Backend method named as torch's (``be.relu(x)``)
-_PLAIN_UNARY = tuple(op for op in UNARY_OPS if op not in UNARY_PARAMS)
-
-
-def _unary_method(op: str):
-    def method(self, input):
-        return self.unary(op, input)
-    method.__name__ = method.__qualname__ = op
-    method.__doc__ = f"torch.{op}, elementwise (``unary('{op}', input)``)."
-    return method
-
-
-for _op in _PLAIN_UNARY:
-    setattr(Backend, _op, _unary_method(_op))

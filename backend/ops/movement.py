@@ -25,23 +25,7 @@ from .plans import (COMPARE_OPS, broadcast_shapes, is_scalar, cat_plan, chunk_si
 class MovementOps:
     """Data movement and selection (torch names, arguments and defaults)."""
 
-    # ---- primitives (each backend implements them after its _binary) --------------------
-    def _slice(self, x, dim: int, start: int, length: int, step: int):
-        """x[..., start:start + length*step:step] along ``dim`` (start >= 0, step >= 1, in range):
-        a view where the layout allows it."""
-        raise NotImplementedError
-
-    def _cat(self, parts, dim: int):
-        """Concatenation of same-rank arrays along ``dim`` (a new array)."""
-        raise NotImplementedError
-
-    def _where(self, c, a, b):
-        """Select a where c != 0 (NaN counts as true) else b; c, a, b broadcast (a new array)."""
-        raise NotImplementedError
-
-    def _contiguous(self, x):
-        """x in C order (x itself when it already is)."""
-        return x
+    # primitives: _slice, _cat, _where, _contiguous (devices/interface.py)
 
     # ---- shape -----------------------------------------------------------------------------
     def reshape(self, input, shape):

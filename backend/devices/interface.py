@@ -1,0 +1,248 @@
+"""The device interface: what a device implements for the op contract (``ops/contract.py``).
+
+``Device`` is the abstract class every backend derives from (through ``contract.Backend``, which
+holds the shared ops built on these methods). It has three parts:
+
+- the required primitives (``abstractmethod``): conversion to and from NumPy, layout, and compute.
+  A device class that leaves one out cannot be instantiated;
+- primitives with a working default (torch conversion through NumPy, ``_shape``, ``_mm`` through
+  ``_bmm``, row bands of the chunked convs, allocation): a device overrides them where it has
+  something faster;
+- optional fused kernels (``_adam_step``, ``_conv2d_weight_grad``, ...): they raise
+  ``NotImplementedError`` here, and a device that implements one names it in its capability set
+  (``caps.fused``). Shared code asks ``be.caps``, never ``getattr`` or the backend's name.
+
+``Capabilities`` also carries the per-device tunables that shared code reads (the conv speed
+estimate that decides chunking, the fewest kernel taps that take the FFT conv) and the dtypes a
+device computes in and stores.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..system.errors import AnyDeviceError
+
+#: every optional kernel a device can declare in ``Capabilities.fused``, with what it means
+FUSED_KERNELS = {
+    "adam_step": "_adam_step: one fused Adam/AdamW parameter update (learn/optim.py)",
+    "conv_weight_grad": "_conv2d_weight_grad: conv2d's weight gradient (ops/convgrad.py)",
+    "conv_input_grad": "_conv2d_input_grad: conv2d's input gradient (ops/convgrad.py)",
+    "all_finite": "_all_finite: whether a device array holds no inf or NaN (ops/bigconv.py)",
+    "write_rows": "_write_rows: host rows written in place into a device array (ops/bigconv.py)",
+    "fft_conv": "no method: the host FFT conv pays off on this device (ops/bigconv.py)",
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one device can do: dtypes, optional fused kernels and the tunables shared code reads."""
+
+    #: dtype names the device computes in
+    compute_dtypes: frozenset = frozenset({"float32"})
+    #: dtype names the device stores arrays in (``to_device(..., dtype=...)`` refuses the others)
+    storage_dtypes: frozenset = frozenset({"float32"})
+    #: names of the optional kernels the device implements (keys of ``FUSED_KERNELS``)
+    fused: frozenset = field(default_factory=frozenset)
+    #: conv multiply-adds per second, (few channels: depthwise-like, many: GEMM-like), measured and
+    #: rounded down; only decides whether a conv is cut into chunks. None: a GPU's rate
+    #: (``ops/bigconv.DEFAULT_MACS_PER_S``)
+    macs_per_s: tuple | None = None
+    #: the fewest kernel taps (KH*KW) that take the FFT conv where ``fused`` has "fft_conv"
+    fft_min_taps: int = 1 << 30
+
+
+class Device(abc.ABC):
+    """A device: the primitives the shared ops (``contract.Backend``) are built on.
+
+    Arrays are the device's own (``native_types``); shapes are tuples of ints; every primitive
+    returns a new array or a read-only view and never writes into its inputs. Compute is float32.
+    """
+
+    #: the device's array types (an input of one of these types is used as it is)
+    native_types: tuple[type, ...] = ()
+    #: what the device can do (an instance may replace it, e.g. by the device it found)
+    caps: Capabilities = Capabilities()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The capability set (``caps``)."""
+        return self.caps
+
+    # ---- conversion (required) -------------------------------------------------------------
+    @abc.abstractmethod
+    def _from_numpy(self, a: np.ndarray, dtype: str = "float32"):
+        """A float32 NumPy array -> a native array stored as ``dtype`` (may share memory; never written)."""
+
+    @abc.abstractmethod
+    def _to_numpy(self, x) -> np.ndarray:
+        """A native array -> a float32 NumPy array."""
+
+    # ---- layout (required) -----------------------------------------------------------------
+    @abc.abstractmethod
+    def _reshape(self, x, shape: tuple[int, ...]):
+        """x with a new shape of the same size (a view where the layout allows it)."""
+
+    @abc.abstractmethod
+    def _permute(self, x, axes: tuple[int, ...]):
+        """x with its dims permuted (a copy or a read-only view)."""
+
+    @abc.abstractmethod
+    def _expand(self, x, shape: tuple[int, ...]):
+        """x broadcast to ``shape`` (materialised if the device needs it)."""
+
+    @abc.abstractmethod
+    def _concat_channels(self, parts: list, n: int, c: int, h: int, w: int):
+        """k arrays (n, c, h, w) stacked into (n, k*c, h, w)."""
+
+    @abc.abstractmethod
+    def _slice1(self, x, i: int):
+        """x[:, i] of a 5-D (n, k, ...) array."""
+
+    @abc.abstractmethod
+    def _slice(self, x, dim: int, start: int, length: int, step: int):
+        """x[..., start:start + length*step:step] along ``dim`` (in range; a view where it can)."""
+
+    @abc.abstractmethod
+    def _cat(self, parts: list, dim: int):
+        """Same-rank arrays concatenated along ``dim`` (a new array)."""
+
+    @abc.abstractmethod
+    def _where(self, c, a, b):
+        """a where c != 0 (NaN counts as true) else b; c, a, b broadcast (a new array)."""
+
+    # ---- compute (required) ----------------------------------------------------------------
+    @abc.abstractmethod
+    def _bmm(self, a, b):
+        """a (Ba, M, K) @ b (Bb, K, N) with Ba, Bb in {1, B} -> (B, M, N)."""
+
+    @abc.abstractmethod
+    def _conv2d(self, x, w, bias, stride: tuple[int, int], pads: tuple[int, int, int, int],
+                dilation: tuple[int, int], groups: int):
+        """Zero-padded conv2d of x (N, C, H, W) by w; pads = (top, bottom, left, right); bias None or (Cout,)."""
+
+    @abc.abstractmethod
+    def _conv_transpose2d(self, x, w, bias, stride: tuple[int, int], padding: tuple[int, int],
+                          output_padding: tuple[int, int], dilation: tuple[int, int], groups: int):
+        """torch's conv_transpose2d of a 4-D x with checked, paired arguments."""
+
+    @abc.abstractmethod
+    def _pad(self, x, pads: tuple[int, int, int, int], mode: str):
+        """x padded by (top, bottom, left, right) on its last two dims; mode reflect/replicate/circular/zeros."""
+
+    @abc.abstractmethod
+    def _window2d(self, x, mode: str, rows: tuple, cols: tuple):
+        """x (..., H, W) -> (..., OH, OW) through a row and a column tap table (ops/windows.py):
+        (idx int32 (O, T), wgt float32 (O, T)), idx -1 skipping a tap; mode "sum" (weighted sum of
+        valid taps) or "max" (NaN propagating, -inf where no tap is valid)."""
+
+    @abc.abstractmethod
+    def _unary(self, op: str, x, **params):
+        """An elementwise op of ``plans.UNARY_OPS`` with its checked parameters."""
+
+    @abc.abstractmethod
+    def _binary(self, op: str, a, b):
+        """An op of ``plans.BINARY_OPS`` (or a comparison); a, b native arrays or Python floats
+        (not both floats), broadcasting as torch."""
+
+    @abc.abstractmethod
+    def _reduce(self, op: str, x, dims: tuple[int, ...], keepdim: bool):
+        """sum/mean/max/min/prod... of ``plans.REDUCE_OPS`` over ``dims`` (float32 result)."""
+
+    # ---- primitives with a default ---------------------------------------------------------
+    def _from_torch(self, t, dtype: str = "float32"):
+        """A torch tensor -> a native array stored as ``dtype`` (default: through NumPy)."""
+        import torch
+        return self._from_numpy(t.detach().to("cpu", dtype=torch.float32).numpy(), dtype)
+
+    def _to_torch(self, x, like):
+        """A native array -> a float32 torch tensor on ``like``'s device (default: through NumPy)."""
+        import torch
+        a = self._to_numpy(x)
+        out = torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape))  # keeps 0-d results 0-d
+        return out if like.device.type == "cpu" else out.to(like.device)
+
+    def _shape(self, x) -> tuple[int, ...]:
+        """The shape of a native array."""
+        return tuple(x.shape)
+
+    def _mm(self, a, b):
+        """a (M, K) @ b (K, N) (default: through ``_bmm``)."""
+        M, N = self._shape(a)[0], self._shape(b)[1]
+        y = self._bmm(self._reshape(a, (1,) + self._shape(a)), self._reshape(b, (1,) + self._shape(b)))
+        return self._reshape(y, (M, N))
+
+    def _contiguous(self, x):
+        """x in C order (x itself when it already is)."""
+        return x
+
+    def _empty(self, shape: tuple[int, ...], dtype: str = "float32"):
+        """An uninitialised native array of ``shape`` stored as ``dtype`` (default: through NumPy)."""
+        return self._from_numpy(np.empty(tuple(shape), np.float32), dtype)
+
+    def _band_rows(self, x, a: int, b: int):
+        """x[:, :, a:b] of a 4-D array (a chunked conv's row band)."""
+        return x[:, :, a:b]
+
+    def _band_batch(self, x, a: int, b: int):
+        """x[a:b] along the first dim (a chunked conv's batch part)."""
+        return x[a:b]
+
+    def _band_cat(self, parts: list, axis: int):
+        """The chunked conv's parts joined along ``axis``."""
+        return self._cat(parts, axis)
+
+    def _precision(self):
+        """A context manager for the device's full float32 precision (vendor libraries that default
+        to TF32 turn it off inside)."""
+        return contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (used by benchmarks)."""
+
+    @property
+    def device(self) -> str:
+        """Human-readable device description."""
+        return "unknown device"
+
+    # ---- optional fused kernels (declared in caps.fused) -----------------------------------
+    def _adam_step(self, param, grad, m, v, vmax, w: float, lerp_form: bool, beta2: float, omb2: float,
+                   bc2_sqrt: float, eps: float, neg_step: float) -> tuple:
+        """"adam_step": one Adam update -> new (param, exp_avg, exp_avg_sq, max_exp_avg_sq or None)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'adam_step'")
+
+    def _conv2d_weight_grad(self, x, gy, wshape: tuple, stride: tuple, pads: tuple, dilation: tuple,
+                            groups: int):
+        """"conv_weight_grad": conv2d's gW (Cout, Cin/G, KH, KW), or None to take the shared path."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'conv_weight_grad'")
+
+    def _conv2d_input_grad(self, gy, w, in_hw: tuple, stride: tuple, pads: tuple, dilation: tuple,
+                           groups: int):
+        """"conv_input_grad": conv2d's gx (N, Cin, H, W), or None to take the shared path."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'conv_input_grad'")
+
+    def _all_finite(self, x) -> bool:
+        """"all_finite": True when x holds no inf and no NaN."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'all_finite'")
+
+    def _write_rows(self, out, start: int, rows: np.ndarray) -> None:
+        """"write_rows": the float32 host rows written into ``out`` (from ``_empty``) from element ``start``."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'write_rows'")
+
+    # ---- dtypes ------------------------------------------------------------------------------
+    def _storage_dtype(self, op: str, dtype) -> str:
+        """The dtype name to store as (None: float32), refused with an AnyDeviceError naming the op,
+        'dtype' and the value when the device cannot store it."""
+        if dtype is None:
+            return "float32"
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = None
+        if name not in self.caps.storage_dtypes:
+            raise AnyDeviceError(op, "dtype", dtype, f"is not a dtype the {getattr(self, 'name', 'device')} "
+                                 f"device stores (it stores {', '.join(sorted(self.caps.storage_dtypes))})")
+        return name
