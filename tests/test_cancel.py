@@ -57,6 +57,28 @@ def _post(srv, path: str) -> None:
         r.read()
 
 
+def _interrupt(srv, pid: str) -> tuple[float, dict | None]:
+    """POST /interrupt, then poll /history every 20 ms until the prompt is there (60 s at most):
+    (the time the cancel was posted, the prompt's history or None)."""
+    t_cancel = time.time()
+    _post(srv, "/interrupt")
+    while time.time() - t_cancel < 60:
+        h = srv.get(f"/history/{pid}")
+        if pid in h:
+            return t_cancel, h[pid]
+        time.sleep(0.02)
+    return t_cancel, None
+
+
+def _latency(hist: dict | None, t_cancel: float, what: str) -> float:
+    """Seconds from the cancel to when ComfyUI itself ended the prompt: its execution_interrupted
+    message's timestamp (ms, the same clock)."""
+    assert hist is not None, f"the {what} did not end within 60 s of the cancel"
+    msgs = dict((m[0], m[1]) for m in hist.get("status", {}).get("messages", []))
+    assert "execution_interrupted" in msgs, list(msgs)
+    return msgs["execution_interrupted"]["timestamp"] / 1000.0 - t_cancel
+
+
 @pytest.mark.parametrize("device", list(DEVICES))
 def test_cancel_ends_a_long_conv_within_a_second(srv, device):
     names = srv.get("/object_info/AnyDeviceDeviceSelect")["AnyDeviceDeviceSelect"]["input"]["required"]["device"][0]
@@ -81,21 +103,9 @@ def test_cancel_ends_a_long_conv_within_a_second(srv, device):
     assert t_run is not None, "the prompt never started"
     time.sleep(3.0)
     assert pid not in srv.get(f"/history/{pid}"), "the prompt ended within 3 s: not a long op"
-    t_cancel = time.time()
-    _post(srv, "/interrupt")
-    hist = None
-    while time.time() - t_cancel < 60:
-        h = srv.get(f"/history/{pid}")
-        if pid in h:
-            hist = h[pid]
-            break
-        time.sleep(0.02)
+    t_cancel, hist = _interrupt(srv, pid)
     seen = time.time() - t_cancel  # when the poll saw it (adds HTTP and scheduling delays)
-    assert hist is not None, "the prompt did not end within 60 s of the cancel"
-    msgs = dict((m[0], m[1]) for m in hist.get("status", {}).get("messages", []))
-    assert "execution_interrupted" in msgs, list(msgs)
-    # when ComfyUI itself ended the prompt: the interrupted message's timestamp (ms, same clock)
-    latency = msgs["execution_interrupted"]["timestamp"] / 1000.0 - t_cancel
+    latency = _latency(hist, t_cancel, "prompt")
     LATENCY[device] = {"ended_s": round(latency, 3), "seen_by_poll_s": round(seen, 3),
                        "cancel_after_running_s": round(t_cancel - t_run, 3), "cancel_at": round(t_cancel, 3)}
     H.ARTIFACTS.mkdir(exist_ok=True)
@@ -137,23 +147,12 @@ def test_cancel_ends_a_million_step_training_within_a_second_under_load(srv):
             time.sleep(0.05)
         time.sleep(1.0)  # within the time the whole plan took to build
         assert pid not in srv.get(f"/history/{pid}"), "the training ended within 1 s: not a long run"
-        t_cancel = time.time()
-        _post(srv, "/interrupt")
-        hist = None
-        while time.time() - t_cancel < 60:
-            h = srv.get(f"/history/{pid}")
-            if pid in h:
-                hist = h[pid]
-                break
-            time.sleep(0.02)
+        t_cancel, hist = _interrupt(srv, pid)
     finally:
         for b in burners:
             b.kill()
             b.wait()
-    assert hist is not None, "the training did not end within 60 s of the cancel"
-    msgs = dict((m[0], m[1]) for m in hist.get("status", {}).get("messages", []))
-    assert "execution_interrupted" in msgs, list(msgs)
-    latency = msgs["execution_interrupted"]["timestamp"] / 1000.0 - t_cancel
+    latency = _latency(hist, t_cancel, "training")
     LATENCY["train"] = {"ended_s": round(latency, 3)}
     H.ARTIFACTS.mkdir(exist_ok=True)
     (H.ARTIFACTS / "cancel_latency.json").write_text(json.dumps(LATENCY, indent=1))
