@@ -11,7 +11,6 @@ VAE of the tests gives noise).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -22,16 +21,10 @@ HERE = Path(__file__).resolve().parent
 VAE_FILE = "anydevice_random_sd15_vae.safetensors"
 
 
-def _build():
-    if "anydevice_wf_build" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("anydevice_wf_build", HERE / "build.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["anydevice_wf_build"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["anydevice_wf_build"]
+if str(HERE) not in sys.path:  # loaded by path (the tests): build.py beside this file
+    sys.path.insert(0, str(HERE))
+import build as B  # noqa: E402  (the graph writer, one module shared with the other generators)
 
-
-B = _build()
 # the ComfyUI core nodes this workflow uses: (widget names, defaults, outputs, socket inputs)
 B.CORE.setdefault("VAELoader", (["vae_name"], [VAE_FILE], [("VAE", "VAE")], []))
 B.CORE.setdefault("VAEEncode", ([], [], [("LATENT", "LATENT")], [("pixels", "IMAGE"), ("vae", "VAE")]))
