@@ -12,24 +12,30 @@ from anydevice.backend.learn import autograd as ag
 from grad_check import check_grad
 
 
-def test_chain_and_accumulation(backend_target):
-    be = backend_target
-    rng = np.random.default_rng(1)
+def _linear_case(be, seed):
+    """A seeded linear layer on be: the input X (4x5), weight W (3x5) and bias B (3) as Vars (W and B
+    need grads), the target t (4x3, numpy); and torch's float64 twin (tw, tb: leaves that need grads,
+    ty = linear(x, tw, tb), the target tt)."""
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal((4, 5)).astype(np.float32)
     w = rng.standard_normal((3, 5)).astype(np.float32)
     b = rng.standard_normal(3).astype(np.float32)
     t = rng.standard_normal((4, 3)).astype(np.float32)
-    W = ag.Var(be, w, requires_grad=True)
-    B = ag.Var(be, b, requires_grad=True)
-    X = ag.Var(be, x)
+    tw = torch.tensor(w.astype(np.float64), requires_grad=True)
+    tb = torch.tensor(b.astype(np.float64), requires_grad=True)
+    ty = TF.linear(torch.tensor(x, dtype=torch.float64), tw, tb)
+    twin = (tw, tb, ty, torch.tensor(t, dtype=torch.float64))
+    return ag.Var(be, x), ag.Var(be, w, requires_grad=True), ag.Var(be, b, requires_grad=True), t, twin
+
+
+def test_chain_and_accumulation(backend_target):
+    be = backend_target
+    X, W, B, t, (tw, tb, ty, tt) = _linear_case(be, 1)
     y = ag.F.linear(X, W, B)
     z = ag.F.relu(y) * 2.0 + y  # y used twice: gradients add up
     loss = ag.F.mse_loss(z, t)
     loss.backward()
-    tw = torch.tensor(w.astype(np.float64), requires_grad=True)
-    tb = torch.tensor(b.astype(np.float64), requires_grad=True)
-    ty = TF.linear(torch.tensor(x, dtype=torch.float64), tw, tb)
-    TF.mse_loss(torch.relu(ty) * 2 + ty, torch.tensor(t, dtype=torch.float64)).backward()
+    TF.mse_loss(torch.relu(ty) * 2 + ty, tt).backward()
     np.testing.assert_allclose(be.to_numpy(W.grad), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(be.to_numpy(B.grad), tb.grad.numpy(), rtol=1e-5, atol=1e-6)
     assert X.grad is None
@@ -39,19 +45,10 @@ def test_chain_and_accumulation(backend_target):
 
 
 def _second_backward_graph(be):
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((4, 5)).astype(np.float32)
-    w = rng.standard_normal((3, 5)).astype(np.float32)
-    b = rng.standard_normal(3).astype(np.float32)
-    t = rng.standard_normal((4, 3)).astype(np.float32)
-    W = ag.Var(be, w, requires_grad=True)
-    B = ag.Var(be, b, requires_grad=True)
-    y = ag.F.linear(ag.Var(be, x), W, B)
+    X, W, B, t, (tw, tb, ty, tt) = _linear_case(be, 2)
+    y = ag.F.linear(X, W, B)
     loss = ag.F.mse_loss(ag.F.tanh(y) * 2.0 + y, t)
-    tw = torch.tensor(w.astype(np.float64), requires_grad=True)
-    tb = torch.tensor(b.astype(np.float64), requires_grad=True)
-    ty = TF.linear(torch.tensor(x, dtype=torch.float64), tw, tb)
-    tloss = TF.mse_loss(torch.tanh(ty) * 2 + ty, torch.tensor(t, dtype=torch.float64))
+    tloss = TF.mse_loss(torch.tanh(ty) * 2 + ty, tt)
     return (W, B, loss), (tw, tb, tloss)
 
 
