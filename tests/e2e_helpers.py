@@ -391,6 +391,20 @@ HARMLESS_CONSOLE = ("user.css", "/api/userdata", "api.comfy.org", "Cannot read p
                     "JobsApiError", "Failed to fetch jobs", "/api/jobs")
 
 
+def open_frontend(pg, url: str, vue: bool) -> None:
+    """Opens the server's frontend at url in the Playwright page pg in the classic or the Vue node
+    renderer: the renderer is a user setting the server keeps, so it is set either way, then the page
+    starts afresh in it (asserted)."""
+    pg.goto(url + "/")
+    pg.wait_for_function("window.app && window.app.graph", timeout=120_000)
+    pg.evaluate("async (on) => { await app.extensionManager.setting.set('Comfy.VueNodes.Enabled', on); }", vue)
+    pg.reload()
+    pg.wait_for_function("window.app && window.app.graph && window.comfyAPI && window.comfyAPI.api",
+                         timeout=120_000)
+    pg.wait_for_timeout(1500)
+    assert pg.evaluate("() => !!app.extensionManager.setting.get('Comfy.VueNodes.Enabled')") == vue
+
+
 def pack_console_errors(messages: list[str]) -> list[str]:
     """Console errors/page errors that are not the known harmless ones."""
     return [m for m in messages if not any(h in m for h in HARMLESS_CONSOLE)]

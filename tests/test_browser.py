@@ -96,16 +96,7 @@ def page(cfg, srv):
         pg = browser.new_page(viewport=VIEWPORT)
         pg.on("console", lambda m: messages.append(f"{m.type}: {m.text}") if m.type == "error" else None)
         pg.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
-        pg.goto(srv.url + "/")
-        pg.wait_for_function("window.app && window.app.graph", timeout=120_000)
-        vue = cfg[2] == "vue"
-        # the renderer is a user setting; set it, then start the page afresh in that renderer
-        pg.evaluate("async (on) => { await app.extensionManager.setting.set('Comfy.VueNodes.Enabled', on); }", vue)
-        pg.reload()
-        pg.wait_for_function("window.app && window.app.graph && window.comfyAPI && window.comfyAPI.api",
-                             timeout=120_000)
-        pg.wait_for_timeout(1500)
-        assert pg.evaluate("() => !!app.extensionManager.setting.get('Comfy.VueNodes.Enabled')") == vue
+        H.open_frontend(pg, srv.url, vue=cfg[2] == "vue")
         pg.evaluate("""() => {
             window.__ad = {done: {}, errors: {}};
             const api = window.comfyAPI.api.api;

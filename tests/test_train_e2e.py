@@ -185,17 +185,9 @@ def test_live_loss_curve_in_the_browser(renderer):
         # page errors with their stack: the frontend's own (1.27's settings store throws on start-up)
         # are not the pack's; H.pack_console_errors keeps those whose stack passes through the pack
         pg.on("pageerror", lambda e: errors.append(f"pageerror: {e} {getattr(e, 'stack', '')}"))
-        pg.goto(srv.url + "/")
-        pg.wait_for_function("window.app && window.app.graph", timeout=120_000)
-        # the renderer is a user setting, kept by the server this process shares with test_browser.py
-        # (whose last configuration may have left the Vue renderer on): set it either way
-        vue = renderer == "vue"
-        pg.evaluate("async (on) => { await app.extensionManager.setting.set('Comfy.VueNodes.Enabled', on); }", vue)
-        pg.reload()
-        pg.wait_for_function("window.app && window.app.graph && window.comfyAPI && window.comfyAPI.api",
-                             timeout=120_000)
-        pg.wait_for_timeout(1500)
-        assert pg.evaluate("() => !!app.extensionManager.setting.get('Comfy.VueNodes.Enabled')") == vue
+        # the renderer is kept by the server this process shares with test_browser.py (whose last
+        # configuration may have left the Vue renderer on): open_frontend sets it either way
+        H.open_frontend(pg, srv.url, vue=renderer == "vue")
         assert "AnyDevice.Train" in pg.evaluate("() => app.extensions.map(e => e.name)")
         pg.evaluate("""() => { window.__tr = {events: [], done: null};
             const api = window.comfyAPI.api.api;
