@@ -391,6 +391,23 @@ HARMLESS_CONSOLE = ("user.css", "/api/userdata", "api.comfy.org", "Cannot read p
                     "JobsApiError", "Failed to fetch jobs", "/api/jobs")
 
 
+def conv_train_prompt(size: int, images: int, lr: float, steps: int, batch_size: int) -> dict:
+    """An API prompt that trains a 1x1 conv (3 channels, bias) to copy ``images`` EmptyImages of
+    size x size, with SGD (momentum 0.9) and mse: nodes "1" to "4", the Train Network is "4"."""
+    return {
+        "1": {"class_type": "EmptyImage", "inputs": {"width": size, "height": size, "batch_size": images,
+                                                    "color": 0x336699}},
+        "2": {"class_type": "AnyDeviceNetworkInput", "inputs": {"shape": f"3, {size}, {size}"}},
+        "3": {"class_type": "AnyDeviceConvLayer", "inputs": {
+            "out_channels": 3, "kernel_size": 1, "stride": 1, "padding": "same", "padding_size": 1,
+            "padding_mode": "zeros", "dilation": 1, "groups": 1, "bias": True, "network": ["2", 0]}},
+        "4": {"class_type": "AnyDeviceTrainNetwork", "inputs": {
+            "loss": "mse", "optimizer": "sgd", "learning_rate": lr, "weight_decay": 0.0, "steps": steps,
+            "epochs": 0, "batch_size": batch_size, "momentum": 0.9, "train_seed": 0, "network": ["3", 0],
+            "inputs": ["1", 0], "targets": ["1", 0]}},
+    }
+
+
 def open_frontend(pg, url: str, vue: bool) -> None:
     """Opens the server's frontend at url in the Playwright page pg in the classic or the Vue node
     renderer: the renderer is a user setting the server keeps, so it is set either way, then the page

@@ -117,17 +117,7 @@ def test_cancel_ends_a_long_conv_within_a_second(srv, device):
 
 def _train_prompt(lr: float) -> dict:
     """A Train Network of 1,000,000 short steps (a 1x1 conv on 8 tiny images)."""
-    return {
-        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 8, "color": 0x336699}},
-        "2": {"class_type": "AnyDeviceNetworkInput", "inputs": {"shape": "3, 8, 8"}},
-        "3": {"class_type": "AnyDeviceConvLayer", "inputs": {
-            "out_channels": 3, "kernel_size": 1, "stride": 1, "padding": "same", "padding_size": 1,
-            "padding_mode": "zeros", "dilation": 1, "groups": 1, "bias": True, "network": ["2", 0]}},
-        "4": {"class_type": "AnyDeviceTrainNetwork", "inputs": {
-            "loss": "mse", "optimizer": "sgd", "learning_rate": lr, "weight_decay": 0.0, "steps": 1000000,
-            "epochs": 0, "batch_size": 4, "momentum": 0.9, "train_seed": 0, "network": ["3", 0],
-            "inputs": ["1", 0], "targets": ["1", 0]}},
-    }
+    return H.conv_train_prompt(size=8, images=8, lr=lr, steps=1000000, batch_size=4)
 
 
 def test_cancel_ends_a_million_step_training_within_a_second_under_load(srv):

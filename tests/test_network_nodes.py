@@ -22,7 +22,7 @@ from anydevice.nodes import runner
 from anydevice.nodes.common import NodeError
 from anydevice.nodes.resident import DeviceTensor
 from conftest import TARGETS
-from e2e_helpers import finishes
+from e2e_helpers import conv_train_prompt, finishes
 
 BACKENDS = [t[0] for t in TARGETS if t[0] in ("numpy", "opencl", "cpu", "cuda", "rocm", "torch-cuda")]
 
@@ -459,15 +459,7 @@ def test_save_network_overwrite_widget_is_optional_so_saved_prompts_still_run(tm
     assert "unless overwrite is on" in spec["required"]["filename"][1]["tooltip"]
     monkeypatch.chdir(tmp_path)
     prompt = {  # an API prompt saved before the widget existed
-        "1": {"class_type": "EmptyImage", "inputs": {"width": 6, "height": 6, "batch_size": 4, "color": 0x336699}},
-        "2": {"class_type": "AnyDeviceNetworkInput", "inputs": {"shape": "3, 6, 6"}},
-        "3": {"class_type": "AnyDeviceConvLayer", "inputs": {
-            "out_channels": 3, "kernel_size": 1, "stride": 1, "padding": "same", "padding_size": 1,
-            "padding_mode": "zeros", "dilation": 1, "groups": 1, "bias": True, "network": ["2", 0]}},
-        "4": {"class_type": "AnyDeviceTrainNetwork", "inputs": {
-            "loss": "mse", "optimizer": "sgd", "learning_rate": 0.1, "weight_decay": 0.0, "steps": 2, "epochs": 0,
-            "batch_size": 2, "momentum": 0.9, "train_seed": 0, "network": ["3", 0], "inputs": ["1", 0],
-            "targets": ["1", 0]}},
+        **conv_train_prompt(size=6, images=4, lr=0.1, steps=2, batch_size=2),
         "5": {"class_type": "AnyDeviceSaveNetwork", "inputs": {"filename": "old_prompt", "network": ["4", 0]}},
     }
     for _ in range(2):
