@@ -135,7 +135,8 @@ def test_nonfinite_input_keeps_torch_semantics(backend_target, bad):
 def tiny_chunks(monkeypatch):
     """Every conv counts as long: chunks of a few rows (a GPU's modelled rate too)."""
     monkeypatch.setattr(cancel, "CHUNK_SECONDS", 1e-6)
-    monkeypatch.setattr(bigconv, "DEFAULT_MACS_PER_S", bigconv.MACS_PER_S["numpy"])
+    from anydevice.backend.devices.numpy import NumpyBackend
+    monkeypatch.setattr(bigconv, "DEFAULT_MACS_PER_S", NumpyBackend.caps.macs_per_s)
     yield
     cancel.set_checker(None)
     cancel.set_progress(None)

@@ -234,7 +234,7 @@ def test_conv2d_grad_shifted_paths(backend_target, monkeypatch, xs, ws, opts):
     monkeypatch.setattr(numpy_backend, "WGRAD_STEP", 7)
     monkeypatch.setattr(numpy_backend, "WGRAD_SHIFT_MIN_CIN", 1)
     try:
-        from anydevice.backend.devices.opencl import backend as ocl
+        from anydevice.backend.devices.opencl import wgrad as ocl
         monkeypatch.setattr(ocl, "WGRAD_SHIFT_MIN_COLS", 0)
         monkeypatch.setattr(ocl, "WGRAD_SHIFT_MIN_CIN", 1)
         monkeypatch.setattr(ocl, "WGRAD_SHIFT_BYTES", 1)  # one image per step

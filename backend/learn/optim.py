@@ -297,7 +297,7 @@ class Adam(Optimizer):
         # exp_avg.lerp_(grad, 1 - beta1): torch's lerp, the weight rounded to float32 first
         m, v = state["exp_avg"], state["exp_avg_sq"]
         w = _F32(1.0 - beta1)
-        fused = getattr(be, "_adam_step", None)
+        fused = be._adam_step if "adam_step" in be.caps.fused else None
         if fused is not None and type(grad) is type(param) and type(m) is type(param) \
                 and type(v) is type(param) and (not group["amsgrad"] or state.get("max_exp_avg_sq") is not None):
             # the same float32 operations in the same order, in one pass (one launch on a device)

@@ -47,42 +47,25 @@ F32 = np.float32
 SEP_TOL = 1e-7
 #: kernels with fewer taps than this keep the backend's own conv (it is fast enough there)
 SEP_MIN_TAPS = 49
-#: FFT path: fewest kernel taps (KH*KW) where a backend goes through the FFT (small kernels with
-#: many channels stay GEMMs: the FFT only pays for itself on big spatial kernels)
-FFT_MIN_TAPS = {"numpy": 120, "opencl": 577}
-#: multiply-adds per second of each backend's conv, (few channels: depthwise-like, many: GEMM-like),
-#: measured here and rounded down; they only decide whether an op is long enough to be cut into
-#: chunks (the row bands are then sized from the first band's measured time)
-MACS_PER_S = {"numpy": (1.0e9, 2e10), "opencl": (4.0e9, 2e10), "cpu": (0.25e9, 2e10)}
-DEFAULT_MACS_PER_S = (5e11, 5e12)  # GPUs
+#: The FFT path's fewest kernel taps (KH*KW) are each device's ``caps.fft_min_taps`` (small kernels
+#: with many channels stay GEMMs: the FFT only pays for itself on big spatial kernels), and a conv's
+#: multiply-adds per second its ``caps.macs_per_s`` (devices/interface.py); they only decide whether
+#: an op is long enough to be cut into chunks (the row bands are then sized from the first band's
+#: measured time). A device without an estimate (a GPU) gets this one:
+DEFAULT_MACS_PER_S = (5e11, 5e12)
 
 
 # ---- chunking ------------------------------------------------------------------------------------
 def _rows(be, x, a, b):
-    f = getattr(be, "_band_rows", None)
-    return f(x, a, b) if f is not None else x[:, :, a:b]
+    return be._band_rows(x, a, b)
 
 
 def _batch(be, x, a, b):
-    f = getattr(be, "_band_batch", None)
-    return f(x, a, b) if f is not None else x[a:b]
+    return be._band_batch(x, a, b)
 
 
 def _cat(be, parts, axis):
-    if len(parts) == 1:
-        return parts[0]
-    f = getattr(be, "_band_cat", None)
-    if f is not None:
-        return f(parts, axis)
-    p = parts[0]
-    if isinstance(p, np.ndarray):
-        return np.concatenate(parts, axis=axis)
-    mod = type(p).__module__
-    if mod.startswith("torch"):
-        import torch
-        return torch.cat(parts, dim=axis)
-    import cupy  # the CUDA backend's arrays
-    return cupy.concatenate(parts, axis=axis)
+    return parts[0] if len(parts) == 1 else be._band_cat(parts, axis)
 
 
 def _sync(be):
@@ -93,7 +76,7 @@ def _sync(be):
 
 
 def _seconds(be, macs: float, g) -> float:
-    slow, fast = MACS_PER_S.get(be.name, DEFAULT_MACS_PER_S)
+    slow, fast = be.caps.macs_per_s or DEFAULT_MACS_PER_S
     return macs / (slow if g.CinG * g.CoutG < 16 else fast)
 
 
@@ -135,7 +118,7 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
     cancel.CHUNK_SECONDS with cancel.check() between them: whole images while one takes well under
     a chunk, else output row bands. The size is in output rows (k whole images are k * OH rows),
     re-estimated after every chunk from its wall time (``cancel.Sizer``: the first chunk, a guess
-    from MACS_PER_S, is timed; then the size halves when a chunk took too long), so a CPU-heavy
+    from the device's caps.macs_per_s, is timed; then the size halves when a chunk took too long), so a CPU-heavy
     process starting mid-op shrinks the chunks instead of stretching them."""
     g = conv2d_geometry(be._shape(x), be._shape(w), stride, pads, dilation, groups)
     macs = float(g.N) * g.Cout * g.OH * g.OW * g.CinG * g.KH * g.KW
@@ -191,7 +174,7 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
 
 def chunked_transpose(be, fn, x, w, bias, stride, padding, output_padding, dilation, groups):
     """conv_transpose2d in batch chunks with cancel.check() between them, sized by wall time
-    (``cancel.Sizer``) from a first chunk guessed from MACS_PER_S."""
+    (``cancel.Sizer``) from a first chunk guessed from the device's caps.macs_per_s."""
     g = conv_transpose2d_geometry(be._shape(x), be._shape(w), stride, padding, output_padding, dilation, groups)
     macs = float(g.N) * g.C * g.H * g.W * g.CoutG * g.KH * g.KW
     secs = _seconds(be, macs, g)
@@ -263,12 +246,9 @@ def _finite(be, x) -> bool:
             if not all(bool(np.isfinite(x[planes[p]][r0:r1]).all()) for p, r0, r1 in _plane_rows(P, H, a, b)):
                 return False
         return True
-    f = getattr(be, "_all_finite", None)
-    if f is None:
-        cp = getattr(be, "cp", None)  # the CUDA backend (CuPy arrays)
-        if cp is None or not isinstance(x, cp.ndarray):
-            return False
-        f = lambda a: bool(cp.isfinite(a).all())  # noqa: E731
+    if "all_finite" not in be.caps.fused:
+        return False
+    f = be._all_finite
     flat = be._reshape(x, (P * H, W))
     return all(f(_batch(be, flat, a, b)) for a, b in cancel.timed_chunks(P * H, first))
 
@@ -297,7 +277,7 @@ class _DeviceOut:
 
     def __init__(self, be, shape):
         self.be, self.shape = be, tuple(shape)
-        self.cl = getattr(be, "cl", None) is not None and hasattr(be, "_empty") and hasattr(be, "queue")
+        self.cl = "write_rows" in be.caps.fused  # written in place (OpenCL)
         self.out = be._empty(self.shape) if self.cl else None
         self.parts = []
 
@@ -309,10 +289,9 @@ class _DeviceOut:
         else:
             rows = y.reshape(-1, y.shape[-1])
             W = rows.shape[1]
-            base = self.out.offset + n * rows.size
+            base = n * rows.size
             for a, b in cancel.timed_chunks(rows.shape[0], max(1, CHUNK_ELEMS // max(1, W))):
-                be.cl.enqueue_copy(be.queue, self.out.buffer, rows[a:b], dst_offset=4 * (base + a * W),
-                                   is_blocking=True)
+                be._write_rows(self.out, base + a * W, rows[a:b])
         be._count("uploads", y.nbytes)
 
     def result(self):
@@ -320,9 +299,8 @@ class _DeviceOut:
 
 
 def _fft_capable(be) -> bool:
-    if be.name == "numpy":
-        return True
-    return be.name == "opencl" and getattr(be, "family", "") == "cpu" and getattr(be, "is_cpu_device", False)
+    """Whether the host FFT conv pays off on this device (its capability "fft_conv")."""
+    return "fft_conv" in be.caps.fused
 
 
 def conv2d(be, x, w, bias, stride, pads, dilation, groups):
@@ -334,7 +312,7 @@ def conv2d(be, x, w, bias, stride, pads, dilation, groups):
         return be._conv2d(x, w, bias, stride, pads, dilation, groups)
     taps = g.KH * g.KW
     sep = g.CinG == 1 and g.KH > 1 and g.KW > 1 and taps >= SEP_MIN_TAPS
-    fft = _fft_capable(be) and taps >= FFT_MIN_TAPS.get(be.name, 1 << 30) and _fft_fits(g)
+    fft = _fft_capable(be) and taps >= be.caps.fft_min_taps and _fft_fits(g)
     if sep or fft:
         cancel.check()
         wh = _host_weight(be, w)

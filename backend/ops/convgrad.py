@@ -12,17 +12,16 @@ conv2d, y = conv(x_padded, w) with stride s, dilation d, groups G:
   stride d, dilation s, groups G -> (Cin/G, Cout, KH, KW). It goes straight to the backend's
   ``_conv2d`` primitive (im2col + one GEMM whose reduction runs over N*OH*OW), never through the
   big-kernel dispatch (bigconv: a 64x64 "kernel" here must not take the FFT path). A backend may
-  provide ``_conv2d_weight_grad(x, gy, wshape, stride, pads, dilation, groups)`` instead.
+  provide ``_conv2d_weight_grad(x, gy, wshape, stride, pads, dilation, groups)`` instead (its
+  fused kernel "conv_weight_grad", devices/interface.py).
 * input gradient: conv_transpose2d of gy (its padding and output_padding chosen to land on the
   input's rows), cropped / zero-padded where the padding is asymmetric. (A conv2d of gy with the
   flipped weight measured 1.8x slower on OpenCL/PoCL than its direct transposed kernel, 43 vs 24 ms
   on 16x32x64x64.) A backend may provide ``_conv2d_input_grad(gy, w, (H, W), stride, pads,
-  dilation, groups)``: NumPy's (stride 1) runs per-tap GEMMs on shifted views of the padded gy.
+  dilation, groups)`` ("conv_input_grad"): NumPy's (stride 1) runs per-tap GEMMs on shifted views of the padded gy.
 * bias gradient: gy summed over (N, H, W).
 """
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 
@@ -37,7 +36,7 @@ def _shape(be, x):
 def conv2d_weight_grad(be, x, gy, wshape, stride, pads, dilation, groups):
     """gW (Cout, Cin/G, KH, KW) of conv2d(x, w, stride, pads (t, b, l, r) of zeros, dilation, groups)
     for the output gradient gy (N, Cout, OH, OW). x (N, Cin, H, W) is the unpadded input."""
-    own = getattr(be, "_conv2d_weight_grad", None)
+    own = be._conv2d_weight_grad if "conv_weight_grad" in be.caps.fused else None
     if own is None and be.kind == "vendor":
         own = _torch_weight_grad(be)
     if own is not None:
@@ -83,8 +82,7 @@ def _torch_weight_grad(be):
             x = torch.nn.functional.pad(x, (l, r, t, b))
             t = l = 0
         w = torch.zeros(wshape, dtype=x.dtype, device=x.device)  # only its shape is used
-        ctx = be._precision() if hasattr(be, "_precision") else contextlib.nullcontext()
-        with ctx, torch.no_grad():
+        with be._precision(), torch.no_grad():
             return torch.ops.aten.convolution_backward(
                 gy, x, w, None, list(stride), [t, l], list(dilation), False, [0, 0], groups,
                 [False, True, False])[1]
@@ -102,7 +100,7 @@ def conv2d_input_grad(be, gy, w, in_hw, stride, pads, dilation, groups):
     eh, ew = dh * (KH - 1), dw * (KW - 1)
     if N == 0:
         return be.to_device(np.zeros((0, Cing * groups, H, W), np.float32), "conv2d", "input", constant=True)
-    own = getattr(be, "_conv2d_input_grad", None)
+    own = be._conv2d_input_grad if "conv_input_grad" in be.caps.fused else None
     if own is not None:
         gx = own(gy, w, (H, W), (sh, sw), tuple(pads), (dh, dw), groups)
         if gx is not None:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from ...system import config
-from ...ops.contract import Backend, tf32_allowed, unary_kernel_args
+from ...ops.contract import Backend, Capabilities, tf32_allowed, unary_kernel_args
 from ...ops.plans import conv2d_geometry
 from ..runtime import JsonStore, cache_dir, pack_args
 from .device import _cupy, _describe
@@ -22,6 +22,7 @@ from .tiles import BLOCK, CACHE_NAME, MISC, _cdiv, _size_class, _tiles_for, buil
 
 class CudaBackend(CudaLinalg, Backend):
     kind = "own"
+    caps = Capabilities(fused=frozenset({"all_finite"}))
 
     def __init__(self, name: str = "cuda", index: int = 0):
         super().__init__(index, name)
@@ -100,7 +101,7 @@ class CudaBackend(CudaLinalg, Backend):
             return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
 
     # ---- conversion / layout ----------------------------------------------------------------
-    def _from_numpy(self, a):
+    def _from_numpy(self, a, dtype="float32"):
         self._enter()
         return self.cp.asarray(a, dtype=self.cp.float32)
 
@@ -108,7 +109,7 @@ class CudaBackend(CudaLinalg, Backend):
         self._enter()
         return self.cp.asnumpy(x)
 
-    def _from_torch(self, t):
+    def _from_torch(self, t, dtype="float32"):
         torch = sys.modules["torch"]
         t = t.detach()
         if t.device.type != "cuda":
@@ -172,7 +173,11 @@ class CudaBackend(CudaLinalg, Backend):
         grid = max(1, min(_cdiv(total, BLOCK), self.sm_count * 32))
         fn((grid,), (BLOCK,), args)
 
-    def _empty(self, shape):
+    def _all_finite(self, x) -> bool:
+        """No Inf or NaN in ``x`` (one CuPy reduction)."""
+        return bool(self.cp.isfinite(x).all())
+
+    def _empty(self, shape, dtype="float32"):
         return self.cp.empty(tuple(shape), dtype=self.cp.float32)
 
     def _null(self):

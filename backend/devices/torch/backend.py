@@ -10,7 +10,7 @@ import contextlib
 
 import numpy as np
 
-from ...ops.contract import Backend, tf32_allowed
+from ...ops.contract import Backend, Capabilities, tf32_allowed
 
 #: registry name -> torch device type
 DEVICE_TYPES = {"cpu": "cpu", "cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps",
@@ -91,6 +91,8 @@ class TorchBackend(Backend):
         dev_type = DEVICE_TYPES[name]
         self.dev = torch.device(dev_type if dev_type in ("cpu", "mps") else f"{dev_type}:{index}")
         self.native_types = ()  # every tensor goes through _from_torch (device + dtype check)
+        # PyTorch's CPU conv speed (chunking estimate, devices/interface.py); a GPU's is the default
+        self.caps = Capabilities(macs_per_s=(0.25e9, 2e10) if name == "cpu" else None)
         self.F = torch.nn.functional
         self.f32 = torch.float32
         ok, _, names = _probe(name)
@@ -137,12 +139,12 @@ class TorchBackend(Backend):
             self.torch.mps.synchronize()
 
     # ---- conversion -------------------------------------------------------------------------
-    def _from_numpy(self, a):
+    def _from_numpy(self, a, dtype="float32"):
         if any(st < 0 for st in a.strides):  # torch takes no negative strides (np.flip views)
             a = np.ascontiguousarray(a)
         return self.torch.as_tensor(a, device=self.dev)
 
-    def _from_torch(self, t):
+    def _from_torch(self, t, dtype="float32"):
         if t.dtype is self.f32 and t.device == self.dev and not t.requires_grad:
             return t
         return t.detach().to(self.dev, dtype=self.f32)
