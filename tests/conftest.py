@@ -41,9 +41,18 @@ def _opencl_gpu_family():
     return opencl_backend.create("opencl", 0, family="gpu")
 
 
+def _mini_device():
+    """test_device_interface.MiniDevice: a device written from the interface alone (plain NumPy)."""
+    spec = importlib.util.spec_from_file_location("_anydevice_mini_device", ROOT / "tests" / "test_device_interface.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.create_mini()
+
+
 #: extra test targets per backend: the OpenCL GPU kernel family forced on whatever device is there
-#: (on PoCL that is how the portable GPU kernels are tested without a GPU)
-VARIANTS = {"opencl": [("opencl-gpu-family", _opencl_gpu_family)]}
+#: (on PoCL that is how the portable GPU kernels are tested without a GPU); "mini", the minimal
+#: device of test_device_interface.py, runs with the numpy backend
+VARIANTS = {"opencl": [("opencl-gpu-family", _opencl_gpu_family)], "numpy": [("mini", _mini_device)]}
 
 
 def _targets():

@@ -21,10 +21,14 @@ from __future__ import annotations
 import abc
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..system.errors import AnyDeviceError
+
+#: a device's own array (``Device.native_types``)
+Array = Any
 
 #: every optional kernel a device can declare in ``Capabilities.fused``, with what it means
 FUSED_KERNELS = {
@@ -74,82 +78,83 @@ class Device(abc.ABC):
 
     # ---- conversion (required) -------------------------------------------------------------
     @abc.abstractmethod
-    def _from_numpy(self, a: np.ndarray, dtype: str = "float32"):
+    def _from_numpy(self, a: np.ndarray, dtype: str = "float32") -> Array:
         """A float32 NumPy array -> a native array stored as ``dtype`` (may share memory; never written)."""
 
     @abc.abstractmethod
-    def _to_numpy(self, x) -> np.ndarray:
+    def _to_numpy(self, x: Array) -> np.ndarray:
         """A native array -> a float32 NumPy array."""
 
     # ---- layout (required) -----------------------------------------------------------------
     @abc.abstractmethod
-    def _reshape(self, x, shape: tuple[int, ...]):
+    def _reshape(self, x: Array, shape: tuple[int, ...]) -> Array:
         """x with a new shape of the same size (a view where the layout allows it)."""
 
     @abc.abstractmethod
-    def _permute(self, x, axes: tuple[int, ...]):
+    def _permute(self, x: Array, axes: tuple[int, ...]) -> Array:
         """x with its dims permuted (a copy or a read-only view)."""
 
     @abc.abstractmethod
-    def _expand(self, x, shape: tuple[int, ...]):
+    def _expand(self, x: Array, shape: tuple[int, ...]) -> Array:
         """x broadcast to ``shape`` (materialised if the device needs it)."""
 
     @abc.abstractmethod
-    def _concat_channels(self, parts: list, n: int, c: int, h: int, w: int):
+    def _concat_channels(self, parts: list[Array], n: int, c: int, h: int, w: int) -> Array:
         """k arrays (n, c, h, w) stacked into (n, k*c, h, w)."""
 
     @abc.abstractmethod
-    def _slice1(self, x, i: int):
+    def _slice1(self, x: Array, i: int) -> Array:
         """x[:, i] of a 5-D (n, k, ...) array."""
 
     @abc.abstractmethod
-    def _slice(self, x, dim: int, start: int, length: int, step: int):
+    def _slice(self, x: Array, dim: int, start: int, length: int, step: int) -> Array:
         """x[..., start:start + length*step:step] along ``dim`` (in range; a view where it can)."""
 
     @abc.abstractmethod
-    def _cat(self, parts: list, dim: int):
+    def _cat(self, parts: list[Array], dim: int) -> Array:
         """Same-rank arrays concatenated along ``dim`` (a new array)."""
 
     @abc.abstractmethod
-    def _where(self, c, a, b):
+    def _where(self, c: Array, a: Array, b: Array) -> Array:
         """a where c != 0 (NaN counts as true) else b; c, a, b broadcast (a new array)."""
 
     # ---- compute (required) ----------------------------------------------------------------
     @abc.abstractmethod
-    def _bmm(self, a, b):
+    def _bmm(self, a: Array, b: Array) -> Array:
         """a (Ba, M, K) @ b (Bb, K, N) with Ba, Bb in {1, B} -> (B, M, N)."""
 
     @abc.abstractmethod
-    def _conv2d(self, x, w, bias, stride: tuple[int, int], pads: tuple[int, int, int, int],
-                dilation: tuple[int, int], groups: int):
+    def _conv2d(self, x: Array, w: Array, bias: Array | None, stride: tuple[int, int],
+                pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int) -> Array:
         """Zero-padded conv2d of x (N, C, H, W) by w; pads = (top, bottom, left, right); bias None or (Cout,)."""
 
     @abc.abstractmethod
-    def _conv_transpose2d(self, x, w, bias, stride: tuple[int, int], padding: tuple[int, int],
-                          output_padding: tuple[int, int], dilation: tuple[int, int], groups: int):
+    def _conv_transpose2d(self, x: Array, w: Array, bias: Array | None, stride: tuple[int, int],
+                          padding: tuple[int, int], output_padding: tuple[int, int], dilation: tuple[int, int],
+                          groups: int) -> Array:
         """torch's conv_transpose2d of a 4-D x with checked, paired arguments."""
 
     @abc.abstractmethod
-    def _pad(self, x, pads: tuple[int, int, int, int], mode: str):
-        """x padded by (top, bottom, left, right) on its last two dims; mode reflect/replicate/circular/zeros."""
+    def _pad(self, x: Array, pads: tuple[int, int, int, int], mode: str) -> Array:
+        """x padded by (top, bottom, left, right) on its last two dims (reflect/replicate/circular/zeros)."""
 
     @abc.abstractmethod
-    def _window2d(self, x, mode: str, rows: tuple, cols: tuple):
+    def _window2d(self, x: Array, mode: str, rows: tuple, cols: tuple) -> Array:
         """x (..., H, W) -> (..., OH, OW) through a row and a column tap table (ops/windows.py):
         (idx int32 (O, T), wgt float32 (O, T)), idx -1 skipping a tap; mode "sum" (weighted sum of
         valid taps) or "max" (NaN propagating, -inf where no tap is valid)."""
 
     @abc.abstractmethod
-    def _unary(self, op: str, x, **params):
+    def _unary(self, op: str, x: Array, **params) -> Array:
         """An elementwise op of ``plans.UNARY_OPS`` with its checked parameters."""
 
     @abc.abstractmethod
-    def _binary(self, op: str, a, b):
+    def _binary(self, op: str, a: Array, b: Array) -> Array:
         """An op of ``plans.BINARY_OPS`` (or a comparison); a, b native arrays or Python floats
         (not both floats), broadcasting as torch."""
 
     @abc.abstractmethod
-    def _reduce(self, op: str, x, dims: tuple[int, ...], keepdim: bool):
+    def _reduce(self, op: str, x: Array, dims: tuple[int, ...], keepdim: bool) -> Array:
         """sum/mean/max/min/prod... of ``plans.REDUCE_OPS`` over ``dims`` (float32 result)."""
 
     # ---- primitives with a default ---------------------------------------------------------
@@ -229,7 +234,7 @@ class Device(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'all_finite'")
 
     def _write_rows(self, out, start: int, rows: np.ndarray) -> None:
-        """"write_rows": the float32 host rows written into ``out`` (from ``_empty``) from element ``start``."""
+        """"write_rows": float32 host rows written into ``out`` (an ``_empty`` array) from element ``start``."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'write_rows'")
 
     # ---- dtypes ------------------------------------------------------------------------------
