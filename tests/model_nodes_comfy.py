@@ -16,7 +16,6 @@ AnyDevice backends to try, comma-separated). Prints one line ``RESULT {json}``.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -44,13 +43,8 @@ import comfy.sd  # noqa: E402
 import comfy.supported_models  # noqa: E402
 
 
-def load_pack():
-    spec = importlib.util.spec_from_file_location("anydevice", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["anydevice"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.append(str(ROOT / "tools"))
+from _pack import load_pack  # noqa: E402  (the pack as ``anydevice``)
 
 
 def rel(a, b) -> float:

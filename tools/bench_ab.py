@@ -11,20 +11,18 @@ optionally written as JSON.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import statistics
 import sys
 from pathlib import Path
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _pack import load_pack  # noqa: E402
+
+
 def load(name: str, root: str):
-    root = str(Path(root).resolve())
-    spec = importlib.util.spec_from_file_location(name, Path(root) / "__init__.py",
-                                                  submodule_search_locations=[root])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    load_pack(root, name)
     return importlib.import_module(name + ".backend"), importlib.import_module(name + ".backend.bench.ops")
 
 

@@ -23,15 +23,8 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_pack():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("anydevice", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["anydevice"] = mod
-    spec.loader.exec_module(mod)
+sys.path.insert(0, str(ROOT / "tools"))
+from _pack import load_pack as _load_pack  # noqa: E402  (gpu_tile_check.py imports it from here)
 
 
 def _tag(cfg):

@@ -10,21 +10,14 @@ step). Prints the phase totals and the per-op medians over STEPS steps.
 from __future__ import annotations
 
 import collections
-import importlib.util
 import statistics
 import sys
 import time
 from pathlib import Path
 
 
-def load(root):
-    root = Path(root).resolve()
-    spec = importlib.util.spec_from_file_location("anydevice", root / "__init__.py",
-                                                  submodule_search_locations=[str(root)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["anydevice"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _pack import load_pack as load  # noqa: E402
 
 
 def main(argv):
