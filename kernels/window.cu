@@ -94,11 +94,13 @@ DEVICE_FN float ad_window_px(const GLOBAL float* RESTRICT xp, const GLOBAL int* 
     return acc;
 }
 
-KERNEL void ad_window2d(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y,
-                        const GLOBAL int* RESTRICT ridx, const GLOBAL float* RESTRICT rwgt,
-                        const GLOBAL int* RESTRICT cidx, const GLOBAL float* RESTRICT cwgt,
-                        const int planes, const int H, const int W, const int OH, const int OW,
-                        const int T_, const int S_, const int mode)
+/* the arguments of ad_window2d and ad_window2d_px (runtime/signatures.py: 6 buffers, 8 ints) */
+#define AD_WINDOW2D_ARGS const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, \
+    const GLOBAL int* RESTRICT ridx, const GLOBAL float* RESTRICT rwgt, \
+    const GLOBAL int* RESTRICT cidx, const GLOBAL float* RESTRICT cwgt, \
+    const int planes, const int H, const int W, const int OH, const int OW, const int T_, const int S_, const int mode
+
+KERNEL void ad_window2d(AD_WINDOW2D_ARGS)
 {
     const int T = WT > 0 ? WT : T_;
     const int S = WS > 0 ? WS : S_;
@@ -114,11 +116,7 @@ KERNEL void ad_window2d(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y
 
 /* the same, one output per work item and no loops over the launch (CPU devices: PoCL runs a work
  * group's items as one vectorised loop): dims 0, 1, 2 over ow, oh, planes */
-KERNEL void ad_window2d_px(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y,
-                           const GLOBAL int* RESTRICT ridx, const GLOBAL float* RESTRICT rwgt,
-                           const GLOBAL int* RESTRICT cidx, const GLOBAL float* RESTRICT cwgt,
-                           const int planes, const int H, const int W, const int OH, const int OW,
-                           const int T_, const int S_, const int mode)
+KERNEL void ad_window2d_px(AD_WINDOW2D_ARGS)
 {
     const int T = WT > 0 ? WT : T_;
     const int S = WS > 0 ? WS : S_;
