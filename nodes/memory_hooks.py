@@ -27,7 +27,7 @@ def release_pools() -> None:
     """Every backend made so far gives its pooled free memory back (arrays in use stay)."""
     from ..backend.system import memstat, registry
     from .resident import free_backend_memory
-    for be in list(registry._instances.values()):
+    for be in registry.live_backends():
         try:
             free_backend_memory(be)
         except Exception as exc:  # noqa: BLE001 - never fail ComfyUI's memory management

@@ -126,7 +126,7 @@ def release_all() -> None:
     its pooled memory back."""
     trim(0)
     from ..backend.system import registry
-    for be in list(registry._instances.values()):
+    for be in registry.live_backends():
         free_backend_memory(be)
 
 

@@ -307,18 +307,6 @@ class Registry:
 #: the process's registry; the functions below are calls on it
 REGISTRY = Registry()
 
-#: the old module globals, read through REGISTRY (nodes/ reads ``_instances``; use live_backends())
-_LEGACY = {"_infos": "infos", "_instances": "instances", "_auto": "auto", "_failed": "failed",
-           "_unchecked": "unchecked"}
-
-
-def __getattr__(name):
-    attr = _LEGACY.get(name)
-    if attr is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(REGISTRY, attr)
-
-
 def auto_name() -> str:
     """The backend auto picks: ANYDEVICE_BACKEND if set, else the best available. A setting that
     names no backend or one that cannot start here raises config.ConfigError (not cached)."""
