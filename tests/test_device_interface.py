@@ -66,6 +66,12 @@ def _unary(op, x, p):
     raise NotImplementedError(op)
 
 
+def _index(start, step, n, size):
+    """The n input positions start + step*k, ``size`` (a zero row) where outside the input."""
+    r = start + step * np.arange(n)
+    return np.where((r >= 0) & (r < size), r, size)
+
+
 def _taps(x, idx, wgt, axis, mode):
     """One axis of a window table: x's ``axis`` gathered through idx (O, T) (-1: no tap) and reduced."""
     shape = list(x.shape)
@@ -118,14 +124,15 @@ class MiniDevice(Backend):
         return np.matmul(a, b)
 
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
-        x = np.pad(x, ((0, 0), (0, 0), pads[:2], pads[2:]))
         (N, C, H, W), (Co, Cg, KH, KW), (sh, sw), (dh, dw), G = x.shape, w.shape, stride, dilation, groups
-        OH, OW = max(0, (H - dh * (KH - 1) - 1) // sh + 1), max(0, (W - dw * (KW - 1) - 1) // sw + 1)
+        OH = max(0, (H + pads[0] + pads[1] - dh * (KH - 1) - 1) // sh + 1)
+        OW = max(0, (W + pads[2] + pads[3] - dw * (KW - 1) - 1) // sw + 1)
+        xz = np.pad(x, ((0, 0), (0, 0), (0, 1), (0, 1)))  # taps outside x read this zero row / column
         cols = np.empty((N, G, Cg, KH, KW, OH, OW), F32)
         for i in range(KH):
             for j in range(KW):
-                cols[:, :, :, i, j] = x[:, :, i * dh:i * dh + (OH - 1) * sh + 1:sh,
-                                        j * dw:j * dw + (OW - 1) * sw + 1:sw].reshape(N, G, Cg, OH, OW)
+                r, c = _index(i * dh - pads[0], sh, OH, H), _index(j * dw - pads[2], sw, OW, W)
+                cols[:, :, :, i, j] = xz[:, :, r][:, :, :, c].reshape(N, G, Cg, OH, OW)
         with np.errstate(all="ignore"):  # inf and NaN propagate as in torch
             y = np.matmul(w.reshape(G, Co // G, -1), cols.reshape(N, G, Cg * KH * KW, OH * OW)).reshape(N, Co, OH, OW)
         return y if bias is None else y + bias.reshape(1, -1, 1, 1)
