@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import re
 import sys
@@ -13,6 +12,8 @@ import numpy as np
 import torch
 
 from ..backend import AnyDeviceError
+from ..backend.learn import optim as _optim
+from ..backend.learn.train import LOSSES as _TRAIN_LOSSES, one_target_per_input
 from ..backend.system import cancel as _cancel
 from .common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, resolve_backend
 from .learn_common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _TARGET_TYPES, _host_ui,
@@ -43,8 +44,8 @@ def _thin(values: list[float], n: int = CURVE_POINTS) -> list[float]:
     return [float(values[i]) for i in idx]
 
 
-LOSSES = ["mse", "l1", "smooth_l1", "huber", "bce", "psnr", "ssim", "cross_entropy"]
-OPTIMIZERS = ["adam", "adamw", "sgd"]
+LOSSES = list(_TRAIN_LOSSES)
+OPTIMIZERS = list(_optim.OPTIMIZERS)
 
 
 class AnyDeviceTrainNetwork(_LearnNode):
@@ -104,8 +105,10 @@ class AnyDeviceTrainNetwork(_LearnNode):
         net = _network(network, node, required=True)
         if not net.layers:
             raise NodeError(node, "network", "an empty network", "has no layers: connect layer nodes")
-        if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate > 0):
-            raise NodeError(node, "learning_rate", learning_rate, "must be > 0")
+        try:
+            _optim.learning_rate(node, "learning_rate", learning_rate)
+        except AnyDeviceError as exc:
+            raise NodeError(node, "learning_rate", learning_rate, exc.reason) from None
         be = resolve_backend(device, node)
         x, _kind = to_batch(inputs, node, "inputs")
         labels = _labels(targets)
@@ -116,9 +119,9 @@ class AnyDeviceTrainNetwork(_LearnNode):
             y = labels
         else:
             y, _ = to_batch(targets, node, "targets")
-        if y.shape[0] != x.shape[0]:
-            raise NodeError(node, "targets", f"a batch of {y.shape[0]}",
-                            f"must hold one target per input: inputs is a batch of {x.shape[0]}")
+        unpaired = one_target_per_input(x.shape[0], y.shape[0])
+        if unpaired:
+            raise NodeError(node, "targets", f"a batch of {y.shape[0]}", unpaired)
         if net.in_shape is not None and tuple(net.in_shape[1:]) != tuple(x.shape[1:]) and net.params is None:
             raise NodeError(node, "inputs", f"samples of shape {tuple(x.shape[1:])}",
                             f"the network's Network Input says {tuple(net.in_shape[1:])}")

@@ -28,21 +28,29 @@ by a new array, so a caller holding the old array keeps its numbers.
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 
 from .autograd.tape import Var, no_grad
+from ..ops.plans.args import _number
 from ..system.errors import AnyDeviceError
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "OPTIMIZERS", "make"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "OPTIMIZERS", "PRESETS", "make", "learning_rate"]
 
 _F32 = np.float32
 
 
-def _number(op: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise AnyDeviceError(op, name, value, "must be a number")
-    return float(value)
+def learning_rate(op: str, arg: str, value, *, training: bool = True) -> float:
+    """The learning-rate rule, its one home (the Train node, ``train`` and every optimizer): a number
+    (not NaN), > 0 and finite for a training run; an optimizer takes what torch.optim takes (>= 0,
+    ``training=False``)."""
+    lr = _number(op, arg, value)
+    if training and not (lr > 0.0 and math.isfinite(lr)):
+        raise AnyDeviceError(op, arg, value, "must be > 0 and finite")
+    if not lr >= 0.0:
+        raise AnyDeviceError(op, arg, value, "Invalid learning rate: must be >= 0")
+    return lr
 
 
 class Optimizer:
@@ -99,9 +107,7 @@ class Optimizer:
     def _check(self, group: dict) -> None:
         """torch's argument checks (raised as AnyDeviceError naming the argument and the value)."""
         op = type(self).__name__
-        lr = _number(op, "lr", group["lr"])
-        if not lr >= 0.0:
-            raise AnyDeviceError(op, "lr", group["lr"], "Invalid learning rate: must be >= 0")
+        learning_rate(op, "lr", group["lr"], training=False)
         wd = _number(op, "weight_decay", group["weight_decay"])
         if not wd >= 0.0:
             raise AnyDeviceError(op, "weight_decay", group["weight_decay"], "Invalid weight_decay value: must be >= 0")
@@ -348,22 +354,27 @@ class AdamW(Adam):
 
 
 # ----------------------------------------------------------------------------------------------
-#: the choices a Train node offers: name -> (class, fixed keyword arguments), with a line for a tooltip
+#: the optimizers, as the Train node offers them (it reads this list): name -> (class, fixed keyword
+#: arguments, a line for a tooltip); the node's momentum widget and ``make``'s keywords set the rest
 OPTIMIZERS: dict[str, tuple[type, dict, str]] = {
     "adam": (Adam, {}, "Adam (betas 0.9, 0.999; eps 1e-8); weight decay added to the gradient"),
     "adamw": (AdamW, {}, "AdamW (betas 0.9, 0.999; eps 1e-8); decoupled weight decay"),
     "sgd": (SGD, {}, "plain SGD"),
-    "sgd_momentum": (SGD, {"momentum": 0.9}, "SGD with momentum 0.9"),
-    "sgd_nesterov": (SGD, {"momentum": 0.9, "nesterov": True}, "SGD with Nesterov momentum 0.9"),
+}
+#: shorthands ``make`` takes for an optimizer of OPTIMIZERS with some arguments set
+PRESETS: dict[str, tuple[str, dict, str]] = {
+    "sgd_momentum": ("sgd", {"momentum": 0.9}, "SGD with momentum 0.9"),
+    "sgd_nesterov": ("sgd", {"momentum": 0.9, "nesterov": True}, "SGD with Nesterov momentum 0.9"),
 }
 
 
 def make(name: str, params, lr: float, weight_decay: float = 0.0, **kw) -> Optimizer:
-    """The optimizer ``name`` (a key of OPTIMIZERS) over ``params``; ``kw`` adds or overrides its
+    """The optimizer ``name`` (a key of OPTIMIZERS or PRESETS) over ``params``; ``kw`` adds or overrides its
     other arguments (betas, eps, momentum, amsgrad ...)."""
-    if name not in OPTIMIZERS:
+    base, preset, _ = PRESETS.get(name, (name, {}, ""))
+    if base not in OPTIMIZERS:
         raise AnyDeviceError("optimizer", "name", name, f"must be one of {', '.join(OPTIMIZERS)}")
-    cls, fixed, _ = OPTIMIZERS[name]
-    args = dict(fixed)
+    cls, fixed, _ = OPTIMIZERS[base]
+    args = dict(fixed, **preset)
     args.update(kw)
     return cls(params, lr=lr, weight_decay=weight_decay, **args)

@@ -44,9 +44,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..ops.plans.args import _is_int
 from ..system import cancel
 from ..system.errors import AnyDeviceError
 from .network import Network, layer_seed
+from .optim import OPTIMIZERS, learning_rate
 
 log = logging.getLogger("anydevice")
 
@@ -70,8 +72,12 @@ class TrainResult:
     stopped: str | None = None
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+def one_target_per_input(n_inputs: int, n_targets: int) -> str | None:
+    """The rule that inputs and targets pair up, its one home (``train`` and the Train node): None
+    where they do, else the reason."""
+    if n_targets != n_inputs:
+        return f"must hold one target per input: {n_inputs} inputs, {n_targets} targets (a batch of {n_inputs})"
+    return None
 
 
 def _as_array(x, arg):
@@ -168,11 +174,11 @@ def _check(network, inputs, targets, be, loss, optimizer, lr, weight_decay, step
     if loss not in LOSSES:
         raise AnyDeviceError(OP, "loss", loss, f"must be one of {', '.join(LOSSES)}")
     if not isinstance(optimizer, str):
-        raise AnyDeviceError(OP, "optimizer", optimizer, "must be a name (sgd, adam, adamw)")
-    for arg, v, lo_open in (("lr", lr, True), ("weight_decay", weight_decay, False)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
-                or v < 0 or (lo_open and v == 0):
-            raise AnyDeviceError(OP, arg, v, "must be a finite number " + ("> 0" if lo_open else ">= 0"))
+        raise AnyDeviceError(OP, "optimizer", optimizer, f"must be a name ({', '.join(OPTIMIZERS)})")
+    learning_rate(OP, "lr", lr)
+    v = weight_decay
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) or v < 0:
+        raise AnyDeviceError(OP, "weight_decay", v, "must be a finite number >= 0")
     if steps is not None and epochs is not None:
         raise AnyDeviceError(OP, "steps", steps, f"give steps or epochs, not both (epochs={epochs})")
     if steps is None and epochs is None:
@@ -191,9 +197,9 @@ def _check(network, inputs, targets, be, loss, optimizer, lr, weight_decay, step
         raise AnyDeviceError(OP, "inputs", x, "must be a float array of shape (N, C, H, W) or (N, F)")
     if x.shape[0] < 1:
         raise AnyDeviceError(OP, "inputs", x, "holds no samples")
-    if t.ndim < 1 or t.shape[0] != x.shape[0]:
-        raise AnyDeviceError(OP, "targets", t, f"must hold one target per input: {x.shape[0]} inputs, "
-                             f"{t.shape[0] if t.ndim else 0} targets")
+    unpaired = one_target_per_input(x.shape[0], t.shape[0] if t.ndim else 0)
+    if unpaired:
+        raise AnyDeviceError(OP, "targets", t, unpaired)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if not np.isfinite(x).all():
         raise AnyDeviceError(OP, "inputs", x, "hold NaN or Inf")

@@ -13,7 +13,7 @@ names them all, so ``from .plans import X`` reads the same wherever X lives.
 # flake8: noqa: F401
 from .args import (
     UNARY_OPS, BINARY_OPS, REDUCE_OPS, ACTIVATIONS, LOSSES, PADDING_MODES, REDUCTIONS, is_scalar, _is_int,
-    pair, _number, positive, _check_choice, known, check_size, _mem, planned)
+    pair, _number, positive, _check_choice, known, check_size, _mem, planned, SPEC_OP, MAX_INT, MAX_FLOAT)
 from .elementwise import (
     broadcast_shapes, pair_shapes, normalize_dims, reduce_dims, softmax_dim, MatmulPlan, matmul_plan,
     linear_shapes, UNARY_PARAMS, _check_unary_params)
