@@ -117,6 +117,9 @@ class MiniDevice(Backend):
     def _cat(self, parts, dim):
         return np.concatenate(parts, axis=dim)
 
+    def _contiguous(self, x):
+        return np.ascontiguousarray(x)
+
     def _where(self, c, a, b):
         return np.asarray(np.where(c != 0, a, b), F32)
 

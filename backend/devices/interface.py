@@ -115,6 +115,10 @@ class Device(abc.ABC):
         """Same-rank arrays concatenated along ``dim`` (a new array)."""
 
     @abc.abstractmethod
+    def _contiguous(self, x: Array) -> Array:
+        """x in C order (x itself when it already is)."""
+
+    @abc.abstractmethod
     def _where(self, c: Array, a: Array, b: Array) -> Array:
         """a where c != 0 (NaN counts as true) else b; c, a, b broadcast (a new array)."""
 
@@ -179,10 +183,6 @@ class Device(abc.ABC):
         M, N = self._shape(a)[0], self._shape(b)[1]
         y = self._bmm(self._reshape(a, (1,) + self._shape(a)), self._reshape(b, (1,) + self._shape(b)))
         return self._reshape(y, (M, N))
-
-    def _contiguous(self, x):
-        """x in C order (x itself when it already is)."""
-        return x
 
     def _empty(self, shape: tuple[int, ...], dtype: str = "float32"):
         """An uninitialised native array of ``shape`` stored as ``dtype`` (default: through NumPy)."""

@@ -230,6 +230,10 @@ class OpenCLBackend(LinalgOps, CLWeightGrad, CLAdam, Backend):
             self.cl.enqueue_copy(self.queue, out, x.buffer, src_offset=4 * x.offset, is_blocking=True)
         return out
 
+    def _contiguous(self, x):
+        """x itself: every CLArray is dense in C order (views are offsets into a buffer)."""
+        return x
+
     def _write_rows(self, out, start, rows):
         """Host float32 rows written into ``out`` from its element ``start`` (one blocking copy)."""
         self.cl.enqueue_copy(self.queue, out.buffer, rows, dst_offset=4 * (out.offset + start), is_blocking=True)
