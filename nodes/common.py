@@ -19,6 +19,7 @@ Nothing here does math: every number a node computes goes through ``backend``.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import math
@@ -489,25 +490,28 @@ class PackNode:
     FUNCTION = "run"
     CATEGORY = CATEGORY
     #: the table a backend error is restated with: op argument -> the node input that sets it. ``run``
-    #: copies it to ``self.arg_inputs``, where ``_run`` may point an argument at another input for the
-    #: call, by name or as (input name, value shown) where the input holds more than the argument
+    #: runs ``_run`` on a copy of the node for the call, whose ``arg_inputs`` starts as a copy of it
+    #: and where ``_run`` may point an argument at another input for the call, by name or as (input
+    #: name, value shown) where the input holds more than the argument: the node itself holds no
+    #: per-run state
     ARGS: dict[str, str] = {}
     #: log and show on the node how many NaN and Inf values its outputs hold
     WARN_NONFINITE = False
 
     def run(self, **kwargs):
-        self.arg_inputs = dict(self.ARGS)
+        call = copy.copy(self)  # this run's own arg_inputs, so concurrent or later runs never see them
+        call.arg_inputs = dict(self.ARGS)
         before = transfer_totals()
         in_comfy = comfy_cancel_hooks()
         if in_comfy:
             _cancel.set_progress(_ChunkProgress())
         try:
             resident.budget_bytes()  # a bad ANYDEVICE_RESIDENT_MB is said before anything runs
-            out = self._run(**kwargs)
+            out = call._run(**kwargs)
         except NodeError:
             raise
         except AnyDeviceError as exc:
-            raise restate(self.DISPLAY, exc, self._table(kwargs)) from exc
+            raise restate(self.DISPLAY, exc, call._table(kwargs)) from exc
         finally:
             if in_comfy:
                 _cancel.set_progress(None)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..system.errors import AnyDeviceError
 from .kinds import _is_torch_tensor, _kind
-from ..system.memstat import CURRENT_BACKEND
+from ..system.memstat import plans_on_self
 from .attention import AttentionOps
 from .layers import LayerOps
 from .movement import MovementOps
@@ -106,6 +106,7 @@ _UnaryMethods = type("_UnaryMethods", (), {op: _unary_method(op) for op in _PLAI
 
 
 # ----------------------------------------------------------------------------------------------
+@plans_on_self  # each op runs with its plans checking sizes against this backend's device (memstat.planning)
 class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, TransferCounts, Device):
     """The shared ops: validation, conversion and composite ops on top of the ``Device`` primitives
     (devices/interface.py). A device class derives from it and implements the primitives."""
@@ -158,7 +159,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, Tra
     def _inputs(self, op: str, optional=("bias",), **arrays):
         """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
         arguments named in ``optional`` may be None (a None elsewhere is refused, naming it)."""
-        CURRENT_BACKEND.set(self)  # plans.planned checks result sizes against this device
         natives = []
         kind = like = None
         for arg, value in arrays.items():

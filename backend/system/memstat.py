@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from contextvars import ContextVar
 
 log = logging.getLogger("anydevice")
@@ -29,10 +30,47 @@ TTL_S = 1.0
 FRESH_SHARE = 1 / 16
 
 _cache: dict[object, tuple[float, int, str]] = {}
-#: the backend whose op is being planned (set by contract._inputs), so plans.planned checks sizes
-#: against that backend's device
+#: the backend whose op is running (set for the op's call only, by ``planning``), so plans.planned
+#: checks sizes against that backend's device; None outside any op
 CURRENT_BACKEND: ContextVar = ContextVar("anydevice_current_backend", default=None)
 _lock = threading.Lock()
+
+
+@contextmanager
+def planning(backend):
+    """The sizes planned inside are checked against ``backend``'s device; the backend before is back after."""
+    token = CURRENT_BACKEND.set(backend)
+    try:
+        yield
+    finally:
+        CURRENT_BACKEND.reset(token)
+
+
+def plans_on_self(cls):
+    """Class decorator for the contract's ``Backend``: each public method it has from its own package's
+    classes (the op families) runs inside ``planning(self)``, so the sizes its plans check are checked
+    against its own device, for that call only."""
+    package = cls.__module__.rsplit(".", 1)[0] + "."
+    for name in dir(cls):
+        if name.startswith("_"):
+            continue
+        owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+        fn = vars(owner)[name] if owner is not None else None
+        if owner is None or not (owner.__module__.startswith(package) and type(fn).__name__ == "function"):
+            continue
+        setattr(cls, name, _planned_on_self(fn))
+    return cls
+
+
+def _planned_on_self(fn):
+    def op(self, *args, **kwargs):
+        token = CURRENT_BACKEND.set(self)
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            CURRENT_BACKEND.reset(token)
+    op.__name__, op.__qualname__, op.__doc__, op.__wrapped__ = fn.__name__, fn.__qualname__, fn.__doc__, fn
+    return op
 
 
 def _cgroup_room() -> int | None:

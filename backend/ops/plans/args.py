@@ -91,13 +91,15 @@ def _mem(nbytes: int) -> str:
 
 
 # ---- robustness: argument rules added for the robust-ops work ------------------------------------
-def planned(op: str, shape, arg: str = "output") -> tuple:
+def planned(op: str, shape, arg: str = "output", backend=None) -> tuple:
     """The one size check: every plan passes the output shape it computed (and the nodes the
-    constants they build) through here; over ANYDEVICE_MAX_TENSOR_MB it is refused, naming ``arg``."""
+    constants they build) through here; over ANYDEVICE_MAX_TENSOR_MB it is refused, naming ``arg``.
+    The limit is ``backend``'s; without one, that of the backend whose op is running (each of
+    ``Backend``'s ops runs in ``memstat.planning``), the host's outside any op."""
     from ...system.config import tensor_limit
     from ...system.memstat import CURRENT_BACKEND
     shape = tuple(int(v) for v in shape)
-    limit, free, where = tensor_limit(CURRENT_BACKEND.get(), 4 * math.prod(shape))
+    limit, free, where = tensor_limit(backend if backend is not None else CURRENT_BACKEND.get(), 4 * math.prod(shape))
     if arg == "output":
         check_size(op, shape, limit, free, where)
     elif 4 * math.prod(shape) > limit:
