@@ -9,7 +9,7 @@ from ..backend.ops.plans import check_groups, conv_image, pair, planned, same_pa
 from . import presets as P
 from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
                      parse_matrix, resolve_backend, validate_texts)
-from .resident import constant, host_tensor
+from .resident import constant
 from .values import data, nchw_shape, result, shape_of
 from .compute_base import ComputeNode, SEED_MAX, _DATA_TIP, _kernel_ui, _weights_value
 
@@ -136,7 +136,7 @@ class AnyDeviceConv2D(ComputeNode):
             self.arg_inputs.update(weight="kernel_size")
             oc, gs = int(out_channels), max(1, int(groups))
             lead = (c, 1) if channel_mode != "grouped" else (c, max(1, oc // gs)) if transposed else (oc, max(1, c // gs))
-            planned(op, lead + (k, k), "weight")
+            planned(op, lead + (k, k), "weight", be)
             # and in the dtype each is generated in, before it is: the seeded init draws the whole
             # weight in float64, the gaussian preset computes its 2-D kernel in float64
             if kernel_source == "random":
@@ -195,6 +195,9 @@ class AnyDeviceConv2D(ComputeNode):
         if mode == "auto":
             mode = "zeros" if kind == "TENSOR" else "reflect"
         kh, kw = weight.shape[-2:]
+        # 'same' at stride 1 goes to the backend as it is (its conv2d_plan pads); a strided 'same' (torch
+        # has none), a transposed one and an even kernel's (its extra row padded by be.pad first, the
+        # error a too-small input gets naming pad) pad by the same amounts, computed here
         if padding == "same":
             pads = same_pads(kh, kw, pair(op, "dilation", dilation, minimum=1))
         elif padding == "valid":
@@ -212,10 +215,12 @@ class AnyDeviceConv2D(ComputeNode):
         if transposed:  # 'same': the conv2d 'same' amount before; an even kernel's extra row is cropped
             y = be.conv_transpose2d(x, wd, bd, stride=stride, padding=(pads[0], pads[2]),
                                     output_padding=output_padding, groups=g, dilation=dilation)
-            oh, ow = be._shape(y)[-2:]
-            if padding == "same" and (oh > max(1, h * stride) or ow > max(1, w_ * stride)):
-                crop = host_tensor(be, y)  # there is no device crop: a round trip (stride 1, even kernels)
-                y = be.to_device(crop[..., :max(1, h * stride), :max(1, w_ * stride)].contiguous())
+            if padding == "same":  # on the device (narrow), where the output is larger (stride 1, even kernels)
+                for dim, size in ((-2, max(1, h * stride)), (-1, max(1, w_ * stride))):
+                    if be._shape(y)[dim] > size:
+                        y = be.narrow(y, dim, 0, size)
+        elif padding == "same" and stride == 1 and pads[0] == pads[1] and pads[2] == pads[3]:
+            y = be.conv2d(x, wd, bd, stride=stride, padding="same", dilation=dilation, groups=g, padding_mode=mode)
         elif pads[0] == pads[1] and pads[2] == pads[3]:
             y = be.conv2d(x, wd, bd, stride=stride, padding=(pads[0], pads[2]), dilation=dilation,
                           groups=g, padding_mode=mode)

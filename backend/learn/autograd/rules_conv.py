@@ -10,7 +10,7 @@ import numpy as np
 
 from ...ops import convgrad
 from ...system.errors import AnyDeviceError
-from ...ops.plans import CONV_INDEX_MAX, pad_plan, pair, same_pads
+from ...ops.plans import CONV_INDEX_MAX, conv2d_plan, pad_plan, pair
 from .tape import rule, sum_to
 
 
@@ -70,11 +70,18 @@ def _matmul(ctx, gy):
 
 
 # ---- convolutions -------------------------------------------------------------------------------
-def _conv_pads(padding, kh, kw, dilation):
-    if isinstance(padding, str):
-        return (0, 0, 0, 0) if padding == "valid" else same_pads(kh, kw, dilation)
-    ph, pw = pair("conv2d", "padding", padding, minimum=0)
-    return (ph, ph, pw, pw)
+def _conv2d_plan(ctx):
+    """The forward's conv plan (plans.conv2d_plan, from the arguments and shapes the op ran with),
+    kept in the ctx: the backward reads its stride, dilation and padding from it, made once (its size
+    was checked by the forward)."""
+    plan = ctx.extra.get("plan")
+    if plan is None:
+        be, b = ctx.be, ctx["bias"]
+        plan = ctx.extra["plan"] = conv2d_plan(
+            "conv2d", tuple(be._shape(ctx["input"])), tuple(be._shape(ctx["weight"])),
+            None if b is None else tuple(be._shape(b)), ctx["stride"], ctx["padding"], ctx["dilation"],
+            ctx["groups"], ctx["padding_mode"], size_check=False)
+    return plan
 
 
 def _check_reach(op, stride, dilation, pads, hw):
@@ -97,10 +104,8 @@ def _batched(be, x, gy, sx):
 def _conv2d(ctx, gy):
     be, x, w = ctx.be, ctx["input"], ctx["weight"]
     sx, sw = tuple(be._shape(x)), tuple(be._shape(w))
-    stride = pair("conv2d", "stride", ctx["stride"], minimum=1)
-    dilation = pair("conv2d", "dilation", ctx["dilation"], minimum=1)
+    stride, dilation, pads = _conv2d_plan(ctx).asked  # past _check_reach, what the forward ran with
     groups, mode = ctx["groups"], ctx["padding_mode"]
-    pads = _conv_pads(ctx["padding"], sw[2], sw[3], dilation)
     _check_reach("conv2d", stride, dilation, pads, sx[-2:])
     x, gy, unbatched = _batched(be, x, gy, sx)
     x4 = tuple(be._shape(x))

@@ -155,6 +155,8 @@ class Conv2dPlan:
     out_pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     #: per spatial dim, None or the index of the conv's output to keep (a single output inside the input)
     picks: tuple = (None, None)
+    #: (stride, dilation, pads) as the arguments asked for them, before ``conv_reach`` shortened any
+    asked: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,11 @@ class ConvTranspose2dPlan:
     unbatched: bool
 
 
-def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode="zeros") -> Conv2dPlan:
-    """Validate conv2d arguments (torch's rules) and compute padding and output shape."""
+def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode="zeros", *,
+                size_check: bool = True) -> Conv2dPlan:
+    """Validate conv2d arguments (torch's rules) and compute padding and output shape (its size checked
+    against the limit, ``planned``, unless ``size_check`` is False: the backward of a conv whose
+    forward checked it)."""
     stride, dilation, unbatched, (n, c, h, w) = _conv_common(
         op, sx, sw, stride, dilation, groups, "(out_channels, in_channels/groups, kH, kW)")
     _check_choice(op, "padding_mode", padding_mode, PADDING_MODES)
@@ -206,11 +211,13 @@ def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode=
                              f"{hp}x{wp}")
     oh = conv_output_size(h, kh, stride[0], pads[0] + pads[1], dilation[0])
     ow = conv_output_size(w, kw, stride[1], pads[2] + pads[3], dilation[1])
-    out_shape = planned(op, (cout, oh, ow) if unbatched else (n, cout, oh, ow))
+    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
+    out_shape = planned(op, out_shape) if size_check else tuple(int(v) for v in out_shape)
+    asked = (stride, dilation, pads)
     stride, dilation, cpads, out_pads, picks = conv_reach(op, (h, w), (kh, kw), stride, dilation, pads, (oh, ow),
                                                           padding_mode == "zeros")
     return Conv2dPlan(stride, dilation, cpads if padding_mode == "zeros" else pads, out_shape, unbatched, out_pads,
-                      picks)
+                      picks, asked)
 
 
 def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, groups,
