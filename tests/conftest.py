@@ -71,6 +71,18 @@ def _targets():
 
 
 TARGETS = _targets()
+
+#: tests that reach the target through the registry by its name (nodes' ``device`` input): the
+#: "mini" device is no registry backend, so they skip it
+REGISTRY_ONLY = {"test_robust.py::test_converter_of_a_computed_value_never_aliases_it"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and spec.params.get("backend_target") == "mini" and \
+                f"{item.path.name}::{item.originalname}" in REGISTRY_ONLY:
+            item.add_marker(pytest.mark.skip(reason="the mini device is not in the registry"))
 _cache: dict[str, object] = {}
 
 
