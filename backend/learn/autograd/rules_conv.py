@@ -10,7 +10,7 @@ import numpy as np
 
 from ...ops import convgrad
 from ...system.errors import AnyDeviceError
-from ...ops.plans import CONV_INDEX_MAX, conv2d_plan, pad_plan, pair
+from ...ops.plans import CONV_INDEX_MAX, conv2d_plan, conv_transpose2d_plan, pad_plan
 from .tape import rule, sum_to
 
 
@@ -70,17 +70,22 @@ def _matmul(ctx, gy):
 
 
 # ---- convolutions -------------------------------------------------------------------------------
-def _conv2d_plan(ctx):
-    """The forward's conv plan (plans.conv2d_plan, from the arguments and shapes the op ran with),
-    kept in the ctx: the backward reads its stride, dilation and padding from it, made once (its size
-    was checked by the forward)."""
+def _forward_plan(ctx):
+    """The forward's conv plan (plans.conv2d_plan / conv_transpose2d_plan, from the arguments and
+    shapes the op ran with), kept in the ctx: the backward reads its geometry from it, made once
+    (its size was checked by the forward)."""
     plan = ctx.extra.get("plan")
     if plan is None:
         be, b = ctx.be, ctx["bias"]
-        plan = ctx.extra["plan"] = conv2d_plan(
-            "conv2d", tuple(be._shape(ctx["input"])), tuple(be._shape(ctx["weight"])),
-            None if b is None else tuple(be._shape(b)), ctx["stride"], ctx["padding"], ctx["dilation"],
-            ctx["groups"], ctx["padding_mode"], size_check=False)
+        shapes = (tuple(be._shape(ctx["input"])), tuple(be._shape(ctx["weight"])),
+                  None if b is None else tuple(be._shape(b)))
+        if ctx.op == "conv2d":
+            plan = conv2d_plan("conv2d", *shapes, ctx["stride"], ctx["padding"], ctx["dilation"], ctx["groups"],
+                               ctx["padding_mode"], size_check=False)
+        else:
+            plan = conv_transpose2d_plan(ctx.op, *shapes, ctx["stride"], ctx["padding"], ctx["output_padding"],
+                                         ctx["groups"], ctx["dilation"], size_check=False)
+        ctx.extra["plan"] = plan
     return plan
 
 
@@ -104,7 +109,7 @@ def _batched(be, x, gy, sx):
 def _conv2d(ctx, gy):
     be, x, w = ctx.be, ctx["input"], ctx["weight"]
     sx, sw = tuple(be._shape(x)), tuple(be._shape(w))
-    stride, dilation, pads = _conv2d_plan(ctx).asked  # past _check_reach, what the forward ran with
+    stride, dilation, pads = _forward_plan(ctx).asked  # past _check_reach, what the forward ran with
     groups, mode = ctx["groups"], ctx["padding_mode"]
     _check_reach("conv2d", stride, dilation, pads, sx[-2:])
     x, gy, unbatched = _batched(be, x, gy, sx)
@@ -136,9 +141,8 @@ def _conv_transpose2d(ctx, gy):
     be, x, w = ctx.be, ctx["input"], ctx["weight"]
     sx, sw = tuple(be._shape(x)), tuple(be._shape(w))
     op = "conv_transpose2d"
-    stride = pair(op, "stride", ctx["stride"], minimum=1)
-    dilation = pair(op, "dilation", ctx["dilation"], minimum=1)
-    padding = pair(op, "padding", ctx["padding"], minimum=0)
+    plan = _forward_plan(ctx)
+    (stride, dilation), padding = plan.asked, plan.padding  # past _check_reach, what the forward ran with
     groups = ctx["groups"]
     _check_reach(op, stride, dilation, (padding[0], padding[0], padding[1], padding[1]), sx[-2:])
     x, gy, unbatched = _batched(be, x, gy, sx)

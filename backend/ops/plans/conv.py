@@ -167,6 +167,8 @@ class ConvTranspose2dPlan:
     output_padding: tuple[int, int]
     out_shape: tuple
     unbatched: bool
+    #: (stride, dilation) as the arguments asked for them, before ``conv_transpose_reach`` shortened any
+    asked: tuple = ()
 
 
 def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode="zeros", *,
@@ -221,7 +223,9 @@ def conv2d_plan(op, sx, sw, sb, stride, padding, dilation, groups, padding_mode=
 
 
 def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, groups,
-                          dilation) -> ConvTranspose2dPlan:
+                          dilation, *, size_check: bool = True) -> ConvTranspose2dPlan:
+    """Validate conv_transpose2d arguments (torch's rules) and compute the output shape (its size checked,
+    ``planned``, unless ``size_check`` is False: the backward of a conv whose forward checked it)."""
     stride, dilation, unbatched, (n, c, h, w) = _conv_common(
         op, sx, sw, stride, dilation, groups, "(in_channels, out_channels/groups, kH, kW)")
     padding = pair(op, "padding", padding, minimum=0)
@@ -246,9 +250,11 @@ def conv_transpose2d_plan(op, sx, sw, sb, stride, padding, output_padding, group
     ow = conv_transpose_output_size(w, kw, stride[1], padding[1], output_padding[1], dilation[1])
     if oh < 1 or ow < 1:
         raise AnyDeviceError(op, "padding", padding, f"leaves an empty output ({oh}x{ow})")
-    out_shape = planned(op, (cout, oh, ow) if unbatched else (n, cout, oh, ow))
+    out_shape = (cout, oh, ow) if unbatched else (n, cout, oh, ow)
+    out_shape = planned(op, out_shape) if size_check else tuple(int(v) for v in out_shape)
+    asked = (stride, dilation)
     stride, dilation = conv_transpose_reach(op, (h, w), (kh, kw), stride, padding, output_padding, dilation)
-    return ConvTranspose2dPlan(stride, dilation, padding, output_padding, out_shape, unbatched)
+    return ConvTranspose2dPlan(stride, dilation, padding, output_padding, out_shape, unbatched, asked)
 
 
 def conv_image(op: str, sx) -> None:
