@@ -90,26 +90,14 @@ class MiniDevice(Backend):
     name = "mini"
     native_types = (np.ndarray,)
 
-    def _from_numpy(self, a, dtype="float32"):
-        return a
-
-    def _to_numpy(self, x):
-        return x
-
-    def _reshape(self, x, shape):
-        return np.reshape(x, shape)
-
-    def _permute(self, x, axes):
-        return np.transpose(x, axes)
-
-    def _expand(self, x, shape):
-        return np.broadcast_to(x, shape)
-
-    def _concat_channels(self, parts, n, c, h, w):
-        return np.concatenate(parts, axis=1)
-
-    def _slice1(self, x, i):
-        return x[:, i]
+    # conversion and layout: NumPy arrays are the native arrays, views where NumPy gives them
+    _from_numpy = staticmethod(lambda a, dtype="float32": a)
+    _to_numpy = staticmethod(lambda x: x)
+    _reshape = staticmethod(np.reshape)
+    _permute = staticmethod(np.transpose)
+    _expand = staticmethod(np.broadcast_to)
+    _concat_channels = staticmethod(lambda parts, n, c, h, w: np.concatenate(parts, axis=1))
+    _slice1 = staticmethod(lambda x, i: x[:, i])
 
     def _slice(self, x, dim, start, length, step):
         return x[(slice(None),) * dim + (slice(start, start + (length - 1) * step + 1 if length else start, step),)]
