@@ -32,7 +32,7 @@ from .movement import MovementOps
 from .windows import WindowOps
 from ..devices.interface import Capabilities, Device  # noqa: F401
 from ..system.transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
-# argument checks and shape plans live in plans.py; the names other modules import from here stay here
+# argument checks and shape plans live in plans/ (one module per op family); the names other modules import from here stay here
 from .plans import (  # noqa: F401
     is_scalar,
     ACTIVATIONS, BINARY_OPS, LOSSES, PADDING_MODES, REDUCE_OPS, UNARY_OPS, UNARY_PARAMS, _check_unary_params,

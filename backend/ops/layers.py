@@ -1,7 +1,7 @@
 """Layer ops real networks need, as composites of the backend primitives (a mixin of ``Backend``).
 
 Each op is named and called as its ``torch`` / ``torch.nn.functional`` counterpart and follows its
-semantics; like every op of the contract (contract.py) it checks its arguments (plans.py) before any
+semantics; like every op of the contract (contract.py) it checks its arguments (plans/) before any
 kernel runs, computes in float32 and returns the kind of array its first input was. Built only from
 ``_reduce`` / ``_binary`` / ``_unary`` / ``_reshape``, so every backend runs them at once; sums
 accumulate as the backend's ``_reduce("sum")`` does (float64 on NumPy and OpenCL).
