@@ -87,6 +87,7 @@ class BufferPool:
         self.lock = threading.Lock()
         self.last_use = time.monotonic()
         self._timer = None
+        self._timer_due = 0.0  # when the armed timer fires (time.monotonic)
 
     @property
     def pooled(self) -> int:
@@ -213,19 +214,28 @@ class BufferPool:
 
     def _arm(self) -> None:
         """(lock not held) A timer that empties the pool once it has been idle IDLE_S seconds, while
-        anything is pooled, in use or returned."""
-        if self._timer is not None or sys.is_finalizing():
+        anything is pooled, in use or returned. A timer already due later than IDLE_S from now (IDLE_S
+        was lowered) is replaced."""
+        if sys.is_finalizing():
             return
+        if self._timer is not None and self._timer_due <= time.monotonic() + self.IDLE_S + self.MIN_DELAY_S:
+            return  # one is due soon enough (read without the lock: _idle re-checks under it)
         with self.lock:
-            if self._timer is not None or not (self._pooled or self._live or self.returned):
+            if not (self._pooled or self._live or self.returned):
                 return
-            wait = self.last_use + self.IDLE_S - time.monotonic() if self._pooled else self.IDLE_S
-        timer = threading.Timer(max(self.MIN_DELAY_S, wait), self._idle)
+            now = time.monotonic()
+            wait = max(self.MIN_DELAY_S, self.last_use + self.IDLE_S - now if self._pooled else self.IDLE_S)
+            if self._timer is not None and self._timer_due <= now + wait + self.MIN_DELAY_S:
+                return
+        timer = threading.Timer(wait, self._idle)
         timer.daemon = True
         with self.lock:
-            if self._timer is not None:
+            old = self._timer
+            if old is not None and self._timer_due <= now + wait + self.MIN_DELAY_S:
                 return
-            self._timer = timer
+            self._timer, self._timer_due = timer, now + wait
+        if old is not None:
+            old.cancel()  # (it also finds itself replaced when it runs)
         try:
             timer.start()  # outside the lock: start() waits for the new thread, which may run finalisers
         except RuntimeError as exc:  # no new thread (interpreter shutdown, thread limit)
