@@ -127,3 +127,14 @@ def test_no_module_over_600_lines():
             if n > MAX_LINES and not first.lower().lstrip("\"' ").startswith("a pure table"):
                 big.append(f"{p.relative_to(ROOT)}: {n}")
     assert big == [], "modules over 600 lines:\n" + "\n".join(big)
+
+
+def test_pyproject_ships_every_package():
+    """Every package folder of backend/ and nodes/ is in pyproject.toml's package list (a wheel
+    built without one would miss its modules)."""
+    import re
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    listed = set(re.findall(r'"(anydevice(?:\.[\w]+)*)"', text.split("packages = [", 1)[1].split("]", 1)[0]))
+    folders = {"anydevice." + ".".join(p.parent.relative_to(ROOT).parts)
+               for d in SCANNED for p in (ROOT / d).rglob("__init__.py")}
+    assert folders <= listed, sorted(folders - listed)
