@@ -477,22 +477,23 @@ def _check_present(layers, P, B) -> None:
                                      f"({held}): train it, or load a file that holds its weights")
 
 
-def _has_params(layers) -> bool:
-    """Whether any layer needs parameters or buffers to run."""
+def _any_layer(layers, ask: str) -> bool:
+    """Whether any layer, inside residual bodies too, answers yes to its class's ``ask`` method."""
     for layer in layers:
         body = _bodies(layer)
-        if body is not None and _has_params(body) or body is None and LAYERS.of(layer).has_params(layer):
+        if _any_layer(body, ask) if body is not None else getattr(LAYERS.of(layer), ask)(layer):
             return True
     return False
+
+
+def _has_params(layers) -> bool:
+    """Whether any layer needs parameters or buffers to run."""
+    return _any_layer(layers, "has_params")
 
 
 def _needs_shape(layers) -> bool:
     """Whether the torch modules need the input shape (channels, features, normalised shape)."""
-    for layer in layers:
-        body = _bodies(layer)
-        if body is not None and _needs_shape(body) or body is None and LAYERS.of(layer).needs_shape(layer):
-            return True
-    return False
+    return _any_layer(layers, "needs_shape")
 
 
 def _short(layer) -> str:
