@@ -43,6 +43,17 @@ RANDOM_VAE = "anydevice_random_sd15_vae.safetensors"
 RANDOM_SD15 = "anydevice_random_sd15.safetensors"
 
 
+def start_and_join(threads, timeout: float) -> list[str]:
+    """Start ``threads`` and join them all within ``timeout`` seconds in total (a hang guard: they
+    should be daemons); the names of those still running."""
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
+
+
 def finishes(fn, timeout: float = 120.0):
     """fn() in a thread joined with a timeout: a hang guard (the thread is a daemon, so a loop that
     never ends fails the test instead of the whole run). fn's value is returned, its exception raised."""

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import e2e_helpers as H
 from anydevice.backend.devices.opencl import memory
 
 log = logging.getLogger(__name__)
@@ -234,12 +235,7 @@ def test_pool_survives_threads_gc_and_the_idle_timer(pool, monkeypatch):
         threads = [threading.Thread(target=worker, args=(i,), name=f"pool-worker-{i}", daemon=True)
                    for i in range(THREADS)]
         threads.append(threading.Thread(target=collector, name="pool-gc", daemon=True))
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + JOIN_S
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        alive = [t.name for t in threads if t.is_alive()]
+        alive = H.start_and_join(threads, JOIN_S)
         if alive:
             faulthandler.dump_traceback(all_threads=True)
             pytest.fail(f"still running {JOIN_S:.0f} s after the start (a deadlock in the buffer pool?): "

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+import e2e_helpers as H
 from anydevice import backend
 from anydevice.backend.system import registry
 
@@ -39,12 +40,7 @@ def _run_threads(fn, n=THREADS, timeout=TIMEOUT):
         except BaseException as exc:  # noqa: BLE001 (handed to the test's thread)
             errors[i] = exc
     threads = [threading.Thread(target=body, args=(i,), daemon=True, name=f"test-{i}") for i in range(n)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    alive = [t.name for t in threads if t.is_alive()]
+    alive = H.start_and_join(threads, timeout)
     assert not alive, f"threads still running after {timeout} s: {alive}"
     for exc in errors:
         if exc is not None:
