@@ -144,7 +144,7 @@ def _from_dynamo(exc) -> bool:
 
 def _passes(exc) -> bool:
     """A cancel or torch's out-of-memory error: re-raised as it is (ComfyUI handles both)."""
-    return _compile_api().lowering._passes_through(exc) and not isinstance(exc, _compile_api().AnyDeviceError)
+    return _compile_api().lowering.is_cancel_or_oom(exc)
 
 
 def _arg_shapes(args, kwargs) -> str:

@@ -49,15 +49,18 @@ def runs_here() -> int:
     return getattr(_runs, "n", 0)
 
 
+def is_cancel_or_oom(exc: BaseException) -> bool:
+    """A cancel (ComfyUI's InterruptProcessingException and its kin) or torch's out-of-memory
+    error: ComfyUI handles both itself (the latter with its advice), so they pass unwrapped."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return "InterruptProcessingException" in names or "OutOfMemoryError" in names or \
+        any("Interrupt" in n or "Cancel" in n for n in names)
+
+
 def _passes_through(exc: BaseException) -> bool:
     """Exceptions a compiled graph re-raises as they are: the pack's own errors (they name the op
-    already), a cancel (ComfyUI's InterruptProcessingException and its kin), torch's out-of-memory
-    error (ComfyUI reports that itself, with its advice)."""
-    if isinstance(exc, AnyDeviceError):
-        return True
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"InterruptProcessingException", "OutOfMemoryError"}) or \
-        any("Interrupt" in n or "Cancel" in n for n in names)
+    already), a cancel or torch's out-of-memory error."""
+    return isinstance(exc, AnyDeviceError) or is_cancel_or_oom(exc)
 
 
 def _shapes(vals) -> str:
