@@ -171,7 +171,7 @@ def main(argv=None) -> int:
 def run_main(args) -> int:
     """``anydevice run``; ``args`` from the cli's parser, or a list of its arguments. Human lines go
     to stdout, or to stderr with --json (stdout then holds the JSON alone); errors to stderr."""
-    from .nodes.runner import load_workflow, run_prompt
+    from .nodes.headless.runner import load_workflow, run_prompt
     if isinstance(args, (list, tuple)):
         args = build_parser().parse_args(["run", *args])
     stream = sys.stderr if args.json else sys.stdout

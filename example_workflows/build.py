@@ -312,7 +312,7 @@ def write_graph(g, default_layout=None, show_text=False) -> None:
     """Writes one workflow: the UI file (keeping a saved layout's positions, else default_layout's),
     its API twin, and a thumbnail of what the headless runner saves when it runs the twin (with
     show_text, the nodes' ui text printed too)."""
-    from anydevice.nodes import runner
+    from anydevice.nodes.headless import runner
     (HERE / "api").mkdir(exist_ok=True)
     ui_path = HERE / f"{g.name}.json"
     layout = json.loads(ui_path.read_text()) if ui_path.exists() else default_layout

@@ -16,13 +16,13 @@ except ModuleNotFoundError as _exc:
     from ..backend.system.registry import INSTALL_TORCH
     raise ModuleNotFoundError(f"the AnyDevice nodes need PyTorch: {INSTALL_TORCH}", name="torch") from None
 
-from .compute import COMPUTE_NODES
-from .dataset_nodes import DATASET_NODES
-from .helpers import HELPER_NODES
-from .model_nodes import MODEL_NODES
-from .network_nodes import NETWORK_NODES
-from .norm_nodes import NORM_NODES
-from .window_nodes import WINDOW_NODES
+from .compute.ops import COMPUTE_NODES
+from .learn.dataset import DATASET_NODES
+from .tensors.nodes import HELPER_NODES
+from .models.compiled import MODEL_NODES
+from .learn.network import NETWORK_NODES
+from .compute.norm import NORM_NODES
+from .compute.windows import WINDOW_NODES
 
 log = logging.getLogger("anydevice")
 
@@ -43,7 +43,7 @@ def log_backend_choice() -> None:
     try:
         from ..backend import describe
         from ..backend.system import registry
-        from .common import load_time_backend_name
+        from .base.common import load_time_backend_name
         with registry.deferred_selfcheck():  # start-up: a backend's self-check runs on its first use
             name = load_time_backend_name()
             log.info("AnyDevice: %s", describe())
@@ -54,7 +54,7 @@ def log_backend_choice() -> None:
 
 log_backend_choice()
 
-from . import memory_hooks  # noqa: E402
+from .base import memory_hooks  # noqa: E402
 
 memory_hooks.install()  # inside ComfyUI: give pooled memory back when it asks; otherwise nothing
 

@@ -306,10 +306,10 @@ def twin_class_types(name: str) -> set[str]:
 
 def runnable_twins() -> list[str]:
     """The API twins the headless runner can run: every class type one of this pack's nodes or one of
-    nodes/core_nodes.CORE_NODES (the others, e.g. vae_decode_anydevice with ComfyUI's VAELoader, run
+    nodes/headless/core_nodes.CORE_NODES (the others, e.g. vae_decode_anydevice with ComfyUI's VAELoader, run
     only inside ComfyUI)."""
     from anydevice.nodes import NODE_CLASS_MAPPINGS
-    from anydevice.nodes.core_nodes import CORE_NODES
+    from anydevice.nodes.headless.core_nodes import CORE_NODES
     known = set(NODE_CLASS_MAPPINGS) | set(CORE_NODES)
     return sorted(p.stem for p in API.glob("*.json") if twin_class_types(p.stem) <= known)
 

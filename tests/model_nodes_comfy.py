@@ -86,7 +86,7 @@ def random_sd1_vae_state_dict(seed: int = 0) -> dict:
 def vae_case(pack, be_name: str, sd: dict) -> dict:
     from anydevice.backend import compile as adc
     from anydevice.nodes import NODE_CLASS_MAPPINGS
-    from anydevice.nodes import model_nodes as mn
+    from anydevice.nodes.models import compiled as mn
     import comfy.ldm.modules.diffusionmodules.model as vm
     vae = comfy.sd.VAE(sd=sd)
     fsm = vae.first_stage_model
@@ -153,7 +153,7 @@ def sample(patcher, latent, cond, uncond, seed=3):
 def unet_case(pack, be_name: str) -> dict:
     from anydevice.backend import compile as adc
     from anydevice.nodes import NODE_CLASS_MAPPINGS
-    from anydevice.nodes import model_nodes as mn
+    from anydevice.nodes.models import compiled as mn
     base = tiny_model_patcher()
     dm = base.model.diffusion_model
     before = {k: v.clone() for k, v in dm.state_dict().items()}
@@ -214,7 +214,7 @@ def upscale_case(pack, be_name: str) -> dict:
     from comfy_extras.nodes_upscale_model import ImageUpscaleWithModel
     from anydevice.backend import compile as adc
     from anydevice.nodes import NODE_CLASS_MAPPINGS
-    from anydevice.nodes import model_nodes as mn
+    from anydevice.nodes.models import compiled as mn
     torch.manual_seed(0)
     net = SRVGGNetCompact(num_in_ch=3, num_out_ch=3, num_feat=16, num_conv=4, upscale=2, act_type="prelu")
     randomize(net, 5)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from anydevice.backend.ops import bigconv
 from anydevice.backend.system import cancel
-from anydevice.nodes import presets
+from anydevice.nodes.compute import presets
 
 from test_precision import check, t64, tol_for
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import e2e_helpers as H
-from anydevice.nodes import presets as P
-from anydevice.nodes import runner
+from anydevice.nodes.compute import presets as P
+from anydevice.nodes.headless import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 API = ROOT / "example_workflows" / "api"

@@ -14,8 +14,8 @@ import torch.nn as nn
 from anydevice.backend.system import cancel
 from anydevice.backend import get_backend
 from anydevice.backend import compile as adc
-from anydevice.nodes import model_nodes as mn
-from anydevice.nodes.common import NodeError
+from anydevice.nodes.models import compiled as mn
+from anydevice.nodes.base.common import NodeError
 
 from compile_models import _fresh_dynamo, ref64, rel  # noqa: F401 (_fresh_dynamo: an autouse fixture)
 

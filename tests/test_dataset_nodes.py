@@ -1,4 +1,4 @@
-"""The labelled image folder node (nodes/dataset_nodes.py) and the shipped digits folder
+"""The labelled image folder node (nodes/learn/dataset.py) and the shipped digits folder
 (tools/make_digits.py): counts per class, label order, pixel values against scikit-learn's
 load_digits where scikit-learn is installed, and every refusal naming the node, the input and the
 value."""
@@ -14,8 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from anydevice.nodes import dataset_nodes as D
-from anydevice.nodes.common import NodeError
+from anydevice.nodes.learn import dataset as D
+from anydevice.nodes.base.common import NodeError
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "example_workflows" / "input" / "digits"
@@ -179,7 +179,7 @@ def test_comfyui_input_directory(tmp_path, monkeypatch):
     fake = types.ModuleType("folder_paths")
     fake.get_input_directory = lambda: str(tmp_path)
     monkeypatch.setitem(sys.modules, "folder_paths", fake)
-    bundled = Path(D.__file__).resolve().parent.parent / "example_workflows" / "input"
+    bundled = Path(D.__file__).resolve().parents[2] / "example_workflows" / "input"
     assert D.input_roots() == [tmp_path.resolve(), bundled]
     assert run(folder="mine")["result"][3] == 1
     assert run(folder="digits/train")["result"][3] == 1437  # from the bundled inputs

@@ -14,7 +14,7 @@ from PIL import Image
 
 import e2e_helpers as H
 from anydevice.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-from anydevice.nodes import runner
+from anydevice.nodes.headless import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 API = ROOT / "example_workflows" / "api"

@@ -20,7 +20,7 @@ import pytest
 from anydevice.backend.learn import network as netmod
 from anydevice.backend.learn import layers as L
 from anydevice.backend.learn.layers.base import Layer, Registry
-from anydevice.nodes import network_nodes as NN
+from anydevice.nodes.learn import network as NN
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYER_NODES = [c for c in NN.NETWORK_NODES if issubclass(c, NN._LayerNode)]

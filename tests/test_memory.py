@@ -207,7 +207,7 @@ def test_gpu_readings_use_the_device():
 
 
 def test_empty_image_limit_names_free_memory(fake_free):
-    from anydevice.nodes import core_nodes
+    from anydevice.nodes.headless import core_nodes
     why = core_nodes._image_bytes(64, 4096, 4096, 3)
     assert "over the limit of 512 MB: half of the 1024 MB free in host RAM (ANYDEVICE_MAX_TENSOR_MB)" in why
 
@@ -323,13 +323,13 @@ def _fake_mm(free=10 << 30):
 
 
 def test_hooks_harmless_without_comfyui():
-    from anydevice.nodes import memory_hooks
+    from anydevice.nodes.base import memory_hooks
     if "comfy.model_management" not in sys.modules:
         assert memory_hooks.install() is False
 
 
 def test_hooks_release_pools(cl_backend, monkeypatch):
-    from anydevice.nodes import memory_hooks, resident
+    from anydevice.nodes.base import memory_hooks, resident
     mm = _fake_mm()
     orig = mm.soft_empty_cache, mm.free_memory
     assert memory_hooks.install(mm) and memory_hooks.install(mm)  # twice: wrapped once

@@ -29,8 +29,8 @@ import torch.nn as nn
 
 from anydevice.backend import compile as adc
 from anydevice.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-from anydevice.nodes import model_nodes as mn
-from anydevice.nodes.common import NodeError
+from anydevice.nodes.models import compiled as mn
+from anydevice.nodes.base.common import NodeError
 
 import compile_models as cm
 from compile_models import _fresh_dynamo, rel  # noqa: F401 (_fresh_dynamo: an autouse fixture)

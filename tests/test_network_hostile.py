@@ -109,7 +109,7 @@ def test_upsample_by_a_million_is_refused_before_the_op_builds_its_tables(tmp_pa
 def test_apply_network_node_refuses_a_loaded_upsample_by_a_million(tmp_path, monkeypatch, limit_mb):
     import torch
     from anydevice.nodes import NODE_CLASS_MAPPINGS as N
-    from anydevice.nodes.common import NodeError
+    from anydevice.nodes.base.common import NodeError
     net = netio.load(net_file(tmp_path / "up.safetensors", [{"type": "upsample", "scale_factor": 1e6}]))
     box = {}
 

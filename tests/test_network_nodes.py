@@ -1,4 +1,4 @@
-"""The learning nodes (nodes/network_nodes.py): building a network on the canvas, Train Network against
+"""The learning nodes (nodes/learn/network.py): building a network on the canvas, Train Network against
 a PyTorch run from the same start, Apply Network (same type out), Save/Load, errors that name the
 node and input, progress, the live events and cancel; the core nodes the training workflows use."""
 from __future__ import annotations
@@ -16,11 +16,11 @@ from anydevice.backend.system import cancel
 from anydevice.backend.learn.network import Network
 from anydevice.backend.learn.train import batch_plan
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
-from anydevice.nodes import core_nodes as C
-from anydevice.nodes import network_nodes as NN
-from anydevice.nodes import runner
-from anydevice.nodes.common import NodeError
-from anydevice.nodes.resident import DeviceTensor
+from anydevice.nodes.headless import core_nodes as C
+from anydevice.nodes.learn import network as NN
+from anydevice.nodes.headless import runner
+from anydevice.nodes.base.common import NodeError
+from anydevice.nodes.base.resident import DeviceTensor
 from conftest import TARGETS
 from e2e_helpers import conv_train_prompt, finishes
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
-from anydevice.nodes.common import NodeError
-from anydevice.nodes.resident import DeviceTensor
+from anydevice.nodes.base.common import NodeError
+from anydevice.nodes.base.resident import DeviceTensor
 
 
 def _refused(name, limit_mb, monkeypatch, **kw) -> tuple[str, int]:

@@ -15,8 +15,10 @@ import torch.nn.functional as F
 
 from anydevice import backend as B
 from anydevice.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-from anydevice.nodes import common, compute, helpers
-from anydevice.nodes import presets as P
+from anydevice.nodes.base import common
+from anydevice.nodes.compute import ops as compute
+from anydevice.nodes.tensors import nodes as helpers
+from anydevice.nodes.compute import presets as P
 
 N = NODE_CLASS_MAPPINGS
 AVAILABLE = [i.name for i in B.list_backends() if i.available]

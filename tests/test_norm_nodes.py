@@ -1,4 +1,4 @@
-"""The Normalize node (nodes/norm_nodes.py): every method on IMAGE, MASK, LATENT and TENSOR values,
+"""The Normalize node (nodes/compute/norm.py): every method on IMAGE, MASK, LATENT and TENSOR values,
 checked against torch (float64) channels-first, the input's type kept, inputs never written, bad
 inputs named."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from anydevice import backend as B
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
-from anydevice.nodes.common import NodeError
-from anydevice.nodes.resident import DeviceTensor
+from anydevice.nodes.base.common import NodeError
+from anydevice.nodes.base.resident import DeviceTensor
 
 #: the backends the node tests run on (the op tests cover every variant)
 DEVICES = [n for n in ("numpy", "opencl", "cpu") if n in {i.name for i in B.list_backends() if i.available}]

@@ -299,7 +299,7 @@ def test_init_seeds_and_options():
                                             ("adamw", "cross_entropy")])
 def test_training_steps_match_torch(backend_target, name, loss_name):
     """Ten full-batch steps of a 64-32-10 MLP on ~240 digits (read by the Load Labeled Images node)."""
-    from anydevice.nodes.dataset_nodes import AnyDeviceLoadLabeledImages
+    from anydevice.nodes.learn.dataset import AnyDeviceLoadLabeledImages
     be = backend_target
     images, labels, _, _ = AnyDeviceLoadLabeledImages().run(folder="digits/train", channels="grayscale")["result"]
     x = images[::6].reshape(-1, 64).numpy()

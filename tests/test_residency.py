@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from anydevice import backend as B
 from anydevice.backend.ops.contract import TRANSFER_KEYS
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
-from anydevice.nodes import common, resident
-from anydevice.nodes import presets as P
-from anydevice.nodes.resident import DeviceTensor
+from anydevice.nodes.base import common, resident
+from anydevice.nodes.compute import presets as P
+from anydevice.nodes.base.resident import DeviceTensor
 
 OPENCL = any(i.name == "opencl" and i.available for i in B.list_backends())
 needs_opencl = pytest.mark.skipif(not OPENCL, reason="no OpenCL device here")
@@ -331,7 +331,7 @@ def test_inference_mode_tensors_are_tracked_by_fingerprint():
     """ComfyUI runs nodes under torch.inference_mode(): tensors made there keep no _version. A whole-
     tensor write into such an IMAGE still makes its device copy stale (fingerprint), and values
     from inference mode work as TENSORs."""
-    from anydevice.nodes import resident
+    from anydevice.nodes.base import resident
     with torch.inference_mode():
         img = torch.rand(1, 8, 8, 3)
         v0 = resident.version_of(img)

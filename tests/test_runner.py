@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from anydevice.nodes import presets as P
+from anydevice.nodes.compute import presets as P
 from anydevice import cli
-from anydevice.nodes import core_nodes, runner
+from anydevice.nodes.headless import core_nodes, runner
 
 import e2e_helpers as H
 

@@ -285,7 +285,7 @@ def test_deferred_at_startup_then_run_on_first_use(reg, monkeypatch):
 @needs_opencl
 def test_nodes_auto_moves_on_when_the_startup_choice_fails(reg, monkeypatch):
     pytest.importorskip("torch")
-    from anydevice.nodes import common
+    from anydevice.nodes.base import common
     reg.use(_module(WrongConv))
     order = _from_opencl_on(monkeypatch)
     monkeypatch.setattr(common, "_LOAD_TIME", None)

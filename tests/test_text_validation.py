@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
-from anydevice.nodes import runner
-from anydevice.nodes.common import NodeError, parse_matrix
+from anydevice.nodes.headless import runner
+from anydevice.nodes.base.common import NodeError, parse_matrix
 
 MALFORMED = ["1 2; 3", "nan", "[[1,2],[3]]", ""]
 #: (node, mode widget, the mode that parses the text, the text widget, other modes, valid text)

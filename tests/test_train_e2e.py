@@ -16,7 +16,7 @@ from PIL import Image
 
 import e2e_helpers as H
 from anydevice import cli
-from anydevice.nodes import runner
+from anydevice.nodes.headless import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 WF = ROOT / "example_workflows"

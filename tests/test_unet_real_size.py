@@ -19,7 +19,7 @@ from anydevice.backend import compile as adc  # noqa: E402
 from anydevice.backend import get_backend, list_backends
 from anydevice.backend.system import versions  # noqa: E402
 from anydevice.backend.bench.model_zoo import sd15_unet  # noqa: E402
-from anydevice.nodes import model_nodes as mn  # noqa: E402
+from anydevice.nodes.models import compiled as mn  # noqa: E402
 
 DEVICE = "numpy"
 

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from anydevice.backend.system import versions  # noqa: E402
 from anydevice.backend.compile import version_of  # noqa: E402
-from anydevice.nodes import resident  # noqa: E402
+from anydevice.nodes.base import resident  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 2**24 - 1, 2**24 + 1, 2560 * 1280 * 9])

@@ -1,4 +1,4 @@
-"""The window nodes (nodes/window_nodes.py): Resize and Pool on IMAGE, MASK and LATENT values, values
+"""The window nodes (nodes/compute/windows.py): Resize and Pool on IMAGE, MASK and LATENT values, values
 checked against torch (float64), the input's type kept, inputs never written, bad widgets named."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from anydevice import backend as B
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
-from anydevice.nodes.common import NodeError
+from anydevice.nodes.base.common import NodeError
 
 #: the backends the node tests run on (the op tests, test_windows.py, cover every variant)
 DEVICES = [n for n in ("numpy", "opencl", "cpu") if n in {i.name for i in B.list_backends() if i.available}]

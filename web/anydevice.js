@@ -49,7 +49,7 @@ function shortDevice(d) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// which widgets each mode uses (mirrors nodes/conv_node.py, nodes/compute.py and nodes/helpers.py; the layer nodes
+// which widgets each mode uses (mirrors nodes/compute/conv.py, nodes/compute/ops.py and nodes/tensors/nodes.py; the layer nodes
 // serve theirs, see servedRules)
 // ---------------------------------------------------------------------------------------------
 const SIZED_KERNELS = ["identity", "box_blur", "gaussian"];
@@ -110,7 +110,7 @@ const USED = {
   },
 };
 
-// Nodes that serve their own table (the layer nodes, nodes/learn_layers.py): a choice widget's
+// Nodes that serve their own table (the layer nodes, nodes/learn/layers.py): a choice widget's
 // `anydevice_uses` option is {its value: [the widgets that apply to it]}; the widgets named under
 // any value are shown only for the values that name them, the others always.
 function servedRules(nodeData) {
@@ -186,7 +186,7 @@ function applyVisibility(node) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the effective kernel, from the widgets (mirrors nodes/presets.py)
+// the effective kernel, from the widgets (mirrors nodes/compute/presets.py)
 // ---------------------------------------------------------------------------------------------
 const FIXED_KERNELS = {
   sharpen: [[0, -1, 0], [-1, 5, -1], [0, -1, 0]],

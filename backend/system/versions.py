@@ -1,5 +1,5 @@
 """Did this host tensor change? One answer for the whole pack (device copies of node values in
-nodes/resident.py, compiled models' weights in backend/compile).
+nodes/base/resident.py, compiled models' weights in backend/compile).
 
 ``tensor_version(t)`` is a key that changes when ``t`` is replaced or written in place: its data
 pointer, shape and dtype, plus

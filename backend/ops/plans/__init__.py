@@ -4,7 +4,7 @@ Each function takes shapes (never data) and plain argument values, checks them w
 rules and returns what the op needs (normalised arguments, output shape), or raises an
 ``AnyDeviceError`` naming the op's argument. ``Backend`` (contract.py) calls them before any
 kernel runs; the nodes call nothing here twice: they map the argument an error names to their
-own widget (see nodes/common.py, ``PackNode.ARGS``).
+own widget (see nodes/base/common.py, ``PackNode.ARGS``).
 
 The rules live in one module per op family (args: single arguments, vocabularies and the size check;
 elementwise; conv; norms: normalisations and losses; windows; movement; attention); this package

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..backend import AnyDeviceError
-from ..backend.learn import network as _netmod
-from ..backend.learn.layers import LAYERS
-from ..backend.learn.network import Network
-from .common import DATA, NodeError, Timer
-from .learn_common import (NETWORK, _LearnNode, _NET_TIP, _host_ui, _network, _network_out, _sample_shape,
+from ...backend import AnyDeviceError
+from ...backend.learn import network as _netmod
+from ...backend.learn.layers import LAYERS
+from ...backend.learn.network import Network
+from ..base.common import DATA, NodeError, Timer
+from .common import (NETWORK, _LearnNode, _NET_TIP, _host_ui, _network, _network_out, _sample_shape,
                            _shape_text, to_batch)
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..backend import AnyDeviceError
-from ..backend.learn.layers import LAYERS
-from ..backend.learn.network import Network
-from .common import NodeError, PackNode, Timer, kind_of, parse_ints, raw
-from .resident import DeviceTensor
+from ...backend import AnyDeviceError
+from ...backend.learn.layers import LAYERS
+from ...backend.learn.network import Network
+from ..base.common import NodeError, PackNode, Timer, kind_of, parse_ints, raw
+from ..base.resident import DeviceTensor
 
 log = logging.getLogger("anydevice")
 

@@ -7,15 +7,15 @@ import math
 
 import numpy as np
 
-from ..backend import ACTIVATIONS, LOSSES
-from ..backend.ops.plans import normalize_dims
+from ...backend import ACTIVATIONS, LOSSES
+from ...backend.ops.plans import normalize_dims
 from . import presets as P
-from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
+from ..base.common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
                      parse_ints, parse_matrix, parse_vector, resolve_backend, validate_texts)
-from .resident import constant
-from .values import data, from_layout, numbers, out_shape, preview, result, shape_of, to_layout, wrap
-from .compute_base import ComputeNode, SEED_MAX, _DATA_TIP, _kernel_ui, _weights_value
-from .conv_node import AnyDeviceConv2D
+from ..base.resident import constant
+from ..base.values import data, from_layout, numbers, out_shape, preview, result, shape_of, to_layout, wrap
+from .base import ComputeNode, SEED_MAX, _DATA_TIP, _kernel_ui, _weights_value
+from .conv import AnyDeviceConv2D
 
 
 # =================================================================================================

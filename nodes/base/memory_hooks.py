@@ -25,7 +25,7 @@ _MARK = "_anydevice_hook"
 
 def release_pools() -> None:
     """Every backend made so far gives its pooled free memory back (arrays in use stay)."""
-    from ..backend.system import memstat, registry
+    from ...backend.system import memstat, registry
     from .resident import free_backend_memory
     for be in registry.live_backends():
         try:

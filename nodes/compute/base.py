@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .common import NodeError, PackNode, cpu_f32
+from ..base.common import NodeError, PackNode, cpu_f32
 
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import NODE_CLASS_MAPPINGS as PACK_NODES
-from ..backend.system.errors import short
+from .. import NODE_CLASS_MAPPINGS as PACK_NODES
+from ...backend.system.errors import short
 from .core_nodes import CORE_NODES, WorkflowError, _Ctx, _display, _node_class
-from .inputs import input_folders, using_input_folders
+from ..base.inputs import input_folders, using_input_folders
 
 log = logging.getLogger("anydevice")
 
@@ -343,7 +343,7 @@ def _run_steps(steps: list[_Step], ctx: _Ctx, output_dir: Path, echo) -> RunResu
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WorkflowError(f"output folder {output_dir}: cannot create it: {exc.strerror or exc}", 2) from None
-    from ..backend import describe
+    from ...backend import describe
     out = RunResult(backend=describe())
     echo(f"backend: {out.backend}")
     for step in steps:

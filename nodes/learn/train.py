@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..backend import AnyDeviceError
-from ..backend.learn import optim as _optim
-from ..backend.learn.train import LOSSES as _TRAIN_LOSSES, one_target_per_input
-from ..backend.system import cancel as _cancel
-from .common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, resolve_backend
-from .learn_common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _TARGET_TYPES, _host_ui,
+from ...backend import AnyDeviceError
+from ...backend.learn import optim as _optim
+from ...backend.learn.train import LOSSES as _TRAIN_LOSSES, one_target_per_input
+from ...backend.system import cancel as _cancel
+from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, resolve_backend
+from .common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _TARGET_TYPES, _host_ui,
                            _labels, _layer_text, _net_error, _network, _shape_text, from_batch, model_dirs,
                            network_files, network_path, to_batch)
-from .learn_layers import _int
+from .layers import _int
 
 log = logging.getLogger("anydevice")
 
@@ -100,7 +100,7 @@ class AnyDeviceTrainNetwork(_LearnNode):
 
     def _run(self, network, inputs, targets, loss="mse", optimizer="adam", learning_rate=0.001, weight_decay=0.0,
              steps=200, epochs=0, batch_size=16, momentum=0.9, train_seed=0, device=None, unique_id=None):
-        from ..backend.learn.train import train
+        from ...backend.learn.train import train
         node = self.DISPLAY
         net = _network(network, node, required=True)
         if not net.layers:
@@ -194,7 +194,7 @@ class AnyDeviceApplyNetwork(_LearnNode):
                              "device": DEVICE_INPUT}}
 
     def _run(self, network, input, batch_size=256, labels=None, device=None):
-        from ..backend.learn.train import predict
+        from ...backend.learn.train import predict
         node = self.DISPLAY
         net = _network(network, node, required=True)
         be = resolve_backend(device, node)
@@ -279,7 +279,7 @@ class AnyDeviceSaveNetwork(_LearnNode):
                                                                   "gets a counter, name_00001_.safetensors."})}}
 
     def _run(self, network, filename="anydevice_network", overwrite=False):
-        from ..backend.learn import netio
+        from ...backend.learn import netio
         node = self.DISPLAY
         net = _network(network, node, required=True)
         if net.params is None:
@@ -356,7 +356,7 @@ class AnyDeviceLoadNetwork(_LearnNode):
         return p.stat().st_mtime if p is not None else ""
 
     def _run(self, name):
-        from ..backend.learn import netio
+        from ...backend.learn import netio
         node = self.DISPLAY
         p = network_path(name)
         if p is None:

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import NODE_CLASS_MAPPINGS as PACK_NODES
-from ..backend.system import config
-from ..backend.system.errors import short
+from .. import NODE_CLASS_MAPPINGS as PACK_NODES
+from ...backend.system import config
+from ...backend.system.errors import short
 
-from .inputs import EXAMPLE_INPUTS, PACK_ROOT, input_folders  # noqa: F401 (the runner and tests read them here)
+from ..base.inputs import EXAMPLE_INPUTS, PACK_ROOT, input_folders  # noqa: F401 (the runner and tests read them here)
 
 
 class WorkflowError(Exception):

@@ -3,9 +3,9 @@ over ``backend`` (windows.py): the value goes to the backend in (N, C, H, W), on
 back as the kind it came in as."""
 from __future__ import annotations
 
-from .common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
-from .compute import ComputeNode
-from .values import data, nchw_shape, out_shape, result, shape_of
+from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from .ops import ComputeNode
+from ..base.values import data, nchw_shape, out_shape, result, shape_of
 
 _DATA_TIP = "An IMAGE, MASK, LATENT or TENSOR (resized over its last two dims, or an IMAGE's height and width)."
 

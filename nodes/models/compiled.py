@@ -37,7 +37,7 @@ import logging
 
 import torch
 
-from .common import DEVICE_INPUT, NodeError, PackNode, Timer, badge, resolve_backend
+from ..base.common import DEVICE_INPUT, NodeError, PackNode, Timer, badge, resolve_backend
 
 log = logging.getLogger("anydevice")
 
@@ -48,7 +48,7 @@ TORCH_COMPILE_KWARGS = "torch_compile_kwargs"
 
 def _compile_api():
     """backend/compile (imported on first use: it registers the dynamo backend)."""
-    from ..backend import compile as adc
+    from ...backend import compile as adc
     return adc
 
 
@@ -274,7 +274,7 @@ def apply_model_wrapper(key: str, compiled):
     """The APPLY_MODEL wrapper: as comfy_api.torch_helpers' ``apply_torch_compile_factory`` (the
     compiled module swapped in for the call), and the weights trusted unchanged while ComfyUI's patch
     state is (``backend/versions.trusted``: no weight is re-read for a step between patches)."""
-    from ..backend.system import versions
+    from ...backend.system import versions
 
     def wrapper(executor, *args, **kwargs):
         import comfy.utils  # noqa: PLC0415 - inside ComfyUI only

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend.system import cancel
-from ..backend.ops.plans import check_groups, conv_image, pair, planned, same_pads
+from ...backend.system import cancel
+from ...backend.ops.plans import check_groups, conv_image, pair, planned, same_pads
 from . import presets as P
-from .common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
+from ..base.common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
                      parse_matrix, resolve_backend, validate_texts)
-from .resident import constant
-from .values import data, nchw_shape, result, shape_of
-from .compute_base import ComputeNode, SEED_MAX, _DATA_TIP, _kernel_ui, _weights_value
+from ..base.resident import constant
+from ..base.values import data, nchw_shape, result, shape_of
+from .base import ComputeNode, SEED_MAX, _DATA_TIP, _kernel_ui, _weights_value
 
 
 # =================================================================================================

@@ -21,13 +21,13 @@ names them and keeps ``NETWORK_NODES`` in the order the menu shows them.
 from __future__ import annotations
 
 # flake8: noqa: F401
-from .learn_common import (CATEGORY, CURVE_POINTS, LABELS, LOSS_MAP, MODEL_FOLDER, NETWORK, SEED_MAX, _LearnNode,
+from .common import (CATEGORY, CURVE_POINTS, LABELS, LOSS_MAP, MODEL_FOLDER, NETWORK, SEED_MAX, _LearnNode,
                            _layer_text, _network, from_batch, model_dirs, network_files, network_path,
                            register_model_folder, shape_report, to_batch)
-from .learn_layers import (AnyDeviceActivationLayer, AnyDeviceConvLayer, AnyDeviceDropoutLayer, AnyDeviceFlattenLayer,
+from .layers import (AnyDeviceActivationLayer, AnyDeviceConvLayer, AnyDeviceDropoutLayer, AnyDeviceFlattenLayer,
                            AnyDeviceLinearLayer, AnyDeviceNetworkInput, AnyDeviceNormLayer, AnyDevicePoolLayer,
                            AnyDeviceResidual, AnyDeviceUpsampleLayer, _LayerNode)
-from .learn_train import (LOSSES, OPTIMIZERS, AnyDeviceApplyNetwork, AnyDeviceImagePatches, AnyDeviceLayerWeights,
+from .train import (LOSSES, OPTIMIZERS, AnyDeviceApplyNetwork, AnyDeviceImagePatches, AnyDeviceLayerWeights,
                           AnyDeviceLoadNetwork, AnyDeviceSaveNetwork, AnyDeviceTrainNetwork)
 
 NETWORK_NODES = [AnyDeviceNetworkInput, AnyDeviceConvLayer, AnyDeviceLinearLayer, AnyDeviceActivationLayer,

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backend import AnyDeviceError, get_backend, list_backends
-from ..backend.ops.contract import TRANSFER_KEYS, transfer_totals
-from ..backend.system.errors import short
-from ..backend.system import registry as _registry
-from ..backend.system import cancel as _cancel
+from ...backend import AnyDeviceError, get_backend, list_backends
+from ...backend.ops.contract import TRANSFER_KEYS, transfer_totals
+from ...backend.system.errors import short
+from ...backend.system import registry as _registry
+from ...backend.system import cancel as _cancel
 from . import resident
 from .resident import DeviceTensor
 
@@ -322,7 +322,7 @@ def check_constant(node: str, arg: str, value, shape, dtype=np.float32, what: st
     and its ``value``, when one array of it in ``dtype`` (the dtype it is generated in: a seeded init
     draws float64 before its float32 copy) is over the tensor limit (ANYDEVICE_MAX_TENSOR_MB, or half
     the host's free memory). Nothing of that size is allocated."""
-    from ..backend.system.config import tensor_limit  # noqa: PLC0415
+    from ...backend.system.config import tensor_limit  # noqa: PLC0415
     shape = tuple(int(v) for v in shape)
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import NodeError, PackNode, Timer
-from .inputs import input_roots, using_input_folders  # noqa: F401 (using_input_folders: the runner's)
-from .helpers import _host_badge
+from ..base.common import NodeError, PackNode, Timer
+from ..base.inputs import input_roots, using_input_folders  # noqa: F401 (using_input_folders: the runner's)
+from ..tensors.nodes import _host_badge
 
 log = logging.getLogger("anydevice")
 
@@ -173,7 +173,7 @@ def _mb(nbytes: int) -> str:
 def _over_limit(nbytes: int) -> str | None:
     """None, or the limit ``nbytes`` of float32 is over (ANYDEVICE_MAX_TENSOR_MB or a share of the
     host's free memory), said as the runner's EmptyImage size check says it."""
-    from ..backend.system import config  # noqa: PLC0415
+    from ...backend.system import config  # noqa: PLC0415
     limit, free, where = config.tensor_limit(None, nbytes)
     if nbytes <= limit:
         return None

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from .common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
-from .compute import ComputeNode
-from .values import data, nchw_shape, out_shape, result, shape_of
+from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from .ops import ComputeNode
+from ..base.values import data, nchw_shape, out_shape, result, shape_of
 
 _DATA_TIP = ("An IMAGE, MASK, LATENT or TENSOR, normalised channels-first as (N, C, H, W): an IMAGE's "
              "colour channels count as channels, like a LATENT's.")

@@ -9,7 +9,7 @@ import sys
 from contextvars import ContextVar
 from pathlib import Path
 
-PACK_ROOT = Path(__file__).resolve().parent.parent
+PACK_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_INPUTS = PACK_ROOT / "example_workflows" / "input"
 
 

@@ -6,13 +6,13 @@ import math
 import numpy as np
 import torch
 
-from . import presets as P
-from . import resident as R
-from .common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
+from ..compute import presets as P
+from ..base import resident as R
+from ..base.common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
                      check_constant, cpu_f32, device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix,
                      parse_vector, raw, resolve_backend, shape_str, to_nchw, validate_texts)
-from .resident import DeviceTensor
-from .values import data, numbers, shape_of, to_layout
+from ..base.resident import DeviceTensor
+from ..base.values import data, numbers, shape_of, to_layout
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32: a typo in a shape must not take the machine down

@@ -30,8 +30,8 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..backend.system import config
-from ..backend.system.versions import tensor_version
+from ...backend.system import config
+from ...backend.system.versions import tensor_version
 
 ENV = "ANYDEVICE_RESIDENT_MB"
 
@@ -125,7 +125,7 @@ def release_all() -> None:
     """Every kept device array goes (TENSORs to their host copies), then every backend in use gives
     its pooled memory back."""
     trim(0)
-    from ..backend.system import registry
+    from ...backend.system import registry
     for be in registry.live_backends():
         free_backend_memory(be)
 
