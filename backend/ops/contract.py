@@ -235,6 +235,11 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, Tra
     def conv2d(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
                padding_mode="zeros"):
         """torch.nn.functional.conv2d (plus nn.Conv2d's padding_mode)."""
+        return self._conv2d_planned(input, weight, bias, stride, padding, dilation, groups, padding_mode)[0]
+
+    def _conv2d_planned(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
+                        padding_mode="zeros"):
+        """conv2d, and the plan it ran by (the autograd tape hands it to the backward rule)."""
         op = "conv2d"
         kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
         plan = conv2d_plan(op, self._shape(x), self._shape(w), None if b is None else self._shape(b),
@@ -252,7 +257,7 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, Tra
             y = bigconv.conv2d(self, x, w, b, plan.stride, pads, plan.dilation, groups)
         if unbatched:
             y = self._reshape(y, self._shape(y)[1:])
-        return self._out(y, kind, like)
+        return self._out(y, kind, like), plan
 
     def _conv_reach(self, x, w, b, plan, pads, groups):
         """conv2d on the outputs that can reach the input, zeros around them, then the bias."""
@@ -276,6 +281,12 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, Tra
     def conv_transpose2d(self, input, weight, bias=None, stride=1, padding=0, output_padding=0,
                          groups=1, dilation=1):
         """torch.nn.functional.conv_transpose2d (argument order as torch's)."""
+        return self._conv_transpose2d_planned(input, weight, bias, stride, padding, output_padding, groups,
+                                              dilation)[0]
+
+    def _conv_transpose2d_planned(self, input, weight, bias=None, stride=1, padding=0, output_padding=0,
+                                  groups=1, dilation=1):
+        """conv_transpose2d, and the plan it ran by (for the backward rule, as _conv2d_planned)."""
         op = "conv_transpose2d"
         kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
         plan = conv_transpose2d_plan(op, self._shape(x), self._shape(w),
@@ -287,7 +298,7 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, Tra
                                       plan.output_padding, plan.dilation, groups)
         if plan.unbatched:
             y = self._reshape(y, self._shape(y)[1:])
-        return self._out(y, kind, like)
+        return self._out(y, kind, like), plan
 
     def pad(self, input, pad, mode="constant"):
         """torch.nn.functional.pad for the last two dims, pad = (left, right, top, bottom).

@@ -195,9 +195,10 @@ class AnyDeviceConv2D(ComputeNode):
         if mode == "auto":
             mode = "zeros" if kind == "TENSOR" else "reflect"
         kh, kw = weight.shape[-2:]
-        # 'same' at stride 1 goes to the backend as it is (its conv2d_plan pads); a strided 'same' (torch
-        # has none), a transposed one and an even kernel's (its extra row padded by be.pad first, the
-        # error a too-small input gets naming pad) pad by the same amounts, computed here
+        # 'same' at stride 1 goes to the backend as it is (its conv2d_plan pads; an even kernel's extra zero row
+        # at the end, as torch does); a strided 'same' (torch has none) and an even kernel's reflect/replicate/
+        # circular one pad by the same amounts on the device (be.pad: a too-small input's error names pad),
+        # and a transposed one crops its output on the device (be.narrow)
         if padding == "same":
             pads = same_pads(kh, kw, pair(op, "dilation", dilation, minimum=1))
         elif padding == "valid":
@@ -219,7 +220,7 @@ class AnyDeviceConv2D(ComputeNode):
                 for dim, size in ((-2, max(1, h * stride)), (-1, max(1, w_ * stride))):
                     if be._shape(y)[dim] > size:
                         y = be.narrow(y, dim, 0, size)
-        elif padding == "same" and stride == 1 and pads[0] == pads[1] and pads[2] == pads[3]:
+        elif padding == "same" and stride == 1 and (mode == "zeros" or (pads[0], pads[2]) == (pads[1], pads[3])):
             y = be.conv2d(x, wd, bd, stride=stride, padding="same", dilation=dilation, groups=g, padding_mode=mode)
         elif pads[0] == pads[1] and pads[2] == pads[3]:
             y = be.conv2d(x, wd, bd, stride=stride, padding=(pads[0], pads[2]), dilation=dilation,

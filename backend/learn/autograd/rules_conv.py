@@ -71,9 +71,10 @@ def _matmul(ctx, gy):
 
 # ---- convolutions -------------------------------------------------------------------------------
 def _forward_plan(ctx):
-    """The forward's conv plan (plans.conv2d_plan / conv_transpose2d_plan, from the arguments and
-    shapes the op ran with), kept in the ctx: the backward reads its geometry from it, made once
-    (its size was checked by the forward)."""
+    """The forward's conv plan (plans.conv2d_plan / conv_transpose2d_plan): the tape hands the plan the
+    forward ran by to the rule in ``ctx.extra["plan"]`` (tape.PLANNED), so the backward reads its
+    geometry from the same object. Only a ctx made outside the tape (a rule called directly) has none:
+    then it is made here, from the arguments and shapes (its size was checked by the forward)."""
     plan = ctx.extra.get("plan")
     if plan is None:
         be, b = ctx.be, ctx["bias"]

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...system.errors import AnyDeviceError
+from ...system.memstat import planning
 
 _GRAD_ENABLED = contextvars.ContextVar("anydevice_grad_enabled", default=True)
 
@@ -209,6 +210,11 @@ def _tensorish(be, v) -> bool:
     return False
 
 
+#: ops whose forward makes a plan the backward rule reads: op -> the contract method that runs the op and
+#: returns (result, plan), so the plan is made once and handed over (rules_conv reads ctx.extra["plan"])
+PLANNED = {"conv2d": "_conv2d_planned", "conv_transpose2d": "_conv_transpose2d_planned"}
+
+
 def apply(op: str, /, *args, be=None, **kwargs):
     """Run contract op ``op`` (a ``Backend`` method name) on Vars, arrays and options; record it
     when an input requires a gradient. Returns a Var (or a tuple of Vars for multi-output ops)."""
@@ -253,7 +259,12 @@ def apply(op: str, /, *args, be=None, **kwargs):
     if record and op == "dropout" and natives.get("seed") is None:
         # a fresh mask each call, as seed=None promises, and one the backward rule can redraw
         natives["seed"] = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
-    out = _call(getattr(be, op), sig, natives)
+    plan = None
+    if record and op in PLANNED:  # the forward's plan goes to the backward rule (ctx.extra["plan"])
+        with planning(be):
+            out, plan = _call(getattr(be, PLANNED[op]), sig, natives)
+    else:
+        out = _call(getattr(be, op), sig, natives)
     if record and op not in RULES:
         raise AnyDeviceError(op, "input", "a Var that requires grad",
                              f"op {op!r} has no backward rule yet; wrap it in autograd.no_grad()")
@@ -262,6 +273,8 @@ def apply(op: str, /, *args, be=None, **kwargs):
     node = None
     if record:
         ctx = Ctx(be, op, natives, out, needs)
+        if plan is not None:
+            ctx.extra["plan"] = plan
         node = Node(op, ctx, parents, len(outs), [None if o is None else tuple(be._shape(o)) for o in outs])
     wrapped = []
     for i, o in enumerate(outs):
