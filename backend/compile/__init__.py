@@ -40,7 +40,7 @@ __all__ = ["register", "compile_module", "report", "last_report", "reset_report"
 log = logging.getLogger("anydevice")
 BACKEND_NAME = "anydevice"
 LOWERINGS = aten_ops.LOWERINGS
-OPTIONS = ("device", "dynamic")
+OPTIONS = ("device", "dynamic", "dtype")
 
 
 def _resolve(device):
@@ -62,6 +62,10 @@ def _options(options) -> dict:
                                  f"unknown option; known: {', '.join(OPTIONS)}")
     opts.setdefault("device", None)
     opts.setdefault("dynamic", None)
+    if opts.get("dtype") is not None:
+        from ..ops import dtypes
+        opts["dtype"] = dtypes.check("torch.compile(backend='anydevice')", "dtype", opts["dtype"])
+    opts.setdefault("dtype", None)
     return opts
 
 
@@ -126,7 +130,7 @@ def backend_fn(gm, example_inputs, options=None, **kwargs):
     statics = set(range(n_lifted)) | {n_lifted + i for i in static}
 
     def fw(fgm, ex):
-        return Lowered(fgm, be, statics, owner_ids=owner_ids, codes=codes, name="dynamo")
+        return Lowered(fgm, be, statics, owner_ids=owner_ids, codes=codes, name="dynamo", dtype=opts["dtype"])
 
     def bw(fgm, ex):  # backward graphs run the same way (their ops mostly on the host)
         return Lowered(fgm, be, (), owner_ids=owner_ids, codes=codes, name="dynamo-backward")
@@ -148,8 +152,8 @@ def register() -> None:
 class CompiledModule:
     """``compile_module``'s result: call it as the module; one traced graph per input signature."""
 
-    def __init__(self, module, be, dynamic=None):
-        self.module, self.be, self.dynamic = module, be, dynamic
+    def __init__(self, module, be, dynamic=None, dtype=None):
+        self.module, self.be, self.dynamic, self.dtype = module, be, dynamic, dtype
         self._graphs: dict = {}
 
     def _weights(self):
@@ -195,7 +199,7 @@ class CompiledModule:
         with torch.no_grad(), aten_ops.keep_whole():
             gm = make_fx(functionalize(fn, remove="mutations"), decomposition_table=aten_ops.decompositions(),
                          tracing_mode="fake")(*params, *tensors)
-        lowered = Lowered(gm, self.be, range(n), owner_ids=params, name="compile_module")
+        lowered = Lowered(gm, self.be, range(n), owner_ids=params, name="compile_module", dtype=self.dtype)
         return lowered, out_spec[-1]
 
     @property
@@ -203,11 +207,12 @@ class CompiledModule:
         return [g for g, _ in self._graphs.values()]
 
 
-def compile_module(module, device=None, dynamic=None):
+def compile_module(module, device=None, dynamic=None, dtype=None):
     """``module`` run on the AnyDevice backend ``device`` without dynamo (make_fx traces it once per
-    input signature). Returns a callable with the module's forward signature."""
-    _options({"device": device, "dynamic": dynamic})
-    return CompiledModule(module, _resolve(device), dynamic)
+    input signature). Returns a callable with the module's forward signature. ``dtype`` (float16 /
+    bfloat16; None: float32) is the dtype weights and activations are stored in on the device."""
+    opts = _options({"device": device, "dynamic": dynamic, "dtype": dtype})
+    return CompiledModule(module, _resolve(device), dynamic, opts["dtype"])
 
 
 # ---- reports -------------------------------------------------------------------------------------------

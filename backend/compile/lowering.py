@@ -16,7 +16,9 @@ and is called with the graph's flat inputs (boxed: one list). Per node:
   dtype), the op runs, its result stays on the host until a device op needs it. Counted per op kind
   in the report, logged once per kind.
 
-Compute is float32 on the device (fp16 / bf16 weights and inputs are converted once); outputs are
+Storage dtype (``dtype``: float32 by default, or float16 / bfloat16): weights, inputs and folded
+constants are stored on the device in it, and every device op's floating result is rounded to it, as a
+model run in that dtype rounds each op's result; each op computes in float32 (ops/dtypes.py). Outputs are
 downloaded once and returned in the traced dtype and device (a bf16 model gives bf16 results).
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 
 from ..system import cancel
 from ..system.errors import AnyDeviceError
+from ..ops.dtypes import ITEMSIZE
 from ..system.versions import tensor_version
 from . import aten_ops
 from . import report as _report
@@ -104,14 +107,15 @@ class Weights:
     _all: dict = {}
 
     @classmethod
-    def of(cls, be) -> "Weights":
-        w = cls._all.get(id(be))
+    def of(cls, be, dtype: str = "float32") -> "Weights":
+        """The weights of ``be`` stored as ``dtype`` (one cache per backend and dtype)."""
+        w = cls._all.get((id(be), dtype))
         if w is None or w.be is not be:
-            w = cls._all[id(be)] = cls(be)
+            w = cls._all[(id(be), dtype)] = cls(be, dtype)
         return w
 
-    def __init__(self, be):
-        self.be = be
+    def __init__(self, be, dtype: str = "float32"):
+        self.be, self.dtype = be, dtype
         self._entries: dict[int, list] = {}
         self.uploads = 0
 
@@ -121,15 +125,23 @@ class Weights:
             vkey = version_of(t)
         if e is not None and e[0]() is t and e[1] == vkey:
             return e[2]
-        a = self.be.to_device(t, "compile", "weight", constant=True)
+        a = self._upload(t)
         self.uploads += 1
         if count is not None:
-            count.transfer("constants", 4 * t.numel())
+            count.transfer("constants", self.itemsize(t) * t.numel())
         tid = id(t)
         ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries: d.pop(tid, None)
                           if d.get(tid, [None])[0] is _r else None)
         self._entries[tid] = [ref, vkey, a]
         return a
+
+    def itemsize(self, t) -> int:
+        return ITEMSIZE.get(self.dtype, 4) if t.is_floating_point() else 4
+
+    def _upload(self, t):
+        """A floating weight stored as the cache's dtype (float32 where the cache is float32)."""
+        dtype = self.dtype if t.is_floating_point() and self.dtype != "float32" else None
+        return self.be.to_device(t, "compile", "weight", constant=True, dtype=dtype)
 
     def clear(self) -> None:
         """Forget every device copy (the next call uploads again)."""
@@ -140,7 +152,8 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
-        return sum(4 * math.prod(self.be._shape(e[2])) for e in self._entries.values())
+        return sum(ITEMSIZE.get(self.be._dtype(e[2]), 4) * math.prod(self.be._shape(e[2]))
+                   for e in self._entries.values())
 
 
 # ---- the interpreter -------------------------------------------------------------------------------
@@ -216,16 +229,18 @@ class Lowered:
 
     _boxed_call = True
 
-    def __init__(self, gm, be, static=(), *, owner_ids=(), codes=(), name="graph"):
+    def __init__(self, gm, be, static=(), *, owner_ids=(), codes=(), name="graph", dtype=None):
         torch = _torch()
         self.gm, self.be, self.name = gm, be, name
+        #: the storage dtype of weights, inputs and device results (None: float32)
+        self.dtype = None if dtype in (None, "float32") else be._storage_dtype("compile", dtype)
         self.stats = Stats()
         self.count = Counting(self.stats)
         self.count.add("graphs")
         self._owners = [weakref.ref(t) for t in owner_ids]
         self.codes = set(codes)
         self.error: AnyDeviceError | None = None
-        self.weights = Weights.of(be)
+        self.weights = Weights.of(be, self.dtype or "float32")
         self._consts: dict = {}
         self._fold_key = None
         self._fold_host: dict = {}
@@ -368,11 +383,12 @@ class Lowered:
             elif k == "const":
                 a = self._fold_dev.get(x)
                 if a is None:
-                    a = self._fold_dev[x] = be.to_device(v, "compile", "constant", constant=True)
-                    self.count.transfer("constants", 4 * v.numel())
+                    a = self._fold_dev[x] = be.to_device(v, "compile", "constant", constant=True,
+                                                         dtype=self._store(v))
+                    self.count.transfer("constants", self._itemsize(v) * v.numel())
             else:
-                a = be.to_device(v, "compile", x.name)
-                self.count.transfer("uploads", 4 * v.numel())
+                a = be.to_device(v, "compile", x.name, dtype=self._store(v))
+                self.count.transfer("uploads", self._itemsize(v) * v.numel())
             uploaded[x] = a
             return a
 
@@ -452,8 +468,21 @@ class Lowered:
             raise AnyDeviceRunError(f"anydevice compile: {n.target} (node {n.name}) on {self.be.name}",
                                     None, None, str(e)) from e
         if isinstance(res, tuple):
-            return tuple(None if r is None else Dev(r) for r in res)
-        return Dev(res)
+            return tuple(None if r is None else Dev(self._round(r)) for r in res)
+        return Dev(self._round(res))
+
+    def _store(self, t):
+        """The dtype a host tensor is uploaded in: the graph's storage dtype for floating tensors."""
+        return self.dtype if self.dtype is not None and t.is_floating_point() else None
+
+    def _itemsize(self, t) -> int:
+        return ITEMSIZE[self.dtype] if self._store(t) else 4
+
+    def _round(self, a):
+        """A device op's float32 result stored in the graph's dtype (a model run in half rounds every op)."""
+        if self.dtype is None or not isinstance(a, self.be.native_types) or self.be._dtype(a) != "float32":
+            return a
+        return self.be._cast(a, self.dtype)
 
     def _host(self, n, host, why):
         self.count.fallback(_op_name(n.target), why, self.be.name)

@@ -63,7 +63,9 @@ class Device(abc.ABC):
     """A device: the primitives the shared ops (``contract.Backend``) are built on.
 
     Arrays are the device's own (``native_types``); shapes are tuples of ints; every primitive
-    returns a new array or a read-only view and never writes into its inputs. Compute is float32.
+    returns a new array or a read-only view and never writes into its inputs. Primitives compute in
+    float32; a device that stores half dtypes (``caps.storage_dtypes``) converts with ``_cast``, and the
+    contract hands primitives float32 arrays only (ops/dtypes.py).
     """
 
     #: the device's array types (an input of one of these types is used as it is)
@@ -238,15 +240,25 @@ class Device(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'write_rows'")
 
     # ---- dtypes ------------------------------------------------------------------------------
+    def _dtype(self, x: Array) -> str:
+        """The dtype name ``x`` is stored as (ops/dtypes.py; float32 unless the device stores others)."""
+        from ..ops import dtypes
+        return dtypes.of(x) or dtypes.FLOAT32
+
+    def _cast(self, x: Array, dtype: str) -> Array:
+        """x stored as ``dtype`` (a dtype of ``caps.storage_dtypes``), rounded to nearest even; x itself when
+        it already is (default: through NumPy; a device with a conversion kernel overrides it)."""
+        if self._dtype(x) == dtype:
+            return x
+        return self._from_numpy(self._to_numpy(x), dtype)
+
     def _storage_dtype(self, op: str, dtype) -> str:
         """The dtype name to store as (None: float32), refused with an AnyDeviceError naming the op,
         'dtype' and the value when the device cannot store it."""
         if dtype is None:
             return "float32"
-        try:
-            name = np.dtype(dtype).name
-        except TypeError:
-            name = None
+        from ..ops import dtypes
+        name = dtypes.name(dtype)
         if name not in self.caps.storage_dtypes:
             raise AnyDeviceError(op, "dtype", dtype, f"is not a dtype the {getattr(self, 'name', 'device')} "
                                  f"device stores (it stores {', '.join(sorted(self.caps.storage_dtypes))})")

@@ -24,9 +24,9 @@ import math
 import numpy as np
 
 from ..system.errors import AnyDeviceError
-from .kinds import _is_torch_tensor, _kind
 from ..system.memstat import plans_on_self
 from .attention import AttentionOps
+from .convert import Conversion
 from .layers import LayerOps
 from .movement import MovementOps
 from .windows import WindowOps
@@ -107,7 +107,7 @@ _UnaryMethods = type("_UnaryMethods", (), {op: _unary_method(op) for op in _PLAI
 
 # ----------------------------------------------------------------------------------------------
 @plans_on_self  # each op runs with its plans checking sizes against this backend's device (memstat.planning)
-class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, TransferCounts, Device):
+class Backend(Conversion, LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, TransferCounts, Device):
     """The shared ops: validation, conversion and composite ops on top of the ``Device`` primitives
     (devices/interface.py). A device class derives from it and implements the primitives."""
 
@@ -122,63 +122,6 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, Tra
 
     def __repr__(self) -> str:
         return f"<AnyDevice backend {self.name}:{self.index} on {self.device}>"
-
-    # ---- conversion: the one place host<->device transfers are counted ------------------
-    def to_device(self, x, op: str = "to_device", arg: str = "input", constant: bool = False, dtype=None):
-        """Any accepted input -> this backend's native array, stored as ``dtype`` (None: float32; a
-        dtype the device cannot store is refused). A host array is one upload, counted under
-        ``constants`` for a constant parameter such as a kernel or a bias."""
-        key = "constants" if constant else "uploads"
-        dtype = self._storage_dtype(op, dtype)
-        size = np.dtype(dtype).itemsize
-        if isinstance(x, np.ndarray) or isinstance(x, (list, tuple, int, float, np.number)):
-            a = _as_float32(x if isinstance(x, np.ndarray) else _host_array(x, op, arg), op, arg)
-            self._count(key, size * a.size)
-            return self._from_numpy(a) if dtype == "float32" else self._from_numpy(a, dtype)
-        if _is_torch_tensor(x):
-            if x.is_complex():
-                raise AnyDeviceError(op, arg, x, f"complex dtype {x.dtype} is not supported")
-            self._count(key, size * x.numel(), x.device.type == "cpu")
-            return self._from_torch(x) if dtype == "float32" else self._from_torch(x, dtype)
-        if isinstance(x, self.native_types):
-            return x
-        raise AnyDeviceError(op, arg, type(x).__name__,
-                             "must be a NumPy array, a torch tensor or a device array")
-
-    def to_numpy(self, x) -> np.ndarray:
-        """A NumPy array of ``x`` (a native array: one download; float32 from a device that stores
-        other dtypes)."""
-        if isinstance(x, np.ndarray) and (x.dtype == _FLOAT32 or x.dtype.name not in self.caps.storage_dtypes):
-            return x
-        if _is_torch_tensor(x):
-            self._count("downloads", 4 * x.numel(), x.device.type != "cpu")
-            return x.detach().to("cpu").numpy()
-        self._count("downloads", 4 * math.prod(self._shape(x)))
-        return self._to_numpy(x)
-
-    def _inputs(self, op: str, optional=("bias",), **arrays):
-        """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
-        arguments named in ``optional`` may be None (a None elsewhere is refused, naming it)."""
-        natives = []
-        kind = like = None
-        for arg, value in arrays.items():
-            if value is None:
-                if arg not in optional:
-                    raise AnyDeviceError(op, arg, None, "is required: pass a tensor, not None")
-                natives.append(None)
-                continue
-            if kind is None:
-                kind, like = _kind(value, self), value
-            natives.append(self.to_device(value, op, arg))
-        return (kind, like, *natives)
-
-    def _out(self, y, kind, like):
-        if kind == "torch":
-            self._count("downloads", 4 * math.prod(self._shape(y)), like.device.type == "cpu")
-            return self._to_torch(y, like)
-        if kind == "numpy" and not isinstance(y, np.ndarray):
-            return self.to_numpy(y)
-        return y
 
     def _check_size(self, op: str, shape) -> None:
         from ..system.config import tensor_limit
@@ -576,22 +519,3 @@ class Backend(LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, Tra
                  "ssim": self.ssim}
         known("loss", "name", name, LOSSES, "loss")
         return table[name](input, target, **params)
-
-
-# ----------------------------------------------------------------------------------------------
-# input kinds
-# ----------------------------------------------------------------------------------------------
-def _host_array(x, op: str, arg: str) -> np.ndarray:
-    """A list, tuple or number as a NumPy array (a ragged list is refused, naming the argument)."""
-    try:
-        return np.asarray(x)
-    except (ValueError, TypeError) as exc:
-        raise AnyDeviceError(op, arg, x, f"is not a rectangular array of numbers ({exc})") from None
-
-
-def _as_float32(a: np.ndarray, op: str, arg: str) -> np.ndarray:
-    if a.dtype == _FLOAT32:
-        return a
-    if a.dtype.kind in "fiub":
-        return a.astype(np.float32)
-    raise AnyDeviceError(op, arg, a, f"dtype {a.dtype} is not supported (use a real number type)")

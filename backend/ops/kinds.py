@@ -13,6 +13,18 @@ def _is_torch_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+class Kind(str):
+    """An op's input kind ("native", "torch" or "numpy", compared as a string) and ``dtype``, the
+    contract dtype name its result is rounded to (ops/dtypes.py)."""
+
+    dtype = "float32"
+
+    def __new__(cls, kind: str, dtype: str = "float32"):
+        self = super().__new__(cls, kind)
+        self.dtype = dtype
+        return self
+
+
 def _kind(x, backend) -> str:
     if isinstance(x, backend.native_types) and not isinstance(x, np.ndarray) and not _is_torch_tensor(x):
         return "native"

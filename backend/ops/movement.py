@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..system.errors import AnyDeviceError
+from . import dtypes
+from .kinds import Kind, _kind
 from .plans import (COMPARE_OPS, broadcast_shapes, is_scalar, cat_plan, chunk_sizes, expand_shape, known, narrow_args,
                     one_dim, permute_dims, slice_args, split_sizes, stack_plan, view_shape, _tensor_list)
 
@@ -125,9 +127,8 @@ class MovementOps:
     # ---- joining ---------------------------------------------------------------------------
     def _list_inputs(self, op, tensors):
         _tensor_list(op, "tensors", tensors)
-        from .kinds import _kind
-        kind, like = _kind(tensors[0], self), tensors[0]
-        return kind, like, [self.to_device(t, op, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        kind = Kind(_kind(tensors[0], self), dtypes.promote([self._value_dtype(t) for t in tensors]))
+        return kind, tensors[0], [self._compute_input(t, op, f"tensors[{i}]") for i, t in enumerate(tensors)]
 
     def cat(self, tensors, dim=0):
         """torch.cat: along an existing dim; 1-D empty tensors are skipped as torch does."""
@@ -155,6 +156,10 @@ class MovementOps:
         kind, like, c = self._inputs(op, condition=condition)
         a = self._operand(op, "input", input)
         b = self._operand(op, "other", other)
+        for v in (input, other):  # the result is of the values' kind, also where the condition is a host mask
+            if kind == "numpy" and not is_scalar(v) and _kind(v, self) != "numpy":
+                kind, like = _kind(v, self), v
+        kind = Kind(kind, dtypes.promote([self._value_dtype(input), self._value_dtype(other)]))
         shape = broadcast_shapes(op, self._shape(c), self._shape(a), ("condition", "input"))
         shape = broadcast_shapes(op, shape, self._shape(b), ("condition", "other"))
         self._check_size(op, shape)
@@ -163,7 +168,7 @@ class MovementOps:
     def _operand(self, op, arg, v):
         if is_scalar(v):
             return self.to_device(np.float32(v), op, arg, constant=True)
-        return self.to_device(v, op, arg)
+        return self._compute_input(v, op, arg)
 
     def compare(self, op: str, input, other):
         """eq, ne, lt, le, gt, ge by name: float32 1.0 where true, 0.0 where false (torch: bool)."""

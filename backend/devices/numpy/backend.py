@@ -14,6 +14,7 @@ import threading
 import numpy as np
 
 from ...system import threads
+from ...ops import dtypes
 from ...ops.contract import Backend, Capabilities
 from .adam import NumpyAdam
 from .common import F32, _parallel, _quiet, _split
@@ -71,7 +72,8 @@ class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, Backend):
     kind = "own"
     native_types = (np.ndarray,)
     caps = Capabilities(fused=frozenset({"adam_step", "conv_weight_grad", "conv_input_grad", "fft_conv"}),
-                        macs_per_s=(1.0e9, 2e10), fft_min_taps=120)
+                        macs_per_s=(1.0e9, 2e10), fft_min_taps=120,
+                        storage_dtypes=frozenset(dtypes.FLOATS))  # float16 as itself, bfloat16 as dtypes.BF16
 
     @property
     def device(self) -> str:
@@ -79,10 +81,15 @@ class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, Backend):
 
     # ---- conversion / layout ----------------------------------------------------------------
     def _from_numpy(self, a, dtype="float32"):
-        return a
+        return a if dtype == "float32" else dtypes.host_store(a, dtype)
 
     def _to_numpy(self, x):
-        return x
+        return x if x.dtype == F32 else dtypes.host_float32(x)
+
+    def _cast(self, x, dtype):
+        if self._dtype(x) == dtype:
+            return x
+        return dtypes.host_store(dtypes.host_float32(x), dtype)
 
     def _reshape(self, x, shape):
         return np.reshape(x, shape)

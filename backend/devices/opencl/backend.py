@@ -11,13 +11,15 @@ import time
 import numpy as np
 
 from ...system import config
+from ...ops import dtypes
 from ...ops.contract import Backend, Capabilities, unary_kernel_args
 from .adam import CLAdam
 from ..runtime.kernel_source import kernel_source
 from ..runtime import JsonStore
 from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
 from .linalg import LinalgOps
-from .memory import BufferPool, CLArray, _collapse, _contig_strides
+from .memory import BufferPool, CLArray, CLHalf, _collapse, _contig_strides
+from .storage import CLStorage
 from .params import (BINARY_CODES, DEFAULT_TUNE, F32, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS,
                      TUNE_BUDGET_S)
 from .programs import ProgramCache
@@ -30,13 +32,13 @@ log = logging.getLogger("anydevice")
 FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows"})
 
 
-class OpenCLBackend(LinalgOps, CLWeightGrad, CLAdam, Backend):
+class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM
     and conv in linalg.py, the weight gradient in wgrad.py, the fused Adam step in adam.py."""
 
     name = "opencl"
     kind = "own"
-    native_types = (CLArray,)
+    native_types = (CLArray, CLHalf)
 
     def __init__(self, dev, index: int = 0, family: str | None = None):
         super().__init__(index)
@@ -49,7 +51,9 @@ class OpenCLBackend(LinalgOps, CLWeightGrad, CLAdam, Backend):
         self.family = fam or ("gpu" if _is_gpu(dev) else "cpu")
         self.is_cpu_device = not _is_gpu(dev)
         fft = frozenset({"fft_conv"}) if self.family == "cpu" and self.is_cpu_device else frozenset()
-        self.caps = Capabilities(fused=FUSED | fft, macs_per_s=(4.0e9, 2e10), fft_min_taps=577)
+        # float16 / bfloat16 stored as 16-bit words (vload_half/vstore_half are core OpenCL), computed in float32
+        self.caps = Capabilities(fused=FUSED | fft, macs_per_s=(4.0e9, 2e10), fft_min_taps=577,
+                                 storage_dtypes=frozenset(dtypes.FLOATS))
         self.ctx = cl.Context([dev])
         self.queue = cl.CommandQueue(self.ctx, dev)
         self.programs = ProgramCache(self.ctx, dev)
@@ -212,24 +216,6 @@ class OpenCLBackend(LinalgOps, CLWeightGrad, CLAdam, Backend):
             return (-(-n // chunk),), (1,), chunk
         return (-(-n // 256) * 256,), (256,), 1
 
-    # ---- allocation / conversion --------------------------------------------------------
-    def _empty(self, shape, dtype="float32") -> CLArray:
-        shape = tuple(int(s) for s in shape)
-        return CLArray(shape, self.pool.alloc(4 * max(1, math.prod(shape))), 0)
-
-    def _from_numpy(self, a, dtype="float32"):
-        a = np.asarray(a, dtype=F32, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
-        out = self._empty(a.shape)
-        if a.size:
-            self.cl.enqueue_copy(self.queue, out.buffer, a, is_blocking=True)
-        return out
-
-    def _to_numpy(self, x):
-        out = np.empty(x.shape, F32)
-        if out.size:
-            self.cl.enqueue_copy(self.queue, out, x.buffer, src_offset=4 * x.offset, is_blocking=True)
-        return out
-
     def _contiguous(self, x):
         """x itself: every CLArray is dense in C order (views are offsets into a buffer)."""
         return x
@@ -245,6 +231,8 @@ class OpenCLBackend(LinalgOps, CLWeightGrad, CLAdam, Backend):
         shape = tuple(int(s) for s in shape)
         if math.prod(shape) != x.size:
             raise ValueError(f"cannot reshape {x.shape} to {shape}")
+        if isinstance(x, CLHalf):
+            return CLHalf(shape, x.block, x.dtype, x.offset)
         return CLArray(shape, x.block, x.offset)
 
     def _copy_strided(self, src: CLArray, s_off, shape, sstr, dst: CLArray, d_off, dstr):

@@ -307,6 +307,34 @@ class CLArray:
         return f"CLArray(shape={self.shape}, offset={self.offset})"
 
 
+class CLHalf:
+    """A C-contiguous float16 or bfloat16 array in an OpenCL buffer, as 16-bit words (``dtype`` is the
+    contract's name). Storage only: the contract converts it to a CLArray (``_cast``) before any op."""
+    __slots__ = ("shape", "block", "offset", "size", "dtype", "__weakref__")
+
+    def __init__(self, shape, block: _Block, dtype: str, offset: int = 0):
+        self.shape = tuple(int(s) for s in shape)
+        self.block = block
+        self.offset = int(offset)
+        self.size = math.prod(self.shape)
+        self.dtype = dtype
+
+    @property
+    def buffer(self):
+        return self.block.buf
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.size
+
+    def __repr__(self):
+        return f"CLHalf(shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
+
+
 def _contig_strides(shape):
     out, s = [], 1
     for d in reversed(shape):

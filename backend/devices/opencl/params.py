@@ -34,7 +34,7 @@ WINO_OB = 4
 
 #: the OpenCL backend's kernels: name -> (source file, portable?) and scalar dtypes, both from the
 #: runtime's signature table (portable GPU-family files get the OpenCL prelude)
-OPENCL_KERNELS = ("unary", "binary_flat", "binary_nd", "copy_nd", "where_nd", "pad2d", "reduce_ori", "norm_rows", "norm_rows_wg", "softmax_rows", "softmax_tile", "gemm_small",
+OPENCL_KERNELS = ("unary", "cast_from_f32", "cast_to_f32", "binary_flat", "binary_nd", "copy_nd", "where_nd", "pad2d", "reduce_ori", "norm_rows", "norm_rows_wg", "softmax_rows", "softmax_tile", "gemm_small",
                   "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
                   "wino_filter", "wino_in", "wino_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv",
                   "ad_window2d", "ad_window2d_px", "ad_window_rows")

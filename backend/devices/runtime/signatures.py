@@ -42,6 +42,8 @@ KERNELS: dict[str, KernelSig] = {
     "binary_flat": _s("elementwise.cl", "b l b l b l l l i i f f"),
     "binary_nd": _s("elementwise.cl", "b l b l b l l l i b"),
     "copy_nd": _s("elementwise.cl", "b l b l l l b"),
+    "cast_from_f32": _s("elementwise.cl", "b l b l l i"),
+    "cast_to_f32": _s("elementwise.cl", "b l b l l i"),
     "where_nd": _s("elementwise.cl", "b l b l b l b l l l b"),
     "pad2d": _s("elementwise.cl", "b l b l i i i i i i i"),
     "reduce_ori": _s("elementwise.cl", "b l b l l l l l l i f"),

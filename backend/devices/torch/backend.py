@@ -10,6 +10,7 @@ import contextlib
 
 import numpy as np
 
+from ...ops import dtypes
 from ...ops.contract import Backend, Capabilities, tf32_allowed
 
 #: registry name -> torch device type
@@ -92,7 +93,8 @@ class TorchBackend(Backend):
         self.dev = torch.device(dev_type if dev_type in ("cpu", "mps") else f"{dev_type}:{index}")
         self.native_types = ()  # every tensor goes through _from_torch (device + dtype check)
         # PyTorch's CPU conv speed (chunking estimate, devices/interface.py); a GPU's is the default
-        self.caps = Capabilities(macs_per_s=(0.25e9, 2e10) if name == "cpu" else None)
+        self.caps = Capabilities(macs_per_s=(0.25e9, 2e10) if name == "cpu" else None,
+                                 storage_dtypes=frozenset(dtypes.FLOATS))  # computed in float32 (the contract)
         self.F = torch.nn.functional
         self.f32 = torch.float32
         ok, _, names = _probe(name)
@@ -142,15 +144,22 @@ class TorchBackend(Backend):
     def _from_numpy(self, a, dtype="float32"):
         if any(st < 0 for st in a.strides):  # torch takes no negative strides (np.flip views)
             a = np.ascontiguousarray(a)
-        return self.torch.as_tensor(a, device=self.dev)
+        t = self.torch.as_tensor(a, device=self.dev)
+        return t if dtype == "float32" else t.to(dtypes.torch_dtype(dtype))
 
     def _from_torch(self, t, dtype="float32"):
-        if t.dtype is self.f32 and t.device == self.dev and not t.requires_grad:
+        want = self.f32 if dtype == "float32" else dtypes.torch_dtype(dtype)
+        if t.dtype is want and t.device == self.dev and not t.requires_grad:
             return t
-        return t.detach().to(self.dev, dtype=self.f32)
+        return t.detach().to(self.dev, dtype=want)
 
     def _to_numpy(self, x):
-        return x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        return (x.float() if x.dtype in (self.torch.float16, self.torch.bfloat16) else x).numpy()
+
+    def _cast(self, x, dtype):
+        want = dtypes.torch_dtype(dtype)
+        return x if x.dtype is want else x.to(want)
 
     def _to_torch(self, x, like):
         return x if x.device == like.device else x.to(like.device)

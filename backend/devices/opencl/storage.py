@@ -1,0 +1,65 @@
+"""OpenCL arrays in and out: allocation, upload and download, and the dtype conversions (float16 and
+bfloat16 are stored as 16-bit words, ``CLHalf``; kernels/elementwise.cl cast_* converts on the device)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ops import dtypes
+from .memory import CLArray, CLHalf
+
+F32 = np.float32
+
+
+class CLStorage:
+    """The OpenCL backend's allocation and conversion primitives (needs ``pool``, ``cl``, ``queue``,
+    ``_run`` and ``_flat_geometry`` of the backend)."""
+
+    def _empty(self, shape, dtype="float32"):
+        shape = tuple(int(s) for s in shape)
+        if dtype != "float32":
+            return CLHalf(shape, self.pool.alloc(2 * max(1, math.prod(shape))), dtype)
+        return CLArray(shape, self.pool.alloc(4 * max(1, math.prod(shape))), 0)
+
+    def _from_numpy(self, a, dtype="float32"):
+        if dtype != "float32":  # rounded on the host, uploaded as 16-bit words: half the bytes
+            a = np.asarray(dtypes.host_store(np.asarray(a, F32), dtype), order="C").view(np.uint16)
+        else:
+            a = np.asarray(a, dtype=F32, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
+        out = self._empty(a.shape, dtype)
+        if a.size:
+            self.cl.enqueue_copy(self.queue, out.buffer, a, is_blocking=True)
+        return out
+
+    def _to_numpy(self, x):
+        if isinstance(x, CLHalf):  # 16-bit words down, float32 on the host
+            bits = np.empty(x.shape, np.uint16)
+            if bits.size:
+                self.cl.enqueue_copy(self.queue, bits, x.buffer, src_offset=2 * x.offset, is_blocking=True)
+            return dtypes.from_bf16(bits) if x.dtype == dtypes.BFLOAT16 else bits.view(np.float16).astype(F32)
+        out = np.empty(x.shape, F32)
+        if out.size:
+            self.cl.enqueue_copy(self.queue, out, x.buffer, src_offset=4 * x.offset, is_blocking=True)
+        return out
+
+    def _dtype(self, x):
+        return x.dtype if isinstance(x, CLHalf) else dtypes.FLOAT32
+
+    def _cast(self, x, dtype):
+        """float32 <-> float16/bfloat16 on the device (kernels/elementwise.cl cast_*)."""
+        have = self._dtype(x)
+        if have == dtype:
+            return x
+        if have != dtypes.FLOAT32 and dtype != dtypes.FLOAT32:
+            return self._cast(self._cast(x, dtypes.FLOAT32), dtype)
+        out = self._empty(x.shape, dtype)
+        n = x.size
+        if n:
+            g, l, chunk = self._flat_geometry(n)
+            if dtype == dtypes.FLOAT32:
+                self._run("cast_to_f32", g, l, x.buffer, x.offset, out.buffer, n, chunk, int(have == dtypes.BFLOAT16))
+            else:
+                self._run("cast_from_f32", g, l, x.buffer, x.offset, out.buffer, n, chunk,
+                          int(dtype == dtypes.BFLOAT16))
+        return out

@@ -1,0 +1,120 @@
+"""Conversion between the caller's arrays and a device's (the one place host<->device transfers are
+counted), and the dtype rule of every op: inputs converted to the compute dtype (float32), the result
+rounded to the promoted dtype (dtypes.py)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..system.errors import AnyDeviceError
+from . import dtypes
+from .kinds import Kind, _is_torch_tensor, _kind
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+class Conversion:
+    """``to_device`` / ``to_numpy`` and the input/output conversion every op of ``contract.Backend`` runs."""
+
+    def to_device(self, x, op: str = "to_device", arg: str = "input", constant: bool = False, dtype=None):
+        """Any accepted input -> this backend's native array, stored as ``dtype`` (None: float32, the
+        compute dtype; a dtype the device cannot store is refused; a native array of another dtype is
+        converted on the device). A host array is one upload, counted under
+        ``constants`` for a constant parameter such as a kernel or a bias."""
+        key = "constants" if constant else "uploads"
+        dtype = self._storage_dtype(op, dtype)
+        size = dtypes.ITEMSIZE[dtype]
+        if isinstance(x, np.ndarray) or isinstance(x, (list, tuple, int, float, np.number)):
+            a = _as_float32(x if isinstance(x, np.ndarray) else _host_array(x, op, arg), op, arg)
+            self._count(key, size * a.size)
+            return self._from_numpy(a) if dtype == "float32" else self._from_numpy(a, dtype)
+        if _is_torch_tensor(x):
+            if x.is_complex():
+                raise AnyDeviceError(op, arg, x, f"complex dtype {x.dtype} is not supported")
+            self._count(key, size * x.numel(), x.device.type == "cpu")
+            return self._from_torch(x) if dtype == "float32" else self._from_torch(x, dtype)
+        if isinstance(x, self.native_types):  # a native array in another dtype is converted on the device
+            return x if self._dtype(x) == dtype else self._cast(x, dtype)
+        raise AnyDeviceError(op, arg, type(x).__name__,
+                             "must be a NumPy array, a torch tensor or a device array")
+
+    def to_numpy(self, x) -> np.ndarray:
+        """A NumPy array of ``x`` (a native array: one download; float32 from a device that stores
+        other dtypes)."""
+        if isinstance(x, np.ndarray) and (x.dtype == _FLOAT32 or self._dtype(x) not in self.caps.storage_dtypes):
+            return x
+        if _is_torch_tensor(x):
+            self._count("downloads", 4 * x.numel(), x.device.type != "cpu")
+            t = x.detach().to("cpu")
+            return (t.float() if dtypes.of(t) in (dtypes.FLOAT16, dtypes.BFLOAT16) else t).numpy()
+        self._count("downloads", 4 * math.prod(self._shape(x)))
+        return self._to_numpy(x)
+
+    def _inputs(self, op: str, optional=("bias",), **arrays):
+        """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
+        arguments named in ``optional`` may be None (a None elsewhere is refused, naming it).
+        The natives are in the compute dtype (float32); ``kind.dtype`` is the result dtype, torch's
+        promotion over the floating inputs (ops/dtypes.py), which ``_out`` rounds the result to."""
+        natives = []
+        kind = like = None
+        found = []
+        for arg, value in arrays.items():
+            if value is None:
+                if arg not in optional:
+                    raise AnyDeviceError(op, arg, None, "is required: pass a tensor, not None")
+                natives.append(None)
+                continue
+            if kind is None:
+                kind, like = _kind(value, self), value
+            found.append(self._value_dtype(value))
+            natives.append(self._compute_input(value, op, arg))
+        return (Kind(kind or "numpy", dtypes.promote(found)), like, *natives)
+
+    def _value_dtype(self, value):
+        """The contract dtype of an op's argument (None: a number, or an integer or bool array)."""
+        if isinstance(value, self.native_types) and _kind(value, self) == "native":
+            return self._dtype(value)
+        return dtypes.of(value)
+
+    def _compute_input(self, value, op: str, arg: str):
+        """An op's argument as a native array in the compute dtype (float32): half natives converted on
+        the device, host and torch arrays on the way up (``to_device``)."""
+        return self.to_device(value, op, arg)
+
+    def _out(self, y, kind, like):
+        """The result ``y`` (a native float32 array, or what an op returns as it is) as the caller's kind,
+        rounded to the result dtype ``kind.dtype`` where that is a half dtype."""
+        dtype = getattr(kind, "dtype", dtypes.FLOAT32)
+        half = dtype != dtypes.FLOAT32 and (isinstance(y, self.native_types) or _is_torch_tensor(y)) \
+            and self._dtype(y) == dtypes.FLOAT32
+        if kind == "torch":
+            self._count("downloads", 4 * math.prod(self._shape(y)), like.device.type == "cpu")
+            t = self._to_torch(y, like)
+            return t.to(dtypes.torch_dtype(dtype)) if half else t
+        if kind == "numpy":  # rounded on the host (a device that stores float32 only gives host halves too)
+            if not isinstance(y, np.ndarray):
+                y = self.to_numpy(y)
+            return dtypes.host_store(y, dtype) if half else y
+        return self._cast(y, dtype) if half and dtype in self.caps.storage_dtypes else y
+
+
+# ----------------------------------------------------------------------------------------------
+# input kinds
+# ----------------------------------------------------------------------------------------------
+def _host_array(x, op: str, arg: str) -> np.ndarray:
+    """A list, tuple or number as a NumPy array (a ragged list is refused, naming the argument)."""
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError) as exc:
+        raise AnyDeviceError(op, arg, x, f"is not a rectangular array of numbers ({exc})") from None
+
+
+def _as_float32(a: np.ndarray, op: str, arg: str) -> np.ndarray:
+    if a.dtype == _FLOAT32:
+        return a
+    if isinstance(a, dtypes.BF16):
+        return dtypes.from_bf16(a)
+    if a.dtype.kind in "fiub":
+        return a.astype(np.float32)
+    raise AnyDeviceError(op, arg, a, f"dtype {a.dtype} is not supported (use a real number type)")
