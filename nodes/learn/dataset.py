@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..base.common import NodeError, PackNode, Timer
+from ..base.widgets import Choice, Int
 from ..base.inputs import input_roots, using_input_folders  # noqa: F401 (using_input_folders: the runner's)
 from ..tensors.nodes import _host_badge
 
@@ -245,15 +246,13 @@ class AnyDeviceLoadLabeledImages(PackNode):
                 "folder": (folders, opts),
             },
             "optional": {
-                "size": ("INT", {
-                    "default": 0, "min": 0, "max": 4096,
-                    "tooltip": "0: images as stored (all must have the same size). N: every image resized to "
-                               "N x N (Lanczos, as ComfyUI's image-set loaders stretch)."}),
-                "channels": (cls.CHANNELS, {
-                    "default": "rgb",
-                    "tooltip": "rgb: 3 channels, as ComfyUI's IMAGE (grey images repeat their value); "
-                               "grayscale: 1 channel [B, H, W, 1] (Pillow's L conversion), for a model that "
-                               "takes one input channel."}),
+                "size": Int(0, 0, 4096,
+                            "0: images as stored (all must have the same size). N: every image resized to N x N "
+                            "(Lanczos, as ComfyUI's image-set loaders stretch)."),
+                "channels": Choice(cls.CHANNELS, "rgb",
+                                   "rgb: 3 channels, as ComfyUI's IMAGE (grey images repeat their value); grayscale: "
+                                   "1 channel [B, H, W, 1] (Pillow's L conversion), for a model that takes one input "
+                                   "channel."),
             },
         }
 

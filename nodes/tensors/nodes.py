@@ -11,6 +11,7 @@ from ..base import resident as R
 from ..base.common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
                      check_constant, cpu_f32, device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix,
                      parse_vector, raw, resolve_backend, shape_str, to_nchw, validate_texts)
+from ..base.widgets import Bool, Choice, Int, Text
 from ..base.resident import DeviceTensor
 from ..base.values import data, numbers, shape_of, to_layout
 
@@ -132,14 +133,12 @@ class AnyDeviceTensorSource(PackNode):
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "mode": (cls.MODES, {"default": "random_normal", "tooltip": "How to fill the tensor."}),
-                "shape": ("STRING", {"default": "1, 3, 64, 64",
-                                     "tooltip": "Comma-separated sizes for random, zeros and ones."}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
-                                 "tooltip": "Seed for the random modes (same seed, same numbers everywhere)."}),
-                "text": ("STRING", {"multiline": True, "default": "1 2 3\n4 5 6",
-                                    "tooltip": "Numbers for text mode: rows on new lines or ';' (a 2-D tensor; "
-                                               "a single row gives a 1-D tensor)."}),
+                "mode": Choice(cls.MODES, "random_normal", "How to fill the tensor."),
+                "shape": Text("1, 3, 64, 64", "Comma-separated sizes for random, zeros and ones."),
+                "seed": Int(0, 0, SEED_MAX, "Seed for the random modes (same seed, same numbers everywhere)."),
+                "text": Text("1 2 3\n4 5 6",
+                             "Numbers for text mode: rows on new lines or ';' (a 2-D tensor; a single row gives a 1-D "
+                             "tensor).", multiline=True),
             },
             "optional": {"image": ("IMAGE", {"tooltip": "Source for image mode; becomes [B, C, H, W]."})},
         }
@@ -246,15 +245,14 @@ class AnyDeviceWeights(PackNode):
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "source": (cls.SOURCES, {"default": "random", "tooltip": "Where the weight comes from."}),
-                "shape": ("STRING", {"default": "8, 3, 3, 3",
-                                     "tooltip": "random: weight shape, (out, in) for Linear or (out, in/groups, kH, kW) "
-                                                "for Conv2D."}),
-                "init_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX, "tooltip": "Seed of the random init (it does not change between runs)."}),
-                "matrix": ("STRING", {"multiline": True, "default": "1 0 0\n0 1 0\n0 0 1",
-                                      "tooltip": "text: the weight matrix, rows on new lines or ';'."}),
-                "bias": ("STRING", {"default": "", "tooltip": "Bias numbers (one per output), 'random' for a seeded "
-                                                              "random bias, or empty for none."}),
+                "source": Choice(cls.SOURCES, "random", "Where the weight comes from."),
+                "shape": Text("8, 3, 3, 3",
+                              "random: weight shape, (out, in) for Linear or (out, in/groups, kH, kW) for Conv2D."),
+                "init_seed": Int(0, 0, SEED_MAX, "Seed of the random init (it does not change between runs)."),
+                "matrix": Text("1 0 0\n0 1 0\n0 0 1",
+                               "text: the weight matrix, rows on new lines or ';'.", multiline=True),
+                "bias": Text("",
+                             "Bias numbers (one per output), 'random' for a seeded random bias, or empty for none."),
             },
             "optional": {
                 "weight": (TENSOR, {"tooltip": "tensor: the weight."}),
@@ -334,7 +332,7 @@ class _ToTensor(PackNode):
         req = {name: (typ, {"tooltip": tip})}
         if cls.LAYOUTS:
             choices, ltip = cls.LAYOUTS
-            req["layout"] = (choices, {"default": choices[0], "tooltip": ltip})
+            req["layout"] = Choice(choices, choices[0], ltip)
         return {"required": req}
 
 
@@ -449,10 +447,10 @@ class AnyDeviceTensorToImage(_FromTensor):
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("IMAGE",), ("image",), ("An IMAGE [B, H, W, C].",)
     TENSOR_TIP = "[N, C, H, W], [C, H, W] or [H, W] (or channel-last with layout NHWC)."
     OPTIONS = {
-        "mode": (["auto", "channel_grid", "channels_as_batch"], {"default": "auto", "tooltip": "How channels become pixels."}),
-        "normalize": ("BOOLEAN", {"default": False, "tooltip": "Scale each map to 0..1 (min to black, max to white) "
-                                                               "on the default backend."}),
-        "layout": (["NCHW", "NHWC"], {"default": "NCHW", "tooltip": "How to read a 4-D tensor."}),
+        "mode": Choice(["auto", "channel_grid", "channels_as_batch"], "auto", "How channels become pixels."),
+        "normalize": Bool(False,
+                          "Scale each map to 0..1 (min to black, max to white) on the default backend."),
+        "layout": Choice(["NCHW", "NHWC"], "NCHW", "How to read a 4-D tensor."),
     }
 
     def _run(self, tensor, mode="auto", normalize=False, layout="NCHW"):
@@ -515,7 +513,7 @@ class AnyDeviceTensorToMask(_FromTensor):
     DESCRIPTION = "A TENSOR as a MASK [B, H, W]: [H, W] and [B, H, W] as they are, one channel of [N, C, H, W]."
     RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("MASK",), ("mask",), ("A MASK [B, H, W].",)
     TENSOR_TIP = "[H, W], [B, H, W] or [N, C, H, W]."
-    OPTIONS = {"channel": ("INT", {"default": 0, "min": 0, "max": 4095, "tooltip": "Which channel of a 4-D tensor."})}
+    OPTIONS = {"channel": Int(0, 0, 4095, "Which channel of a 4-D tensor.")}
 
     def _run(self, tensor, channel=0):
         node = self.DISPLAY

@@ -1,0 +1,54 @@
+"""Small constructors for INPUT_TYPES entries, in ComfyUI's own shapes: ``Int(8, 1, 4096, "tip")`` is
+``("INT", {"default": 8, "min": 1, "max": 4096, "tooltip": "tip"})``. The option keys keep ComfyUI's
+order (the page gets them as written)."""
+from __future__ import annotations
+
+from .common import DATA, DEVICE_INPUT, WEIGHTS
+
+
+def Int(default, lo, hi, tip, step=None):
+    """An INT widget from lo to hi."""
+    opts = {"default": default, "min": lo, "max": hi}
+    if step is not None:
+        opts["step"] = step
+    opts["tooltip"] = tip
+    return ("INT", opts)
+
+
+def Float(default, lo, hi, step, tip, round=None):  # noqa: A002 - ComfyUI's option name
+    """A FLOAT widget from lo to hi in steps of step; round=False keeps the typed value as it is."""
+    opts = {"default": default, "min": lo, "max": hi, "step": step}
+    if round is not None:
+        opts["round"] = round
+    opts["tooltip"] = tip
+    return ("FLOAT", opts)
+
+
+def Choice(options, default, tip):
+    """A combo widget of options."""
+    return (options, {"default": default, "tooltip": tip})
+
+
+def Bool(default, tip):
+    return ("BOOLEAN", {"default": default, "tooltip": tip})
+
+
+def Text(default, tip, multiline=False):
+    """A STRING widget; multiline for a text box."""
+    return ("STRING", {"multiline": True, "default": default, "tooltip": tip} if multiline
+            else {"default": default, "tooltip": tip})
+
+
+def Input(typ, tip):
+    """A socket of type typ (no widget)."""
+    return (typ, {"tooltip": tip})
+
+
+def Data(tip):
+    """An IMAGE, MASK, LATENT or TENSOR socket."""
+    return (DATA, {"tooltip": tip})
+
+
+def optional_weights(tip):
+    """The optional WEIGHTS and DEVICE inputs of a node whose kernel may come from a Weights node."""
+    return {"weights": (WEIGHTS, {"tooltip": tip}), "device": DEVICE_INPUT}
