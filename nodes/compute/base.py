@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..base.common import NodeError, PackNode, cpu_f32
+from ..base.common import ANY, NodeError, PackNode, cpu_f32
 
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
@@ -33,6 +33,9 @@ class ComputeNode(PackNode):
 
     CATEGORY = "AnyDevice/nn"
     WARN_NONFINITE = True
+    #: one output, of the input's type (a node with other outputs says its own)
+    RETURN_TYPES = (ANY,)
+    RETURN_NAMES = ("output",)
 
 
 def _weights_value(weights, node: str) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from ..base.common import DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
 from ..base.widgets import Choice, Float, Int
 from .ops import ComputeNode
 from ..base.values import data, nchw_shape, out_shape, result, shape_of
@@ -24,8 +24,6 @@ class AnyDeviceNormalize(ComputeNode):
                    "square over C,H,W per sample (no centring); batch over N,H,W per channel (the batch's own "
                    "statistics). Then output = normalised * scale + shift. A normalised IMAGE leaves 0..1 "
                    "(negative values): follow with a clamp or a Tensor Ops normalize to view it.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The normalised input, of the same type (an IMAGE's values leave 0..1).",)
     METHODS = ["instance", "group", "layer", "rms", "batch"]
 

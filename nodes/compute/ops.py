@@ -10,7 +10,7 @@ import numpy as np
 from ...backend import ACTIVATIONS, LOSSES
 from ...backend.ops.plans import normalize_dims
 from . import presets as P
-from ..base.common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
+from ..base.common import (DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
                      parse_ints, parse_matrix, parse_vector, resolve_backend, validate_texts)
 from ..base.widgets import Bool, Choice, Float, Int, Text
 from ..base.resident import constant
@@ -26,8 +26,6 @@ class AnyDeviceLinear(ComputeNode):
     DESCRIPTION = ("y = x @ W.T + b. On a TENSOR it acts on the last dim; on an IMAGE, MASK or LATENT it "
                    "acts on each pixel's channels (a colour matrix). W comes from a preset (grayscale, "
                    "sepia, ...), seeded random init, a matrix typed as text, or a WEIGHTS input.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The result, of the same type as the input.",)
     SOURCES = ["preset", "random", "text", "weights"]
 
@@ -130,8 +128,6 @@ class AnyDeviceActivation(ComputeNode):
     DISPLAY = "Activation (AnyDevice)"
     DESCRIPTION = ("Element-wise activation (PyTorch semantics): relu, leaky_relu, elu, gelu, silu, sigmoid, tanh, "
                    "softplus, or softmax over a dim.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The activated input, of the same type.",)
 
     @classmethod
@@ -254,8 +250,6 @@ class AnyDeviceTensorOps(ComputeNode):
     DESCRIPTION = ("Tensor maths with PyTorch broadcasting: add, sub, mul, div, pow, min, max, matmul against input "
                    "b or a scalar; abs, neg, sqrt, exp, log, clamp, normalize (to 0..1); and sum/mean/max/min over "
                    "dims. Two IMAGE/MASK/LATENT inputs are lined up channel-first so an IMAGE times a MASK works.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The result: the type of input a when its shape still fits, else a TENSOR.",)
 
     @classmethod

@@ -3,7 +3,7 @@ over ``backend`` (windows.py): the value goes to the backend in (N, C, H, W), on
 back as the kind it came in as."""
 from __future__ import annotations
 
-from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from ..base.common import DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
 from ..base.widgets import Bool, Choice, Float, Int
 from .ops import ComputeNode
 from ..base.values import data, nchw_shape, out_shape, result, shape_of
@@ -26,8 +26,6 @@ class AnyDeviceResize(ComputeNode):
     DESCRIPTION = ("Resize an IMAGE, MASK, LATENT or TENSOR with PyTorch's interpolate: nearest, nearest-exact, "
                    "bilinear, bicubic or area, to a target width and height or by a scale factor. Values follow "
                    "PyTorch exactly (bicubic may overshoot the input's range, as in PyTorch).")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The resized input, of the same type.",)
     MODES = ["bilinear", "bicubic", "nearest", "nearest-exact", "area"]
 
@@ -82,8 +80,6 @@ class AnyDevicePool(ComputeNode):
     DESCRIPTION = ("Pooling of an IMAGE, MASK, LATENT or TENSOR over its height and width (PyTorch semantics): "
                    "max or avg over kernel_size windows every stride pixels, or adaptive max / avg to a fixed "
                    "output width and height.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The pooled input, of the same type.",)
     POOLS = ["max", "avg", "adaptive_max", "adaptive_avg"]
 

@@ -10,17 +10,15 @@ from ...backend.learn.layers import LAYERS
 from ...backend.learn.network import Network
 from ..base.common import DATA, NodeError, Timer
 from ..base.widgets import Bool, Choice, Float, Int, Text
-from .common import (NETWORK, _LearnNode, _NET_TIP, _host_ui, _network, _network_out, _sample_shape,
+from .common import (NETWORK, _NET_TIP, _NetworkNode, _host_ui, _network, _network_out, _sample_shape,
                            _shape_text, to_batch)
 
 
-class AnyDeviceNetworkInput(_LearnNode):
+class AnyDeviceNetworkInput(_NetworkNode):
     DISPLAY = "Network Input (AnyDevice)"
     DESCRIPTION = ("Starts a network and fixes its input shape, so the layer nodes after it can say their output "
                    "shapes and refuse a layer that does not fit. The shape comes from an example input (IMAGE, "
                    "MASK, LATENT or TENSOR: one sample of it) or from the shape text.")
-    RETURN_TYPES = (NETWORK,)
-    RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("An empty network with its input shape; connect the first layer node.",)
 
     @classmethod
@@ -55,7 +53,7 @@ class AnyDeviceNetworkInput(_LearnNode):
         return {"ui": _host_ui(t.ms(), [f"input {_shape_text(s)}"], shape=list(s)), "result": (net,)}
 
 
-class _LayerNode(_LearnNode):
+class _LayerNode(_NetworkNode):
     """A node that appends one layer: ``_layer(**widgets)`` gives (type, config).
 
     Where a widget (``CHOICE``: an activation's name, a pool's kind, a conv's padding) picks what
@@ -63,8 +61,6 @@ class _LayerNode(_LearnNode):
     which (``Layer.widgets``), and ``widget_uses`` serves them as the choice widget's
     ``anydevice_uses`` option, which web/anydevice.js hides the others by."""
 
-    RETURN_TYPES = (NETWORK,)
-    RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("The network with this layer appended.",)
     WIDGETS: dict = {}
     #: the layer type it appends; None where the CHOICE widget's value is the type (Norm Layer)
@@ -241,12 +237,10 @@ class AnyDeviceFlattenLayer(_LayerNode):
         return "flatten", {}
 
 
-class AnyDeviceResidual(_LearnNode):
+class AnyDeviceResidual(_NetworkNode):
     DISPLAY = "Residual (AnyDevice)"
     DESCRIPTION = ("Appends a residual block y = x + body(x) to the trunk network. Build the body as its own chain "
                    "of layer nodes (without a Network Input); its output must have its input's shape.")
-    RETURN_TYPES = (NETWORK,)
-    RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("The trunk with the residual block appended.",)
 
     @classmethod

@@ -17,8 +17,8 @@ from ...backend.learn.train import LOSSES as _TRAIN_LOSSES, one_target_per_input
 from ...backend.system import cancel as _cancel
 from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, resolve_backend
 from ..base.widgets import Bool, Choice, Float, Int, Text
-from .common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _TARGET_TYPES, _host_ui,
-                           _labels, _layer_text, _net_error, _network, _shape_text, from_batch, model_dirs,
+from .common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _NetworkNode, _TARGET_TYPES,
+                           _host_ui, _labels, _layer_text, _net_error, _network, _shape_text, from_batch, model_dirs,
                            network_files, network_path, to_batch)
 
 log = logging.getLogger("anydevice")
@@ -335,11 +335,9 @@ class AnyDeviceSaveNetwork(_LearnNode):
         return {"ui": ui, "result": ()}
 
 
-class AnyDeviceLoadNetwork(_LearnNode):
+class AnyDeviceLoadNetwork(_NetworkNode):
     DISPLAY = "Load Network (AnyDevice)"
     DESCRIPTION = "Loads a network saved by Save Network (or any safetensors file with the AnyDevice layer spec)."
-    RETURN_TYPES = (NETWORK,)
-    RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("The network with its weights.",)
 
     @classmethod
