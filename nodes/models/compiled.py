@@ -290,8 +290,17 @@ def apply_model_wrapper(key: str, compiled):
 
 
 class _ModelNode(PackNode):
+    """A node that takes one model and gives a copy of it that runs on the chosen backend: its input
+    has the output's type and name (``RETURN_TYPES``, ``RETURN_NAMES``), and ``input_tip``."""
+
     CATEGORY = CATEGORY
     ARGS: dict[str, str] = {}
+    input_tip = ""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {cls.RETURN_NAMES[0]: (cls.RETURN_TYPES[0], {"tooltip": cls.input_tip})},
+                "optional": {"device": DEVICE_INPUT}}
 
     def _out(self, be, t, value, lines, op):
         ui = badge(be, t.ms(), op=op)
@@ -309,12 +318,7 @@ class AnyDeviceModel(_ModelNode):
     RETURN_TYPES = ("MODEL",)
     RETURN_NAMES = ("model",)
     OUTPUT_TOOLTIPS = ("A clone of the model whose diffusion model runs on the chosen backend.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL", {"tooltip": "The model from a checkpoint loader (LoRAs and other "
-                                                            "patches before or after this node are kept)."})},
-                "optional": {"device": DEVICE_INPUT}}
+    input_tip = "The model from a checkpoint loader (LoRAs and other patches before or after this node are kept)."
 
     def _run(self, model, device=None):
         node = self.DISPLAY
@@ -357,11 +361,7 @@ class AnyDeviceVAE(_ModelNode):
     RETURN_TYPES = ("VAE",)
     RETURN_NAMES = ("vae",)
     OUTPUT_TOOLTIPS = ("A copy of the VAE whose decoder and encoder run on the chosen backend.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"vae": ("VAE", {"tooltip": "The VAE from Load VAE or a checkpoint loader."})},
-                "optional": {"device": DEVICE_INPUT}}
+    input_tip = "The VAE from Load VAE or a checkpoint loader."
 
     def _run(self, vae, device=None):
         node = self.DISPLAY
@@ -403,11 +403,7 @@ class AnyDeviceUpscaleModel(_ModelNode):
     RETURN_TYPES = ("UPSCALE_MODEL",)
     RETURN_NAMES = ("upscale_model",)
     OUTPUT_TOOLTIPS = ("A copy of the upscale model that runs on the chosen backend.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"upscale_model": ("UPSCALE_MODEL", {"tooltip": "The model from Load Upscale Model."})},
-                "optional": {"device": DEVICE_INPUT}}
+    input_tip = "The model from Load Upscale Model."
 
     def _run(self, upscale_model, device=None):
         node = self.DISPLAY
