@@ -11,7 +11,7 @@ from ...backend import ACTIVATIONS, LOSSES
 from ...backend.ops.plans import normalize_dims
 from . import presets as P
 from ..base.common import (DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
-                     parse_ints, parse_matrix, parse_vector, resolve_backend, validate_texts)
+                     parse_ints, parse_matrix, parse_vector, parsed, resolve_backend, validate_texts)
 from ..base.widgets import Bool, Choice, Float, Int, Text
 from ..base.resident import constant
 from ..base.values import data, from_layout, numbers, out_shape, preview, result, shape_of, to_layout, wrap
@@ -78,18 +78,12 @@ class AnyDeviceLinear(ComputeNode):
         if source == "preset":
             if preset == "identity":  # one row per input channel
                 check_constant(node, "preset", preset, (in_f, in_f), np.float32, "identity matrix")
-            try:
-                w, b = P.color_preset(preset, in_f)
-            except ValueError as exc:
-                raise NodeError(node, "preset", preset, str(exc)) from None
+            w, b = parsed(node, "preset", preset, P.color_preset, in_f)
         elif source == "random":  # the seeded init draws in float64 before its float32 copy
             check_constant(node, "out_features", out_features, (int(out_features), in_f), np.float64, "random matrix")
             w = P.seeded_uniform(init_seed, (int(out_features), in_f), in_f)
         elif source == "text":
-            try:
-                w = parse_matrix(matrix)
-            except ValueError as exc:
-                raise NodeError(node, "matrix", matrix, str(exc)) from None
+            w = parsed(node, "matrix", matrix, parse_matrix)
         elif source == "weights":
             wt, bt = _weights_value(weights, node)
             w, b = wt.numpy(), (None if bt is None else bt.numpy())
@@ -98,10 +92,7 @@ class AnyDeviceLinear(ComputeNode):
         else:
             raise NodeError(node, "source", source, "must be preset, random, text or weights")
         self.arg_inputs["weight"] = (warg, f"W of shape {tuple(w.shape)}")
-        try:
-            extra = parse_vector(bias)
-        except ValueError as exc:
-            raise NodeError(node, "bias", bias, str(exc)) from None
+        extra = parsed(node, "bias", bias, parse_vector)
         out_f = w.shape[0]
         if extra is not None:
             if extra.size not in (1, out_f):
@@ -290,10 +281,7 @@ class AnyDeviceTensorOps(ComputeNode):
         node = self.DISPLAY
         be = resolve_backend(device, node)
         ka = kind_of(a, node, "a")
-        try:
-            dim_t = parse_ints(dims, "dims")
-        except ValueError as exc:
-            raise NodeError(node, "dims", dims, str(exc)) from None
+        dim_t = parsed(node, "dims", dims, parse_ints, "dims")
         dim = dim_t if dim_t else None
         t = Timer()
         if op in BINARY:

@@ -8,7 +8,7 @@ from ...backend import AnyDeviceError
 from ...backend.learn import network as _netmod
 from ...backend.learn.layers import LAYERS
 from ...backend.learn.network import Network
-from ..base.common import DATA, NodeError, Timer
+from ..base.common import DATA, NodeError, Timer, parsed
 from ..base.widgets import Bool, Choice, Float, Int, Text
 from .common import (NETWORK, _NET_TIP, _NetworkNode, _host_ui, _network, _network_out, _sample_shape,
                            _shape_text, to_batch)
@@ -45,10 +45,7 @@ class AnyDeviceNetworkInput(_NetworkNode):
             x, _ = to_batch(example, node, "example")
             s = (1,) + tuple(x.shape[1:])
         else:
-            try:
-                s = (1,) + _sample_shape(shape)
-            except ValueError as exc:
-                raise NodeError(node, "shape", shape, str(exc)) from None
+            s = (1,) + parsed(node, "shape", shape, _sample_shape)
         net = dataclasses.replace(Network.empty(), in_shape=s)
         return {"ui": _host_ui(t.ms(), [f"input {_shape_text(s)}"], shape=list(s)), "result": (net,)}
 

@@ -10,7 +10,7 @@ from ..compute import presets as P
 from ..base import resident as R
 from ..base.common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
                      check_constant, cpu_f32, device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix,
-                     parse_vector, raw, resolve_backend, shape_str, to_nchw, validate_texts)
+                     parse_vector, parsed, raw, resolve_backend, shape_str, to_nchw, validate_texts)
 from ..base.widgets import Bool, Choice, Int, Text
 from ..base.resident import DeviceTensor
 from ..base.values import data, numbers, shape_of, to_layout
@@ -113,10 +113,7 @@ def parse_shape(text) -> tuple[int, ...]:
 
 
 def _shape(text, node: str) -> tuple[int, ...]:
-    try:
-        return parse_shape(text)
-    except ValueError as exc:
-        raise NodeError(node, "shape", text, str(exc)) from None
+    return parsed(node, "shape", text, parse_shape)
 
 
 class AnyDeviceTensorSource(PackNode):
@@ -163,10 +160,7 @@ class AnyDeviceTensorSource(PackNode):
                 return {"ui": badge(dev[0], t.ms(dev[0]), shape=list(out.shape)), "result": (out,)}
             out = cpu_f32(image).permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)  # never a view
         elif mode == "text":
-            try:
-                m = parse_matrix(text)
-            except ValueError as exc:
-                raise NodeError(node, "text", text, str(exc)) from None
+            m = parsed(node, "text", text, parse_matrix)
             out = torch.from_numpy(m[0].copy() if m.shape[0] == 1 else m)
         else:
             dims = _shape(shape, node)
@@ -278,10 +272,7 @@ class AnyDeviceWeights(PackNode):
             check_constant(node, "shape", shape, dims, np.float64, "random weight")
             w = P.seeded_uniform(init_seed, dims, math.prod(dims[1:]) if len(dims) > 1 else 1)
         elif source == "text":
-            try:
-                w = parse_matrix(matrix)
-            except ValueError as exc:
-                raise NodeError(node, "matrix", matrix, str(exc)) from None
+            w = parsed(node, "matrix", matrix, parse_matrix)
         elif source == "tensor":
             if not _is_tensor_value(weight):
                 raise NodeError(node, "weight", None if weight is None else type(weight).__name__,
@@ -297,10 +288,7 @@ class AnyDeviceWeights(PackNode):
             fan_in = math.prod(w.shape[1:]) if w.ndim > 1 else 1
             b = P.seeded_uniform(int(init_seed) + 1, (out_f,), fan_in)
         else:
-            try:
-                b = _parse_bias(bias)
-            except ValueError as exc:
-                raise NodeError(node, "bias", bias, str(exc)) from None
+            b = parsed(node, "bias", bias, _parse_bias)
             if b is not None and b.size == 1:
                 b = np.full((out_f,), b[0], np.float32)
         if b is not None and b.size != out_f:
