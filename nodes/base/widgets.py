@@ -52,3 +52,10 @@ def Data(tip):
 def optional_weights(tip):
     """The optional WEIGHTS and DEVICE inputs of a node whose kernel may come from a Weights node."""
     return {"weights": (WEIGHTS, {"tooltip": tip}), "device": DEVICE_INPUT}
+
+
+def outputs(*outs):
+    """RETURN_TYPES, RETURN_NAMES and OUTPUT_TOOLTIPS from one (type, name, tooltip) per output, so
+    each output is said in one place:
+    ``RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs((TENSOR, "tensor", "A TENSOR."))``."""
+    return tuple(zip(*outs)) if outs else ((), (), ())

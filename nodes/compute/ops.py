@@ -12,7 +12,7 @@ from ...backend.ops.plans import normalize_dims
 from . import presets as P
 from ..base.common import (DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
                      parse_ints, parse_matrix, parse_vector, parsed, resolve_backend, validate_texts)
-from ..base.widgets import Bool, Choice, Float, Int, Text
+from ..base.widgets import Bool, Choice, Float, Int, Text, outputs
 from ..base.resident import constant
 from ..base.values import data, from_layout, numbers, out_shape, preview, result, shape_of, to_layout, wrap
 from .base import ComputeNode, SEED_MAX, _DATA_TIP, _kernel_ui, _weights_value
@@ -167,9 +167,9 @@ class AnyDeviceLoss(ComputeNode):
     DESCRIPTION = ("Compares a prediction with a target: mse, l1, huber, smooth_l1, bce (PyTorch semantics, mean "
                    "reduction), PSNR in dB or SSIM. Shows the value on the node and outputs it as a FLOAT, "
                    "plus an error map (|prediction - target|, scaled to its maximum) as an IMAGE.")
-    RETURN_TYPES = ("FLOAT", "IMAGE")
-    RETURN_NAMES = ("value", "error_map")
-    OUTPUT_TOOLTIPS = ("The loss or metric value.", "|prediction - target| scaled so its maximum is white.")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("FLOAT", "value", "The loss or metric value."),
+        ("IMAGE", "error_map", "|prediction - target| scaled so its maximum is white."))
     OUTPUT_NODE = True
 
     @classmethod

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..base.common import NodeError, PackNode, Timer
-from ..base.widgets import Choice, Int
+from ..base.widgets import Choice, Int, outputs
 from ..base.inputs import input_roots, using_input_folders  # noqa: F401 (using_input_folders: the runner's)
 from ..tensors.nodes import _host_badge
 
@@ -222,14 +222,12 @@ class AnyDeviceLoadLabeledImages(PackNode):
                    "torchvision's ImageFolder); images are read in name order. Outputs the images as one IMAGE "
                    "batch, the class index of each, the class names and the count. The pack ships digits/train "
                    "and digits/test (scikit-learn's 8x8 handwritten digits, 1437 + 360 images).")
-    RETURN_TYPES = ("IMAGE", LABELS, "STRING", "INT")
-    RETURN_NAMES = ("images", "labels", "class_names", "count")
-    OUTPUT_TOOLTIPS = (
-        "Every image, [B, H, W, C] float32 0..1, class by class.",
-        "The class index of each image: an int64 tensor [B] (connect to a training or evaluation node).",
-        "The class names, one a line, in index order (line i is class i).",
-        "The number of images B.",
-    )
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("IMAGE", "images", "Every image, [B, H, W, C] float32 0..1, class by class."),
+        (LABELS, "labels", "The class index of each image: an int64 tensor [B] (connect to a training or evaluation "
+                           "node)."),
+        ("STRING", "class_names", "The class names, one a line, in index order (line i is class i)."),
+        ("INT", "count", "The number of images B."))
     CHANNELS = ["rgb", "grayscale"]
 
     @classmethod

@@ -16,7 +16,7 @@ from ...backend.learn import optim as _optim
 from ...backend.learn.train import LOSSES as _TRAIN_LOSSES, one_target_per_input
 from ...backend.system import cancel as _cancel
 from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, resolve_backend
-from ..base.widgets import Bool, Choice, Float, Int, Text
+from ..base.widgets import Bool, Choice, Float, Int, Text, outputs
 from .common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _NetworkNode, _TARGET_TYPES,
                            _host_ui, _labels, _layer_text, _net_error, _network, _shape_text, from_batch, model_dirs,
                            network_files, network_path, to_batch)
@@ -55,11 +55,10 @@ class AnyDeviceTrainNetwork(_LearnNode):
                    "and thread count give the same weights bit for bit. The loss curve is drawn live on the node; "
                    "Cancel stops between steps. A loss that turns NaN/Inf stops the run with the last finite weights "
                    "(a warning on the node).")
-    RETURN_TYPES = (NETWORK, LOSS_MAP, "FLOAT")
-    RETURN_NAMES = ("network", "loss_map", "final_loss")
-    OUTPUT_TOOLTIPS = ("The trained network (the input network is unchanged).",
-                       "{'loss': [every step's loss]}: connect ComfyUI's Plot Loss Graph.",
-                       "The loss of the last step.")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (NETWORK, "network", "The trained network (the input network is unchanged)."),
+        (LOSS_MAP, "loss_map", "{'loss': [every step's loss]}: connect ComfyUI's Plot Loss Graph."),
+        ("FLOAT", "final_loss", "The loss of the last step."))
     OUTPUT_NODE = True
     ARGS = {"lr": "learning_rate", "weight_decay": "weight_decay", "steps": "steps", "epochs": "epochs",
             "batch_size": "batch_size", "seed": "train_seed", "inputs": "inputs", "targets": "targets",
@@ -176,11 +175,10 @@ class AnyDeviceApplyNetwork(_LearnNode):
     DESCRIPTION = ("Runs the network (evaluation mode) on an input and returns the same type (IMAGE in, IMAGE out) "
                    "where the output's shape fits it, else a TENSOR (e.g. class scores). For class scores it also "
                    "gives the predicted labels, and with the true labels connected the accuracy.")
-    RETURN_TYPES = (ANY, LABELS, "FLOAT")
-    RETURN_NAMES = ("output", "predicted", "accuracy")
-    OUTPUT_TOOLTIPS = ("The network's output, of the input's type where it fits.",
-                       "argmax over dim 1 (the classes), as labels.",
-                       "Fraction of predicted labels equal to the connected labels (0 without labels).")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (ANY, "output", "The network's output, of the input's type where it fits."),
+        (LABELS, "predicted", "argmax over dim 1 (the classes), as labels."),
+        ("FLOAT", "accuracy", "Fraction of predicted labels equal to the connected labels (0 without labels)."))
     OUTPUT_NODE = True
     ARGS = {"input": "input", "inputs": "input"}
 
@@ -259,9 +257,7 @@ class AnyDeviceSaveNetwork(_LearnNode):
     DESCRIPTION = ("Saves the network (layers in the metadata, weights as tensors under torch's state-dict names) as "
                    "a .safetensors file in models/anydevice/. It never replaces a file unless overwrite is on: a "
                    "name that is taken gets a counter (name_00001_.safetensors), as ComfyUI's savers do.")
-    RETURN_TYPES = ()
-    RETURN_NAMES = ()
-    OUTPUT_TOOLTIPS = ()
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs()  # none: it saves a file
     OUTPUT_NODE = True
 
     @classmethod
@@ -372,9 +368,7 @@ class AnyDeviceLayerWeights(_LearnNode):
     DESCRIPTION = ("A trained layer's weight and bias as WEIGHTS, for the Conv2D and Linear nodes (kernel_source / "
                    "source 'weights'): the learned kernel then shows in their kernel grid. 'matrix' gives a 1x1 "
                    "conv's weight as the (out, in) matrix Linear takes.")
-    RETURN_TYPES = ("WEIGHTS",)
-    RETURN_NAMES = ("weights",)
-    OUTPUT_TOOLTIPS = ("{weight, bias} of the layer.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(("WEIGHTS", "weights", "{weight, bias} of the layer."))
     SHAPES = ["as stored", "matrix"]
 
     @classmethod
@@ -422,9 +416,9 @@ class AnyDeviceImagePatches(_LearnNode):
     DISPLAY = "Image Patches (AnyDevice)"
     DESCRIPTION = ("A training batch from images: seeded random square crops, and the same crops with seeded "
                    "Gaussian noise added (for denoisers). A patch_size as large as the image gives the image itself.")
-    RETURN_TYPES = ("IMAGE", "IMAGE")
-    RETURN_NAMES = ("patches", "noisy")
-    OUTPUT_TOOLTIPS = ("The crops, a batch [count, size, size, C].", "The crops plus noise (clamped to 0..1 if asked).")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("IMAGE", "patches", "The crops, a batch [count, size, size, C]."),
+        ("IMAGE", "noisy", "The crops plus noise (clamped to 0..1 if asked)."))
 
     @classmethod
     def INPUT_TYPES(cls):

@@ -38,6 +38,7 @@ import logging
 import torch
 
 from ..base.common import DEVICE_INPUT, NodeError, PackNode, Timer, badge, resolve_backend
+from ..base.widgets import outputs
 
 log = logging.getLogger("anydevice")
 
@@ -315,9 +316,8 @@ class AnyDeviceModel(_ModelNode):
                    "does. The first sampling step compiles (slow); weights go to the device once and again only "
                    "when a LoRA or weight patch changes them. The input MODEL is not changed. A model the backend "
                    "cannot take runs as before (PyTorch) with a warning in the log.")
-    RETURN_TYPES = ("MODEL",)
-    RETURN_NAMES = ("model",)
-    OUTPUT_TOOLTIPS = ("A clone of the model whose diffusion model runs on the chosen backend.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("MODEL", "model", "A clone of the model whose diffusion model runs on the chosen backend."))
     input_tip = "The model from a checkpoint loader (LoRAs and other patches before or after this node are kept)."
 
     def _run(self, model, device=None):
@@ -358,9 +358,8 @@ class AnyDeviceVAE(_ModelNode):
                    "Decode / VAE Encode as usual. The first decode or encode compiles (slow); the weights go to the "
                    "device once. The input VAE is not changed. A VAE the backend cannot take runs as before "
                    "(PyTorch) with a warning in the log.")
-    RETURN_TYPES = ("VAE",)
-    RETURN_NAMES = ("vae",)
-    OUTPUT_TOOLTIPS = ("A copy of the VAE whose decoder and encoder run on the chosen backend.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("VAE", "vae", "A copy of the VAE whose decoder and encoder run on the chosen backend."))
     input_tip = "The VAE from Load VAE or a checkpoint loader."
 
     def _run(self, vae, device=None):
@@ -400,9 +399,8 @@ class AnyDeviceUpscaleModel(_ModelNode):
                    "'anydevice')). Use the output with Upscale Image (using Model). Each new tile size compiles "
                    "once; the weights go to the device once. The input model is not changed. A model the backend "
                    "cannot take runs as before (PyTorch) with a warning in the log.")
-    RETURN_TYPES = ("UPSCALE_MODEL",)
-    RETURN_NAMES = ("upscale_model",)
-    OUTPUT_TOOLTIPS = ("A copy of the upscale model that runs on the chosen backend.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("UPSCALE_MODEL", "upscale_model", "A copy of the upscale model that runs on the chosen backend."))
     input_tip = "The model from Load Upscale Model."
 
     def _run(self, upscale_model, device=None):

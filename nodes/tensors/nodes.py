@@ -11,7 +11,7 @@ from ..base import resident as R
 from ..base.common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
                      check_constant, cpu_f32, device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix,
                      parse_vector, parsed, raw, resolve_backend, shape_str, to_nchw, validate_texts)
-from ..base.widgets import Bool, Choice, Int, Text
+from ..base.widgets import Bool, Choice, Int, Text, outputs
 from ..base.resident import DeviceTensor
 from ..base.values import data, numbers, shape_of, to_layout
 
@@ -58,9 +58,8 @@ class AnyDeviceDeviceSelect(PackNode):
     DESCRIPTION = ("Picks the backend the connected compute nodes run on. 'auto' is the backend chosen at start-up "
                    "(ANYDEVICE_BACKEND overrides it). Unavailable backends are listed with the reason and cannot "
                    "run.")
-    RETURN_TYPES = (DEVICE,)
-    RETURN_NAMES = ("device",)
-    OUTPUT_TOOLTIPS = ("Connect to the device input of any AnyDevice compute node.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (DEVICE, "device", "Connect to the device input of any AnyDevice compute node."))
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -121,9 +120,7 @@ class AnyDeviceTensorSource(PackNode):
     CATEGORY = "AnyDevice/tensor"
     DESCRIPTION = ("Makes a TENSOR: seeded random (normal or uniform), zeros, ones, numbers typed as text, or an "
                    "IMAGE as [B, C, H, W].")
-    RETURN_TYPES = (TENSOR,)
-    RETURN_NAMES = ("tensor",)
-    OUTPUT_TOOLTIPS = ("A float32 TENSOR on the CPU.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs((TENSOR, "tensor", "A float32 TENSOR on the CPU."))
     MODES = ["random_normal", "random_uniform", "zeros", "ones", "text", "image"]
 
     @classmethod
@@ -183,9 +180,9 @@ class AnyDeviceTensorInfo(PackNode):
     CATEGORY = "AnyDevice/tensor"
     DESCRIPTION = ("Shows the type, shape, dtype, min, max and mean of an IMAGE, MASK, LATENT or TENSOR on the "
                    "node, with the backend that computed the statistics and the time; passes the input through.")
-    RETURN_TYPES = (ANY, "STRING")
-    RETURN_NAMES = ("passthrough", "info")
-    OUTPUT_TOOLTIPS = ("The input, unchanged.", "The same facts as one line of text.")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (ANY, "passthrough", "The input, unchanged."),
+        ("STRING", "info", "The same facts as one line of text."))
     OUTPUT_NODE = True
 
     @classmethod
@@ -230,9 +227,8 @@ class AnyDeviceWeights(PackNode):
     CATEGORY = "AnyDevice/nn"
     DESCRIPTION = ("Makes WEIGHTS (a weight and an optional bias) for Linear or Conv2D: seeded random init of any "
                    "shape (PyTorch's default range), a matrix typed as text, or TENSOR inputs.")
-    RETURN_TYPES = (WEIGHTS,)
-    RETURN_NAMES = ("weights",)
-    OUTPUT_TOOLTIPS = ("Connect to the weights input of Linear or Conv2D.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (WEIGHTS, "weights", "Connect to the weights input of Linear or Conv2D."))
     SOURCES = ["random", "text", "tensor"]
 
     @classmethod
@@ -432,7 +428,7 @@ class AnyDeviceTensorToImage(_FromTensor):
     DISPLAY = "Tensor to Image (AnyDevice)"
     DESCRIPTION = ("A TENSOR as an IMAGE to look at. auto: 1 channel becomes grey, 3 (or 4) are RGB(A), other counts "
                    "are tiled as a grid of grey feature maps. normalize scales each image (or map) to 0..1.")
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("IMAGE",), ("image",), ("An IMAGE [B, H, W, C].",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(("IMAGE", "image", "An IMAGE [B, H, W, C]."))
     TENSOR_TIP = "[N, C, H, W], [C, H, W] or [H, W] (or channel-last with layout NHWC)."
     OPTIONS = {
         "mode": Choice(["auto", "channel_grid", "channels_as_batch"], "auto", "How channels become pixels."),
@@ -499,7 +495,7 @@ class AnyDeviceTensorToImage(_FromTensor):
 class AnyDeviceTensorToMask(_FromTensor):
     DISPLAY = "Tensor to Mask (AnyDevice)"
     DESCRIPTION = "A TENSOR as a MASK [B, H, W]: [H, W] and [B, H, W] as they are, one channel of [N, C, H, W]."
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("MASK",), ("mask",), ("A MASK [B, H, W].",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(("MASK", "mask", "A MASK [B, H, W]."))
     TENSOR_TIP = "[H, W], [B, H, W] or [N, C, H, W]."
     OPTIONS = {"channel": Int(0, 0, 4095, "Which channel of a 4-D tensor.")}
 
@@ -534,7 +530,7 @@ class AnyDeviceTensorToMask(_FromTensor):
 class AnyDeviceTensorToLatent(_FromTensor):
     DISPLAY = "Tensor to Latent (AnyDevice)"
     DESCRIPTION = "A 4-D TENSOR [B, C, H, W] (or 3-D [C, H, W]) as a LATENT {'samples': ...}."
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("LATENT",), ("latent",), ("A LATENT.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(("LATENT", "latent", "A LATENT."))
     TENSOR_TIP = "[B, C, H, W] or [C, H, W]."
 
     def _run(self, tensor):
