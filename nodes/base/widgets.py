@@ -3,8 +3,6 @@
 order (the page gets them as written)."""
 from __future__ import annotations
 
-from .common import DATA, DEVICE_INPUT, WEIGHTS
-
 
 def Int(default, lo, hi, tip, step=None):
     """An INT widget from lo to hi."""
@@ -37,21 +35,6 @@ def Text(default, tip, multiline=False):
     """A STRING widget; multiline for a text box."""
     return ("STRING", {"multiline": True, "default": default, "tooltip": tip} if multiline
             else {"default": default, "tooltip": tip})
-
-
-def Input(typ, tip):
-    """A socket of type typ (no widget)."""
-    return (typ, {"tooltip": tip})
-
-
-def Data(tip):
-    """An IMAGE, MASK, LATENT or TENSOR socket."""
-    return (DATA, {"tooltip": tip})
-
-
-def optional_weights(tip):
-    """The optional WEIGHTS and DEVICE inputs of a node whose kernel may come from a Weights node."""
-    return {"weights": (WEIGHTS, {"tooltip": tip}), "device": DEVICE_INPUT}
 
 
 def outputs(*outs):

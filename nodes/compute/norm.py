@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..base.common import DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from ..base.common import NodeError, Progress, Timer, badge, kind_of, resolve_backend
 from ..base.widgets import Choice, Float, Int
 from .ops import ComputeNode
 from ..base.values import data, nchw_shape, out_shape, result, shape_of
@@ -26,32 +26,29 @@ class AnyDeviceNormalize(ComputeNode):
                    "(negative values): follow with a clamp or a Tensor Ops normalize to view it.")
     OUTPUT_TOOLTIPS = ("The normalised input, of the same type (an IMAGE's values leave 0..1).",)
     METHODS = ["instance", "group", "layer", "rms", "batch"]
+    input_tip = _DATA_TIP
 
     @classmethod
-    def INPUT_TYPES(cls):
+    def widgets(cls):
         return {
-            "required": {
-                "input": (DATA, {"tooltip": _DATA_TIP}),
-                "method": Choice(cls.METHODS, "instance",
-                                 "instance: over H,W per sample and channel (instance_norm); group: over the channels "
-                                 "of each of num_groups groups and H,W per sample (group_norm); layer: over C,H,W per "
-                                 "sample (layer_norm); rms: x / sqrt(mean(x^2) + eps) over C,H,W per sample "
-                                 "(rms_norm); batch: over N,H,W per channel with the batch's statistics (batch_norm "
-                                 "in training mode, no running statistics)."),
-                "num_groups": Int(1, 1, 4096,
-                                  "group only: number of channel groups; must divide the channel count (IMAGE 3, MASK "
-                                  "1, SD latents 4). 1 is layer norm, the channel count is instance norm."),
-                "eps": Float(1e-5, 0.0, 1.0, 1e-6,
-                             "Added to the variance (rms: to the mean square) before the square root, so a flat "
-                             "region gives 0 rather than NaN.", round=False),
-                "scale": Float(1.0, -1e6, 1e6, 0.01,
-                               "Multiplies the normalised values (one number for the whole tensor; the node has no "
-                               "learned weights)."),
-                "shift": Float(0.0, -1e6, 1e6, 0.01,
-                               "Added after scale (e.g. scale 0.25, shift 0.5 brings a normalised image back around "
-                               "mid-grey)."),
-            },
-            "optional": {"device": DEVICE_INPUT},
+            "method": Choice(cls.METHODS, "instance",
+                             "instance: over H,W per sample and channel (instance_norm); group: over the channels "
+                             "of each of num_groups groups and H,W per sample (group_norm); layer: over C,H,W per "
+                             "sample (layer_norm); rms: x / sqrt(mean(x^2) + eps) over C,H,W per sample "
+                             "(rms_norm); batch: over N,H,W per channel with the batch's statistics (batch_norm "
+                             "in training mode, no running statistics)."),
+            "num_groups": Int(1, 1, 4096,
+                              "group only: number of channel groups; must divide the channel count (IMAGE 3, MASK "
+                              "1, SD latents 4). 1 is layer norm, the channel count is instance norm."),
+            "eps": Float(1e-5, 0.0, 1.0, 1e-6,
+                         "Added to the variance (rms: to the mean square) before the square root, so a flat "
+                         "region gives 0 rather than NaN.", round=False),
+            "scale": Float(1.0, -1e6, 1e6, 0.01,
+                           "Multiplies the normalised values (one number for the whole tensor; the node has no "
+                           "learned weights)."),
+            "shift": Float(0.0, -1e6, 1e6, 0.01,
+                           "Added after scale (e.g. scale 0.25, shift 0.5 brings a normalised image back around "
+                           "mid-grey)."),
         }
 
     ARGS = {"input": "input", "num_groups": "num_groups", "eps": "eps", "normalized_shape": "input"}

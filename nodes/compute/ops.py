@@ -10,7 +10,7 @@ import numpy as np
 from ...backend import ACTIVATIONS, LOSSES
 from ...backend.ops.plans import normalize_dims
 from . import presets as P
-from ..base.common import (DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
+from ..base.common import (DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, check_constant, kind_of,
                      parse_ints, parse_matrix, parse_vector, parsed, resolve_backend, validate_texts)
 from ..base.widgets import Bool, Choice, Float, Int, Text, outputs
 from ..base.resident import constant
@@ -28,32 +28,26 @@ class AnyDeviceLinear(ComputeNode):
                    "sepia, ...), seeded random init, a matrix typed as text, or a WEIGHTS input.")
     OUTPUT_TOOLTIPS = ("The result, of the same type as the input.",)
     SOURCES = ["preset", "random", "text", "weights"]
+    weights_tip = "W (and b) from a Weights (AnyDevice) node when source is weights."
 
     @classmethod
-    def INPUT_TYPES(cls):
+    def widgets(cls):
         return {
-            "required": {
-                "input": (DATA, {"tooltip": _DATA_TIP}),
-                "source": Choice(cls.SOURCES, "preset",
-                                 "Where W comes from: a colour preset, seeded random init (PyTorch's nn.Linear "
-                                 "range), the matrix text, or the WEIGHTS input."),
-                "preset": Choice(list(P.LINEAR_PRESETS), "sepia",
-                                 "Colour matrix for 3-channel inputs (identity fits any channel count)."),
-                "out_features": Int(3, 1, 4096, "Output channels / features when source is random."),
-                "init_seed": Int(0, 0, SEED_MAX,
-                                 "Seed of the random init (same seed, same weights everywhere; it does not change "
-                                 "between runs)."),
-                "matrix": Text("0.393 0.769 0.189\n0.349 0.686 0.168\n0.272 0.534 0.131",
-                               "W when source is text: one row per output channel, numbers separated by spaces or "
-                               "commas, rows by new lines or ';'.", multiline=True),
-                "bias": Text("",
-                             "Optional bias b: one number per output (or one for all); empty for none. Added to a "
-                             "preset's or WEIGHTS' own bias."),
-            },
-            "optional": {
-                "weights": (WEIGHTS, {"tooltip": "W (and b) from a Weights (AnyDevice) node when source is weights."}),
-                "device": DEVICE_INPUT,
-            },
+            "source": Choice(cls.SOURCES, "preset",
+                             "Where W comes from: a colour preset, seeded random init (PyTorch's nn.Linear "
+                             "range), the matrix text, or the WEIGHTS input."),
+            "preset": Choice(list(P.LINEAR_PRESETS), "sepia",
+                             "Colour matrix for 3-channel inputs (identity fits any channel count)."),
+            "out_features": Int(3, 1, 4096, "Output channels / features when source is random."),
+            "init_seed": Int(0, 0, SEED_MAX,
+                             "Seed of the random init (same seed, same weights everywhere; it does not change "
+                             "between runs)."),
+            "matrix": Text("0.393 0.769 0.189\n0.349 0.686 0.168\n0.272 0.534 0.131",
+                           "W when source is text: one row per output channel, numbers separated by spaces or "
+                           "commas, rows by new lines or ';'.", multiline=True),
+            "bias": Text("",
+                         "Optional bias b: one number per output (or one for all); empty for none. Added to a "
+                         "preset's or WEIGHTS' own bias."),
         }
 
     @classmethod
@@ -122,21 +116,17 @@ class AnyDeviceActivation(ComputeNode):
     OUTPUT_TOOLTIPS = ("The activated input, of the same type.",)
 
     @classmethod
-    def INPUT_TYPES(cls):
+    def widgets(cls):
         return {
-            "required": {
-                "input": (DATA, {"tooltip": _DATA_TIP}),
-                "activation": Choice(list(ACTIVATIONS), "relu", "The function to apply."),
-                "negative_slope": Float(0.01, -100.0, 100.0, 0.001, "leaky_relu: slope for negative inputs."),
-                "alpha": Float(1.0, -100.0, 100.0, 0.01, "elu: value the negative side approaches."),
-                "approximate": Choice(["none", "tanh"], "none", "gelu: exact or tanh approximation."),
-                "beta": Float(1.0, 0.001, 1000.0, 0.01, "softplus: sharpness beta."),
-                "threshold": Float(20.0, 0.0, 1000.0, 0.1, "softplus: above beta*x > threshold the output is x."),
-                "dim": Int(-1, -8, 7,
-                           "softmax: the dim, in the input's own layout (IMAGE [B,H,W,C]: -1 is the channels; LATENT "
-                           "[B,C,H,W]: 1 is the channels)."),
-            },
-            "optional": {"device": DEVICE_INPUT},
+            "activation": Choice(list(ACTIVATIONS), "relu", "The function to apply."),
+            "negative_slope": Float(0.01, -100.0, 100.0, 0.001, "leaky_relu: slope for negative inputs."),
+            "alpha": Float(1.0, -100.0, 100.0, 0.01, "elu: value the negative side approaches."),
+            "approximate": Choice(["none", "tanh"], "none", "gelu: exact or tanh approximation."),
+            "beta": Float(1.0, 0.001, 1000.0, 0.01, "softplus: sharpness beta."),
+            "threshold": Float(20.0, 0.0, 1000.0, 0.1, "softplus: above beta*x > threshold the output is x."),
+            "dim": Int(-1, -8, 7,
+                       "softmax: the dim, in the input's own layout (IMAGE [B,H,W,C]: -1 is the channels; LATENT "
+                       "[B,C,H,W]: 1 is the channels)."),
         }
 
     ARGS = {"input": "input", "name": "activation", "dim": "dim", "negative_slope": "negative_slope",
