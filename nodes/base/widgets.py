@@ -4,21 +4,23 @@ order (the page gets them as written)."""
 from __future__ import annotations
 
 
-def Int(default, lo, hi, tip, step=None):
-    """An INT widget from lo to hi."""
+def Int(default, lo, hi, tip=None, step=None):
+    """An INT widget from lo to hi (without tip: none, as ComfyUI's own core nodes)."""
     opts = {"default": default, "min": lo, "max": hi}
     if step is not None:
         opts["step"] = step
-    opts["tooltip"] = tip
+    if tip is not None:
+        opts["tooltip"] = tip
     return ("INT", opts)
 
 
-def Float(default, lo, hi, step, tip, round=None):  # noqa: A002 - ComfyUI's option name
+def Float(default, lo, hi, step, tip=None, round=None):  # noqa: A002 - ComfyUI's option name
     """A FLOAT widget from lo to hi in steps of step; round=False keeps the typed value as it is."""
     opts = {"default": default, "min": lo, "max": hi, "step": step}
     if round is not None:
         opts["round"] = round
-    opts["tooltip"] = tip
+    if tip is not None:
+        opts["tooltip"] = tip
     return ("FLOAT", opts)
 
 

@@ -14,6 +14,7 @@ from ...backend.system import config
 from ...backend.system.errors import short
 
 from ..base.inputs import EXAMPLE_INPUTS, PACK_ROOT, input_folders  # noqa: F401 (the runner and tests read them here)
+from ..base.widgets import Float, Int
 
 
 class WorkflowError(Exception):
@@ -109,10 +110,10 @@ class _Core:
 
 
 def _size(default: int, minimum: int, step: int = 1):
-    return ("INT", {"default": default, "min": minimum, "max": MAX_RESOLUTION, "step": step})
+    return Int(default, minimum, MAX_RESOLUTION, step=step)
 
 
-BATCH = ("INT", {"default": 1, "min": 1, "max": 4096})
+BATCH = Int(1, 1, 4096)
 
 
 class LoadImage(_Core):
@@ -235,8 +236,8 @@ class ImageBlur(_Core):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": ("IMAGE",),
-                             "blur_radius": ("INT", {"default": 1, "min": 1, "max": 31, "step": 1}),
-                             "sigma": ("FLOAT", {"default": 1.0, "min": 0.1, "max": 10.0, "step": 0.1})}}
+                             "blur_radius": Int(1, 1, 31, step=1),
+                             "sigma": Float(1.0, 0.1, 10.0, 0.1)}}
 
     def run(self, ctx: _Ctx, image, blur_radius=1, sigma=1.0, **_):
         image = _image(image)
@@ -253,9 +254,9 @@ class ImageSharpen(_Core):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": ("IMAGE",),
-                             "sharpen_radius": ("INT", {"default": 1, "min": 1, "max": 31, "step": 1}),
-                             "sigma": ("FLOAT", {"default": 1.0, "min": 0.1, "max": 10.0, "step": 0.01}),
-                             "alpha": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 5.0, "step": 0.01})}}
+                             "sharpen_radius": Int(1, 1, 31, step=1),
+                             "sigma": Float(1.0, 0.1, 10.0, 0.01),
+                             "alpha": Float(1.0, 0.0, 5.0, 0.01)}}
 
     def run(self, ctx: _Ctx, image, sharpen_radius=1, sigma=1.0, alpha=1.0, **_):
         image = _image(image)
@@ -279,8 +280,8 @@ class ImageScale(_Core):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": ("IMAGE",), "upscale_method": (cls.upscale_methods,),
-                             "width": ("INT", {"default": 512, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
-                             "height": ("INT", {"default": 512, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
+                             "width": _size(512, 0),
+                             "height": _size(512, 0),
                              "crop": (cls.crop_methods,)}}
 
     @classmethod
@@ -333,10 +334,10 @@ class ImageCrop(_Core):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": ("IMAGE",),
-                             "width": ("INT", {"default": 512, "min": 1, "max": MAX_RESOLUTION, "step": 1}),
-                             "height": ("INT", {"default": 512, "min": 1, "max": MAX_RESOLUTION, "step": 1}),
-                             "x": ("INT", {"default": 0, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
-                             "y": ("INT", {"default": 0, "min": 0, "max": MAX_RESOLUTION, "step": 1})}}
+                             "width": _size(512, 1),
+                             "height": _size(512, 1),
+                             "x": _size(0, 0),
+                             "y": _size(0, 0)}}
 
     def run(self, ctx: _Ctx, image, width=512, height=512, x=0, y=0, **_):
         image = _image(image)
