@@ -313,6 +313,15 @@ def validate_texts(cls, mode: tuple[str, Any, list], texts) -> str | bool:
 # ---------------------------------------------------------------------------------------------
 # constants a node builds itself (kernels, matrices, tensors sized by a widget)
 # ---------------------------------------------------------------------------------------------
+def parsed(node: str, arg: str, text, parse, *args):
+    """``parse(text, *args)``: a widget's value read by its parser (the one VALIDATE_INPUTS uses), a
+    ValueError restated as a NodeError naming node, input and value."""
+    try:
+        return parse(text, *args)
+    except ValueError as exc:
+        raise NodeError(node, arg, text, str(exc)) from None
+
+
 def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..base.common import NodeError, PackNode, cpu_f32
+from ..base.common import ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, cpu_f32
 
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
@@ -29,10 +29,31 @@ def _kernel_ui(w: np.ndarray, label: str, limit: int = 8) -> dict:
 
 
 class ComputeNode(PackNode):
-    """A node whose outputs the backend computed: NaN and Inf in them are reported."""
+    """A node whose outputs the backend computed: NaN and Inf in them are reported.
+
+    Its inputs: ``input`` (an IMAGE, MASK, LATENT or TENSOR; ``input_tip``), its widgets
+    (``widgets()``), then the optional WEIGHTS input where it takes one (``weights_tip``) and the
+    DEVICE input. A node with other inputs says its own INPUT_TYPES."""
 
     CATEGORY = "AnyDevice/nn"
     WARN_NONFINITE = True
+    #: one output, of the input's type (a node with other outputs says its own)
+    RETURN_TYPES = (ANY,)
+    RETURN_NAMES = ("output",)
+    input_tip = _DATA_TIP
+    #: the optional WEIGHTS input's tooltip; None: the node takes no WEIGHTS
+    weights_tip: str | None = None
+
+    @classmethod
+    def widgets(cls) -> dict:
+        """The node's widgets, after ``input``."""
+        return {}
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        weights = {} if cls.weights_tip is None else {"weights": (WEIGHTS, {"tooltip": cls.weights_tip})}
+        return {"required": {"input": (DATA, {"tooltip": cls.input_tip}), **cls.widgets()},
+                "optional": {**weights, "device": DEVICE_INPUT}}
 
 
 def _weights_value(weights, node: str) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from ..base.common import NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from ..base.widgets import Choice, Float, Int
 from .ops import ComputeNode
 from ..base.values import data, nchw_shape, out_shape, result, shape_of
 
@@ -23,38 +24,31 @@ class AnyDeviceNormalize(ComputeNode):
                    "square over C,H,W per sample (no centring); batch over N,H,W per channel (the batch's own "
                    "statistics). Then output = normalised * scale + shift. A normalised IMAGE leaves 0..1 "
                    "(negative values): follow with a clamp or a Tensor Ops normalize to view it.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The normalised input, of the same type (an IMAGE's values leave 0..1).",)
     METHODS = ["instance", "group", "layer", "rms", "batch"]
+    input_tip = _DATA_TIP
 
     @classmethod
-    def INPUT_TYPES(cls):
+    def widgets(cls):
         return {
-            "required": {
-                "input": (DATA, {"tooltip": _DATA_TIP}),
-                "method": (cls.METHODS, {
-                    "default": "instance",
-                    "tooltip": "instance: over H,W per sample and channel (instance_norm); group: over the "
-                               "channels of each of num_groups groups and H,W per sample (group_norm); layer: "
-                               "over C,H,W per sample (layer_norm); rms: x / sqrt(mean(x^2) + eps) over C,H,W "
-                               "per sample (rms_norm); batch: over N,H,W per channel with the batch's statistics "
-                               "(batch_norm in training mode, no running statistics)."}),
-                "num_groups": ("INT", {"default": 1, "min": 1, "max": 4096,
-                                       "tooltip": "group only: number of channel groups; must divide the channel "
-                                                  "count (IMAGE 3, MASK 1, SD latents 4). 1 is layer norm, the "
-                                                  "channel count is instance norm."}),
-                "eps": ("FLOAT", {"default": 1e-5, "min": 0.0, "max": 1.0, "step": 1e-6, "round": False,
-                                  "tooltip": "Added to the variance (rms: to the mean square) before the square "
-                                             "root, so a flat region gives 0 rather than NaN."}),
-                "scale": ("FLOAT", {"default": 1.0, "min": -1e6, "max": 1e6, "step": 0.01,
-                                    "tooltip": "Multiplies the normalised values (one number for the whole tensor; "
-                                               "the node has no learned weights)."}),
-                "shift": ("FLOAT", {"default": 0.0, "min": -1e6, "max": 1e6, "step": 0.01,
-                                    "tooltip": "Added after scale (e.g. scale 0.25, shift 0.5 brings a normalised "
-                                               "image back around mid-grey)."}),
-            },
-            "optional": {"device": DEVICE_INPUT},
+            "method": Choice(cls.METHODS, "instance",
+                             "instance: over H,W per sample and channel (instance_norm); group: over the channels "
+                             "of each of num_groups groups and H,W per sample (group_norm); layer: over C,H,W per "
+                             "sample (layer_norm); rms: x / sqrt(mean(x^2) + eps) over C,H,W per sample "
+                             "(rms_norm); batch: over N,H,W per channel with the batch's statistics (batch_norm "
+                             "in training mode, no running statistics)."),
+            "num_groups": Int(1, 1, 4096,
+                              "group only: number of channel groups; must divide the channel count (IMAGE 3, MASK "
+                              "1, SD latents 4). 1 is layer norm, the channel count is instance norm."),
+            "eps": Float(1e-5, 0.0, 1.0, 1e-6,
+                         "Added to the variance (rms: to the mean square) before the square root, so a flat "
+                         "region gives 0 rather than NaN.", round=False),
+            "scale": Float(1.0, -1e6, 1e6, 0.01,
+                           "Multiplies the normalised values (one number for the whole tensor; the node has no "
+                           "learned weights)."),
+            "shift": Float(0.0, -1e6, 1e6, 0.01,
+                           "Added after scale (e.g. scale 0.25, shift 0.5 brings a normalised image back around "
+                           "mid-grey)."),
         }
 
     ARGS = {"input": "input", "num_groups": "num_groups", "eps": "eps", "normalized_shape": "input"}

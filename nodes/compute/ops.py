@@ -10,8 +10,9 @@ import numpy as np
 from ...backend import ACTIVATIONS, LOSSES
 from ...backend.ops.plans import normalize_dims
 from . import presets as P
-from ..base.common import (ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, Progress, Timer, badge, check_constant, kind_of,
-                     parse_ints, parse_matrix, parse_vector, resolve_backend, validate_texts)
+from ..base.common import (DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, check_constant, kind_of,
+                     parse_ints, parse_matrix, parse_vector, parsed, resolve_backend, validate_texts)
+from ..base.widgets import Bool, Choice, Float, Int, Text, outputs
 from ..base.resident import constant
 from ..base.values import data, from_layout, numbers, out_shape, preview, result, shape_of, to_layout, wrap
 from .base import ComputeNode, SEED_MAX, _DATA_TIP, _kernel_ui, _weights_value
@@ -25,39 +26,28 @@ class AnyDeviceLinear(ComputeNode):
     DESCRIPTION = ("y = x @ W.T + b. On a TENSOR it acts on the last dim; on an IMAGE, MASK or LATENT it "
                    "acts on each pixel's channels (a colour matrix). W comes from a preset (grayscale, "
                    "sepia, ...), seeded random init, a matrix typed as text, or a WEIGHTS input.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The result, of the same type as the input.",)
     SOURCES = ["preset", "random", "text", "weights"]
+    weights_tip = "W (and b) from a Weights (AnyDevice) node when source is weights."
 
     @classmethod
-    def INPUT_TYPES(cls):
+    def widgets(cls):
         return {
-            "required": {
-                "input": (DATA, {"tooltip": _DATA_TIP}),
-                "source": (cls.SOURCES, {
-                    "default": "preset",
-                    "tooltip": "Where W comes from: a colour preset, seeded random init "
-                               "(PyTorch's nn.Linear range), the matrix text, or the WEIGHTS input."}),
-                "preset": (list(P.LINEAR_PRESETS), {
-                    "default": "sepia",
-                    "tooltip": "Colour matrix for 3-channel inputs (identity fits any channel count)."}),
-                "out_features": ("INT", {"default": 3, "min": 1, "max": 4096,
-                                         "tooltip": "Output channels / features when source is random."}),
-                "init_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
-                                 "tooltip": "Seed of the random init (same seed, same weights everywhere; it does not change between runs)."}),
-                "matrix": ("STRING", {
-                    "multiline": True, "default": "0.393 0.769 0.189\n0.349 0.686 0.168\n0.272 0.534 0.131",
-                    "tooltip": "W when source is text: one row per output channel, numbers separated by "
-                               "spaces or commas, rows by new lines or ';'."}),
-                "bias": ("STRING", {"default": "",
-                                    "tooltip": "Optional bias b: one number per output (or one for all); "
-                                               "empty for none. Added to a preset's or WEIGHTS' own bias."}),
-            },
-            "optional": {
-                "weights": (WEIGHTS, {"tooltip": "W (and b) from a Weights (AnyDevice) node when source is weights."}),
-                "device": DEVICE_INPUT,
-            },
+            "source": Choice(cls.SOURCES, "preset",
+                             "Where W comes from: a colour preset, seeded random init (PyTorch's nn.Linear "
+                             "range), the matrix text, or the WEIGHTS input."),
+            "preset": Choice(list(P.LINEAR_PRESETS), "sepia",
+                             "Colour matrix for 3-channel inputs (identity fits any channel count)."),
+            "out_features": Int(3, 1, 4096, "Output channels / features when source is random."),
+            "init_seed": Int(0, 0, SEED_MAX,
+                             "Seed of the random init (same seed, same weights everywhere; it does not change "
+                             "between runs)."),
+            "matrix": Text("0.393 0.769 0.189\n0.349 0.686 0.168\n0.272 0.534 0.131",
+                           "W when source is text: one row per output channel, numbers separated by spaces or "
+                           "commas, rows by new lines or ';'.", multiline=True),
+            "bias": Text("",
+                         "Optional bias b: one number per output (or one for all); empty for none. Added to a "
+                         "preset's or WEIGHTS' own bias."),
         }
 
     @classmethod
@@ -82,18 +72,12 @@ class AnyDeviceLinear(ComputeNode):
         if source == "preset":
             if preset == "identity":  # one row per input channel
                 check_constant(node, "preset", preset, (in_f, in_f), np.float32, "identity matrix")
-            try:
-                w, b = P.color_preset(preset, in_f)
-            except ValueError as exc:
-                raise NodeError(node, "preset", preset, str(exc)) from None
+            w, b = parsed(node, "preset", preset, P.color_preset, in_f)
         elif source == "random":  # the seeded init draws in float64 before its float32 copy
             check_constant(node, "out_features", out_features, (int(out_features), in_f), np.float64, "random matrix")
             w = P.seeded_uniform(init_seed, (int(out_features), in_f), in_f)
         elif source == "text":
-            try:
-                w = parse_matrix(matrix)
-            except ValueError as exc:
-                raise NodeError(node, "matrix", matrix, str(exc)) from None
+            w = parsed(node, "matrix", matrix, parse_matrix)
         elif source == "weights":
             wt, bt = _weights_value(weights, node)
             w, b = wt.numpy(), (None if bt is None else bt.numpy())
@@ -102,10 +86,7 @@ class AnyDeviceLinear(ComputeNode):
         else:
             raise NodeError(node, "source", source, "must be preset, random, text or weights")
         self.arg_inputs["weight"] = (warg, f"W of shape {tuple(w.shape)}")
-        try:
-            extra = parse_vector(bias)
-        except ValueError as exc:
-            raise NodeError(node, "bias", bias, str(exc)) from None
+        extra = parsed(node, "bias", bias, parse_vector)
         out_f = w.shape[0]
         if extra is not None:
             if extra.size not in (1, out_f):
@@ -132,30 +113,20 @@ class AnyDeviceActivation(ComputeNode):
     DISPLAY = "Activation (AnyDevice)"
     DESCRIPTION = ("Element-wise activation (PyTorch semantics): relu, leaky_relu, elu, gelu, silu, sigmoid, tanh, "
                    "softplus, or softmax over a dim.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The activated input, of the same type.",)
 
     @classmethod
-    def INPUT_TYPES(cls):
+    def widgets(cls):
         return {
-            "required": {
-                "input": (DATA, {"tooltip": _DATA_TIP}),
-                "activation": (list(ACTIVATIONS), {"default": "relu", "tooltip": "The function to apply."}),
-                "negative_slope": ("FLOAT", {"default": 0.01, "min": -100.0, "max": 100.0, "step": 0.001,
-                                             "tooltip": "leaky_relu: slope for negative inputs."}),
-                "alpha": ("FLOAT", {"default": 1.0, "min": -100.0, "max": 100.0, "step": 0.01,
-                                    "tooltip": "elu: value the negative side approaches."}),
-                "approximate": (["none", "tanh"], {"default": "none", "tooltip": "gelu: exact or tanh approximation."}),
-                "beta": ("FLOAT", {"default": 1.0, "min": 0.001, "max": 1000.0, "step": 0.01,
-                                   "tooltip": "softplus: sharpness beta."}),
-                "threshold": ("FLOAT", {"default": 20.0, "min": 0.0, "max": 1000.0, "step": 0.1,
-                                        "tooltip": "softplus: above beta*x > threshold the output is x."}),
-                "dim": ("INT", {"default": -1, "min": -8, "max": 7,
-                                "tooltip": "softmax: the dim, in the input's own layout (IMAGE [B,H,W,C]: -1 is "
-                                           "the channels; LATENT [B,C,H,W]: 1 is the channels)."}),
-            },
-            "optional": {"device": DEVICE_INPUT},
+            "activation": Choice(list(ACTIVATIONS), "relu", "The function to apply."),
+            "negative_slope": Float(0.01, -100.0, 100.0, 0.001, "leaky_relu: slope for negative inputs."),
+            "alpha": Float(1.0, -100.0, 100.0, 0.01, "elu: value the negative side approaches."),
+            "approximate": Choice(["none", "tanh"], "none", "gelu: exact or tanh approximation."),
+            "beta": Float(1.0, 0.001, 1000.0, 0.01, "softplus: sharpness beta."),
+            "threshold": Float(20.0, 0.0, 1000.0, 0.1, "softplus: above beta*x > threshold the output is x."),
+            "dim": Int(-1, -8, 7,
+                       "softmax: the dim, in the input's own layout (IMAGE [B,H,W,C]: -1 is the channels; LATENT "
+                       "[B,C,H,W]: 1 is the channels)."),
         }
 
     ARGS = {"input": "input", "name": "activation", "dim": "dim", "negative_slope": "negative_slope",
@@ -186,9 +157,9 @@ class AnyDeviceLoss(ComputeNode):
     DESCRIPTION = ("Compares a prediction with a target: mse, l1, huber, smooth_l1, bce (PyTorch semantics, mean "
                    "reduction), PSNR in dB or SSIM. Shows the value on the node and outputs it as a FLOAT, "
                    "plus an error map (|prediction - target|, scaled to its maximum) as an IMAGE.")
-    RETURN_TYPES = ("FLOAT", "IMAGE")
-    RETURN_NAMES = ("value", "error_map")
-    OUTPUT_TOOLTIPS = ("The loss or metric value.", "|prediction - target| scaled so its maximum is white.")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("FLOAT", "value", "The loss or metric value."),
+        ("IMAGE", "error_map", "|prediction - target| scaled so its maximum is white."))
     OUTPUT_NODE = True
 
     @classmethod
@@ -198,15 +169,11 @@ class AnyDeviceLoss(ComputeNode):
                 "prediction": (DATA, {"tooltip": "An IMAGE, MASK, LATENT or TENSOR."}),
                 "target": (DATA, {"tooltip": "Same kind; it must broadcast with the prediction (the same shape "
                                              "for bce, psnr and ssim)."}),
-                "loss": (LOSS_NAMES, {"default": "mse", "tooltip": "The loss or image metric."}),
-                "delta": ("FLOAT", {"default": 1.0, "min": 0.0001, "max": 1e6, "step": 0.01,
-                                    "tooltip": "huber: delta; smooth_l1: beta."}),
-                "data_range": ("FLOAT", {"default": 1.0, "min": 0.0001, "max": 1e6, "step": 0.01,
-                                         "tooltip": "psnr and ssim: the value range (1.0 for images)."}),
-                "window_size": ("INT", {"default": 11, "min": 1, "max": 63, "step": 2,
-                                        "tooltip": "ssim: the Gaussian window size (odd)."}),
-                "sigma": ("FLOAT", {"default": 1.5, "min": 0.01, "max": 100.0, "step": 0.01,
-                                    "tooltip": "ssim: the Gaussian window's sigma."}),
+                "loss": Choice(LOSS_NAMES, "mse", "The loss or image metric."),
+                "delta": Float(1.0, 0.0001, 1e6, 0.01, "huber: delta; smooth_l1: beta."),
+                "data_range": Float(1.0, 0.0001, 1e6, 0.01, "psnr and ssim: the value range (1.0 for images)."),
+                "window_size": Int(11, 1, 63, "ssim: the Gaussian window size (odd).", step=2),
+                "sigma": Float(1.5, 0.01, 100.0, 0.01, "ssim: the Gaussian window's sigma."),
             },
             "optional": {"device": DEVICE_INPUT},
         }
@@ -264,8 +231,6 @@ class AnyDeviceTensorOps(ComputeNode):
     DESCRIPTION = ("Tensor maths with PyTorch broadcasting: add, sub, mul, div, pow, min, max, matmul against input "
                    "b or a scalar; abs, neg, sqrt, exp, log, clamp, normalize (to 0..1); and sum/mean/max/min over "
                    "dims. Two IMAGE/MASK/LATENT inputs are lined up channel-first so an IMAGE times a MASK works.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The result: the type of input a when its shape still fits, else a TENSOR.",)
 
     @classmethod
@@ -273,17 +238,14 @@ class AnyDeviceTensorOps(ComputeNode):
         return {
             "required": {
                 "a": (DATA, {"tooltip": "First operand: " + _DATA_TIP}),
-                "op": (BINARY + UNARY + REDUCE, {"default": "add", "tooltip": "The operation."}),
-                "scalar": ("FLOAT", {"default": 1.0, "min": -1e9, "max": 1e9, "step": 0.01,
-                                     "tooltip": "Second operand of a binary op when b is not connected."}),
-                "clamp_min": ("FLOAT", {"default": 0.0, "min": -1e9, "max": 1e9, "step": 0.01,
-                                        "tooltip": "clamp: lower bound."}),
-                "clamp_max": ("FLOAT", {"default": 1.0, "min": -1e9, "max": 1e9, "step": 0.01,
-                                        "tooltip": "clamp: upper bound."}),
-                "dims": ("STRING", {"default": "",
-                                    "tooltip": "Reductions and normalize: dims to reduce over, e.g. '1' or '1, 2', in "
-                                               "a's own layout (IMAGE [B,H,W,C]); empty means all."}),
-                "keepdim": ("BOOLEAN", {"default": True, "tooltip": "Reductions: keep reduced dims as size 1."}),
+                "op": Choice(BINARY + UNARY + REDUCE, "add", "The operation."),
+                "scalar": Float(1.0, -1e9, 1e9, 0.01, "Second operand of a binary op when b is not connected."),
+                "clamp_min": Float(0.0, -1e9, 1e9, 0.01, "clamp: lower bound."),
+                "clamp_max": Float(1.0, -1e9, 1e9, 0.01, "clamp: upper bound."),
+                "dims": Text("",
+                             "Reductions and normalize: dims to reduce over, e.g. '1' or '1, 2', in a's own layout "
+                             "(IMAGE [B,H,W,C]); empty means all."),
+                "keepdim": Bool(True, "Reductions: keep reduced dims as size 1."),
             },
             "optional": {
                 "b": (DATA, {"tooltip": "Second operand of a binary op (overrides scalar)."}),
@@ -309,10 +271,7 @@ class AnyDeviceTensorOps(ComputeNode):
         node = self.DISPLAY
         be = resolve_backend(device, node)
         ka = kind_of(a, node, "a")
-        try:
-            dim_t = parse_ints(dims, "dims")
-        except ValueError as exc:
-            raise NodeError(node, "dims", dims, str(exc)) from None
+        dim_t = parsed(node, "dims", dims, parse_ints, "dims")
         dim = dim_t if dim_t else None
         t = Timer()
         if op in BINARY:

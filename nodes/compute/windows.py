@@ -3,7 +3,8 @@ over ``backend`` (windows.py): the value goes to the backend in (N, C, H, W), on
 back as the kind it came in as."""
 from __future__ import annotations
 
-from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from ..base.common import NodeError, Progress, Timer, badge, kind_of, resolve_backend
+from ..base.widgets import Bool, Choice, Float, Int
 from .ops import ComputeNode
 from ..base.values import data, nchw_shape, out_shape, result, shape_of
 
@@ -25,35 +26,26 @@ class AnyDeviceResize(ComputeNode):
     DESCRIPTION = ("Resize an IMAGE, MASK, LATENT or TENSOR with PyTorch's interpolate: nearest, nearest-exact, "
                    "bilinear, bicubic or area, to a target width and height or by a scale factor. Values follow "
                    "PyTorch exactly (bicubic may overshoot the input's range, as in PyTorch).")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The resized input, of the same type.",)
     MODES = ["bilinear", "bicubic", "nearest", "nearest-exact", "area"]
+    input_tip = _DATA_TIP
 
     @classmethod
-    def INPUT_TYPES(cls):
+    def widgets(cls):
         return {
-            "required": {
-                "input": (DATA, {"tooltip": _DATA_TIP}),
-                "mode": (cls.MODES, {"default": "bilinear",
-                                     "tooltip": "Interpolation: bilinear, bicubic (A = -0.75), nearest (floor of the "
-                                                "scaled position), nearest-exact (rounded, like PIL), area (the mean "
-                                                "of each output pixel's footprint, for shrinking)."}),
-                "target": (["scale_factor", "size"], {
-                    "default": "scale_factor",
-                    "tooltip": "scale_factor: output = floor(input size x scale_factor); size: width and height."}),
-                "scale_factor": ("FLOAT", {"default": 2.0, "min": 0.01, "max": 64.0, "step": 0.01,
-                                           "tooltip": "Factor on both height and width when target is scale_factor."}),
-                "width": ("INT", {"default": 512, "min": 1, "max": 16384,
-                                  "tooltip": "Output width in pixels when target is size."}),
-                "height": ("INT", {"default": 512, "min": 1, "max": 16384,
-                                   "tooltip": "Output height in pixels when target is size."}),
-                "align_corners": ("BOOLEAN", {
-                    "default": False,
-                    "tooltip": "bilinear and bicubic: align the corner pixels' centres (PyTorch's align_corners); "
-                               "ignored by the other modes."}),
-            },
-            "optional": {"device": DEVICE_INPUT},
+            "mode": Choice(cls.MODES, "bilinear",
+                           "Interpolation: bilinear, bicubic (A = -0.75), nearest (floor of the scaled position), "
+                           "nearest-exact (rounded, like PIL), area (the mean of each output pixel's footprint, "
+                           "for shrinking)."),
+            "target": Choice(["scale_factor", "size"], "scale_factor",
+                             "scale_factor: output = floor(input size x scale_factor); size: width and height."),
+            "scale_factor": Float(2.0, 0.01, 64.0, 0.01,
+                                  "Factor on both height and width when target is scale_factor."),
+            "width": Int(512, 1, 16384, "Output width in pixels when target is size."),
+            "height": Int(512, 1, 16384, "Output height in pixels when target is size."),
+            "align_corners": Bool(False,
+                                  "bilinear and bicubic: align the corner pixels' centres (PyTorch's "
+                                  "align_corners); ignored by the other modes."),
         }
 
     ARGS = {"input": "input", "mode": "mode", "size": "width", "scale_factor": "scale_factor",
@@ -85,37 +77,26 @@ class AnyDevicePool(ComputeNode):
     DESCRIPTION = ("Pooling of an IMAGE, MASK, LATENT or TENSOR over its height and width (PyTorch semantics): "
                    "max or avg over kernel_size windows every stride pixels, or adaptive max / avg to a fixed "
                    "output width and height.")
-    RETURN_TYPES = (ANY,)
-    RETURN_NAMES = ("output",)
     OUTPUT_TOOLTIPS = ("The pooled input, of the same type.",)
     POOLS = ["max", "avg", "adaptive_max", "adaptive_avg"]
+    input_tip = _DATA_TIP
 
     @classmethod
-    def INPUT_TYPES(cls):
+    def widgets(cls):
         return {
-            "required": {
-                "input": (DATA, {"tooltip": _DATA_TIP}),
-                "pool": (cls.POOLS, {"default": "max",
-                                     "tooltip": "max / avg: max_pool2d / avg_pool2d with the window below; "
-                                                "adaptive_max / adaptive_avg: windows chosen to give output_width x "
-                                                "output_height."}),
-                "kernel_size": ("INT", {"default": 2, "min": 1, "max": 256, "tooltip": "Window size (max and avg)."}),
-                "stride": ("INT", {"default": 0, "min": 0, "max": 256,
-                                   "tooltip": "Step between windows; 0 means kernel_size (PyTorch's default)."}),
-                "padding": ("INT", {"default": 0, "min": 0, "max": 128,
-                                    "tooltip": "Implicit padding on every side (at most kernel_size / 2); max pooling "
-                                               "ignores it, avg counts it as zeros if count_include_pad."}),
-                "dilation": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "max only: spacing between taps."}),
-                "ceil_mode": ("BOOLEAN", {"default": False,
-                                          "tooltip": "Round the output size up (a last, partial window), as PyTorch."}),
-                "count_include_pad": ("BOOLEAN", {"default": True,
-                                                  "tooltip": "avg only: the padding counts in each window's mean."}),
-                "output_width": ("INT", {"default": 8, "min": 1, "max": 16384,
-                                         "tooltip": "adaptive pools: output width."}),
-                "output_height": ("INT", {"default": 8, "min": 1, "max": 16384,
-                                          "tooltip": "adaptive pools: output height."}),
-            },
-            "optional": {"device": DEVICE_INPUT},
+            "pool": Choice(cls.POOLS, "max",
+                           "max / avg: max_pool2d / avg_pool2d with the window below; adaptive_max / "
+                           "adaptive_avg: windows chosen to give output_width x output_height."),
+            "kernel_size": Int(2, 1, 256, "Window size (max and avg)."),
+            "stride": Int(0, 0, 256, "Step between windows; 0 means kernel_size (PyTorch's default)."),
+            "padding": Int(0, 0, 128,
+                           "Implicit padding on every side (at most kernel_size / 2); max pooling ignores it, avg "
+                           "counts it as zeros if count_include_pad."),
+            "dilation": Int(1, 1, 64, "max only: spacing between taps."),
+            "ceil_mode": Bool(False, "Round the output size up (a last, partial window), as PyTorch."),
+            "count_include_pad": Bool(True, "avg only: the padding counts in each window's mean."),
+            "output_width": Int(8, 1, 16384, "adaptive pools: output width."),
+            "output_height": Int(8, 1, 16384, "adaptive pools: output height."),
         }
 
     ARGS = {"input": "input", "kernel_size": "kernel_size", "stride": "stride", "padding": "padding",

@@ -14,6 +14,7 @@ from ...backend.system import config
 from ...backend.system.errors import short
 
 from ..base.inputs import EXAMPLE_INPUTS, PACK_ROOT, input_folders  # noqa: F401 (the runner and tests read them here)
+from ..base.widgets import Float, Int
 
 
 class WorkflowError(Exception):
@@ -109,10 +110,10 @@ class _Core:
 
 
 def _size(default: int, minimum: int, step: int = 1):
-    return ("INT", {"default": default, "min": minimum, "max": MAX_RESOLUTION, "step": step})
+    return Int(default, minimum, MAX_RESOLUTION, step=step)
 
 
-BATCH = ("INT", {"default": 1, "min": 1, "max": 4096})
+BATCH = Int(1, 1, 4096)
 
 
 class LoadImage(_Core):
@@ -217,6 +218,16 @@ def _image(images, arg: str = "image") -> torch.Tensor:
     return images
 
 
+def _filter(image: torch.Tensor, kernel: torch.Tensor, radius: int) -> torch.Tensor:
+    """The IMAGE convolved channel by channel with the (2*radius+1)-square kernel on a reflect-padded
+    copy, cropped back to its size (as ComfyUI's ImageBlur and ImageSharpen)."""
+    import torch.nn.functional as F
+    channels = image.shape[-1]
+    x = F.pad(image.permute(0, 3, 1, 2), (radius,) * 4, "reflect")
+    y = F.conv2d(x, kernel.repeat(channels, 1, 1).unsqueeze(1), padding=kernel.shape[-1] // 2, groups=channels)
+    return y[:, :, radius:-radius, radius:-radius].permute(0, 2, 3, 1)
+
+
 class ImageBlur(_Core):
     """ComfyUI's ImageBlur: a gaussian of size 2*radius+1 on a reflect-padded image."""
 
@@ -225,22 +236,14 @@ class ImageBlur(_Core):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": ("IMAGE",),
-                             "blur_radius": ("INT", {"default": 1, "min": 1, "max": 31, "step": 1}),
-                             "sigma": ("FLOAT", {"default": 1.0, "min": 0.1, "max": 10.0, "step": 0.1})}}
+                             "blur_radius": Int(1, 1, 31, step=1),
+                             "sigma": Float(1.0, 0.1, 10.0, 0.1)}}
 
     def run(self, ctx: _Ctx, image, blur_radius=1, sigma=1.0, **_):
-        import torch.nn.functional as F
         image = _image(image)
         if blur_radius == 0:
             return (image,)
-        channels = image.shape[-1]
-        kernel_size = blur_radius * 2 + 1
-        kernel = _gaussian_kernel(kernel_size, sigma).repeat(channels, 1, 1).unsqueeze(1)
-        x = image.permute(0, 3, 1, 2)
-        padded = F.pad(x, (blur_radius, blur_radius, blur_radius, blur_radius), "reflect")
-        blurred = F.conv2d(padded, kernel, padding=kernel_size // 2, groups=channels)[
-            :, :, blur_radius:-blur_radius, blur_radius:-blur_radius]
-        return (blurred.permute(0, 2, 3, 1),)
+        return (_filter(image, _gaussian_kernel(blur_radius * 2 + 1, sigma), blur_radius),)
 
 
 class ImageSharpen(_Core):
@@ -251,26 +254,20 @@ class ImageSharpen(_Core):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": ("IMAGE",),
-                             "sharpen_radius": ("INT", {"default": 1, "min": 1, "max": 31, "step": 1}),
-                             "sigma": ("FLOAT", {"default": 1.0, "min": 0.1, "max": 10.0, "step": 0.01}),
-                             "alpha": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 5.0, "step": 0.01})}}
+                             "sharpen_radius": Int(1, 1, 31, step=1),
+                             "sigma": Float(1.0, 0.1, 10.0, 0.01),
+                             "alpha": Float(1.0, 0.0, 5.0, 0.01)}}
 
     def run(self, ctx: _Ctx, image, sharpen_radius=1, sigma=1.0, alpha=1.0, **_):
-        import torch.nn.functional as F
         image = _image(image)
         if sharpen_radius == 0:
             return (image,)
-        channels = image.shape[-1]
         kernel_size = sharpen_radius * 2 + 1
         kernel = _gaussian_kernel(kernel_size, sigma) * -(alpha * 10)
         kernel = kernel.to(dtype=image.dtype)
         center = kernel_size // 2
         kernel[center, center] = kernel[center, center] - kernel.sum() + 1.0
-        kernel = kernel.repeat(channels, 1, 1).unsqueeze(1)
-        x = F.pad(image.permute(0, 3, 1, 2), (sharpen_radius,) * 4, "reflect")
-        y = F.conv2d(x, kernel, padding=center, groups=channels)[
-            :, :, sharpen_radius:-sharpen_radius, sharpen_radius:-sharpen_radius]
-        return (torch.clamp(y.permute(0, 2, 3, 1), 0, 1),)
+        return (torch.clamp(_filter(image, kernel, sharpen_radius), 0, 1),)
 
 
 class ImageScale(_Core):
@@ -283,8 +280,8 @@ class ImageScale(_Core):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": ("IMAGE",), "upscale_method": (cls.upscale_methods,),
-                             "width": ("INT", {"default": 512, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
-                             "height": ("INT", {"default": 512, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
+                             "width": _size(512, 0),
+                             "height": _size(512, 0),
                              "crop": (cls.crop_methods,)}}
 
     @classmethod
@@ -337,10 +334,10 @@ class ImageCrop(_Core):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"image": ("IMAGE",),
-                             "width": ("INT", {"default": 512, "min": 1, "max": MAX_RESOLUTION, "step": 1}),
-                             "height": ("INT", {"default": 512, "min": 1, "max": MAX_RESOLUTION, "step": 1}),
-                             "x": ("INT", {"default": 0, "min": 0, "max": MAX_RESOLUTION, "step": 1}),
-                             "y": ("INT", {"default": 0, "min": 0, "max": MAX_RESOLUTION, "step": 1})}}
+                             "width": _size(512, 1),
+                             "height": _size(512, 1),
+                             "x": _size(0, 0),
+                             "y": _size(0, 0)}}
 
     def run(self, ctx: _Ctx, image, width=512, height=512, x=0, y=0, **_):
         image = _image(image)

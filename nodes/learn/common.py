@@ -215,3 +215,10 @@ def _sample_shape(text) -> tuple[int, ...]:
 # =================================================================================================
 class _LearnNode(PackNode):
     CATEGORY = CATEGORY
+
+
+class _NetworkNode(_LearnNode):
+    """A node whose one output is a network."""
+
+    RETURN_TYPES = (NETWORK,)
+    RETURN_NAMES = ("network",)

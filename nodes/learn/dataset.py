@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..base.common import NodeError, PackNode, Timer
+from ..base.widgets import Choice, Int, outputs
 from ..base.inputs import input_roots, using_input_folders  # noqa: F401 (using_input_folders: the runner's)
 from ..tensors.nodes import _host_badge
 
@@ -221,14 +222,12 @@ class AnyDeviceLoadLabeledImages(PackNode):
                    "torchvision's ImageFolder); images are read in name order. Outputs the images as one IMAGE "
                    "batch, the class index of each, the class names and the count. The pack ships digits/train "
                    "and digits/test (scikit-learn's 8x8 handwritten digits, 1437 + 360 images).")
-    RETURN_TYPES = ("IMAGE", LABELS, "STRING", "INT")
-    RETURN_NAMES = ("images", "labels", "class_names", "count")
-    OUTPUT_TOOLTIPS = (
-        "Every image, [B, H, W, C] float32 0..1, class by class.",
-        "The class index of each image: an int64 tensor [B] (connect to a training or evaluation node).",
-        "The class names, one a line, in index order (line i is class i).",
-        "The number of images B.",
-    )
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("IMAGE", "images", "Every image, [B, H, W, C] float32 0..1, class by class."),
+        (LABELS, "labels", "The class index of each image: an int64 tensor [B] (connect to a training or evaluation "
+                           "node)."),
+        ("STRING", "class_names", "The class names, one a line, in index order (line i is class i)."),
+        ("INT", "count", "The number of images B."))
     CHANNELS = ["rgb", "grayscale"]
 
     @classmethod
@@ -245,15 +244,13 @@ class AnyDeviceLoadLabeledImages(PackNode):
                 "folder": (folders, opts),
             },
             "optional": {
-                "size": ("INT", {
-                    "default": 0, "min": 0, "max": 4096,
-                    "tooltip": "0: images as stored (all must have the same size). N: every image resized to "
-                               "N x N (Lanczos, as ComfyUI's image-set loaders stretch)."}),
-                "channels": (cls.CHANNELS, {
-                    "default": "rgb",
-                    "tooltip": "rgb: 3 channels, as ComfyUI's IMAGE (grey images repeat their value); "
-                               "grayscale: 1 channel [B, H, W, 1] (Pillow's L conversion), for a model that "
-                               "takes one input channel."}),
+                "size": Int(0, 0, 4096,
+                            "0: images as stored (all must have the same size). N: every image resized to N x N "
+                            "(Lanczos, as ComfyUI's image-set loaders stretch)."),
+                "channels": Choice(cls.CHANNELS, "rgb",
+                                   "rgb: 3 channels, as ComfyUI's IMAGE (grey images repeat their value); grayscale: "
+                                   "1 channel [B, H, W, 1] (Pillow's L conversion), for a model that takes one input "
+                                   "channel."),
             },
         }
 

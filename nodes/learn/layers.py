@@ -8,25 +8,24 @@ from ...backend import AnyDeviceError
 from ...backend.learn import network as _netmod
 from ...backend.learn.layers import LAYERS
 from ...backend.learn.network import Network
-from ..base.common import DATA, NodeError, Timer
-from .common import (NETWORK, _LearnNode, _NET_TIP, _host_ui, _network, _network_out, _sample_shape,
+from ..base.common import DATA, NodeError, Timer, parsed
+from ..base.widgets import Bool, Choice, Float, Int, Text
+from .common import (NETWORK, _NET_TIP, _NetworkNode, _host_ui, _network, _network_out, _sample_shape,
                            _shape_text, to_batch)
 
 
-class AnyDeviceNetworkInput(_LearnNode):
+class AnyDeviceNetworkInput(_NetworkNode):
     DISPLAY = "Network Input (AnyDevice)"
     DESCRIPTION = ("Starts a network and fixes its input shape, so the layer nodes after it can say their output "
                    "shapes and refuse a layer that does not fit. The shape comes from an example input (IMAGE, "
                    "MASK, LATENT or TENSOR: one sample of it) or from the shape text.")
-    RETURN_TYPES = (NETWORK,)
-    RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("An empty network with its input shape; connect the first layer node.",)
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"shape": ("STRING", {"default": "3, 32, 32",
-                                                  "tooltip": "One sample's shape: C, H, W for images (or F for "
-                                                             "features). Ignored when an example is connected."})},
+        return {"required": {"shape": Text("3, 32, 32",
+                                           "One sample's shape: C, H, W for images (or F for features). Ignored when "
+                                           "an example is connected.")},
                 "optional": {"example": (DATA, {"tooltip": "An input like the ones the network will get; its "
                                                            "shape (one sample) is used."})}}
 
@@ -46,15 +45,12 @@ class AnyDeviceNetworkInput(_LearnNode):
             x, _ = to_batch(example, node, "example")
             s = (1,) + tuple(x.shape[1:])
         else:
-            try:
-                s = (1,) + _sample_shape(shape)
-            except ValueError as exc:
-                raise NodeError(node, "shape", shape, str(exc)) from None
+            s = (1,) + parsed(node, "shape", shape, _sample_shape)
         net = dataclasses.replace(Network.empty(), in_shape=s)
         return {"ui": _host_ui(t.ms(), [f"input {_shape_text(s)}"], shape=list(s)), "result": (net,)}
 
 
-class _LayerNode(_LearnNode):
+class _LayerNode(_NetworkNode):
     """A node that appends one layer: ``_layer(**widgets)`` gives (type, config).
 
     Where a widget (``CHOICE``: an activation's name, a pool's kind, a conv's padding) picks what
@@ -62,8 +58,6 @@ class _LayerNode(_LearnNode):
     which (``Layer.widgets``), and ``widget_uses`` serves them as the choice widget's
     ``anydevice_uses`` option, which web/anydevice.js hides the others by."""
 
-    RETURN_TYPES = (NETWORK,)
-    RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("The network with this layer appended.",)
     WIDGETS: dict = {}
     #: the layer type it appends; None where the CHOICE widget's value is the type (Norm Layer)
@@ -108,10 +102,6 @@ class _LayerNode(_LearnNode):
         return _network_out(self._append(_network(network, node), **w), node, t)
 
 
-def _int(default, lo, hi, tip):
-    return ("INT", {"default": default, "min": lo, "max": hi, "tooltip": tip})
-
-
 class AnyDeviceConvLayer(_LayerNode):
     DISPLAY = "Conv Layer (AnyDevice)"
     DESCRIPTION = ("A 2-D convolution layer (torch.nn.Conv2d): in_channels from its input, trained weights and bias. "
@@ -119,17 +109,18 @@ class AnyDeviceConvLayer(_LayerNode):
     LAYER = "conv2d"
     CHOICE = "padding"
     WIDGETS = {
-        "out_channels": _int(16, 1, 4096, "Output channels."),
-        "kernel_size": _int(3, 1, 31, "Kernel height and width."),
-        "stride": _int(1, 1, 16, "Step between kernel positions."),
-        "padding": (["same", "valid", "explicit"], {"default": "same", "tooltip": "same: output size = input size "
-                    "(stride 1); valid: none; explicit: padding_size on every side."}),
-        "padding_size": _int(1, 0, 64, "Pixels of padding on each side when padding is explicit."),
-        "padding_mode": (["zeros", "reflect", "replicate", "circular"], {
-            "default": "zeros", "tooltip": "How the border is filled (reflect suits image filters)."}),
-        "dilation": _int(1, 1, 16, "Spacing between kernel taps."),
-        "groups": _int(1, 1, 4096, "Groups; must divide the input and output channels (= channels: depthwise)."),
-        "bias": ("BOOLEAN", {"default": True, "tooltip": "A trained bias per output channel."}),
+        "out_channels": Int(16, 1, 4096, "Output channels."),
+        "kernel_size": Int(3, 1, 31, "Kernel height and width."),
+        "stride": Int(1, 1, 16, "Step between kernel positions."),
+        "padding": Choice(["same", "valid", "explicit"], "same",
+                          "same: output size = input size (stride 1); valid: none; explicit: padding_size on every "
+                          "side."),
+        "padding_size": Int(1, 0, 64, "Pixels of padding on each side when padding is explicit."),
+        "padding_mode": Choice(["zeros", "reflect", "replicate", "circular"], "zeros",
+                               "How the border is filled (reflect suits image filters)."),
+        "dilation": Int(1, 1, 16, "Spacing between kernel taps."),
+        "groups": Int(1, 1, 4096, "Groups; must divide the input and output channels (= channels: depthwise)."),
+        "bias": Bool(True, "A trained bias per output channel."),
     }
 
     def _layer(self, out_channels, kernel_size, stride, padding, padding_size, padding_mode, dilation, groups, bias):
@@ -143,8 +134,8 @@ class AnyDeviceLinearLayer(_LayerNode):
     DISPLAY = "Linear Layer (AnyDevice)"
     DESCRIPTION = "A fully connected layer (torch.nn.Linear) on (N, F) features; put a Flatten Layer before it on images."
     LAYER = "linear"
-    WIDGETS = {"out_features": _int(10, 1, 65536, "Output features."),
-               "bias": ("BOOLEAN", {"default": True, "tooltip": "A trained bias per output feature."})}
+    WIDGETS = {"out_features": Int(10, 1, 65536, "Output features."),
+               "bias": Bool(True, "A trained bias per output feature.")}
 
     def _layer(self, out_features, bias):
         return "linear", dict(out_features=int(out_features), bias=bool(bias))
@@ -156,13 +147,11 @@ class AnyDeviceActivationLayer(_LayerNode):
     LAYER = "activation"
     CHOICE = "activation"
     WIDGETS = {
-        "activation": (list(_netmod.ACTIVATION_PARAMS), {"default": "relu", "tooltip": "The function."}),
-        "negative_slope": ("FLOAT", {"default": 0.01, "min": -100.0, "max": 100.0, "step": 0.001,
-                                     "tooltip": "leaky_relu: slope for negative inputs."}),
-        "alpha": ("FLOAT", {"default": 1.0, "min": -100.0, "max": 100.0, "step": 0.01,
-                            "tooltip": "elu: the value the negative side approaches."}),
-        "approximate": (["none", "tanh"], {"default": "none", "tooltip": "gelu: exact or the tanh approximation."}),
-        "dim": _int(1, -4, 3, "softmax: the dim (1: the channels / classes)."),
+        "activation": Choice(list(_netmod.ACTIVATION_PARAMS), "relu", "The function."),
+        "negative_slope": Float(0.01, -100.0, 100.0, 0.001, "leaky_relu: slope for negative inputs."),
+        "alpha": Float(1.0, -100.0, 100.0, 0.01, "elu: the value the negative side approaches."),
+        "approximate": Choice(["none", "tanh"], "none", "gelu: exact or the tanh approximation."),
+        "dim": Int(1, -4, 3, "softmax: the dim (1: the channels / classes)."),
     }
 
     def _layer(self, activation, negative_slope, alpha, approximate, dim):
@@ -177,14 +166,12 @@ class AnyDeviceNormLayer(_LayerNode):
                    "instance_norm, with a trained scale and shift.")
     CHOICE = "kind"
     WIDGETS = {
-        "kind": (["batch_norm", "group_norm", "layer_norm", "instance_norm"], {
-            "default": "batch_norm", "tooltip": "Which normalisation."}),
-        "num_groups": _int(4, 1, 4096, "group_norm: groups; must divide the channels."),
-        "eps": ("FLOAT", {"default": 1e-5, "min": 0.0, "max": 1.0, "step": 1e-6, "round": False,
-                          "tooltip": "Added to the variance."}),
-        "momentum": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 1.0, "step": 0.01,
-                               "tooltip": "batch_norm: running statistics update rate."}),
-        "affine": ("BOOLEAN", {"default": True, "tooltip": "A trained scale and shift per channel."}),
+        "kind": Choice(["batch_norm", "group_norm", "layer_norm", "instance_norm"], "batch_norm",
+                       "Which normalisation."),
+        "num_groups": Int(4, 1, 4096, "group_norm: groups; must divide the channels."),
+        "eps": Float(1e-5, 0.0, 1.0, 1e-6, "Added to the variance.", round=False),
+        "momentum": Float(0.1, 0.0, 1.0, 0.01, "batch_norm: running statistics update rate."),
+        "affine": Bool(True, "A trained scale and shift per channel."),
     }
 
     def _layer(self, kind, num_groups, eps, momentum, affine):
@@ -203,11 +190,11 @@ class AnyDevicePoolLayer(_LayerNode):
     LAYER = "pool"
     CHOICE = "kind"
     WIDGETS = {
-        "kind": (list(_netmod.POOL_KINDS), {"default": "max", "tooltip": "max / avg: a window; adaptive: an output size."}),
-        "kernel_size": _int(2, 1, 64, "max / avg: the window."),
-        "stride": _int(0, 0, 64, "max / avg: the step (0: the kernel size)."),
-        "padding": _int(0, 0, 32, "max / avg: padding on each side (at most half the kernel)."),
-        "output_size": _int(1, 1, 1024, "adaptive: output height and width."),
+        "kind": Choice(list(_netmod.POOL_KINDS), "max", "max / avg: a window; adaptive: an output size."),
+        "kernel_size": Int(2, 1, 64, "max / avg: the window."),
+        "stride": Int(0, 0, 64, "max / avg: the step (0: the kernel size)."),
+        "padding": Int(0, 0, 32, "max / avg: padding on each side (at most half the kernel)."),
+        "output_size": Int(1, 1, 1024, "adaptive: output height and width."),
     }
 
     def _layer(self, kind, kernel_size, stride, padding, output_size):
@@ -220,9 +207,8 @@ class AnyDeviceUpsampleLayer(_LayerNode):
     DISPLAY = "Upsample Layer (AnyDevice)"
     DESCRIPTION = "Resizes (N, C, H, W) by a scale factor (torch.nn.Upsample)."
     LAYER = "upsample"
-    WIDGETS = {"scale_factor": ("FLOAT", {"default": 2.0, "min": 0.05, "max": 16.0, "step": 0.05,
-                                          "tooltip": "Output size = input size x this."}),
-               "mode": (list(_netmod.UPSAMPLE_MODES), {"default": "nearest", "tooltip": "Interpolation."})}
+    WIDGETS = {"scale_factor": Float(2.0, 0.05, 16.0, 0.05, "Output size = input size x this."),
+               "mode": Choice(list(_netmod.UPSAMPLE_MODES), "nearest", "Interpolation.")}
 
     def _layer(self, scale_factor, mode):
         return "upsample", dict(scale_factor=float(scale_factor), mode=mode)
@@ -232,7 +218,7 @@ class AnyDeviceDropoutLayer(_LayerNode):
     DISPLAY = "Dropout Layer (AnyDevice)"
     DESCRIPTION = "Drops a fraction p of the values in training (seeded masks); passes everything when applied."
     LAYER = "dropout"
-    WIDGETS = {"p": ("FLOAT", {"default": 0.5, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip": "Drop probability."})}
+    WIDGETS = {"p": Float(0.5, 0.0, 1.0, 0.01, "Drop probability.")}
 
     def _layer(self, p):
         return "dropout", dict(p=float(p))
@@ -248,12 +234,10 @@ class AnyDeviceFlattenLayer(_LayerNode):
         return "flatten", {}
 
 
-class AnyDeviceResidual(_LearnNode):
+class AnyDeviceResidual(_NetworkNode):
     DISPLAY = "Residual (AnyDevice)"
     DESCRIPTION = ("Appends a residual block y = x + body(x) to the trunk network. Build the body as its own chain "
                    "of layer nodes (without a Network Input); its output must have its input's shape.")
-    RETURN_TYPES = (NETWORK,)
-    RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("The trunk with the residual block appended.",)
 
     @classmethod

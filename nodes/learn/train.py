@@ -16,10 +16,10 @@ from ...backend.learn import optim as _optim
 from ...backend.learn.train import LOSSES as _TRAIN_LOSSES, one_target_per_input
 from ...backend.system import cancel as _cancel
 from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, resolve_backend
-from .common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _TARGET_TYPES, _host_ui,
-                           _labels, _layer_text, _net_error, _network, _shape_text, from_batch, model_dirs,
+from ..base.widgets import Bool, Choice, Float, Int, Text, outputs
+from .common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _NetworkNode, _TARGET_TYPES,
+                           _host_ui, _labels, _layer_text, _net_error, _network, _shape_text, from_batch, model_dirs,
                            network_files, network_path, to_batch)
-from .layers import _int
 
 log = logging.getLogger("anydevice")
 
@@ -55,11 +55,10 @@ class AnyDeviceTrainNetwork(_LearnNode):
                    "and thread count give the same weights bit for bit. The loss curve is drawn live on the node; "
                    "Cancel stops between steps. A loss that turns NaN/Inf stops the run with the last finite weights "
                    "(a warning on the node).")
-    RETURN_TYPES = (NETWORK, LOSS_MAP, "FLOAT")
-    RETURN_NAMES = ("network", "loss_map", "final_loss")
-    OUTPUT_TOOLTIPS = ("The trained network (the input network is unchanged).",
-                       "{'loss': [every step's loss]}: connect ComfyUI's Plot Loss Graph.",
-                       "The loss of the last step.")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (NETWORK, "network", "The trained network (the input network is unchanged)."),
+        (LOSS_MAP, "loss_map", "{'loss': [every step's loss]}: connect ComfyUI's Plot Loss Graph."),
+        ("FLOAT", "final_loss", "The loss of the last step."))
     OUTPUT_NODE = True
     ARGS = {"lr": "learning_rate", "weight_decay": "weight_decay", "steps": "steps", "epochs": "epochs",
             "batch_size": "batch_size", "seed": "train_seed", "inputs": "inputs", "targets": "targets",
@@ -77,22 +76,21 @@ class AnyDeviceTrainNetwork(_LearnNode):
                 "targets": (_TARGET_TYPES, {"tooltip": "What the network should output for each input: a batch of "
                                                        "the same kind, or class labels (Load Labeled Images) for "
                                                        "cross_entropy."}),
-                "loss": (LOSSES, {"default": "mse", "tooltip": "The objective: mse, l1, smooth_l1, huber, bce, psnr "
-                                  "(maximised), ssim (maximised) or cross_entropy (class labels)."}),
-                "optimizer": (OPTIMIZERS, {"default": "adam", "tooltip": "torch.optim's update rules."}),
-                "learning_rate": ("FLOAT", {"default": 0.001, "min": 0.0, "max": 10.0, "step": 0.0001,
-                                            "round": False, "tooltip": "Step size (> 0)."}),
-                "weight_decay": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 10.0, "step": 0.0001, "round": False,
-                                           "tooltip": "L2 penalty (adamw: decoupled weight decay)."}),
-                "steps": _int(200, 1, 1000000, "Optimizer steps (used when epochs is 0)."),
-                "epochs": _int(0, 0, 100000, "Passes over the data; 0 uses steps instead."),
-                "batch_size": _int(16, 1, 65536, "Samples per step. 1 trains on one sample a step; batch norm "
-                                                 "on features needs 2 or more."),
-                "momentum": ("FLOAT", {"default": 0.9, "min": 0.0, "max": 0.9999, "step": 0.01,
-                                       "tooltip": "sgd: momentum."}),
-                "train_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
-                                       "tooltip": "Seed of the initial weights, the batch order and dropout. It does "
-                                                  "not change between runs, so a re-queue does not retrain."}),
+                "loss": Choice(LOSSES, "mse",
+                               "The objective: mse, l1, smooth_l1, huber, bce, psnr (maximised), ssim (maximised) or "
+                               "cross_entropy (class labels)."),
+                "optimizer": Choice(OPTIMIZERS, "adam", "torch.optim's update rules."),
+                "learning_rate": Float(0.001, 0.0, 10.0, 0.0001, "Step size (> 0).", round=False),
+                "weight_decay": Float(0.0, 0.0, 10.0, 0.0001,
+                                      "L2 penalty (adamw: decoupled weight decay).", round=False),
+                "steps": Int(200, 1, 1000000, "Optimizer steps (used when epochs is 0)."),
+                "epochs": Int(0, 0, 100000, "Passes over the data; 0 uses steps instead."),
+                "batch_size": Int(16, 1, 65536, "Samples per step. 1 trains on one sample a step; batch norm "
+                                                "on features needs 2 or more."),
+                "momentum": Float(0.9, 0.0, 0.9999, 0.01, "sgd: momentum."),
+                "train_seed": Int(0, 0, SEED_MAX,
+                                  "Seed of the initial weights, the batch order and dropout. It does not change "
+                                  "between runs, so a re-queue does not retrain."),
             },
             "optional": {"device": DEVICE_INPUT},
             "hidden": {"unique_id": "UNIQUE_ID"},
@@ -177,11 +175,10 @@ class AnyDeviceApplyNetwork(_LearnNode):
     DESCRIPTION = ("Runs the network (evaluation mode) on an input and returns the same type (IMAGE in, IMAGE out) "
                    "where the output's shape fits it, else a TENSOR (e.g. class scores). For class scores it also "
                    "gives the predicted labels, and with the true labels connected the accuracy.")
-    RETURN_TYPES = (ANY, LABELS, "FLOAT")
-    RETURN_NAMES = ("output", "predicted", "accuracy")
-    OUTPUT_TOOLTIPS = ("The network's output, of the input's type where it fits.",
-                       "argmax over dim 1 (the classes), as labels.",
-                       "Fraction of predicted labels equal to the connected labels (0 without labels).")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (ANY, "output", "The network's output, of the input's type where it fits."),
+        (LABELS, "predicted", "argmax over dim 1 (the classes), as labels."),
+        ("FLOAT", "accuracy", "Fraction of predicted labels equal to the connected labels (0 without labels)."))
     OUTPUT_NODE = True
     ARGS = {"input": "input", "inputs": "input"}
 
@@ -189,7 +186,7 @@ class AnyDeviceApplyNetwork(_LearnNode):
     def INPUT_TYPES(cls):
         return {"required": {"network": (NETWORK, {"tooltip": "A trained (or loaded) network."}),
                              "input": (DATA, {"tooltip": "IMAGE, MASK, LATENT or TENSOR batch."}),
-                             "batch_size": _int(256, 1, 65536, "Samples per forward pass.")},
+                             "batch_size": Int(256, 1, 65536, "Samples per forward pass.")},
                 "optional": {"labels": (LABELS, {"tooltip": "True class labels: the accuracy is computed."}),
                              "device": DEVICE_INPUT}}
 
@@ -260,23 +257,20 @@ class AnyDeviceSaveNetwork(_LearnNode):
     DESCRIPTION = ("Saves the network (layers in the metadata, weights as tensors under torch's state-dict names) as "
                    "a .safetensors file in models/anydevice/. It never replaces a file unless overwrite is on: a "
                    "name that is taken gets a counter (name_00001_.safetensors), as ComfyUI's savers do.")
-    RETURN_TYPES = ()
-    RETURN_NAMES = ()
-    OUTPUT_TOOLTIPS = ()
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs()  # none: it saves a file
     OUTPUT_NODE = True
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"network": (NETWORK, {"tooltip": "A trained network."}),
-                             "filename": ("STRING", {"default": "anydevice_network",
-                                                     "tooltip": "File name in models/anydevice/ (.safetensors is "
-                                                                "added; a / makes subfolders). When that file "
-                                                                "exists it is kept and the network goes to the next "
-                                                                "name_00001_.safetensors, unless overwrite is on."})},
-                "optional": {"overwrite": ("BOOLEAN", {"default": False,
-                                                       "tooltip": "Replace an existing file of that name. Off (the "
-                                                                  "default): never replace a file; a taken name "
-                                                                  "gets a counter, name_00001_.safetensors."})}}
+                             "filename": Text("anydevice_network",
+                                              "File name in models/anydevice/ (.safetensors is added; a / makes "
+                                              "subfolders). When that file exists it is kept and the network goes to "
+                                              "the next name_00001_.safetensors, unless overwrite is on.")},
+                "optional": {"overwrite": Bool(False,
+                                               "Replace an existing file of that name. Off (the default): never "
+                                               "replace a file; a taken "
+                                               "name gets a counter, name_00001_.safetensors.")}}
 
     def _run(self, network, filename="anydevice_network", overwrite=False):
         from ...backend.learn import netio
@@ -337,11 +331,9 @@ class AnyDeviceSaveNetwork(_LearnNode):
         return {"ui": ui, "result": ()}
 
 
-class AnyDeviceLoadNetwork(_LearnNode):
+class AnyDeviceLoadNetwork(_NetworkNode):
     DISPLAY = "Load Network (AnyDevice)"
     DESCRIPTION = "Loads a network saved by Save Network (or any safetensors file with the AnyDevice layer spec)."
-    RETURN_TYPES = (NETWORK,)
-    RETURN_NAMES = ("network",)
     OUTPUT_TOOLTIPS = ("The network with its weights.",)
 
     @classmethod
@@ -376,19 +368,18 @@ class AnyDeviceLayerWeights(_LearnNode):
     DESCRIPTION = ("A trained layer's weight and bias as WEIGHTS, for the Conv2D and Linear nodes (kernel_source / "
                    "source 'weights'): the learned kernel then shows in their kernel grid. 'matrix' gives a 1x1 "
                    "conv's weight as the (out, in) matrix Linear takes.")
-    RETURN_TYPES = ("WEIGHTS",)
-    RETURN_NAMES = ("weights",)
-    OUTPUT_TOOLTIPS = ("{weight, bias} of the layer.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(("WEIGHTS", "weights", "{weight, bias} of the layer."))
     SHAPES = ["as stored", "matrix"]
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
             "network": (NETWORK, {"tooltip": "A trained (or loaded) network."}),
-            "layer": _int(-1, -1, 10000, "Index of the layer (the numbers the layer nodes show); -1: the first "
-                                         "conv or linear layer."),
-            "shape": (cls.SHAPES, {"default": "as stored", "tooltip": "as stored: conv (out, in/groups, kH, kW), "
-                                   "linear (out, in); matrix: a 1x1 conv as (out, in), for Linear."})}}
+            "layer": Int(-1, -1, 10000, "Index of the layer (the numbers the layer nodes show); -1: the first "
+                                        "conv or linear layer."),
+            "shape": Choice(cls.SHAPES, "as stored",
+                            "as stored: conv (out, in/groups, kH, kW), linear (out, in); matrix: a 1x1 conv as (out, "
+                            "in), for Linear.")}}
 
     def _run(self, network, layer=-1, shape="as stored"):
         node = self.DISPLAY
@@ -425,21 +416,20 @@ class AnyDeviceImagePatches(_LearnNode):
     DISPLAY = "Image Patches (AnyDevice)"
     DESCRIPTION = ("A training batch from images: seeded random square crops, and the same crops with seeded "
                    "Gaussian noise added (for denoisers). A patch_size as large as the image gives the image itself.")
-    RETURN_TYPES = ("IMAGE", "IMAGE")
-    RETURN_NAMES = ("patches", "noisy")
-    OUTPUT_TOOLTIPS = ("The crops, a batch [count, size, size, C].", "The crops plus noise (clamped to 0..1 if asked).")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("IMAGE", "patches", "The crops, a batch [count, size, size, C]."),
+        ("IMAGE", "noisy", "The crops plus noise (clamped to 0..1 if asked)."))
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
             "image": ("IMAGE", {"tooltip": "One image or a batch; crops come from random batch entries."}),
-            "patch_size": _int(32, 1, 4096, "Crop height and width."),
-            "count": _int(64, 1, 65536, "Number of crops."),
-            "noise_std": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 10.0, "step": 0.01,
-                                    "tooltip": "Standard deviation of the Gaussian noise of the 'noisy' output."}),
-            "clamp": ("BOOLEAN", {"default": True, "tooltip": "Clamp the noisy crops to 0..1, as a saved image is."}),
-            "patch_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
-                                   "tooltip": "Seed of the crop positions and the noise (fixed between runs)."}),
+            "patch_size": Int(32, 1, 4096, "Crop height and width."),
+            "count": Int(64, 1, 65536, "Number of crops."),
+            "noise_std": Float(0.1, 0.0, 10.0, 0.01,
+                               "Standard deviation of the Gaussian noise of the 'noisy' output."),
+            "clamp": Bool(True, "Clamp the noisy crops to 0..1, as a saved image is."),
+            "patch_seed": Int(0, 0, SEED_MAX, "Seed of the crop positions and the noise (fixed between runs)."),
         }}
 
     def _run(self, image, patch_size=32, count=64, noise_std=0.1, clamp=True, patch_seed=0):

@@ -38,6 +38,7 @@ import logging
 import torch
 
 from ..base.common import DEVICE_INPUT, NodeError, PackNode, Timer, badge, resolve_backend
+from ..base.widgets import outputs
 
 log = logging.getLogger("anydevice")
 
@@ -290,8 +291,17 @@ def apply_model_wrapper(key: str, compiled):
 
 
 class _ModelNode(PackNode):
+    """A node that takes one model and gives a copy of it that runs on the chosen backend: its input
+    has the output's type and name (``RETURN_TYPES``, ``RETURN_NAMES``), and ``input_tip``."""
+
     CATEGORY = CATEGORY
     ARGS: dict[str, str] = {}
+    input_tip = ""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {cls.RETURN_NAMES[0]: (cls.RETURN_TYPES[0], {"tooltip": cls.input_tip})},
+                "optional": {"device": DEVICE_INPUT}}
 
     def _out(self, be, t, value, lines, op):
         ui = badge(be, t.ms(), op=op)
@@ -306,15 +316,9 @@ class AnyDeviceModel(_ModelNode):
                    "does. The first sampling step compiles (slow); weights go to the device once and again only "
                    "when a LoRA or weight patch changes them. The input MODEL is not changed. A model the backend "
                    "cannot take runs as before (PyTorch) with a warning in the log.")
-    RETURN_TYPES = ("MODEL",)
-    RETURN_NAMES = ("model",)
-    OUTPUT_TOOLTIPS = ("A clone of the model whose diffusion model runs on the chosen backend.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL", {"tooltip": "The model from a checkpoint loader (LoRAs and other "
-                                                            "patches before or after this node are kept)."})},
-                "optional": {"device": DEVICE_INPUT}}
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("MODEL", "model", "A clone of the model whose diffusion model runs on the chosen backend."))
+    input_tip = "The model from a checkpoint loader (LoRAs and other patches before or after this node are kept)."
 
     def _run(self, model, device=None):
         node = self.DISPLAY
@@ -354,14 +358,9 @@ class AnyDeviceVAE(_ModelNode):
                    "Decode / VAE Encode as usual. The first decode or encode compiles (slow); the weights go to the "
                    "device once. The input VAE is not changed. A VAE the backend cannot take runs as before "
                    "(PyTorch) with a warning in the log.")
-    RETURN_TYPES = ("VAE",)
-    RETURN_NAMES = ("vae",)
-    OUTPUT_TOOLTIPS = ("A copy of the VAE whose decoder and encoder run on the chosen backend.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"vae": ("VAE", {"tooltip": "The VAE from Load VAE or a checkpoint loader."})},
-                "optional": {"device": DEVICE_INPUT}}
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("VAE", "vae", "A copy of the VAE whose decoder and encoder run on the chosen backend."))
+    input_tip = "The VAE from Load VAE or a checkpoint loader."
 
     def _run(self, vae, device=None):
         node = self.DISPLAY
@@ -400,14 +399,9 @@ class AnyDeviceUpscaleModel(_ModelNode):
                    "'anydevice')). Use the output with Upscale Image (using Model). Each new tile size compiles "
                    "once; the weights go to the device once. The input model is not changed. A model the backend "
                    "cannot take runs as before (PyTorch) with a warning in the log.")
-    RETURN_TYPES = ("UPSCALE_MODEL",)
-    RETURN_NAMES = ("upscale_model",)
-    OUTPUT_TOOLTIPS = ("A copy of the upscale model that runs on the chosen backend.",)
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"upscale_model": ("UPSCALE_MODEL", {"tooltip": "The model from Load Upscale Model."})},
-                "optional": {"device": DEVICE_INPUT}}
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        ("UPSCALE_MODEL", "upscale_model", "A copy of the upscale model that runs on the chosen backend."))
+    input_tip = "The model from Load Upscale Model."
 
     def _run(self, upscale_model, device=None):
         node = self.DISPLAY

@@ -10,7 +10,8 @@ from ..compute import presets as P
 from ..base import resident as R
 from ..base.common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
                      check_constant, cpu_f32, device_choices, kind_of, load_time_backend_name, parse_ints, parse_matrix,
-                     parse_vector, raw, resolve_backend, shape_str, to_nchw, validate_texts)
+                     parse_vector, parsed, raw, resolve_backend, shape_str, to_nchw, validate_texts)
+from ..base.widgets import Bool, Choice, Int, Text, outputs
 from ..base.resident import DeviceTensor
 from ..base.values import data, numbers, shape_of, to_layout
 
@@ -57,9 +58,8 @@ class AnyDeviceDeviceSelect(PackNode):
     DESCRIPTION = ("Picks the backend the connected compute nodes run on. 'auto' is the backend chosen at start-up "
                    "(ANYDEVICE_BACKEND overrides it). Unavailable backends are listed with the reason and cannot "
                    "run.")
-    RETURN_TYPES = (DEVICE,)
-    RETURN_NAMES = ("device",)
-    OUTPUT_TOOLTIPS = ("Connect to the device input of any AnyDevice compute node.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (DEVICE, "device", "Connect to the device input of any AnyDevice compute node."))
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -112,10 +112,7 @@ def parse_shape(text) -> tuple[int, ...]:
 
 
 def _shape(text, node: str) -> tuple[int, ...]:
-    try:
-        return parse_shape(text)
-    except ValueError as exc:
-        raise NodeError(node, "shape", text, str(exc)) from None
+    return parsed(node, "shape", text, parse_shape)
 
 
 class AnyDeviceTensorSource(PackNode):
@@ -123,23 +120,19 @@ class AnyDeviceTensorSource(PackNode):
     CATEGORY = "AnyDevice/tensor"
     DESCRIPTION = ("Makes a TENSOR: seeded random (normal or uniform), zeros, ones, numbers typed as text, or an "
                    "IMAGE as [B, C, H, W].")
-    RETURN_TYPES = (TENSOR,)
-    RETURN_NAMES = ("tensor",)
-    OUTPUT_TOOLTIPS = ("A float32 TENSOR on the CPU.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs((TENSOR, "tensor", "A float32 TENSOR on the CPU."))
     MODES = ["random_normal", "random_uniform", "zeros", "ones", "text", "image"]
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "mode": (cls.MODES, {"default": "random_normal", "tooltip": "How to fill the tensor."}),
-                "shape": ("STRING", {"default": "1, 3, 64, 64",
-                                     "tooltip": "Comma-separated sizes for random, zeros and ones."}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX,
-                                 "tooltip": "Seed for the random modes (same seed, same numbers everywhere)."}),
-                "text": ("STRING", {"multiline": True, "default": "1 2 3\n4 5 6",
-                                    "tooltip": "Numbers for text mode: rows on new lines or ';' (a 2-D tensor; "
-                                               "a single row gives a 1-D tensor)."}),
+                "mode": Choice(cls.MODES, "random_normal", "How to fill the tensor."),
+                "shape": Text("1, 3, 64, 64", "Comma-separated sizes for random, zeros and ones."),
+                "seed": Int(0, 0, SEED_MAX, "Seed for the random modes (same seed, same numbers everywhere)."),
+                "text": Text("1 2 3\n4 5 6",
+                             "Numbers for text mode: rows on new lines or ';' (a 2-D tensor; a single row gives a 1-D "
+                             "tensor).", multiline=True),
             },
             "optional": {"image": ("IMAGE", {"tooltip": "Source for image mode; becomes [B, C, H, W]."})},
         }
@@ -164,10 +157,7 @@ class AnyDeviceTensorSource(PackNode):
                 return {"ui": badge(dev[0], t.ms(dev[0]), shape=list(out.shape)), "result": (out,)}
             out = cpu_f32(image).permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)  # never a view
         elif mode == "text":
-            try:
-                m = parse_matrix(text)
-            except ValueError as exc:
-                raise NodeError(node, "text", text, str(exc)) from None
+            m = parsed(node, "text", text, parse_matrix)
             out = torch.from_numpy(m[0].copy() if m.shape[0] == 1 else m)
         else:
             dims = _shape(shape, node)
@@ -190,9 +180,9 @@ class AnyDeviceTensorInfo(PackNode):
     CATEGORY = "AnyDevice/tensor"
     DESCRIPTION = ("Shows the type, shape, dtype, min, max and mean of an IMAGE, MASK, LATENT or TENSOR on the "
                    "node, with the backend that computed the statistics and the time; passes the input through.")
-    RETURN_TYPES = (ANY, "STRING")
-    RETURN_NAMES = ("passthrough", "info")
-    OUTPUT_TOOLTIPS = ("The input, unchanged.", "The same facts as one line of text.")
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (ANY, "passthrough", "The input, unchanged."),
+        ("STRING", "info", "The same facts as one line of text."))
     OUTPUT_NODE = True
 
     @classmethod
@@ -237,24 +227,22 @@ class AnyDeviceWeights(PackNode):
     CATEGORY = "AnyDevice/nn"
     DESCRIPTION = ("Makes WEIGHTS (a weight and an optional bias) for Linear or Conv2D: seeded random init of any "
                    "shape (PyTorch's default range), a matrix typed as text, or TENSOR inputs.")
-    RETURN_TYPES = (WEIGHTS,)
-    RETURN_NAMES = ("weights",)
-    OUTPUT_TOOLTIPS = ("Connect to the weights input of Linear or Conv2D.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(
+        (WEIGHTS, "weights", "Connect to the weights input of Linear or Conv2D."))
     SOURCES = ["random", "text", "tensor"]
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "source": (cls.SOURCES, {"default": "random", "tooltip": "Where the weight comes from."}),
-                "shape": ("STRING", {"default": "8, 3, 3, 3",
-                                     "tooltip": "random: weight shape, (out, in) for Linear or (out, in/groups, kH, kW) "
-                                                "for Conv2D."}),
-                "init_seed": ("INT", {"default": 0, "min": 0, "max": SEED_MAX, "tooltip": "Seed of the random init (it does not change between runs)."}),
-                "matrix": ("STRING", {"multiline": True, "default": "1 0 0\n0 1 0\n0 0 1",
-                                      "tooltip": "text: the weight matrix, rows on new lines or ';'."}),
-                "bias": ("STRING", {"default": "", "tooltip": "Bias numbers (one per output), 'random' for a seeded "
-                                                              "random bias, or empty for none."}),
+                "source": Choice(cls.SOURCES, "random", "Where the weight comes from."),
+                "shape": Text("8, 3, 3, 3",
+                              "random: weight shape, (out, in) for Linear or (out, in/groups, kH, kW) for Conv2D."),
+                "init_seed": Int(0, 0, SEED_MAX, "Seed of the random init (it does not change between runs)."),
+                "matrix": Text("1 0 0\n0 1 0\n0 0 1",
+                               "text: the weight matrix, rows on new lines or ';'.", multiline=True),
+                "bias": Text("",
+                             "Bias numbers (one per output), 'random' for a seeded random bias, or empty for none."),
             },
             "optional": {
                 "weight": (TENSOR, {"tooltip": "tensor: the weight."}),
@@ -280,10 +268,7 @@ class AnyDeviceWeights(PackNode):
             check_constant(node, "shape", shape, dims, np.float64, "random weight")
             w = P.seeded_uniform(init_seed, dims, math.prod(dims[1:]) if len(dims) > 1 else 1)
         elif source == "text":
-            try:
-                w = parse_matrix(matrix)
-            except ValueError as exc:
-                raise NodeError(node, "matrix", matrix, str(exc)) from None
+            w = parsed(node, "matrix", matrix, parse_matrix)
         elif source == "tensor":
             if not _is_tensor_value(weight):
                 raise NodeError(node, "weight", None if weight is None else type(weight).__name__,
@@ -299,10 +284,7 @@ class AnyDeviceWeights(PackNode):
             fan_in = math.prod(w.shape[1:]) if w.ndim > 1 else 1
             b = P.seeded_uniform(int(init_seed) + 1, (out_f,), fan_in)
         else:
-            try:
-                b = _parse_bias(bias)
-            except ValueError as exc:
-                raise NodeError(node, "bias", bias, str(exc)) from None
+            b = parsed(node, "bias", bias, _parse_bias)
             if b is not None and b.size == 1:
                 b = np.full((out_f,), b[0], np.float32)
         if b is not None and b.size != out_f:
@@ -334,7 +316,7 @@ class _ToTensor(PackNode):
         req = {name: (typ, {"tooltip": tip})}
         if cls.LAYOUTS:
             choices, ltip = cls.LAYOUTS
-            req["layout"] = (choices, {"default": choices[0], "tooltip": ltip})
+            req["layout"] = Choice(choices, choices[0], ltip)
         return {"required": req}
 
 
@@ -446,13 +428,13 @@ class AnyDeviceTensorToImage(_FromTensor):
     DISPLAY = "Tensor to Image (AnyDevice)"
     DESCRIPTION = ("A TENSOR as an IMAGE to look at. auto: 1 channel becomes grey, 3 (or 4) are RGB(A), other counts "
                    "are tiled as a grid of grey feature maps. normalize scales each image (or map) to 0..1.")
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("IMAGE",), ("image",), ("An IMAGE [B, H, W, C].",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(("IMAGE", "image", "An IMAGE [B, H, W, C]."))
     TENSOR_TIP = "[N, C, H, W], [C, H, W] or [H, W] (or channel-last with layout NHWC)."
     OPTIONS = {
-        "mode": (["auto", "channel_grid", "channels_as_batch"], {"default": "auto", "tooltip": "How channels become pixels."}),
-        "normalize": ("BOOLEAN", {"default": False, "tooltip": "Scale each map to 0..1 (min to black, max to white) "
-                                                               "on the default backend."}),
-        "layout": (["NCHW", "NHWC"], {"default": "NCHW", "tooltip": "How to read a 4-D tensor."}),
+        "mode": Choice(["auto", "channel_grid", "channels_as_batch"], "auto", "How channels become pixels."),
+        "normalize": Bool(False,
+                          "Scale each map to 0..1 (min to black, max to white) on the default backend."),
+        "layout": Choice(["NCHW", "NHWC"], "NCHW", "How to read a 4-D tensor."),
     }
 
     def _run(self, tensor, mode="auto", normalize=False, layout="NCHW"):
@@ -513,9 +495,9 @@ class AnyDeviceTensorToImage(_FromTensor):
 class AnyDeviceTensorToMask(_FromTensor):
     DISPLAY = "Tensor to Mask (AnyDevice)"
     DESCRIPTION = "A TENSOR as a MASK [B, H, W]: [H, W] and [B, H, W] as they are, one channel of [N, C, H, W]."
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("MASK",), ("mask",), ("A MASK [B, H, W].",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(("MASK", "mask", "A MASK [B, H, W]."))
     TENSOR_TIP = "[H, W], [B, H, W] or [N, C, H, W]."
-    OPTIONS = {"channel": ("INT", {"default": 0, "min": 0, "max": 4095, "tooltip": "Which channel of a 4-D tensor."})}
+    OPTIONS = {"channel": Int(0, 0, 4095, "Which channel of a 4-D tensor.")}
 
     def _run(self, tensor, channel=0):
         node = self.DISPLAY
@@ -548,7 +530,7 @@ class AnyDeviceTensorToMask(_FromTensor):
 class AnyDeviceTensorToLatent(_FromTensor):
     DISPLAY = "Tensor to Latent (AnyDevice)"
     DESCRIPTION = "A 4-D TENSOR [B, C, H, W] (or 3-D [C, H, W]) as a LATENT {'samples': ...}."
-    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = ("LATENT",), ("latent",), ("A LATENT.",)
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = outputs(("LATENT", "latent", "A LATENT."))
     TENSOR_TIP = "[B, C, H, W] or [C, H, W]."
 
     def _run(self, tensor):
