@@ -98,7 +98,7 @@ def vae_case(pack, be_name: str, sd: dict) -> dict:
     node = NODE_CLASS_MAPPINGS["AnyDeviceVAE"]()
     out = {}
     with torch.inference_mode():
-        new = node.run(vae=vae, device={"name": be_name})["result"][0]
+        new = node.run(vae=vae, device={"name": be_name}, dtype="float32")["result"][0]
         ref_raw = fsm.decode(z)
         ref_img = vae.decode(z)
         ref_lat = vae.encode(img)
@@ -163,7 +163,7 @@ def unet_case(pack, be_name: str) -> dict:
     ref = sample(base, latent, cond, uncond)
     node = NODE_CLASS_MAPPINGS["AnyDeviceModel"]()
     with torch.inference_mode():
-        m = node.run(model=base, device={"name": be_name})["result"][0]
+        m = node.run(model=base, device={"name": be_name}, dtype="float32")["result"][0]
     y = sample(m, latent, cond, uncond)
     gd = m.model_options["anydevice_guards"][0]
     rep = adc.report(gd.compiled)
@@ -224,7 +224,7 @@ def upscale_case(pack, be_name: str) -> dict:
     g = torch.Generator().manual_seed(4)
     out = {"rel": [], "arch": type(desc.model).__name__}
     with torch.inference_mode():
-        new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": be_name})["result"][0]
+        new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": be_name}, dtype="float32")["result"][0]
         for h, w in ((40, 48), (52, 36)):
             img = torch.rand(1, h, w, 3, generator=g)
             ref = ImageUpscaleWithModel.execute(upscale_model=desc, image=img).result[0]

@@ -88,7 +88,7 @@ def test_upscale_node_matches_eager(arch, shape, device):
     x = torch.rand(*shape)
     with torch.inference_mode():
         ref = desc(x)
-    out = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": device})
+    out = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": device}, dtype="float32")
     new = out["result"][0]
     assert type(new) is type(desc) and new is not desc
     assert desc.model is model and not isinstance(desc.model, mn.Guarded)  # the input is unchanged
@@ -116,7 +116,7 @@ def test_upscale_weights_refresh_when_changed():
     replaced by a new Parameter (set_attr_param) are both seen by the next call."""
     model = cm.compact()
     desc = descriptor(model)
-    new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": "numpy"})["result"][0]
+    new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": "numpy"}, dtype="float32")["result"][0]
     x = torch.rand(1, 3, 12, 12)
     with torch.inference_mode():
         y0 = new(x)
@@ -148,7 +148,7 @@ def test_upscale_model_the_backend_cannot_take_keeps_working(caplog):
     torch.manual_seed(0)
     model = _Spectral().eval()
     desc = descriptor(model, scale=1)
-    new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": "numpy"})["result"][0]
+    new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": "numpy"}, dtype="float32")["result"][0]
     x = torch.rand(1, 3, 8, 8)
     with caplog.at_level(logging.WARNING, logger="anydevice"), torch.inference_mode():
         y = new(x)
@@ -164,7 +164,7 @@ def test_upscale_model_the_backend_cannot_take_keeps_working(caplog):
 def test_upscale_device_memory_limit_is_an_error_naming_the_node(monkeypatch):
     m = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 3, 3, padding=1)).eval()
     desc = descriptor(m, scale=1)
-    new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": "numpy"})["result"][0]
+    new = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": "numpy"}, dtype="float32")["result"][0]
     x = torch.rand(1, 3, 96, 96)  # the first conv's output: 64*96*96*4 B = 2.25 MiB
     monkeypatch.setenv("ANYDEVICE_MAX_TENSOR_MB", "1")
     with torch.inference_mode(), pytest.raises(NodeError) as ei:
@@ -191,7 +191,7 @@ def test_upscale_bad_input(value, fragment):
 def test_bad_device_names_the_device_input():
     desc = descriptor(cm.compact())
     with pytest.raises(NodeError) as ei:
-        NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": "nonsense"})
+        NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device={"name": "nonsense"}, dtype="float32")
     assert "input 'device' = 'nonsense'" in str(ei.value), str(ei.value)
     with pytest.raises(NodeError, match="DeviceSelect"):
         NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]().run(upscale_model=desc, device=3)
@@ -244,7 +244,7 @@ def test_vae_node_on_a_vae_like_object(device):
     vae = _FakeVAE()
     fsm = vae.first_stage_model
     before = state(fsm)
-    new = NODE_CLASS_MAPPINGS["AnyDeviceVAE"]().run(vae=vae, device={"name": device})["result"][0]
+    new = NODE_CLASS_MAPPINGS["AnyDeviceVAE"]().run(vae=vae, device={"name": device}, dtype="float32")["result"][0]
     assert new is not vae and new.first_stage_model is not fsm
     assert vae.first_stage_model is fsm and not isinstance(vars(fsm).get("decoder"), mn.Guarded)
     assert isinstance(new.first_stage_model.decoder, mn.Guarded) and isinstance(new.first_stage_model.encoder, mn.Guarded)

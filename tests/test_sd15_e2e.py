@@ -82,20 +82,20 @@ def srv():
         _free(s)
 
 
-def prompt(device: str | None, prefix: str) -> dict:
-    """The API prompt; ``device`` None: ComfyUI's own path (no AnyDevice node)."""
+def prompt(device: str | None, prefix: str, dtype: str = "float32") -> dict:
+    """The API prompt; ``device`` None: ComfyUI's own path (no AnyDevice node); ``dtype``: the model nodes'."""
     p = {
         "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": H.RANDOM_SD15}},
         "2": {"class_type": "CLIPTextEncode", "inputs": {"text": POSITIVE, "clip": ["1", 1]}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": NEGATIVE, "clip": ["1", 1]}},
         "4": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
         "5": {"class_type": "AnyDeviceDeviceSelect", "inputs": {"device": device}},
-        MODEL_NODE: {"class_type": "AnyDeviceModel", "inputs": {"model": ["1", 0], "device": ["5", 0]}},
+        MODEL_NODE: {"class_type": "AnyDeviceModel", "inputs": {"model": ["1", 0], "device": ["5", 0], "dtype": dtype}},
         "7": {"class_type": "KSampler", "inputs": {
             "model": [MODEL_NODE, 0], "seed": 42, "steps": 2, "cfg": 4.0, "sampler_name": "euler",
             "scheduler": "normal", "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
             "denoise": 1.0}},
-        "8": {"class_type": "AnyDeviceVAE", "inputs": {"vae": ["1", 2], "device": ["5", 0]}},
+        "8": {"class_type": "AnyDeviceVAE", "inputs": {"vae": ["1", 2], "device": ["5", 0], "dtype": dtype}},
         "9": {"class_type": "VAEDecode", "inputs": {"samples": ["7", 0], "vae": ["8", 0]}},
         SAVE_NODE: {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}},
     }
@@ -121,14 +121,14 @@ def _free(srv):
 _runs: dict = {}
 
 
-def _run(srv, name: str, device: str | None) -> dict:
-    """The workflow on ``device`` (None: eager), once per module: its history, PNG, seconds and the
-    server log it wrote."""
+def _run(srv, name: str, device: str | None, dtype: str = "float32") -> dict:
+    """The workflow on ``device`` (None: eager) with the model nodes in ``dtype``, once per module: its
+    history, PNG, seconds and the server log it wrote."""
     if name in _runs:
         return _runs[name]
     start = len(srv.log())
     t0 = time.time()
-    code, r = srv.post_prompt(prompt(device, f"anydevice_sd15_{name}"))
+    code, r = srv.post_prompt(prompt(device, f"anydevice_sd15_{name}", dtype))
     assert code == 200, json.dumps(r)[:3000]
     hist = srv.wait_history(r["prompt_id"], timeout=RUN_TIMEOUT)
     secs = time.time() - t0
@@ -187,3 +187,30 @@ def test_sd15_text_to_image_matches_comfyuis_own(srv, eager, backend):
     _save_report()
     assert ours["image"].shape == eager["image"].shape == (64, 64, 3)
     assert d.max() <= TOL, f"{backend}: the image differs from ComfyUI's own by up to {d.max()}/255"
+
+
+#: float16 against the float32 run on the same backend: max abs difference, /255 ("a few levels")
+TOL_HALF = 6
+
+
+def test_sd15_in_float16_is_within_a_few_levels_of_float32(srv, eager):
+    """The same workflow with Model and VAE on AnyDevice in float16 (weights and activations stored in half
+    on the device): no error, no fallback, the nodes say float16, and the image is within TOL_HALF/255 of
+    the float32 run on opencl."""
+    backend = "opencl"
+    info = srv.get("/object_info/AnyDeviceDeviceSelect")["AnyDeviceDeviceSelect"]["input"]["required"]["device"]
+    if backend not in info[0] or info[1]["anydevice_status"].get(backend, "").startswith("unavailable"):
+        pytest.skip(f"backend {backend} is not available in this server")
+    full = _run(srv, backend, backend)
+    half = _run(srv, backend + "-float16", backend, "float16")
+    hist, log = half["hist"], half["log"]
+    err = H.execution_error(hist)
+    assert err is None and hist["status"]["status_str"] == "success", json.dumps(err or hist["status"])[:3000]
+    assert "Traceback" not in log and not [ln for ln in log.splitlines() if any(s in ln for s in FALLBACK_SAID)]
+    assert "in float16" in " ".join(hist["outputs"][MODEL_NODE]["text"]), hist["outputs"][MODEL_NODE]
+    assert full["image"] is not None
+    d = np.abs(half["image"] - full["image"])
+    REPORT["max_abs_diff"]["opencl-float16-vs-float32"] = int(d.max())
+    REPORT["max_abs_diff"]["opencl-float16-vs-eager"] = int(np.abs(half["image"] - eager["image"]).max())
+    _save_report()
+    assert d.max() <= TOL_HALF, f"float16 differs from float32 by up to {d.max()}/255"

@@ -38,7 +38,7 @@ import logging
 import torch
 
 from ..base.common import DEVICE_INPUT, NodeError, PackNode, Timer, badge, resolve_backend
-from ..base.widgets import outputs
+from ..base.widgets import Choice, outputs
 
 log = logging.getLogger("anydevice")
 
@@ -53,10 +53,40 @@ def _compile_api():
     return adc
 
 
-def _torch_compile(module, be):
+def _torch_compile(module, be, dtype: str = "float32"):
     adc = _compile_api()
     adc.register()
-    return torch.compile(module, backend=adc.BACKEND_NAME, options={"device": be})
+    return torch.compile(module, backend=adc.BACKEND_NAME, options={"device": be, "dtype": dtype})
+
+
+#: the dtype widget's choices: what the weights and activations are stored in on the device
+DTYPES = ["auto", "float32", "float16", "bfloat16"]
+DTYPE_TIP = ("What the model's weights and activations are stored in on the device (each op computes in "
+             "float32). auto: float16 (bfloat16 for a model ComfyUI runs in bfloat16) where the device stores "
+             "half, else float32. Half takes half the memory and moves half the bytes.")
+
+
+def model_dtype(be, dtype: str, node: str, runs_in=None) -> str:
+    """The storage dtype for a model node: ``dtype`` as chosen, checked against the backend; ``auto`` from
+    the backend's own capabilities (never from ComfyUI's torch device) and the dtype ComfyUI runs the model
+    in (``runs_in``: bfloat16 stays bfloat16)."""
+    caps = be.caps.storage_dtypes
+    if dtype == "auto":
+        if be.kind != "own" or "float16" not in caps:
+            return "float32"
+        return "bfloat16" if runs_in == torch.bfloat16 and "bfloat16" in caps else "float16"
+    if dtype not in DTYPES:
+        raise NodeError(node, "dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+    if dtype not in caps:
+        raise NodeError(node, "dtype", dtype, f"is not a dtype the {be.name} backend stores (it stores "
+                                              f"{', '.join(sorted(caps))})")
+    return dtype
+
+
+def _finite(out) -> bool:
+    ts = [out] if isinstance(out, torch.Tensor) else [t for t in (out if isinstance(out, (list, tuple)) else [])
+                                                      if isinstance(t, torch.Tensor)]
+    return all(bool(torch.isfinite(t).all()) for t in ts if t.is_floating_point())
 
 
 class Guarded(torch.nn.Module):
@@ -65,10 +95,15 @@ class Guarded(torch.nn.Module):
     ``original`` is a registered submodule (``.to``, ``.parameters``, ``state_dict`` reach the real
     weights); the compiled module is not (its parameters are the same tensors)."""
 
-    def __init__(self, original, compiled, node: str, what: str, device: str = "", input: str | None = None):
+    def __init__(self, original, compiled, node: str, what: str, device: str = "", input: str | None = None,
+                 dtype: str = "float32", upcast=None):
         super().__init__()
         self.original = original
         object.__setattr__(self, "compiled", compiled)
+        object.__setattr__(self, "store_dtype", dtype)  # not "dtype": ComfyUI reads the model's own
+        # a half model whose output overflows (inf / NaN) is run again, and from then on, in float32
+        # (built by upcast()), as ComfyUI upcasts a VAE that overflows in float16
+        object.__setattr__(self, "upcast", upcast)
         object.__setattr__(self, "node", node)
         object.__setattr__(self, "what", what)
         object.__setattr__(self, "device", device)
@@ -99,6 +134,13 @@ class Guarded(torch.nn.Module):
             raise NodeError(self.node, self.input, self.what,
                             f"failed on the device {self.device} (inputs {_arg_shapes(args, kwargs)}): "
                             f"{detail}") from exc
+        if self.upcast is not None and not _finite(out):
+            log.warning("%s: the %s overflowed in %s on %s (inf or NaN): it runs in float32 from now on",
+                        self.node, self.what, self.store_dtype, self.device)
+            object.__setattr__(self, "compiled", self.upcast())
+            object.__setattr__(self, "upcast", None)
+            object.__setattr__(self, "store_dtype", "float32")
+            return self.forward(*args, **kwargs)
         if adc.lowering.runs_here() == before and not self.eager_said:
             object.__setattr__(self, "eager_said", True)
             log.warning("%s: the %s ran in PyTorch (eager, on the host), not on the AnyDevice backend %s: "
@@ -168,17 +210,21 @@ def _be_key(be) -> tuple:
     return (be.name, id(be))
 
 
-def guard(original, be, node: str, what: str, input: str | None = None, module=None) -> Guarded:
-    """``original`` compiled for backend ``be`` behind a :class:`Guarded`: one per module and backend
-    (kept on the module, so the node run again, or switched back to a backend it used before, reuses
-    that compiled module and its graphs instead of compiling again). ``module``: what to compile in
-    place of ``original`` (a share_copy of it), default ``original``."""
+def guard(original, be, node: str, what: str, input: str | None = None, module=None, dtype: str = "float32",
+          upcast: bool = False) -> Guarded:
+    """``original`` compiled for backend ``be`` in storage dtype ``dtype`` behind a :class:`Guarded`: one per
+    module, backend and dtype (kept on the module, so the node run again, or switched back to a backend it
+    used before, reuses that compiled module and its graphs instead of compiling again). ``module``: what
+    to compile in place of ``original`` (a share_copy of it), default ``original``. ``upcast``: a half
+    model whose output overflows runs in float32 from then on."""
     cache = original.__dict__.setdefault("_anydevice_guards", _GuardCache())
-    key = (_be_key(be), node, what)
+    key = (_be_key(be), node, what, dtype)
     g = cache.get(key)
     if g is None or g.failed is not None:
-        g = cache[key] = Guarded(original, _torch_compile(original if module is None else module, be), node,
-                                 what, be.name, input)
+        target = original if module is None else module
+        again = (lambda: _torch_compile(target, be)) if upcast and dtype != "float32" else None
+        g = cache[key] = Guarded(original, _torch_compile(target, be, dtype), node, what, be.name, input,
+                                 dtype, again)
     return g
 
 
@@ -301,7 +347,7 @@ class _ModelNode(PackNode):
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {cls.RETURN_NAMES[0]: (cls.RETURN_TYPES[0], {"tooltip": cls.input_tip})},
-                "optional": {"device": DEVICE_INPUT}}
+                "optional": {"device": DEVICE_INPUT, "dtype": Choice(DTYPES, "auto", DTYPE_TIP)}}
 
     def _out(self, be, t, value, lines, op):
         ui = badge(be, t.ms(), op=op)
@@ -320,7 +366,7 @@ class AnyDeviceModel(_ModelNode):
         ("MODEL", "model", "A clone of the model whose diffusion model runs on the chosen backend."))
     input_tip = "The model from a checkpoint loader (LoRAs and other patches before or after this node are kept)."
 
-    def _run(self, model, device=None):
+    def _run(self, model, device=None, dtype="auto"):
         node = self.DISPLAY
         if not (hasattr(model, "clone") and hasattr(model, "get_model_object") and
                 hasattr(model, "add_wrapper_with_key")):
@@ -337,17 +383,20 @@ class AnyDeviceModel(_ModelNode):
         original = m.get_model_object(key)
         if not isinstance(original, torch.nn.Module):
             raise NodeError(node, "model", type(original).__name__, "has no diffusion_model module to compile")
-        g = guard(original, be, node, "diffusion model", input="model")
+        runs_in = getattr(getattr(model, "model", None), "get_dtype", lambda: None)()
+        dtype = model_dtype(be, dtype, node, runs_in)
+        g = guard(original, be, node, "diffusion model", input="model", dtype=dtype)
         # as comfy_api.torch_helpers.set_torch_compile_wrapper: replace other torch.compile wrappers,
         # swap the compiled module in for each apply_model call, keep the compile kwargs for reference
         m.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY)
         m.add_wrapper_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY, apply_model_wrapper(key, g))
-        m.model_options[TORCH_COMPILE_KWARGS] = {"backend": "anydevice", "options": {"device": be.name},
+        m.model_options[TORCH_COMPILE_KWARGS] = {"backend": "anydevice",
+                                                 "options": {"device": be.name, "dtype": dtype},
                                                  "mode": None, "fullgraph": False, "dynamic": None}
         m.model_options["anydevice_guards"] = [g]
         to = m.model_options.setdefault("transformer_options", {})
         to["optimized_attention_override"] = pytorch_attention_override
-        lines = [f"diffusion model compiled for {be.name} at its first step"]
+        lines = [f"diffusion model compiled for {be.name} in {dtype} at its first step"]
         return self._out(be, t, m, lines, "compile")
 
 
@@ -362,7 +411,7 @@ class AnyDeviceVAE(_ModelNode):
         ("VAE", "vae", "A copy of the VAE whose decoder and encoder run on the chosen backend."))
     input_tip = "The VAE from Load VAE or a checkpoint loader."
 
-    def _run(self, vae, device=None):
+    def _run(self, vae, device=None, dtype="auto"):
         node = self.DISPLAY
         fsm = getattr(vae, "first_stage_model", None)
         if not isinstance(fsm, torch.nn.Module):
@@ -372,6 +421,7 @@ class AnyDeviceVAE(_ModelNode):
         if not parts:
             raise NodeError(node, "vae", type(fsm).__name__, "has no decoder or encoder module to compile")
         be = resolve_backend(device, node)
+        dtype = model_dtype(be, dtype, node, getattr(vae, "vae_dtype", None))
         t = Timer()
         new = copy.copy(vae)
         new_fsm = copy.copy(fsm)  # its own object; children and weights are the original's
@@ -380,13 +430,13 @@ class AnyDeviceVAE(_ModelNode):
             orig = getattr(fsm, p)
             tree = share_copy(orig)
             attn += use_pytorch_attention(tree)
-            g = guard(orig, be, node, f"VAE {p}", input="vae", module=tree)
+            g = guard(orig, be, node, f"VAE {p}", input="vae", module=tree, dtype=dtype, upcast=True)
             object.__setattr__(new_fsm, p, g)  # an attribute of the copy only (shadows the child module)
         new.first_stage_model = new_fsm
         patcher = getattr(vae, "patcher", None)
         if patcher is not None and hasattr(patcher, "clone"):
             new.patcher = patcher.clone()  # the same weights, its own patches (as ComfyUI's clones)
-        lines = [f"{' and '.join(parts)} compiled for {be.name} at the first use"]
+        lines = [f"{' and '.join(parts)} compiled for {be.name} in {dtype} at the first use"]
         if attn:
             lines.append(f"{attn} attention block{'s' if attn != 1 else ''}: pytorch_attention")
         return self._out(be, t, new, lines, "compile")
@@ -403,7 +453,7 @@ class AnyDeviceUpscaleModel(_ModelNode):
         ("UPSCALE_MODEL", "upscale_model", "A copy of the upscale model that runs on the chosen backend."))
     input_tip = "The model from Load Upscale Model."
 
-    def _run(self, upscale_model, device=None):
+    def _run(self, upscale_model, device=None, dtype="auto"):
         node = self.DISPLAY
         inner = getattr(upscale_model, "model", None)
         if not isinstance(inner, torch.nn.Module) or isinstance(upscale_model, torch.nn.Module):
@@ -412,9 +462,10 @@ class AnyDeviceUpscaleModel(_ModelNode):
         if isinstance(inner, Guarded):  # already on AnyDevice: compile the original again for this device
             inner = inner.original
         be = resolve_backend(device, node)
+        dtype = model_dtype(be, dtype, node, next((p.dtype for p in inner.parameters()), None))
         t = Timer()
         new = copy.copy(upscale_model)
-        g = guard(inner, be, node, "upscale model", input="upscale_model")
+        g = guard(inner, be, node, "upscale model", input="upscale_model", dtype=dtype, upcast=True)
         if "_model" in vars(new):  # spandrel's ModelBase keeps it as _model behind a read-only property
             new._model = g
         else:
@@ -423,7 +474,7 @@ class AnyDeviceUpscaleModel(_ModelNode):
             except AttributeError as exc:
                 raise NodeError(node, "upscale_model", type(upscale_model).__name__,
                                 f"its model cannot be replaced in a copy ({exc})") from exc
-        lines = [f"{type(inner).__name__} compiled for {be.name} at each new tile size"]
+        lines = [f"{type(inner).__name__} compiled for {be.name} in {dtype} at each new tile size"]
         return self._out(be, t, new, lines, "compile")
 
 
