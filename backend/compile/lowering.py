@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 import threading
 import time
 import weakref
@@ -89,6 +90,30 @@ def _torch():
 
 
 # ---- weights: uploaded once per tensor and version ----------------------------------------------
+#: the share of the device's free memory the weights of compiled models may keep resident by default
+DEVICE_SHARE = 0.5
+
+
+def device_budget(be) -> int:
+    """Bytes the compiled models' weights may keep resident on ``be``'s device (each Weights cache):
+    ANYDEVICE_DEVICE_MB, else DEVICE_SHARE of the device's free memory (memstat: the pack's own device,
+    never ComfyUI's torch device); inside ComfyUI a quarter with --lowvram / --novram, less
+    --reserve-vram. Weights past it stream (``Weights.get``)."""
+    from ..system import config, memstat
+    mb = config.get("ANYDEVICE_DEVICE_MB")
+    if mb is not None:
+        return int(mb)
+    free, _where = memstat.free_bytes(be)
+    share, reserve = DEVICE_SHARE, 0
+    args = getattr(sys.modules.get("comfy.cli_args"), "args", None)  # inside ComfyUI only
+    if args is not None:
+        if getattr(args, "lowvram", False) or getattr(args, "novram", False):
+            share = DEVICE_SHARE / 2
+        reserve = int((getattr(args, "reserve_vram", None) or 0) * 2**30)
+    return max(0, int(free * share) - reserve)
+
+
+
 def version_of(t):
     """What changes when ``t`` is replaced or written (``backend/system/versions.py``: data pointer, shape,
     dtype and ``_version``, or a content fingerprint for inference tensors, cheap inside a
@@ -118,6 +143,7 @@ class Weights:
         self.be, self.dtype = be, dtype
         self._entries: dict[int, list] = {}
         self.uploads = 0
+        self.streamed = 0  # weight bytes uploaded for one use (past device_budget)
 
     def get(self, t, vkey=None, count: Counting | None = None):
         e = self._entries.get(id(t))
@@ -125,10 +151,18 @@ class Weights:
             vkey = version_of(t)
         if e is not None and e[0]() is t and e[1] == vkey:
             return e[2]
+        size = self.itemsize(t) * t.numel()
+        if e is None and self.nbytes + size > device_budget(self.be):
+            # past the budget: uploaded for this use only, and dropped by the graph after its last use
+            a = self._upload(t)
+            self.streamed += size
+            if count is not None:
+                count.transfer("streamed", size)
+            return a
         a = self._upload(t)
         self.uploads += 1
         if count is not None:
-            count.transfer("constants", self.itemsize(t) * t.numel())
+            count.transfer("constants", size)
         tid = id(t)
         ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries: d.pop(tid, None)
                           if d.get(tid, [None])[0] is _r else None)

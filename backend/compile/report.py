@@ -13,7 +13,9 @@ from collections import Counter
 
 log = logging.getLogger("anydevice")
 
-TRANSFER_KEYS = ("uploads", "downloads", "bytes_up", "bytes_down", "constants", "bytes_constants")
+#: "streamed": weights uploaded for one use because they did not fit the device budget (lowering.Weights)
+TRANSFER_KEYS = ("uploads", "downloads", "bytes_up", "bytes_down", "constants", "bytes_constants",
+                 "streamed", "bytes_streamed")
 
 _lock = threading.Lock()
 _logged: set[str] = set()
@@ -58,7 +60,8 @@ class Counting:
         return (self.stats, GLOBAL)
 
     def transfer(self, key: str, nbytes: int) -> None:
-        bkey = {"uploads": "bytes_up", "downloads": "bytes_down", "constants": "bytes_constants"}[key]
+        bkey = {"uploads": "bytes_up", "downloads": "bytes_down", "constants": "bytes_constants",
+                "streamed": "bytes_streamed"}[key]
         with _lock:
             for s in self._both():
                 s.transfers[key] += 1

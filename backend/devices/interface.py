@@ -239,6 +239,11 @@ class Device(abc.ABC):
         """"write_rows": float32 host rows written into ``out`` (an ``_empty`` array) from element ``start``."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'write_rows'")
 
+    def _memory_peak(self, reset: bool = False) -> int | None:
+        """The most bytes this device's arrays held at once since the last ``reset`` (which starts a new
+        count from what is held now); None where the device does not count (default)."""
+        return None
+
     # ---- dtypes ------------------------------------------------------------------------------
     def _dtype(self, x: Array) -> str:
         """The dtype name ``x`` is stored as (ops/dtypes.py; float32 unless the device stores others)."""

@@ -130,6 +130,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("ANYDEVICE_RESIDENT_MB", "1024", "device memory that values may keep between AnyDevice nodes "
             "(TENSORs, device copies of IMAGE/MASK/LATENT, kernels and weights); past it the least "
             "recently used move to the host; 0 keeps nothing on a device between nodes", _megabytes_or_zero),
+    Setting("ANYDEVICE_DEVICE_MB", "", "device memory a compiled model's weights may keep resident; the weights "
+            "past it stay in host memory and are uploaded for each use and dropped after (slower, never out of "
+            "memory). Default: half the memory free on the device when the model first runs; inside ComfyUI "
+            "a quarter with --lowvram, less --reserve-vram", _megabytes_or_zero),
     Setting("ANYDEVICE_CACHE_DIR", "~/.cache/anydevice", "built kernels and tuning results", _path),
     Setting("ANYDEVICE_OPENCL_DEVICE", "", "`platform:device` for the OpenCL backend (default: first GPU, "
             "else first CPU)", _device_pair),

@@ -81,6 +81,7 @@ class BufferPool:
         self.free: dict[int, list] = {}
         self._pooled = 0
         self._live = 0  # bytes of buffers held by arrays (and dropped ones not yet drained)
+        self.peak = 0  # the most ``_live`` has been since reset_peak()
         self.hits = 0
         self.misses = 0
         self.returned: collections.deque = collections.deque()  # (buffer, size) from finalisers
@@ -100,6 +101,13 @@ class BufferPool:
         """Bytes of buffers held by arrays (the blocks dropped so far taken in first)."""
         self._drain()
         return self._live
+
+    def reset_peak(self) -> int:
+        """The peak of live bytes so far; from now on the peak counts from what is live."""
+        self._drain()
+        with self.lock:
+            peak, self.peak = self.peak, self._live
+        return peak
 
     @staticmethod
     def bucket(nbytes: int) -> int:
@@ -124,6 +132,8 @@ class BufferPool:
             spare = self._take_returned(bound)
             self.last_use = time.monotonic()
             self._live += size
+            if self._live > self.peak:
+                self.peak = self._live
             lst = self.free.get(size)
             if lst:
                 buf = lst.pop()

@@ -63,3 +63,10 @@ class CLStorage:
                 self._run("cast_from_f32", g, l, x.buffer, x.offset, out.buffer, n, chunk,
                           int(dtype == dtypes.BFLOAT16))
         return out
+
+    def _memory_peak(self, reset: bool = False):
+        """The most bytes the backend's arrays held at once (the buffer pool's live bytes) since the last reset."""
+        if reset:
+            return self.pool.reset_peak()
+        self.pool._drain()
+        return self.pool.peak
