@@ -94,11 +94,12 @@ def _torch():
 DEVICE_SHARE = 0.5
 
 
-def device_budget(be) -> int:
+def device_budget(be, held: int = 0) -> int:
     """Bytes the compiled models' weights may keep resident on ``be``'s device (each Weights cache):
     ANYDEVICE_DEVICE_MB, else DEVICE_SHARE of the device's free memory (memstat: the pack's own device,
     never ComfyUI's torch device); inside ComfyUI a quarter with --lowvram / --novram, less
-    --reserve-vram. Weights past it stream (``Weights.get``)."""
+    --reserve-vram. ``held``: the bytes the asking cache holds already (counted as free: they are its own).
+    Weights past it stream (``Weights.get``)."""
     from ..system import config, memstat
     mb = config.get("ANYDEVICE_DEVICE_MB")
     if mb is not None:
@@ -110,7 +111,7 @@ def device_budget(be) -> int:
         if getattr(args, "lowvram", False) or getattr(args, "novram", False):
             share = DEVICE_SHARE / 2
         reserve = int((getattr(args, "reserve_vram", None) or 0) * 2**30)
-    return max(0, int(free * share) - reserve)
+    return max(0, int((free + held) * share) - reserve)
 
 
 
@@ -152,7 +153,8 @@ class Weights:
         if e is not None and e[0]() is t and e[1] == vkey:
             return e[2]
         size = self.itemsize(t) * t.numel()
-        if e is None and self.nbytes + size > device_budget(self.be):
+        held = self.nbytes
+        if e is None and held + size > device_budget(self.be, held):
             # past the budget: uploaded for this use only, and dropped by the graph after its last use
             a = self._upload(t)
             self.streamed += size
