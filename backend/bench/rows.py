@@ -22,6 +22,9 @@ class Row:
     first_ms: float
     reps: int
     per_call_us: bool
+    #: the dtype the row computes in or stores its weights as (float32, float16, bfloat16; the quantized
+    #: formats name theirs); not part of ``case``
+    dtype: str = "float32"
 
 
 def _torch_device_for(be):
@@ -43,14 +46,15 @@ def _sync_torch(dev):
 
 
 def format_rows(rows) -> str:
-    head = f"{'backend':<9}{'case':<44}{'ms':>9}{'torch ms':>10}{'GFLOPS':>9}{'torch':>9}{'ratio':>7}{'first ms':>10}"
+    head = (f"{'backend':<9}{'case':<44}{'dtype':<10}{'ms':>9}{'torch ms':>10}{'GFLOPS':>9}{'torch':>9}{'ratio':>7}"
+            f"{'first ms':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.per_call_us:
-            lines.append(f"{r.backend:<9}{r.case:<44}{r.ms * 1e3:>7.1f}us{r.torch_ms * 1e3:>8.1f}us"
+            lines.append(f"{r.backend:<9}{r.case:<44}{r.dtype:<10}{r.ms * 1e3:>7.1f}us{r.torch_ms * 1e3:>8.1f}us"
                          f"{'':>9}{'':>9}{r.ratio:>7.2f}{r.first_ms:>10.1f}")
         else:
-            lines.append(f"{r.backend:<9}{r.case:<44}{r.ms:>9.2f}{r.torch_ms:>10.2f}{r.gflops:>9.1f}"
+            lines.append(f"{r.backend:<9}{r.case:<44}{r.dtype:<10}{r.ms:>9.2f}{r.torch_ms:>10.2f}{r.gflops:>9.1f}"
                          f"{r.torch_gflops:>9.1f}{r.ratio:>7.2f}{r.first_ms:>10.1f}")
     return "\n".join(lines)
 
