@@ -21,7 +21,7 @@ import pytest
 from anydevice.backend import AnyDeviceError, get_backend, list_backends
 from anydevice.backend.system import config
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 WF = ROOT / "example_workflows" / "api" / "color_grading.json"
 
 #: loads the checkout as `anydevice` (whatever its folder is called) and runs the cli, or the code
@@ -223,7 +223,7 @@ def test_every_setting_is_in_the_one_table():
     import re
     named = set()
     for path in [ROOT / "README.md", *ROOT.glob("backend/**/*.py"), *ROOT.glob("nodes/*.py"), ROOT / "cli.py",
-                 *ROOT.glob("tests/*.py")]:
+                 *ROOT.glob("tests/**/*.py")]:
         named |= set(re.findall(r"ANYDEVICE_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8")))
     # kernel macros (API flags, the preludes' include guard) and a deliberate typo
     named -= {"ANYDEVICE_CUDA", "ANYDEVICE_HIP", "ANYDEVICE_OPENCL", "ANYDEVICE_PRELUDE_H", "ANYDEVICE_BACKNED"}

@@ -9,7 +9,7 @@ Cases (random weights, float32, ``torch.inference_mode`` on both sides, as Comfy
   16 convolutions, x4, PReLU) on a 1x3x256x256 image -> 1x3x1024x1024.
 
 The definitions are the pack's own (backend/model_zoo.py), so the bench needs neither ComfyUI nor
-spandrel; tests/test_bench_model.py checks them against the real classes where those are installed.
+spandrel; tests/backend/bench/test_model.py checks them against the real classes where those are installed.
 
 Per backend (``--backend``, repeatable; default: those of cuda, opencl, numpy that are available) and
 case (``--case`` filters by name): a fresh model is compiled with ``options={"device": backend}``; the

@@ -24,7 +24,7 @@ import torch
 
 from anydevice.backend.ops.contract import Backend
 
-from test_precision import _assert_unchanged, _snapshot, check, tol_for
+from precision_helpers import _assert_unchanged, _snapshot, check, tol_for
 
 pytest.importorskip("expecttest", reason="expecttest not installed (PyTorch's OpInfo database imports it; "
                     ".ci/setup installs it)")

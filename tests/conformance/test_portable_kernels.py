@@ -12,7 +12,7 @@ APIs' kernels (misc_cuda.cu's ad_unary / ad_pad and elementwise.cl's unary / pad
 element on the edge cases where the two used to differ.
 
 The TF32 tensor-core branch (``#if defined(ANYDEVICE_CUDA) && USE_TF32``) is CUDA-only; the CUDA
-compile check (tests/test_cuda_compile.py) builds it, tests/test_cuda.py runs it on a GPU.
+compile check (tests/backend/devices/cuda/test_cuda_compile.py) builds it, tests/backend/devices/cuda/test_cuda.py runs it on a GPU.
 
 Runtime: all ad_conv_gemm configurations used here have the same group size (16, 16) and misc
 kernels BLOCK (PoCL compiles per kernel and group size), and the problems are small.

@@ -1,6 +1,6 @@
 """Browser tests (Playwright + Debian chromium) against a real ComfyUI server, for every frontend
 found (the one the ComfyUI checkout pins, and e.g. comfyui-frontend-package 1.58 served with
-``--front-end-root``; see tests/e2e_helpers.py) and both node renderers (the classic LiteGraph canvas
+``--front-end-root``; see tests/support/e2e_helpers.py) and both node renderers (the classic LiteGraph canvas
 and the Vue node renderer, ``Comfy.VueNodes.Enabled``).
 
 Each bundled UI workflow is loaded at its saved zoom in a 1600x1000 window (every node inside the
@@ -24,7 +24,7 @@ import e2e_helpers as H
 from anydevice.nodes.compute import presets as P
 from anydevice.nodes.headless import runner
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 API = ROOT / "example_workflows" / "api"
 UI = ROOT / "example_workflows"
 CHROMIUM = "/usr/bin/chromium"

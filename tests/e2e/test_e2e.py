@@ -16,10 +16,10 @@ import e2e_helpers as H
 from anydevice.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from anydevice.nodes.headless import runner
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 API = ROOT / "example_workflows" / "api"
 TWINS = sorted(p.stem for p in API.glob("*.json"))
-#: the twins the headless runner runs (vae_decode_anydevice runs in the server only: tests/test_model_e2e.py)
+#: the twins the headless runner runs (vae_decode_anydevice runs in the server only: tests/e2e/test_model_e2e.py)
 RUNNABLE = H.runnable_twins()
 
 _comfy, _why = H.comfy_dir()

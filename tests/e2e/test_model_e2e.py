@@ -1,7 +1,7 @@
 """The bundled VAE workflow (example_workflows/api/vae_decode_anydevice.json: ComfyUI's VAELoader ->
 "VAE on AnyDevice" -> VAEEncode of the photo -> VAEDecode -> SaveImage) in a real ComfyUI server
 (COMFYUI_DIR; skipped without it), with a VAE file made from ComfyUI's SD1.x config with random
-weights (tests/e2e_helpers.write_random_vae) in the server's throwaway vae folder. Its PNG is compared
+weights (tests/support/e2e_helpers.write_random_vae) in the server's throwaway vae folder. Its PNG is compared
 with ComfyUI's own eager path (the same VAE, no AnyDevice node) within 1/255; then the models are
 unloaded (POST /free) and the workflow runs again, loading and compiling afresh, to the same image."""
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from PIL import Image
 
 import e2e_helpers as H
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 WF = ROOT / "example_workflows"
 API = WF / "api"
 NAME = "vae_decode_anydevice"

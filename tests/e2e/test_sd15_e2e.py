@@ -5,7 +5,7 @@ SaveImage, CLIPTextEncode for both prompts, Device Select picking the backend. I
 ComfyUI's own (the same workflow without the two AnyDevice nodes) within 2/255, on opencl and on numpy.
 
 The checkpoint is ComfyUI's own SD1.5 UNet, CLIP-L and SD1.x VAE with random weights, saved by
-``comfy.sd.save_checkpoint`` (tests/sd15_checkpoint_comfy.py, through
+``comfy.sd.save_checkpoint`` (tests/support/sd15_checkpoint_comfy.py, through
 e2e_helpers.write_random_sd15_checkpoint: float32, about 4.3 GB, once per server, in its throwaway
 checkpoints folder). The server log must say ComfyUI took it for SD1.5 (an EPS BaseModel).
 

@@ -18,7 +18,7 @@ import e2e_helpers as H
 from anydevice import cli
 from anydevice.nodes.headless import runner
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 WF = ROOT / "example_workflows"
 API = WF / "api"
 TRAINING = ("learn_filter", "learn_color_grade", "denoise", "classify_digits")

@@ -5,7 +5,7 @@ one denoising step on an 8x8 latent (the weights are what is big), weights made 
 
 The first real SD1.5 UNet crashed here (the weight fingerprint's float32 index past 2**24
 elements); a tiny UNet never showed it. ComfyUI's own UNetModel through the node itself runs in
-tests/test_model_nodes.py (under ComfyUI's python, where a ComfyUI checkout is found).
+tests/nodes/models/test_compiled.py (under ComfyUI's python, where a ComfyUI checkout is found).
 
 One backend (numpy: no kernel builds), about a minute and a half on two cores.
 """

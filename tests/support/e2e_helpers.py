@@ -32,14 +32,14 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 PACK_NAME = "anydevice"
 PHOTO = ROOT / "example_workflows" / "input" / "photo.png"
 ARTIFACTS = ROOT / "test-artifacts"
 API = ROOT / "example_workflows" / "api"
 #: the VAE file example_workflows/api/vae_decode_anydevice.json loads (made by write_random_vae)
 RANDOM_VAE = "anydevice_random_sd15_vae.safetensors"
-#: the SD1.5 checkpoint tests/test_sd15_e2e.py loads (made by write_random_sd15_checkpoint)
+#: the SD1.5 checkpoint tests/e2e/test_sd15_e2e.py loads (made by write_random_sd15_checkpoint)
 RANDOM_SD15 = "anydevice_random_sd15.safetensors"
 
 
@@ -316,14 +316,14 @@ def runnable_twins() -> list[str]:
 
 def write_random_vae(srv: "ComfyServer", timeout: float = 600) -> Path:
     """``RANDOM_VAE`` in the server's vae folder (once): ComfyUI's SD1.x VAE from its config with random
-    weights, in ComfyUI's key layout (so VAELoader detects it), made by tests/model_nodes_comfy.py under
+    weights, in ComfyUI's key layout (so VAELoader detects it), made by tests/support/model_nodes_comfy.py under
     the server's own python. Raises RuntimeError if it cannot be made."""
     path = srv.vae_dir / RANDOM_VAE
     if path.is_file():
         return path
     tmp = path.with_suffix(".part")
     env = dict(os.environ, COMFYUI_DIR=str(srv.comfy))
-    proc = subprocess.run([str(_venv_python(srv.comfy)), str(ROOT / "tests" / "model_nodes_comfy.py"),
+    proc = subprocess.run([str(_venv_python(srv.comfy)), str(ROOT / "tests" / "support" / "model_nodes_comfy.py"),
                            "--write-vae", str(tmp)], cwd=srv.comfy, env=env, capture_output=True, text=True,
                           timeout=timeout)
     if proc.returncode != 0 or not tmp.is_file():
@@ -335,7 +335,7 @@ def write_random_vae(srv: "ComfyServer", timeout: float = 600) -> Path:
 def write_random_sd15_checkpoint(srv: "ComfyServer", timeout: float = 900) -> Path:
     """``RANDOM_SD15`` in the server's checkpoints folder (once per server, deleted with it): an
     SD1.5-architecture checkpoint (ComfyUI's UNet, CLIP-L and SD1.x VAE, random weights, float32, about
-    4.3 GB) saved by ``comfy.sd.save_checkpoint``, made by tests/sd15_checkpoint_comfy.py under the
+    4.3 GB) saved by ``comfy.sd.save_checkpoint``, made by tests/support/sd15_checkpoint_comfy.py under the
     server's own python (about a minute on two cores). Raises RuntimeError if it cannot be made."""
     path = srv.ckpt_dir / RANDOM_SD15
     if path.is_file():
@@ -343,7 +343,7 @@ def write_random_sd15_checkpoint(srv: "ComfyServer", timeout: float = 900) -> Pa
     tmp = path.with_suffix(".part")
     env = dict(os.environ, COMFYUI_DIR=str(srv.comfy))
     try:
-        proc = subprocess.run([str(_venv_python(srv.comfy)), str(ROOT / "tests" / "sd15_checkpoint_comfy.py"),
+        proc = subprocess.run([str(_venv_python(srv.comfy)), str(ROOT / "tests" / "support" / "sd15_checkpoint_comfy.py"),
                                str(tmp)], cwd=srv.comfy, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         tmp.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""Run by tests/test_model_nodes.py under ComfyUI's own python (cwd: the ComfyUI checkout, argv[1]: the
+"""Run by tests/nodes/models/test_compiled.py under ComfyUI's own python (cwd: the ComfyUI checkout, argv[1]: the
 AnyDevice backends to try, comma-separated). Prints one line ``RESULT {json}``.
 
 * ComfyUI's SD1.x VAE (``comfy.sd.VAE`` from a state dict in ComfyUI's key layout: the SD1.x config,
@@ -12,7 +12,7 @@ AnyDevice backends to try, comma-separated). Prints one line ``RESULT {json}``.
   ComfyUI's own ImageUpscaleWithModel on two image sizes vs the original model.
 
 ``--write-vae PATH`` writes the random SD1.x VAE (ComfyUI's key layout, safetensors) to PATH instead
-(tests/e2e_helpers.write_random_vae: the file the bundled VAE workflow loads).
+(tests/support/e2e_helpers.write_random_vae: the file the bundled VAE workflow loads).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parent.parent
 COMFY = Path(os.environ.get("COMFYUI_DIR") or os.getcwd()).resolve()
 sys.path.insert(0, str(COMFY))
 

@@ -1,19 +1,19 @@
 """Writes an SD1.5-architecture checkpoint with random weights, run under ComfyUI's own python (cwd: the
-ComfyUI checkout, or ``COMFYUI_DIR``): ``python tests/sd15_checkpoint_comfy.py PATH``. Prints one line
+ComfyUI checkout, or ``COMFYUI_DIR``): ``python tests/support/sd15_checkpoint_comfy.py PATH``. Prints one line
 ``RESULT {json}``.
 
 Everything is ComfyUI's own: the SD15 model config (``comfy.model_detection.model_config_from_unet_config``
 of the UNet config ComfyUI's detection gives an SD1.5 checkpoint, which must come back as
 ``comfy.supported_models.SD15``), its BaseModel (``cfg.get_model``) in a ModelPatcher, the CLIP-L text
 encoder (``comfy.sd.CLIP(target=cfg.clip_target())``), the SD1.x VAE (``comfy.sd.VAE`` from
-tests/model_nodes_comfy.random_sd1_vae_state_dict, the random VAE of the VAE workflow), saved by
+tests/support/model_nodes_comfy.random_sd1_vae_state_dict, the random VAE of the VAE workflow), saved by
 ``comfy.sd.save_checkpoint`` in ComfyUI's checkpoint key layout (what CheckpointLoaderSimple loads and
 detects as SD15). float32, about 4.3 GB.
 
 ComfyUI builds its models with ``comfy.ops`` layers that leave the weights uninitialised (torch.empty):
 :func:`randomize` fills every parameter, seeded, so that activations stay O(1): weights ~ N(0, 1/fan_in),
 biases ~ N(0, 0.02**2), GroupNorm/LayerNorm weights ~ 1 + N(0, 0.05**2) and biases ~ N(0, 0.02**2).
-tests/e2e_helpers.write_random_sd15_checkpoint runs it (the tests/test_sd15_e2e.py checkpoint).
+tests/support/e2e_helpers.write_random_sd15_checkpoint runs it (the tests/e2e/test_sd15_e2e.py checkpoint).
 """
 from __future__ import annotations
 

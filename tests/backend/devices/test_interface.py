@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from anydevice.backend.ops.contract import Backend
 from anydevice.backend.system.errors import AnyDeviceError
 
 F32 = np.float32
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 
 
 def _erf(x):

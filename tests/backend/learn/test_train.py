@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from anydevice.backend.learn.train import batch_plan, predict, step_bytes, train
 from e2e_helpers import finishes
 from grad_check import normwise
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 
 def _cnn() -> Network:
     return (Network.empty()

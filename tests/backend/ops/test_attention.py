@@ -16,7 +16,7 @@ from anydevice.backend import AnyDeviceError
 from anydevice.backend.system.config import workspace_budget_bytes
 from anydevice.backend.ops.plans import attention_plan
 
-from test_precision import HYP, _assert_unchanged, _snapshot, check, relerr, t64, tol_for
+from precision_helpers import HYP, _assert_unchanged, _snapshot, check, relerr, t64, tol_for
 
 SDPA = F.scaled_dot_product_attention
 

@@ -12,7 +12,7 @@ from anydevice.backend.ops import bigconv
 from anydevice.backend.system import cancel
 from anydevice.nodes.compute import presets
 
-from test_precision import check, t64, tol_for
+from precision_helpers import check, t64, tol_for
 
 
 def gauss(k, sigma=None):

@@ -13,8 +13,8 @@ TOL = 1e-6
 NAN, INF = float("nan"), float("inf")
 
 
-from test_movement import host, refused_before_kernels  # noqa: E402
-from test_precision import relerr  # noqa: E402
+from movement_helpers import host, refused_before_kernels  # noqa: E402
+from precision_helpers import relerr  # noqa: E402
 
 
 def check(be, y, ref, what=""):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch.nn.functional as F
 
-from test_precision import _assert_unchanged, _snapshot, check, t64
+from precision_helpers import _assert_unchanged, _snapshot, check, t64
 
 
 def _sky(rng, shape):

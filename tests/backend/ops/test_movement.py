@@ -12,16 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from anydevice.backend import AnyDeviceError
+from movement_helpers import host, refused_before_kernels
 
 NAN, INF = float("nan"), float("inf")
-
-
-def host(be, y):
-    if isinstance(y, torch.Tensor):
-        return y.detach().cpu().numpy()
-    if isinstance(y, np.ndarray):
-        return y
-    return be.to_numpy(y)
 
 
 def same(be, y, ref):
@@ -437,23 +430,6 @@ BAD = [
     (lambda be: be.pad(X, (-5, 1), "circular"), "pad", "pad", "crops"),
     (lambda be: be.pad(X, (4, -1), "reflect"), "pad", "pad", "reflect padding"),
 ]
-
-
-def refused_before_kernels(be, monkeypatch, case, prims):
-    """case = (fn(be), op, arg, message fragment): fn raises AnyDeviceError naming op and arg
-    before any of the primitives ``prims`` runs (they are patched to fail)."""
-    fn, op, arg, fragment = case
-
-    def no_kernel(*a, **k):
-        raise AssertionError("a primitive ran before the arguments were checked")
-
-    for prim in prims:
-        monkeypatch.setattr(be, prim, no_kernel)
-    with pytest.raises(AnyDeviceError) as ei:
-        fn(be)
-    e = ei.value
-    assert (e.op, e.arg) == (op, arg), str(e)
-    assert fragment in str(e), str(e)
 
 
 @pytest.mark.parametrize("case", range(len(BAD)))

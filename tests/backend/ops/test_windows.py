@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from anydevice.backend import AnyDeviceError
 from anydevice.backend.ops.windows import interp_table, pool_table
 
-from test_precision import check, t64, tol_for
+from precision_helpers import check, t64, tol_for
 
 
 def _data(shape, seed=0, specials=False):

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from anydevice.backend.ops import contract
 from anydevice.backend.devices.numpy import backend as NB
 from anydevice.backend.system.errors import AnyDeviceError
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 AVAILABLE = {i.name for i in B.list_backends() if i.available}
 CPU_BACKENDS = [b for b in ("numpy", "cpu", "opencl") if b in AVAILABLE]
 MB = 2 ** 20

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,7 +21,7 @@ from anydevice.backend.system.errors import AnyDeviceError
 _PROBE = ob.probe("opencl")
 needs_opencl = pytest.mark.skipif(not _PROBE["available"],
                                   reason=f"opencl backend unavailable: {_PROBE['reason']}")
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 
 
 class WrongConv(ob.OpenCLBackend):

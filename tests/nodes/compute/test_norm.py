@@ -36,7 +36,7 @@ def run(**kw):
     return out["result"][0]
 
 
-from test_window_nodes import close  # noqa: E402
+from node_helpers import close  # noqa: E402
 
 
 def ref(x, method, num_groups=1, eps=1e-5, scale=1.0, shift=0.0):

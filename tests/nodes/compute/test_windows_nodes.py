@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from anydevice import backend as B
 from anydevice.nodes import NODE_CLASS_MAPPINGS as N
 from anydevice.nodes.base.common import NodeError
+from node_helpers import close
 
 #: the backends the node tests run on (the op tests, test_windows.py, cover every variant)
 DEVICES = [n for n in ("numpy", "opencl", "cpu") if n in {i.name for i in B.list_backends() if i.available}]
@@ -28,13 +29,6 @@ def run(cls, **kw):
     out = N[cls]().run(**kw)
     assert set(out) == {"ui", "result"}
     return out["result"][0]
-
-
-def close(y, ref):
-    y = y.double() if torch.is_tensor(y) else torch.as_tensor(y).double()
-    assert y.shape == ref.shape, (tuple(y.shape), tuple(ref.shape))
-    err = (y - ref).norm() / ref.norm()
-    assert err <= 1e-6, f"normwise relative error {err:.3g}"
 
 
 def nchw(img):

@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,12 +19,12 @@ from anydevice.nodes.headless import core_nodes, runner
 
 import e2e_helpers as H
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 WF = ROOT / "example_workflows"
 API = WF / "api"
 PHOTO = WF / "input" / "photo.png"
 ALL_TWINS = sorted(p.stem for p in API.glob("*.json"))
-#: the twins the headless runner can run (vae_decode_anydevice needs ComfyUI's VAELoader: tests/test_model_e2e.py)
+#: the twins the headless runner can run (vae_decode_anydevice needs ComfyUI's VAELoader: tests/e2e/test_model_e2e.py)
 TWINS = H.runnable_twins()
 
 

@@ -17,7 +17,7 @@ from PIL import Image
 from anydevice.nodes.learn import dataset as D
 from anydevice.nodes.base.common import NodeError
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 DIGITS = ROOT / "example_workflows" / "input" / "digits"
 #: images per digit 0..9 in the shipped split (train_test_split(random_state=0, stratify=target))
 TRAIN_COUNTS = [142, 146, 142, 146, 145, 145, 145, 143, 139, 144]

@@ -581,8 +581,8 @@ print(h.hexdigest())
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("numpy", "opencl")])
 def test_same_seed_two_processes_same_weights_bit_for_bit(backend, tmp_path):
     import subprocess
-    from pathlib import Path
-    root = str(Path(__file__).resolve().parent.parent)
+    from repo_paths import ROOT
+    root = str(ROOT)
     script = tmp_path / "two.py"
     script.write_text(_TWO_PROCESSES)
     env = dict(__import__("os").environ, ANYDEVICE_NUM_THREADS="2")

@@ -2,15 +2,15 @@
 
 Without ComfyUI (the project's .venv): the Upscale Model node on spandrel's SRVGGNetCompact and RRDBNet
 (random weights) inside spandrel's own ``ImageModelDescriptor`` (its module imported without spandrel's
-package ``__init__``, as tests/compile_models.py imports the architectures), the VAE node on a VAE-like
+package ``__init__``, as tests/support/compile_models.py imports the architectures), the VAE node on a VAE-like
 object (the tests' VAE-style decoder and an encoder), weight refresh, fallback and errors.
 
-With ComfyUI (COMFYUI_DIR, found as tests/e2e_helpers.py finds it; skipped without it): ComfyUI's own SD1.x
+With ComfyUI (COMFYUI_DIR, found as tests/support/e2e_helpers.py finds it; skipped without it): ComfyUI's own SD1.x
 VAE built from its config with random weights, decoded and encoded through the VAE node, and a tiny
 ``UNetModel`` wrapped in a ModelPatcher sampled 2 steps with ComfyUI's own sampler through the MODEL node
 (and again after a LoRA-like weight patch), and a spandrel model loaded by spandrel's ModelLoader through
 the Upscale Model node and ComfyUI's own Upscale Image (using Model). Those run in a subprocess under ComfyUI's own python
-(tests/model_nodes_comfy.py), because ComfyUI's python dependencies are not in .venv.
+(tests/support/model_nodes_comfy.py), because ComfyUI's python dependencies are not in .venv.
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,7 +36,7 @@ from compile_models import _fresh_dynamo, rel  # noqa: F401 (_fresh_dynamo: an a
 import e2e_helpers as H
 from conftest import TARGETS
 
-HERE = Path(__file__).resolve().parent
+from repo_paths import SUPPORT  # noqa: E402
 CHEAP = [t[0] for t in TARGETS if t[0] in ("numpy", "opencl")] or ["numpy"]
 TOL = 1e-5
 
@@ -302,7 +301,7 @@ def comfy_results():
     env = dict(os.environ, COMFYUI_DIR=str(_comfy), PYTHONUNBUFFERED="1")
     env.pop("ANYDEVICE_BACKEND", None)
     devices = ",".join(CHEAP)
-    proc = subprocess.run([str(py), str(HERE / "model_nodes_comfy.py"), devices], cwd=str(_comfy), env=env,
+    proc = subprocess.run([str(py), str(SUPPORT / "model_nodes_comfy.py"), devices], cwd=str(_comfy), env=env,
                           capture_output=True, text=True, timeout=1500)
     H.ARTIFACTS.mkdir(exist_ok=True)
     (H.ARTIFACTS / "model_nodes_comfy.log").write_text(proc.stdout + "\n" + proc.stderr)

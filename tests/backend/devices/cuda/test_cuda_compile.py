@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
 from anydevice.backend.devices.runtime import kernel_source as ks
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 
 
 def _tool():

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from anydevice.backend.devices import opencl as ob
 _PROBE = ob.probe("opencl")
 needs_device = pytest.mark.skipif(not _PROBE["available"],
                                   reason=f"opencl backend unavailable: {_PROBE['reason']}")
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="module")

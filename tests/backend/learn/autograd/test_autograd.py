@@ -1,5 +1,5 @@
 """The autograd tape itself (issue 13): recording, accumulation, broadcasting, no_grad, errors.
-The per-op gradient checks live in test_grad_*.py."""
+The per-op gradient checks live in test_rules_*.py."""
 from __future__ import annotations
 
 import numpy as np

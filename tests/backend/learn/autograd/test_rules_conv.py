@@ -1,5 +1,5 @@
 """Backward rules of conv2d, conv_transpose2d, linear, matmul and pad (issue 13), on every backend:
-each case through tests/grad_check.py's check_grad (float64 torch autograd reference, normwise
+each case through tests/support/grad_check.py's check_grad (float64 torch autograd reference, normwise
 relative error <= 1e-5 for the output and every input gradient)."""
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ import ast
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,7 @@ from anydevice.backend.learn import layers as L
 from anydevice.backend.learn.layers.base import Layer, Registry
 from anydevice.nodes.learn import network as NN
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 LAYER_NODES = [c for c in NN.NETWORK_NODES if issubclass(c, NN._LayerNode)]
 
 
