@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from anydevice.backend.learn.train import batch_plan, predict, step_bytes, train
 
 from e2e_helpers import finishes
 from grad_check import normwise
+from two_processes import run_twice
 
 from repo_paths import ROOT  # noqa: E402
 
@@ -566,12 +565,7 @@ def _subprocess_backends():
 
 @pytest.mark.parametrize("backend", _subprocess_backends())
 def test_same_weights_across_processes(tmp_path, backend):
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, ANYDEVICE_NUM_THREADS="2")
-    env.pop("ANYDEVICE_BACKEND", None)
-    out = [subprocess.run([sys.executable, str(script), str(ROOT), backend], env=env, capture_output=True, text=True,
-                          timeout=300) for _ in range(2)]
+    out = run_twice(tmp_path, "run.py", SCRIPT, str(ROOT), backend, drop_env=("ANYDEVICE_BACKEND",))
     for o in out:
         assert o.returncode == 0, o.stderr[-2000:]
     digests = [o.stdout.strip().splitlines()[-1] for o in out]

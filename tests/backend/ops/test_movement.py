@@ -35,6 +35,12 @@ def data(rng, shape, special=True):
     return x
 
 
+def seeded(seed, shape):
+    """data() of ``shape`` from a generator seeded with ``seed``, and the same values as a torch tensor."""
+    x = data(np.random.default_rng(seed), shape)
+    return x, torch.from_numpy(x)
+
+
 KINDS = ("numpy", "torch", "native")
 
 
@@ -125,9 +131,7 @@ def test_expand(backend_target, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_narrow(backend_target, kind):
     be = backend_target
-    rng = np.random.default_rng(3)
-    x = data(rng, (4, 5, 6))
-    t = torch.from_numpy(x)
+    x, t = seeded(3, (4, 5, 6))
     for dim in (0, 1, 2, -1, -3):
         n = x.shape[dim]
         for start in (0, 1, -2, n - 1, n, -n):
@@ -145,9 +149,7 @@ def test_narrow(backend_target, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_slice(backend_target, kind):
     be = backend_target
-    rng = np.random.default_rng(4)
-    x = data(rng, (5, 6, 7))
-    t = torch.from_numpy(x)
+    x, t = seeded(4, (5, 6, 7))
     bounds = (None, 0, 1, 3, -2, -9, 9, 7)
     for dim in (0, 1, 2, -1, -2):
         for start in bounds:
@@ -165,9 +167,7 @@ def test_slice(backend_target, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_split_chunk(backend_target, kind):
     be = backend_target
-    rng = np.random.default_rng(5)
-    x = data(rng, (7, 4, 5))
-    t = torch.from_numpy(x)
+    x, t = seeded(5, (7, 4, 5))
 
     def parts(ys, refs):
         assert isinstance(ys, tuple) and len(ys) == len(refs)
@@ -296,9 +296,7 @@ PADS = [(-1, 2), (2, -1), (-1, -1), (-3, 1), (1, -4), (-1, 4), (3, -2), (0, -5),
 @pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
 def test_pad_crop(backend_target, mode):
     be = backend_target
-    rng = np.random.default_rng(9)
-    x = data(rng, (2, 3, 4, 5))
-    t = torch.from_numpy(x)
+    x, t = seeded(9, (2, 3, 4, 5))
     ran = 0
     for pad in PADS:
         try:  # torch pads a 4-D input's last dim only in constant mode: through a 3-D view

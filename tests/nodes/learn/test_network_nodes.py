@@ -580,14 +580,9 @@ print(h.hexdigest())
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("numpy", "opencl")])
 def test_same_seed_two_processes_same_weights_bit_for_bit(backend, tmp_path):
-    import subprocess
     from repo_paths import ROOT
-    root = str(ROOT)
-    script = tmp_path / "two.py"
-    script.write_text(_TWO_PROCESSES)
-    env = dict(__import__("os").environ, ANYDEVICE_NUM_THREADS="2")
-    outs = [subprocess.run([sys.executable, str(script), root, backend], capture_output=True, text=True, env=env,
-                           timeout=300) for _ in range(2)]
+    from two_processes import run_twice
+    outs = run_twice(tmp_path, "two.py", _TWO_PROCESSES, str(ROOT), backend)
     for o in outs:
         assert o.returncode == 0, o.stderr[-2000:]
     hashes = [o.stdout.strip().splitlines()[-1] for o in outs]
