@@ -4,7 +4,7 @@ example_workflows/build.py's graph writer.
     python3 example_workflows/build_models.py            # from the repository root
 
 The workflow uses ComfyUI's own VAELoader, VAEEncode and VAEDecode, so the headless runner cannot run
-it (it says "run this workflow inside ComfyUI"); tests/test_model_e2e.py runs it in a real ComfyUI server
+it (it says "run this workflow inside ComfyUI"); tests/e2e/test_model_e2e.py runs it in a real ComfyUI server
 with a VAE made from ComfyUI's SD1.x config with random weights under the name below. The thumbnail is
 the bundled photo: what an encode/decode round trip through a real SD VAE gives back (the random-weight
 VAE of the tests gives noise).

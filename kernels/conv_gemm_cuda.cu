@@ -46,7 +46,7 @@
  * WPT_N are multiples of 4 owns 4x4 sub-blocks spread TM*4 rows / TN*4 columns apart, so it reads
  * its operands from shared memory as 16-byte vectors.
  * The FP32 branch and the loaders are portable: prelude_opencl.h + this file builds as OpenCL C,
- * which is how tests/test_portable_kernels.py exercises them on PoCL.
+ * which is how tests/conformance/test_portable_kernels.py exercises them on PoCL.
  */
 #ifndef TILE_M
 #define TILE_M 128

@@ -1,7 +1,7 @@
 /* elementwise_math.h: the elementwise math of both APIs, written once in the portable subset
  * (kernels/README.md; needs the prelude). Included by elementwise.cl (OpenCL kernels unary,
  * binary_flat, binary_nd, pad2d) and misc_cuda.cu (CUDA kernels ad_unary, ad_pad), so the two
- * backends compute the same function; tests/test_portable_kernels.py holds both to torch
+ * backends compute the same function; tests/conformance/test_portable_kernels.py holds both to torch
  * (float64) element by element on NaN, Inf, signed zeros, overflow and cancellation inputs.
  *
  * Semantics, as torch:

@@ -1,6 +1,6 @@
 /* misc_cuda.cu: the CUDA backend's elementwise kernels, compiled as prelude_cuda.cuh + this file
  * for CUDA/HIP. Written in the portable subset (kernels/README.md), so prelude_opencl.h + this
- * file also builds as OpenCL C: that is how tests/test_portable_kernels.py exercises the kernels'
+ * file also builds as OpenCL C: that is how tests/conformance/test_portable_kernels.py exercises the kernels'
  * logic on PoCL. The pad and unary math is kernels/elementwise_math.h, which the OpenCL
  * backend's elementwise.cl includes too (one definition for both APIs).
  *

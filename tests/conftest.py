@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+#: the shared helpers (tests/support: repo_paths, precision_helpers, grad_check, e2e_helpers, ...)
+#: import by their bare names from any folder of tests/
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+from repo_paths import ROOT, TESTS  # noqa: E402
 
 
 def _load_pack():
@@ -42,8 +45,9 @@ def _opencl_gpu_family():
 
 
 def _mini_device():
-    """test_device_interface.MiniDevice: a device written from the interface alone (plain NumPy)."""
-    spec = importlib.util.spec_from_file_location("_anydevice_mini_device", ROOT / "tests" / "test_device_interface.py")
+    """tests/backend/devices/test_interface.py's MiniDevice: a device written from the interface alone (plain NumPy)."""
+    spec = importlib.util.spec_from_file_location("_anydevice_mini_device",
+                                                  TESTS / "backend" / "devices" / "test_interface.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.create_mini()
@@ -51,7 +55,7 @@ def _mini_device():
 
 #: extra test targets per backend: the OpenCL GPU kernel family forced on whatever device is there
 #: (on PoCL that is how the portable GPU kernels are tested without a GPU); "mini", the minimal
-#: device of test_device_interface.py, runs with the numpy backend
+#: device of tests/backend/devices/test_interface.py, runs with the numpy backend
 VARIANTS = {"opencl": [("opencl-gpu-family", _opencl_gpu_family)], "numpy": [("mini", _mini_device)]}
 
 

@@ -21,7 +21,7 @@ import pytest
 from anydevice.backend import AnyDeviceError, get_backend, list_backends
 from anydevice.backend.system import config
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 WF = ROOT / "example_workflows" / "api" / "color_grading.json"
 
 #: loads the checkout as `anydevice` (whatever its folder is called) and runs the cli, or the code
@@ -223,7 +223,7 @@ def test_every_setting_is_in_the_one_table():
     import re
     named = set()
     for path in [ROOT / "README.md", *ROOT.glob("backend/**/*.py"), *ROOT.glob("nodes/*.py"), ROOT / "cli.py",
-                 *ROOT.glob("tests/*.py")]:
+                 *ROOT.glob("tests/**/*.py")]:
         named |= set(re.findall(r"ANYDEVICE_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8")))
     # kernel macros (API flags, the preludes' include guard) and a deliberate typo
     named -= {"ANYDEVICE_CUDA", "ANYDEVICE_HIP", "ANYDEVICE_OPENCL", "ANYDEVICE_PRELUDE_H", "ANYDEVICE_BACKNED"}
@@ -231,14 +231,18 @@ def test_every_setting_is_in_the_one_table():
     assert named <= set(config.SETTINGS), named - set(config.SETTINGS)
 
 
-@pytest.mark.parametrize("var, value, fragment", [
-    ("ANYDEVICE_ALLOW_TF32", "maybe", "must be 1 or 0"),
-    ("ANYDEVICE_NUM_THREADS", "0", "must be a whole number >= 1"),
-    ("ANYDEVICE_OPENCL_DEVICE", "junk", "must be platform:device numbers"),
-    ("ANYDEVICE_OPENCL_FAMILY", "fpga", "must be one of cpu, gpu"),
-    ("ANYDEVICE_WORKSPACE_MB", "-1", "must be a number of megabytes > 0 (default 256)"),
-    ("ANYDEVICE_MAX_TENSOR_MB", "inf", "must be a number of megabytes > 0"),
-])
+#: a bad value per setting and what its error says: {variable: (value, fragment)}
+BAD_SETTINGS = {
+    "ANYDEVICE_ALLOW_TF32": ("maybe", "must be 1 or 0"),
+    "ANYDEVICE_NUM_THREADS": ("0", "must be a whole number >= 1"),
+    "ANYDEVICE_OPENCL_DEVICE": ("junk", "must be platform:device numbers"),
+    "ANYDEVICE_OPENCL_FAMILY": ("fpga", "must be one of cpu, gpu"),
+    "ANYDEVICE_WORKSPACE_MB": ("-1", "must be a number of megabytes > 0 (default 256)"),
+    "ANYDEVICE_MAX_TENSOR_MB": ("inf", "must be a number of megabytes > 0"),
+}
+
+
+@pytest.mark.parametrize("var, value, fragment", [(var, *bad) for var, bad in BAD_SETTINGS.items()])
 def test_config_check_names_variable_and_value(var, value, fragment):
     errors = config.check({var: value})
     assert [str(e) for e in errors] == [f"{var}={value!r}: {fragment}"] or fragment in str(errors[0])

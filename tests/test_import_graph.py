@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # noqa: E402
 SCANNED = ["backend", "nodes"]
 TOP = ["cli.py", "__init__.py", "__main__.py"]
 MAX_LINES = 600

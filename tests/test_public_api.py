@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 import pytest
 
 from anydevice import backend
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from repo_paths import ROOT  # noqa: E402
+
+README = ROOT / "README.md"
 #: the public submodules README names (each "(submodule ...", "(subpackage)" or "(module)")
 SUBMODULES = {"autograd", "optim", "compile", "network", "train"}
 

@@ -26,21 +26,28 @@ def load(name: str, root: str):
     return importlib.import_module(name + ".backend"), importlib.import_module(name + ".backend.bench.ops")
 
 
+def runs(versions, backends: str, cases: str, rounds):
+    """(round, backend, case name, version, its bench module) in A/B order: the versions of a case
+    one after the other, so both see the same machine load."""
+    for r in range(int(rounds)):
+        for b in backends.split(","):
+            for cname in cases.split(","):
+                for v, (_, bench) in versions.items():
+                    yield r, b, cname, v, bench
+
+
 def main(argv) -> int:
     before_root, after_root, backends, cases, rounds = argv[:5]
     versions = {"before": load("ad_before", before_root), "after": load("ad_after", after_root)}
     bes = {(v, b): mods[0].get_backend(b) for v, mods in versions.items() for b in backends.split(",")}
     rows = []
-    for r in range(int(rounds)):
-        for b in backends.split(","):
-            for cname in cases.split(","):
-                for v, (_, bench) in versions.items():
-                    case = next(c for c in bench.CASES if cname in c.name)
-                    row = bench.bench_case(bes[(v, b)], case, 0.8)
-                    rows.append(dict(round=r, version=v, backend=b, case=case.name, ms=row.ms,
-                                     torch_ms=row.torch_ms, ratio=row.ratio))
-                    print(f"r{r} {b:7s} {case.name:34s} {v:6s} ms {row.ms:9.2f} torch {row.torch_ms:9.2f} "
-                          f"ratio {row.ratio:5.2f}", flush=True)
+    for r, b, cname, v, bench in runs(versions, backends, cases, rounds):
+        case = next(c for c in bench.CASES if cname in c.name)
+        row = bench.bench_case(bes[(v, b)], case, 0.8)
+        rows.append(dict(round=r, version=v, backend=b, case=case.name, ms=row.ms,
+                         torch_ms=row.torch_ms, ratio=row.ratio))
+        print(f"r{r} {b:7s} {case.name:34s} {v:6s} ms {row.ms:9.2f} torch {row.torch_ms:9.2f} "
+              f"ratio {row.ratio:5.2f}", flush=True)
     for key in sorted({(x["backend"], x["case"], x["version"]) for x in rows}):
         sel = [x for x in rows if (x["backend"], x["case"], x["version"]) == key]
         ms, ra = [x["ms"] for x in sel], [x["ratio"] for x in sel]

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ab import load  # noqa: E402
+from bench_ab import load, runs  # noqa: E402
 
 
 def main(argv) -> int:
@@ -30,16 +30,13 @@ def main(argv) -> int:
         versions[v] = (be_mod, importlib.import_module("ad_" + v + ".backend.bench.train"))
     bes = {(v, b): mods[0].get_backend(b) for v, mods in versions.items() for b in backends.split(",")}
     rows = []
-    for r in range(int(rounds)):
-        for b in backends.split(","):
-            for cname in cases.split(","):
-                for v, (_, bt) in versions.items():
-                    case = next(c for c in bt.cases() if cname in c.name)
-                    row = bt.bench_train_case(bes[(v, b)], case, budget)
-                    rows.append(dict(round=r, version=v, backend=b, case=case.name, ms=row.ms,
-                                     torch_ms=row.torch_ms, ratio=row.ratio, load=os.getloadavg()[0]))
-                    print(f"r{r} {b:7s} {case.name[:34]:34s} {v:6s} ms {row.ms:9.2f} torch {row.torch_ms:9.2f} "
-                          f"ratio {row.ratio:5.2f} load {os.getloadavg()[0]:.2f}", flush=True)
+    for r, b, cname, v, bt in runs(versions, backends, cases, rounds):
+        case = next(c for c in bt.cases() if cname in c.name)
+        row = bt.bench_train_case(bes[(v, b)], case, budget)
+        rows.append(dict(round=r, version=v, backend=b, case=case.name, ms=row.ms,
+                         torch_ms=row.torch_ms, ratio=row.ratio, load=os.getloadavg()[0]))
+        print(f"r{r} {b:7s} {case.name[:34]:34s} {v:6s} ms {row.ms:9.2f} torch {row.torch_ms:9.2f} "
+              f"ratio {row.ratio:5.2f} load {os.getloadavg()[0]:.2f}", flush=True)
     for key in sorted({(x["backend"], x["case"], x["version"]) for x in rows}):
         sel = [x for x in rows if (x["backend"], x["case"], x["version"]) == key]
         ms, ra, tms = [x["ms"] for x in sel], [x["ratio"] for x in sel], [x["torch_ms"] for x in sel]

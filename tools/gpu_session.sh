@@ -29,7 +29,7 @@ for step in "$@"; do
       python3 -c "import pyopencl as cl; [print(p.name, p.version, [d.name for d in p.get_devices()]) for p in cl.get_platforms()]" 2>&1 | tail -3
       python3 -m anydevice devices --all 2>&1 | tee "$OUT/devices.txt" ;;
     cudatests)
-      timeout 300 python3 -m pytest -q -rfEs --timeout 120 -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/test_cuda.log" | tail -60 ;;
+      timeout 300 python3 -m pytest -q -rfEs --timeout 120 -p no:cacheprovider tests/backend/devices/cuda/test_cuda.py 2>&1 | tee "$OUT/test_cuda.log" | tail -60 ;;
     probe)
       timeout 300 python3 tools/gpu_probe.py ${PROBE_ARGS:-} --json "$OUT/probe.json" 2>&1 | tee /tmp/probe.log | tail -80 ;;
     bench)

@@ -1,5 +1,5 @@
 """Ragged-shape correctness of ad_conv_gemm tiles on a GPU, through CUDA (CuPy) and through the
-OpenCL driver (tests/test_portable_kernels.py's runner), each against float64. Prints one line per
+OpenCL driver (tests/conformance/test_portable_kernels.py's runner), each against float64. Prints one line per
 (path, tile, shape). Used when a tile passes on PoCL but not on a GPU driver.
 
     python3 tools/gpu_tile_check.py
@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "conformance"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT / "tools"))
 from gpu_probe import _load_pack  # noqa: E402
 

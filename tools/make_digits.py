@@ -10,7 +10,7 @@ written as an 8x8 grayscale PNG with pixel = round(value * 255 / 16) (value 8 ->
 360 test). ``OUT/train`` and ``OUT/test`` are replaced; nothing else in OUT is touched.
 
 scikit-learn is a development dependency only: the repository ships the generated folder
-(example_workflows/input/digits), and tests/test_dataset_nodes.py regenerates it into a temporary
+(example_workflows/input/digits), and tests/nodes/learn/test_dataset.py regenerates it into a temporary
 folder and compares when scikit-learn is installed.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ float32). PyTorch's side is eager float32 on the CPU (its float16 is far too slo
 in the same dtype.
 
 The definitions are the pack's own (backend/model_zoo.py), so the bench needs neither ComfyUI nor
-spandrel; tests/test_bench_model.py checks them against the real classes where those are installed.
+spandrel; tests/backend/bench/test_model.py checks them against the real classes where those are installed.
 
 Per backend (``--backend``, repeatable; default: those of cuda, opencl, numpy that are available) and
 case (``--case`` filters by name): a fresh model is compiled with ``options={"device": backend}``; the

@@ -1,7 +1,7 @@
 """Self-contained definitions of two ComfyUI models, for ``anydevice bench --model`` and the model nodes.
 
 Both need only PyTorch (no ComfyUI, no spandrel) and keep the originals' module names, so a state dict
-loads into either side unchanged (tests/test_bench_model.py checks that, and equal outputs, against
+loads into either side unchanged (tests/backend/bench/test_model.py checks that, and equal outputs, against
 the real classes where they are installed):
 
 * :class:`Decoder` -- the SD1.x VAE decoder as ComfyUI's

@@ -15,7 +15,7 @@ native arrays: parameters, gradients and optimizer state never leave the device.
 learning rate, betas, bias corrections) are computed in Python float64 as torch computes them and
 enter the float32 ops as float32 scalars, as torch's CPU kernels take them. The one difference
 left: where torch's vectorised CPU kernels fuse a multiply and an add (``add(alpha=)``, ``lerp``),
-these ops round the product first (at most one float32 rounding per op; tests/test_optim.py
+these ops round the product first (at most one float32 rounding per op; tests/backend/learn/test_optim.py
 measures the drift over 20 steps).
 
 A step never writes into an array: each parameter's ``data`` (and each state buffer) is replaced

@@ -3,7 +3,7 @@
 
 Every place that compiles a kernel builds exactly this text: the OpenCL backend (pyopencl),
 the CUDA backend (CuPy / NVRTC), the CUDA compile check (nvcc or NVRTC, tools/cuda_compile_check.py)
-and the PoCL test harness (tests/test_portable_kernels.py). No compiler is given an include path:
+and the PoCL test harness (tests/conformance/test_portable_kernels.py). No compiler is given an include path:
 the on-disk binary caches (pyopencl programs, CuPy's kernel cache) key on the source text, so a
 change to a header rebuilds every kernel that includes it, and paths with spaces never reach a
 compiler's command line.
