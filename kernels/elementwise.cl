@@ -582,35 +582,32 @@ __kernel void where_flat(__global const float *c, const long c_off, __global con
 /* ---- dtype conversion: float32 <-> float16 / bfloat16 stored as 16-bit words -----------------
  * float16 through core vload_half / vstore_half_rte (storage only: no cl_khr_fp16 needed);
  * bfloat16 by bits, rounded to nearest even, a NaN kept a quiet NaN (as torch does). */
+#define CHUNK_RANGE(n, chunk) \
+    const long i0 = (long)get_global_id(0) * (chunk); \
+    const long i1 = min((n), i0 + (chunk))
+
+inline ushort f32_to_bf16(const float v)
+{
+    const uint u = as_uint(v);
+    return isnan(v) ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 __kernel void cast_from_f32(__global const float *x, const long x_off, __global ushort *y, const long n,
                             const long chunk, const int to_bf16)
 {
-    const long i0 = (long)get_global_id(0) * chunk;
-    const long i1 = min(n, i0 + chunk);
+    CHUNK_RANGE(n, chunk);
     x += x_off;
-    if (to_bf16) {
-        for (long i = i0; i < i1; ++i) {
-            const float v = x[i];
-            const uint u = as_uint(v);
-            y[i] = isnan(v) ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        }
-    } else {
-        for (long i = i0; i < i1; ++i)
-            vstore_half_rte(x[i], (size_t)i, (__global half *)y);
+    for (long i = i0; i < i1; ++i) {  /* the flag is uniform: the compiler unswitches the loop */
+        if (to_bf16) y[i] = f32_to_bf16(x[i]);
+        else vstore_half_rte(x[i], (size_t)i, (__global half *)y);
     }
 }
 
 __kernel void cast_to_f32(__global const ushort *x, const long x_off, __global float *y, const long n,
                           const long chunk, const int from_bf16)
 {
-    const long i0 = (long)get_global_id(0) * chunk;
-    const long i1 = min(n, i0 + chunk);
+    CHUNK_RANGE(n, chunk);
     x += x_off;
-    if (from_bf16) {
-        for (long i = i0; i < i1; ++i)
-            y[i] = as_float((uint)x[i] << 16);
-    } else {
-        for (long i = i0; i < i1; ++i)
-            y[i] = vload_half((size_t)i, (__global const half *)x);
-    }
+    for (long i = i0; i < i1; ++i)
+        y[i] = from_bf16 ? as_float((uint)x[i] << 16) : vload_half((size_t)i, (__global const half *)x);
 }

@@ -349,6 +349,12 @@ class _ModelNode(PackNode):
         return {"required": {cls.RETURN_NAMES[0]: (cls.RETURN_TYPES[0], {"tooltip": cls.input_tip})},
                 "optional": {"device": DEVICE_INPUT, "dtype": Choice(DTYPES, "auto", DTYPE_TIP)}}
 
+    def _target(self, device, dtype, runs_in=None):
+        """(backend, storage dtype, timer) for this run: the DEVICE input's backend (or the default) and
+        the dtype widget resolved against it (``model_dtype``; ``runs_in``: the dtype ComfyUI runs the model in)."""
+        be = resolve_backend(device, self.DISPLAY)
+        return be, model_dtype(be, dtype, self.DISPLAY, runs_in), Timer()
+
     def _out(self, be, t, value, lines, op):
         ui = badge(be, t.ms(), op=op)
         ui["text"] = lines
@@ -371,8 +377,8 @@ class AnyDeviceModel(_ModelNode):
         if not (hasattr(model, "clone") and hasattr(model, "get_model_object") and
                 hasattr(model, "add_wrapper_with_key")):
             raise NodeError(node, "model", type(model).__name__, "must be a MODEL (a ComfyUI model patcher)")
-        be = resolve_backend(device, node)
-        t = Timer()
+        runs_in = getattr(getattr(model, "model", None), "get_dtype", lambda: None)()
+        be, dtype, t = self._target(device, dtype, runs_in)
         try:
             from comfy.patcher_extension import WrappersMP  # noqa: PLC0415 - inside ComfyUI only
             import comfy.utils  # noqa: PLC0415,F401
@@ -383,8 +389,6 @@ class AnyDeviceModel(_ModelNode):
         original = m.get_model_object(key)
         if not isinstance(original, torch.nn.Module):
             raise NodeError(node, "model", type(original).__name__, "has no diffusion_model module to compile")
-        runs_in = getattr(getattr(model, "model", None), "get_dtype", lambda: None)()
-        dtype = model_dtype(be, dtype, node, runs_in)
         g = guard(original, be, node, "diffusion model", input="model", dtype=dtype)
         # as comfy_api.torch_helpers.set_torch_compile_wrapper: replace other torch.compile wrappers,
         # swap the compiled module in for each apply_model call, keep the compile kwargs for reference
@@ -420,9 +424,7 @@ class AnyDeviceVAE(_ModelNode):
         parts = [p for p in ("decoder", "encoder") if isinstance(getattr(fsm, p, None), torch.nn.Module)]
         if not parts:
             raise NodeError(node, "vae", type(fsm).__name__, "has no decoder or encoder module to compile")
-        be = resolve_backend(device, node)
-        dtype = model_dtype(be, dtype, node, getattr(vae, "vae_dtype", None))
-        t = Timer()
+        be, dtype, t = self._target(device, dtype, getattr(vae, "vae_dtype", None))
         new = copy.copy(vae)
         new_fsm = copy.copy(fsm)  # its own object; children and weights are the original's
         attn = 0
@@ -461,9 +463,7 @@ class AnyDeviceUpscaleModel(_ModelNode):
                             "must be an UPSCALE_MODEL from Load Upscale Model (a model descriptor with a .model)")
         if isinstance(inner, Guarded):  # already on AnyDevice: compile the original again for this device
             inner = inner.original
-        be = resolve_backend(device, node)
-        dtype = model_dtype(be, dtype, node, next((p.dtype for p in inner.parameters()), None))
-        t = Timer()
+        be, dtype, t = self._target(device, dtype, next((p.dtype for p in inner.parameters()), None))
         new = copy.copy(upscale_model)
         g = guard(inner, be, node, "upscale model", input="upscale_model", dtype=dtype, upcast=True)
         if "_model" in vars(new):  # spandrel's ModelBase keeps it as _model behind a read-only property

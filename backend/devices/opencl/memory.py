@@ -290,10 +290,11 @@ class BufferPool:
         self._arm()  # arrays still in use: their buffers are looked for when idle
 
 
-class CLArray:
-    """A C-contiguous float32 array in an OpenCL buffer (read-only once made; ops never write it)."""
+class _Dense:
+    """A C-contiguous array in a pooled OpenCL buffer: shape, block, element offset (read-only once made)."""
     __slots__ = ("shape", "block", "offset", "size", "__weakref__")
-    dtype = np.dtype(np.float32)
+    #: bytes per element
+    ITEM = 4
 
     def __init__(self, shape, block: _Block, offset: int = 0):
         self.shape = tuple(int(s) for s in shape)
@@ -311,38 +312,27 @@ class CLArray:
 
     @property
     def nbytes(self) -> int:
-        return 4 * self.size
+        return self.ITEM * self.size
 
     def __repr__(self):
-        return f"CLArray(shape={self.shape}, offset={self.offset})"
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
 
 
-class CLHalf:
+class CLArray(_Dense):
+    """A C-contiguous float32 array in an OpenCL buffer (read-only once made; ops never write it)."""
+    __slots__ = ()
+    dtype = np.dtype(np.float32)
+
+
+class CLHalf(_Dense):
     """A C-contiguous float16 or bfloat16 array in an OpenCL buffer, as 16-bit words (``dtype`` is the
     contract's name). Storage only: the contract converts it to a CLArray (``_cast``) before any op."""
-    __slots__ = ("shape", "block", "offset", "size", "dtype", "__weakref__")
+    __slots__ = ("dtype",)
+    ITEM = 2
 
     def __init__(self, shape, block: _Block, dtype: str, offset: int = 0):
-        self.shape = tuple(int(s) for s in shape)
-        self.block = block
-        self.offset = int(offset)
-        self.size = math.prod(self.shape)
+        super().__init__(shape, block, offset)
         self.dtype = dtype
-
-    @property
-    def buffer(self):
-        return self.block.buf
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.size
-
-    def __repr__(self):
-        return f"CLHalf(shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
 
 
 def _contig_strides(shape):
