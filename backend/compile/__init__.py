@@ -275,10 +275,10 @@ def report(obj) -> dict:
         codes.add(_code_key(code))
     out["eager_fallbacks"] = sum(_report.LIMIT_HITS.get(k, 0) for k in codes)
     # device memory: the weights resident in the caches these graphs use (a cache is per backend and dtype,
-    # shared with other models on it), the bytes streamed per call are transfers["bytes_streamed"], and the
+    # shared with other models on it) and the constants they folded from weights, the bytes streamed per call are transfers["bytes_streamed"], and the
     # device's peak since it was last reset (None where the device does not count)
     caches = {id(g.weights): g.weights for g in graphs}
-    out["weights_bytes"] = sum(w.nbytes for w in caches.values())
+    out["weights_bytes"] = sum(w.nbytes for w in caches.values()) + sum(g.folded_bytes for g in graphs)
     peaks = [p for p in ({id(g.be): g.be for g in graphs}[k]._memory_peak() for k in {id(g.be) for g in graphs})
              if p is not None]
     out["device_peak_bytes"] = max(peaks) if peaks else None

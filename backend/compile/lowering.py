@@ -507,6 +507,13 @@ class Lowered:
             return tuple(None if r is None else Dev(self._round(r)) for r in res)
         return Dev(self._round(res))
 
+    @property
+    def folded_bytes(self) -> int:
+        """Device bytes of the folded constants this graph keeps (e.g. transposed linear weights)."""
+        be = self.be
+        return sum(ITEMSIZE.get(be._dtype(a), 4) * math.prod(be._shape(a)) for a in self._fold_dev.values()
+                   if isinstance(a, be.native_types))
+
     def _store(self, t):
         """The dtype a host tensor is uploaded in: the graph's storage dtype for floating tensors."""
         return self.dtype if self.dtype is not None and t.is_floating_point() else None
