@@ -37,6 +37,8 @@ FUSED_KERNELS = {
     "conv_input_grad": "_conv2d_input_grad: conv2d's input gradient (ops/convgrad.py)",
     "all_finite": "_all_finite: whether a device array holds no inf or NaN (ops/bigconv.py)",
     "write_rows": "_write_rows: host rows written in place into a device array (ops/bigconv.py)",
+    "attention": "_attention_fused: scaled_dot_product_attention of a block of query rows, online softmax "
+                 "(ops/attention.py)",
     "fft_conv": "no method: the host FFT conv pays off on this device (ops/bigconv.py)",
 }
 
@@ -243,6 +245,12 @@ class Device(abc.ABC):
         """The most bytes this device's arrays held at once since the last ``reset`` (which starts a new
         count from what is held now); None where the device does not count (default)."""
         return None
+
+    def _attention_fused(self, q, kt, v, mask, scale: float, causal: bool):
+        """"attention": softmax(q @ kt * scale + mask) @ v without the score matrix in memory; q (..., L, E),
+        kt = k^T (..., E, S), v (..., S, Ev), mask None or additive float broadcast to (..., L, S), causal:
+        query i sees keys j <= i. The (..., L, Ev) output, or None to take the composite path."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'attention'")
 
     # ---- dtypes ------------------------------------------------------------------------------
     def _dtype(self, x: Array) -> str:

@@ -6,6 +6,10 @@ max subtracted, exp, sum) and (exp @ v) / sum. Built from ``_bmm`` (through ``_m
 ``_binary``, ``_unary``, ``_reduce``, ``_reshape``, ``_permute``, ``_expand``, ``_slice``,
 ``_pad`` and ``_concat_channels``, so every backend runs it.
 
+A device with the fused kernel "attention" (``caps.fused``) computes each block in one kernel,
+``_attention_fused``: an online softmax over the keys, never the block's scores in memory; it
+returns None for what it does not take (the composite runs).
+
 Like torch 2.13 on the CPU, a row whose keys are all masked out gives zeros: its max is -inf,
 replaced by -FLT_MAX (so exp gives 0, not NaN), and the sum is taken as max(sum, 1) (a row with a
 finite max has sum >= 1, so only those rows change).
@@ -125,7 +129,12 @@ class AttentionOps:
         return None
 
     def _attention_rows(self, q, kt, v, m):
-        """softmax(q @ kt + m) @ v for one block of query rows (q already scaled)."""
+        """softmax(q @ kt + m) @ v for one block of query rows (q already scaled): the fused kernel
+        where the device has one and takes the block, else the scores, a row softmax and @ v."""
+        if "attention" in self.caps.fused:
+            y = self._attention_fused(q, kt, v, m, 1.0, False)
+            if y is not None:
+                return y
         s = self._matmul(q, kt, "scaled_dot_product_attention")
         if m is not None:
             s = self._binary("add", s, m)

@@ -14,6 +14,7 @@ from ...system import config
 from ...ops import dtypes
 from ...ops.contract import Backend, Capabilities, unary_kernel_args
 from .adam import CLAdam
+from .attention import CLAttention
 from ..runtime.kernel_source import kernel_source
 from ..runtime import JsonStore
 from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
@@ -29,12 +30,13 @@ log = logging.getLogger("anydevice")
 
 
 #: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
-FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows"})
+FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention"})
 
 
-class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, Backend):
+class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM
-    and conv in linalg.py, the weight gradient in wgrad.py, the fused Adam step in adam.py."""
+    and conv in linalg.py, the weight gradient in wgrad.py, the fused Adam step in adam.py, the fused
+    attention in attention.py."""
 
     name = "opencl"
     kind = "own"

@@ -87,6 +87,8 @@ class LinalgOps:
         return out
 
     def _attention(self, q, k, v, m, plan, causal):
+        if "attention" in self.caps.fused:  # the fused kernel (attention.py) per query block
+            return super()._attention(q, k, v, m, plan, causal)
         y = self._attention_cpu(q, k, v, m, plan, causal)
         if y is not None:
             return y
@@ -162,8 +164,8 @@ class LinalgOps:
         block's largest operand)."""
         sq, sv = q.shape, v.shape
         B, M, E, S, Ev = math.prod(sq[:-2]), sq[-2], sq[-1], kt.shape[-1], sv[-1]
-        if (self.family != "cpu" or m is not None or kt.shape[:-2] != sq[:-2] or sv[:-2] != sq[:-2]
-                or M * Ev * S <= SMALL_GEMM_MACS or M * S * E <= SMALL_GEMM_MACS or B * M * S * Ev == 0):
+        if (self.family != "cpu" or "attention" in self.caps.fused or m is not None or kt.shape[:-2] != sq[:-2]
+                or sv[:-2] != sq[:-2] or M * Ev * S <= SMALL_GEMM_MACS or M * S * E <= SMALL_GEMM_MACS or B * M * S * Ev == 0):
             return super()._attention_rows(q, kt, v, m)
         p1 = self.tunables("gemm_cpu.cl", self._shape_class(M, S, E))
         mr1 = p1["MR"]

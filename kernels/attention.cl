@@ -1,0 +1,287 @@
+/* Fused scaled_dot_product_attention (OpenCL 1.2 C, no cl_khr_fp16): softmax(q kt * scale + mask) v
+   with an online softmax over blocks of keys (FlashAttention): each work item (CPU family) or
+   work group (GPU family) keeps its query rows' running max, running sum and output accumulator
+   in registers / private memory and writes only the (L, EV) output; no (L, S) score matrix is
+   ever stored. Called by backend/devices/opencl/attention.py (ops/attention.py's fused kernel
+   "attention").
+
+   Operands (float32, contiguous per batch entry): q (B, L, E), kt = k^T (B, E, S), v (B, S, EV),
+   y (B, L, EV); batch entry b of an operand starts at off + (b / bi) * so + (b % bi) * si (so, si:
+   the operand's strides over the output batch split into outer x inner, 0 where it broadcasts).
+   The additive mask (has_mask) is read at m + m_off + batch offset + row * m_r + key * m_k
+   (m_r 0: one row for all queries; m_k 0 or 1: one value for all keys or one per key). causal:
+   query i sees keys j <= i (top-left aligned), -inf added to the others' scores (so a NaN score
+   past the diagonal still gives NaN, as torch).
+
+   Semantics as ops/attention.py's composite: q * scale rounded first; the row max taken at least
+   -FLT_MAX (a row whose keys are all masked gives zeros, not NaN); the sum at least 1; NaN and
+   Inf propagate through the exps and products as in the composite (no skipped zero products).
+   Compile-time: E, EV (head dims); CPU family TQ (query rows a work item); GPU family WG (work
+   group size = query rows a group) and BK (keys a local tile). */
+
+#ifndef E
+#define E 64
+#endif
+#ifndef EV
+#define EV 64
+#endif
+
+/* the value dim in vectors of VW lanes */
+#if EV % 16 == 0
+#define VW 16
+#define VT float16
+#define VLOAD(p) vload16(0, p)
+#define VSTORE(x, p) vstore16(x, 0, p)
+#elif EV % 8 == 0
+#define VW 8
+#define VT float8
+#define VLOAD(p) vload8(0, p)
+#define VSTORE(x, p) vstore8(x, 0, p)
+#elif EV % 4 == 0
+#define VW 4
+#define VT float4
+#define VLOAD(p) vload4(0, p)
+#define VSTORE(x, p) vstore4(x, 0, p)
+#else
+#define VW 1
+#define VT float
+#define VLOAD(p) (*(p))
+#define VSTORE(x, p) (*(p) = (x))
+#endif
+#define NV (EV / VW)
+
+#define ATT_BOFF(b, so, si) ((long)((b) / bi) * (so) + (long)((b) % bi) * (si))
+/* max of a float16's lanes by a tree of compare-selects (a NaN lane may or may not win: a row
+   with a NaN score gives NaN either way, through its exp or through the max) */
+#define ATT_VMAX(a, b) select(a, b, (b) > (a))
+inline float att_max16(const float16 x)
+{
+    const float8 a = ATT_VMAX(x.lo, x.hi);
+    const float4 b = ATT_VMAX(a.lo, a.hi);
+    const float2 c = ATT_VMAX(b.lo, b.hi);
+    return c.y > c.x ? c.y : c.x;
+}
+#define ATT_SUM16(x) (((((x).s0 + (x).s1) + ((x).s2 + (x).s3)) + (((x).s4 + (x).s5) + ((x).s6 + (x).s7))) + \
+                      ((((x).s8 + (x).s9) + ((x).sa + (x).sb)) + (((x).sc + (x).sd) + ((x).se + (x).sf))))
+
+#ifndef TQ
+#define TQ 32
+#endif
+#ifndef RT
+#define RT 4
+#endif
+#define KB 32
+#define ATT_NEUMAIER16(S, C, V) { const float16 t_ = S + V; \
+                                  C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
+
+/* CPU family: one work item per TQ query rows of one batch entry (their q rows, maxes, sums and
+   accumulators in private memory); the keys in blocks of KB = 32, and per block the rows RT = 4 at
+   a time: two float16s of scores a row (vectorised over the keys: kt's rows are contiguous along
+   S), exps, then the block's RT x EV products in registers (vectors over the value dim), added
+   to the rescaled accumulator once per block. The block's kt and v (KB * (E + EV) floats) stay
+   in L1 while the TQ / RT row groups use them, so K and V are read from memory once per TQ rows.
+   The row sums are 16-lane compensated (Neumaier) sums. Launch: global (B * ceil(L / TQ)), local 1. */
+__kernel void att_cpu(__global const float *q, const long q_off, const long q_so, const long q_si,
+                      __global const float *kt, const long k_off, const long k_so, const long k_si,
+                      __global const float *v, const long v_off, const long v_so, const long v_si,
+                      __global const float *m, const long m_off, const long m_so, const long m_si,
+                      const long m_r, const int m_k, const int has_mask,
+                      __global float *y, const long y_off,
+                      const int B, const int bi, const int L, const int S, const float scale, const int causal)
+{
+    const int nt = (L + TQ - 1) / TQ;
+    const int g = get_global_id(0);
+    if (g >= B * nt) return;
+    const int b = g / nt, r0 = (g - b * nt) * TQ;
+    const int rows = min(TQ, L - r0);
+    const __global float *qb = q + q_off + ATT_BOFF(b, q_so, q_si);
+    const __global float *kb = kt + k_off + ATT_BOFF(b, k_so, k_si);
+    const __global float *vb = v + v_off + ATT_BOFF(b, v_so, v_si);
+    const __global float *mb = m + m_off + (has_mask ? ATT_BOFF(b, m_so, m_si) : 0);
+    float qs[TQ][E];
+    float mx[TQ];
+    float16 l16[TQ], c16[TQ];
+    VT acc[TQ][NV];
+    float kblk[E * KB];
+    for (int r = 0; r < TQ; r++) {
+        const int i = min(r0 + r, L - 1);  /* rows past L repeat the last one (not stored) */
+        for (int e = 0; e < E; e++) qs[r][e] = qb[(long)i * E + e] * scale;
+        mx[r] = -FLT_MAX;
+        l16[r] = 0.0f;
+        c16[r] = 0.0f;
+        for (int c = 0; c < NV; c++) acc[r][c] = 0.0f;
+    }
+    const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int j0 = 0; j0 < S; j0 += KB) {
+        const int nk = min(KB, S - j0);
+        const int16 jv0 = lane + (int16)(j0), jv1 = jv0 + (int16)(16);
+        /* the block's kt columns copied contiguous (kt's rows are S apart: at a power-of-two S they
+           would fall in one L1 set), zeros past S */
+        if (nk == KB) {
+            for (int e = 0; e < E; e++) {
+                const __global float *kr = kb + (long)e * S + j0;
+                vstore16(vload16(0, kr), 0, kblk + e * KB);
+                vstore16(vload16(0, kr + 16), 0, kblk + e * KB + 16);
+            }
+        } else {
+            for (int e = 0; e < E; e++)
+                for (int jj = 0; jj < KB; jj++) kblk[e * KB + jj] = jj < nk ? kb[(long)e * S + j0 + jj] : 0.0f;
+        }
+        for (int rt = 0; rt < rows; rt += RT) {
+            float16 s0[RT], s1[RT];  /* the block's keys j0..j0+15 and j0+16..j0+31: 2 RT chains */
+            float alpha[RT];
+            float pa[RT][KB];
+            _Pragma("unroll") for (int r = 0; r < RT; r++) { s0[r] = 0.0f; s1[r] = 0.0f; }
+            for (int e = 0; e < E; e++) {
+                const float16 k0 = vload16(0, kblk + e * KB), k1 = vload16(0, kblk + e * KB + 16);
+                _Pragma("unroll") for (int r = 0; r < RT; r++) {
+                    const float16 qe = (float16)(qs[rt + r][e]);
+                    s0[r] = fma(qe, k0, s0[r]);
+                    s1[r] = fma(qe, k1, s1[r]);
+                }
+            }
+            _Pragma("unroll") for (int r = 0; r < RT; r++) {
+                const int i = min(r0 + rt + r, L - 1);
+                float16 t0 = s0[r], t1 = s1[r];
+                if (has_mask) {
+                    const __global float *mp = mb + (long)i * m_r;
+                    if (!m_k) {
+                        t0 += (float16)(mp[0]);
+                        t1 += (float16)(mp[0]);
+                    } else if (nk == KB) {
+                        t0 += vload16(0, mp + j0);
+                        t1 += vload16(0, mp + j0 + 16);
+                    } else {
+                        float mm[KB];
+                        for (int jj = 0; jj < KB; jj++) mm[jj] = jj < nk ? mp[j0 + jj] : 0.0f;
+                        t0 += vload16(0, mm);
+                        t1 += vload16(1, mm);
+                    }
+                }
+                if (causal) {
+                    t0 += select((float16)(0.0f), (float16)(-INFINITY), jv0 > (int16)(i));
+                    t1 += select((float16)(0.0f), (float16)(-INFINITY), jv1 > (int16)(i));
+                }
+                if (nk < KB) {  /* no key: exp gives 0 */
+                    t0 = select(t0, (float16)(-INFINITY), jv0 >= (int16)(S));
+                    t1 = select(t1, (float16)(-INFINITY), jv1 >= (int16)(S));
+                }
+                const float mo = mx[rt + r], bm = att_max16(ATT_VMAX(t0, t1)), mn = bm > mo ? bm : mo;
+                alpha[r] = mo - mn;  /* exp below, the RT rows at once */
+                mx[rt + r] = mn;
+                const float16 p0 = exp(t0 - mn), p1 = exp(t1 - mn);
+                vstore16(p0, 0, pa[r]);
+                vstore16(p1, 1, pa[r]);
+            }
+#if RT == 4
+            vstore4(exp(vload4(0, alpha)), 0, alpha);
+#else
+            _Pragma("unroll") for (int r = 0; r < RT; r++) alpha[r] = exp(alpha[r]);
+#endif
+            _Pragma("unroll") for (int r = 0; r < RT; r++) {
+                float16 ls = l16[rt + r] * alpha[r], lc = c16[rt + r] * alpha[r];
+                const float16 p0 = vload16(0, pa[r]), p1 = vload16(1, pa[r]);
+                ATT_NEUMAIER16(ls, lc, p0);
+                ATT_NEUMAIER16(ls, lc, p1);
+                l16[rt + r] = ls;
+                c16[rt + r] = lc;
+            }
+            VT blk[RT][NV];
+            _Pragma("unroll") for (int r = 0; r < RT; r++)
+                _Pragma("unroll") for (int c = 0; c < NV; c++) blk[r][c] = 0.0f;
+            for (int jj = 0; jj < nk; jj++) {
+                const __global float *vr = vb + (long)(j0 + jj) * EV;
+                _Pragma("unroll") for (int c = 0; c < NV; c++) {
+                    const VT vv = VLOAD(vr + c * VW);
+                    _Pragma("unroll") for (int r = 0; r < RT; r++) blk[r][c] = fma((VT)(pa[r][jj]), vv, blk[r][c]);
+                }
+            }
+            _Pragma("unroll") for (int r = 0; r < RT; r++)
+                _Pragma("unroll") for (int c = 0; c < NV; c++)
+                    acc[rt + r][c] = fma(acc[rt + r][c], (VT)(alpha[r]), blk[r][c]);
+        }
+    }
+    __global float *yb = y + y_off + (long)b * L * EV;
+    for (int r = 0; r < rows; r++) {
+        const float16 ls = l16[r], lc = c16[r];
+        float tot0 = ATT_SUM16(ls);
+        if (isfinite(tot0)) tot0 += ATT_SUM16(lc);
+        const float tot = (tot0 > 1.0f || isnan(tot0)) ? tot0 : 1.0f;
+        for (int c = 0; c < NV; c++) VSTORE(acc[r][c] / tot, yb + (long)(r0 + r) * EV + c * VW);
+    }
+}
+
+#ifndef WG
+#define WG 64
+#endif
+#ifndef BK
+#define BK 32
+#endif
+
+/* GPU family: a work group of WG work items takes WG query rows of one batch entry, one row a
+   work item (its q row, accumulator, max and sum private); the keys stream through __local tiles
+   of BK keys (kt's E x BK and v's BK x EV, loaded by the whole group, coalesced along S and EV).
+   The row sum is compensated (Neumaier). Launch: global (B * ceil(L / WG) * WG), local (WG). */
+__kernel void att_gpu(__global const float *q, const long q_off, const long q_so, const long q_si,
+                      __global const float *kt, const long k_off, const long k_so, const long k_si,
+                      __global const float *v, const long v_off, const long v_so, const long v_si,
+                      __global const float *m, const long m_off, const long m_so, const long m_si,
+                      const long m_r, const int m_k, const int has_mask,
+                      __global float *y, const long y_off,
+                      const int B, const int bi, const int L, const int S, const float scale, const int causal)
+{
+    __local float kl[E * BK];
+    __local float vl[BK * EV];
+    const int lid = get_local_id(0);
+    const int nt = (L + WG - 1) / WG;
+    const int grp = get_group_id(0);
+    const int b = grp / nt, i = (grp - b * nt) * WG + lid;
+    const int row = min(i, L - 1);
+    const __global float *qb = q + q_off + ATT_BOFF(b, q_so, q_si);
+    const __global float *kb = kt + k_off + ATT_BOFF(b, k_so, k_si);
+    const __global float *vb = v + v_off + ATT_BOFF(b, v_so, v_si);
+    const __global float *mp = m + m_off + (has_mask ? ATT_BOFF(b, m_so, m_si) + (long)row * m_r : 0);
+    float qv[E], acc[EV], blk[EV], s[BK];
+    for (int e = 0; e < E; e++) qv[e] = qb[(long)row * E + e] * scale;
+    for (int c = 0; c < EV; c++) acc[c] = 0.0f;
+    float mx = -FLT_MAX, l = 0.0f, lc = 0.0f;
+    for (int j0 = 0; j0 < S; j0 += BK) {
+        const int nk = min(BK, S - j0);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int t = lid; t < E * BK; t += WG) {
+            const int e = t / BK, jj = t - e * BK;
+            kl[t] = jj < nk ? kb[(long)e * S + j0 + jj] : 0.0f;
+        }
+        for (int t = lid; t < nk * EV; t += WG) vl[t] = vb[(long)j0 * EV + t];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float bm = -INFINITY;
+        for (int jj = 0; jj < nk; jj++) {
+            float t = 0.0f;
+            for (int e = 0; e < E; e++) t = fma(qv[e], kl[e * BK + jj], t);
+            if (has_mask) t += mp[m_k ? j0 + jj : 0];
+            if (causal && j0 + jj > row) t += -INFINITY;
+            s[jj] = t;
+            bm = fmax(bm, t);
+        }
+        const float mn = fmax(mx, bm);
+        const float alpha = exp(mx - mn);
+        mx = mn;
+        l *= alpha;
+        lc *= alpha;
+        for (int c = 0; c < EV; c++) blk[c] = 0.0f;
+        for (int jj = 0; jj < nk; jj++) {
+            const float p = exp(s[jj] - mn);
+            const float t = l + p;
+            lc += fabs(l) >= fabs(p) ? (l - t) + p : (p - t) + l;
+            l = t;
+            for (int c = 0; c < EV; c++) blk[c] = fma(p, vl[jj * EV + c], blk[c]);
+        }
+        for (int c = 0; c < EV; c++) acc[c] = fma(acc[c], alpha, blk[c]);  /* the tile's products added once */
+    }
+    if (i < L) {
+        const float tot0 = isfinite(l) ? l + lc : l;
+        const float tot = (tot0 > 1.0f || isnan(tot0)) ? tot0 : 1.0f;
+        __global float *yr = y + y_off + ((long)b * L + i) * EV;
+        for (int c = 0; c < EV; c++) yr[c] = acc[c] / tot;
+    }
+}
