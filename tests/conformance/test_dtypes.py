@@ -1,4 +1,4 @@
-"""The precision suite in float16 and bfloat16: PyTorch's OpInfo samples (test_opinfo.py's table)
+"""The precision suite in float16 and bfloat16: PyTorch's OpInfo samples (test_opinfo.py's table, beside it)
 replayed on every backend with their floating inputs as float16 / bfloat16 torch tensors.
 
 Reference: the OpInfo's op run in float64 on the same (rounded) inputs, then rounded to the dtype, as

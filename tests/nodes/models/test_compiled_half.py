@@ -18,7 +18,7 @@ from anydevice.nodes.models import compiled as mn
 
 import compile_models as cm
 from compile_models import _fresh_dynamo, rel  # noqa: F401 (_fresh_dynamo: an autouse fixture)
-from test_model_nodes import descriptor
+from test_compiled import descriptor
 
 UPSCALE = NODE_CLASS_MAPPINGS["AnyDeviceUpscaleModel"]
 
