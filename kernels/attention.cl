@@ -9,9 +9,10 @@
    y (B, L, EV); batch entry b of an operand starts at off + (b / bi) * so + (b % bi) * si (so, si:
    the operand's strides over the output batch split into outer x inner, 0 where it broadcasts).
    The additive mask (has_mask) is read at m + m_off + batch offset + row * m_r + key * m_k
-   (m_r 0: one row for all queries; m_k 0 or 1: one value for all keys or one per key). causal:
-   query i sees keys j <= i (top-left aligned), -inf added to the others' scores (so a NaN score
-   past the diagonal still gives NaN, as torch).
+   (m_r 0: one row for all queries; m_k 0 or 1: one value for all keys or one per key). causal
+   0: none; else query i sees keys j <= i + causal - 1 (top-left aligned; causal - 1: the first
+   row's index in the whole query), -inf added to the others' scores (so a NaN score past the
+   diagonal still gives NaN, as torch).
 
    Semantics as ops/attention.py's composite: q * scale rounded first; the row max taken at least
    -FLT_MAX (a row whose keys are all masked gives zeros, not NaN); the sum at least 1; NaN and
@@ -159,8 +160,8 @@ __kernel void att_cpu(__global const float *q, const long q_off, const long q_so
                     }
                 }
                 if (causal) {
-                    t0 += select((float16)(0.0f), (float16)(-INFINITY), jv0 > (int16)(i));
-                    t1 += select((float16)(0.0f), (float16)(-INFINITY), jv1 > (int16)(i));
+                    t0 += select((float16)(0.0f), (float16)(-INFINITY), jv0 > (int16)(i + causal - 1));
+                    t1 += select((float16)(0.0f), (float16)(-INFINITY), jv1 > (int16)(i + causal - 1));
                 }
                 if (nk < KB) {  /* no key: exp gives 0 */
                     t0 = select(t0, (float16)(-INFINITY), jv0 >= (int16)(S));
@@ -259,7 +260,7 @@ __kernel void att_gpu(__global const float *q, const long q_off, const long q_so
             float t = 0.0f;
             for (int e = 0; e < E; e++) t = fma(qv[e], kl[e * BK + jj], t);
             if (has_mask) t += mp[m_k ? j0 + jj : 0];
-            if (causal && j0 + jj > row) t += -INFINITY;
+            if (causal && j0 + jj > row + causal - 1) t += -INFINITY;
             s[jj] = t;
             bm = fmax(bm, t);
         }

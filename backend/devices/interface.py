@@ -246,10 +246,11 @@ class Device(abc.ABC):
         count from what is held now); None where the device does not count (default)."""
         return None
 
-    def _attention_fused(self, q, kt, v, mask, scale: float, causal: bool):
+    def _attention_fused(self, q, kt, v, mask, scale: float, causal: bool, row0: int = 0):
         """"attention": softmax(q @ kt * scale + mask) @ v without the score matrix in memory; q (..., L, E),
         kt = k^T (..., E, S), v (..., S, Ev), mask None or additive float broadcast to (..., L, S), causal:
-        query i sees keys j <= i. The (..., L, Ev) output, or None to take the composite path."""
+        query i sees keys j <= row0 + i (q: the rows from row0 of the whole query). The (..., L, Ev)
+        output, or None to take the composite path."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'attention'")
 
     # ---- dtypes ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +35,23 @@ def _is_bool(x) -> bool:
     if torch is not None and isinstance(x, torch.Tensor):
         return x.dtype == torch.bool
     return isinstance(x, (np.ndarray, np.bool_, bool)) and np.asarray(x).dtype == np.bool_
+
+
+@dataclass(frozen=True)
+class CausalRows:
+    """The causal mask of a block of query rows, not yet made: rows [row0, row0 + rows) of the
+    (L, S) mask with 0 where key j <= query i and -inf elsewhere (all S keys, as torch: a NaN key
+    or an Inf value past the diagonal gives NaN)."""
+
+    row0: int
+    rows: int
+    S: int
+
+    def mask(self, be):
+        """The block's (rows, S) mask as a device array."""
+        cols, rws = np.arange(self.S)[None, :], np.arange(self.row0, self.row0 + self.rows)[:, None]
+        return be.to_device(np.where(cols <= rws, 0.0, -np.inf).astype(np.float32),
+                            "scaled_dot_product_attention", "is_causal", constant=True)
 
 
 class AttentionOps:
@@ -103,10 +121,8 @@ class AttentionOps:
             mb = None
             if m is not None:
                 mb = m if ms[-2] == 1 or n == L else self._slice(m, len(ms) - 2, r0, n, 1)
-            elif causal:  # all S keys, as torch: a NaN key or an Inf value past the diagonal gives NaN
-                cols, rws = np.arange(S)[None, :], np.arange(r0, r0 + n)[:, None]
-                mb = self.to_device(np.where(cols <= rws, 0.0, -np.inf).astype(np.float32),
-                                    "scaled_dot_product_attention", "is_causal", constant=True)
+            elif causal:  # the block's causal mask, made by _attention_rows where it needs one
+                mb = CausalRows(r0, n, S)
             parts.append(self._attention_rows(qb, kt, v, mb))
         if len(parts) == 1:
             return self._reshape(parts[0], plan.out_shape)
@@ -129,12 +145,16 @@ class AttentionOps:
         return None
 
     def _attention_rows(self, q, kt, v, m):
-        """softmax(q @ kt + m) @ v for one block of query rows (q already scaled): the fused kernel
-        where the device has one and takes the block, else the scores, a row softmax and @ v."""
+        """softmax(q @ kt + m) @ v for one block of query rows (q already scaled; m None, an additive
+        mask or the block's ``CausalRows``): the fused kernel where the device has one and takes the
+        block (a causal block without its mask in memory), else the scores, a row softmax and @ v."""
+        causal = isinstance(m, CausalRows)
         if "attention" in self.caps.fused:
-            y = self._attention_fused(q, kt, v, m, 1.0, False)
+            y = self._attention_fused(q, kt, v, None if causal else m, 1.0, causal, row0=m.row0 if causal else 0)
             if y is not None:
                 return y
+        if causal:
+            m = m.mask(self)
         s = self._matmul(q, kt, "scaled_dot_product_attention")
         if m is not None:
             s = self._binary("add", s, m)

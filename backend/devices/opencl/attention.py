@@ -57,9 +57,9 @@ def batch_split(bat, strides):
 class CLAttention:
     """softmax(q kt * scale + mask) v in one launch, online softmax (a mixin of OpenCLBackend)."""
 
-    def _attention_fused(self, q, kt, v, mask, scale, causal):
+    def _attention_fused(self, q, kt, v, mask, scale, causal, row0=0):
         """q (..., L, E), kt = k^T (..., E, S), v (..., S, Ev) (batch dims broadcast), mask None or
-        additive float broadcast to (..., L, S), causal: query i sees keys j <= i. Returns the
+        additive float broadcast to (..., L, S), causal: query i sees keys j <= row0 + i. Returns the
         (..., L, Ev) output, or None for what the kernels do not take (a head dim over
         ``MAX_HEAD_DIM`` or 0, a mask whose broadcast the kernels cannot index)."""
         sq, sk, sv = q.shape, kt.shape, v.shape
@@ -95,7 +95,7 @@ class CLAttention:
         mo, mi = pairs[3] if mask is not None else (0, 0)
         args = (q.buffer, q.offset, qo, qi, kt.buffer, kt.offset, ko, ki, v.buffer, v.offset, vo, vi,
                 mk.buffer, mk.offset, mo, mi, m_r, m_k, int(mask is not None), y.buffer, 0,
-                B, bi, L, S, float(scale), int(bool(causal)))
+                B, bi, L, S, float(scale), int(row0) + 1 if causal else 0)
         if self.family == "cpu":
             tq = CPU_TQ
             self._run("att_cpu", (B * -(-L // tq),), (1,), *args, params={"E": E, "EV": Ev, "TQ": tq, "RT": 4})
