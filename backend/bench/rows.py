@@ -28,15 +28,8 @@ class Row:
 
 
 def _torch_device_for(be):
-    import torch
-    dev = getattr(be, "dev", None)
-    if isinstance(dev, torch.device):  # the PyTorch backend: its own device
-        return dev
-    if be.name in ("cuda", "rocm") and torch.cuda.is_available():
-        return torch.device("cuda", getattr(be, "index", 0))
-    if be.name == "opencl" and not getattr(be, "is_cpu_device", True) and torch.cuda.is_available():
-        return torch.device("cuda", 0)  # an OpenCL GPU next to a CUDA/ROCm PyTorch: compare on the GPU
-    return torch.device("cpu")
+    """The torch device PyTorch's side runs on for ``be`` (the device interface says which)."""
+    return be.torch_device()
 
 
 def _sync_torch(dev):

@@ -74,6 +74,8 @@ class Device(abc.ABC):
     native_types: tuple[type, ...] = ()
     #: what the device can do (an instance may replace it, e.g. by the device it found)
     caps: Capabilities = Capabilities()
+    #: whether GEMMs and convs may use TF32 tensor cores (ANYDEVICE_ALLOW_TF32; the self-check's bar follows)
+    tf32: bool = False
 
     @property
     def capabilities(self) -> Capabilities:
@@ -211,6 +213,17 @@ class Device(abc.ABC):
 
     def synchronize(self) -> None:
         """Wait for queued device work (used by benchmarks)."""
+
+    def device_free_bytes(self) -> int | None:
+        """Free memory on the device in bytes, or None where the device's memory is the host's RAM (the
+        default; system/memstat reads the host then)."""
+        return None
+
+    def torch_device(self):
+        """The torch device PyTorch runs on for the same hardware (benchmarks compare against it): the CPU
+        unless a device says otherwise."""
+        import torch
+        return torch.device("cpu")
 
     @property
     def device(self) -> str:

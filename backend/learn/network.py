@@ -354,7 +354,7 @@ def _for(be, v):
         if v.be is be:
             return v.data
         v = v.numpy()
-    if isinstance(v, np.ndarray) and not v.flags.writeable and getattr(be, "kind", "") == "vendor":
+    if isinstance(v, np.ndarray) and not v.flags.writeable and be.kind == "vendor":
         return np.array(v)
     return v
 

@@ -109,21 +109,13 @@ def _reading(be) -> tuple[int, str]:
     """(free bytes, where) for the backend's device, read now."""
     if be is None:
         return host_available_bytes(), "host RAM"
-    fn = getattr(be, "device_free_bytes", None)
-    if callable(fn):
-        try:
-            got = fn()
-        except Exception as exc:  # noqa: BLE001 - a failed query must not fail the op
-            log.debug("AnyDevice: free memory of %r unknown (%s); using host RAM", be, exc)
-            got = None
-        if got is not None:
-            return int(got), f"{be.name}:{be.index}"
-    dev = getattr(be, "dev", None)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(dev, torch.device) and dev.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(dev)
-        spare = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-        return int(free + max(0, spare)), f"{be.name}:{be.index}"
+    try:
+        got = be.device_free_bytes()  # Device interface: None where the device's memory is the host's
+    except Exception as exc:  # noqa: BLE001 - a failed query must not fail the op
+        log.debug("AnyDevice: free memory of %r unknown (%s); using host RAM", be, exc)
+        got = None
+    if got is not None:
+        return int(got), f"{be.name}:{be.index}"
     return host_available_bytes(), "host RAM"
 
 

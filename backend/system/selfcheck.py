@@ -221,7 +221,7 @@ def verdict(backend, info, module, impl_name: str, index: int = 0, run: bool = T
     if entry is None and not run:
         return None
     if entry is None:
-        tf32 = bool(getattr(backend, "tf32", False))
+        tf32 = bool(backend.tf32)
         counts = backend.transfers()
         t0 = time.perf_counter()
         ok, reason = run_cases(backend, TOLERANCE_TF32 if tf32 else TOLERANCE)

@@ -93,6 +93,10 @@ class CudaBackend(CudaLinalg, Backend):
         with self.cp.cuda.Device(self.index):
             self.cp.get_default_memory_pool().free_all_blocks()
 
+    def torch_device(self):
+        import torch
+        return torch.device("cuda", self.index) if torch.cuda.is_available() else torch.device("cpu")
+
     def device_free_bytes(self) -> int:
         """The GPU's free memory plus the blocks CuPy's pool holds free (ANYDEVICE_MAX_TENSOR_MB's
         default is a share of it)."""

@@ -104,6 +104,13 @@ class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Bac
         """Give the buffer pool's free buffers back to the driver (arrays in use stay)."""
         self.pool.clear()
 
+    def torch_device(self):
+        """An OpenCL GPU next to a CUDA/ROCm PyTorch: compared on that GPU; else the CPU."""
+        import torch
+        if not self.is_cpu_device and torch.cuda.is_available():
+            return torch.device("cuda", 0)
+        return torch.device("cpu")
+
     def device_free_bytes(self) -> int | None:
         """A GPU's global memory less the pool's buffers in use (OpenCL has no free-memory query);
         None on a CPU device, whose memory is the host's RAM."""

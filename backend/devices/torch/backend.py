@@ -131,6 +131,18 @@ class TorchBackend(Backend):
         # the CPU description already names PyTorch ("CPU via PyTorch 2.x (n threads)")
         return self._desc if " via PyTorch " in self._desc else f"{self._desc} via PyTorch {self.torch.__version__}"
 
+    def device_free_bytes(self):
+        """A CUDA/ROCm GPU's free memory plus what PyTorch's caching allocator holds free; None elsewhere
+        (the CPU's is the host's RAM; MPS/XPU give no reading)."""
+        if self.dev.type != "cuda":
+            return None
+        free, _total = self.torch.cuda.mem_get_info(self.dev)
+        spare = self.torch.cuda.memory_reserved(self.dev) - self.torch.cuda.memory_allocated(self.dev)
+        return int(free + max(0, spare))
+
+    def torch_device(self):
+        return self.dev
+
     def synchronize(self):
         t = self.dev.type
         if t == "cuda":

@@ -130,7 +130,8 @@ def test_compact_refuses_unknown_activation():
 def test_bench_model_quick_cli_on_numpy(tmp_path, capsys):
     from anydevice import cli
     out = tmp_path / "model.json"
-    rc = cli.main(["bench", "--model", "--quick", "--backend", "numpy", "--json", str(out)])
+    rc = cli.main(["bench", "--model", "--quick", "--backend", "numpy", "--case", "vae", "--case", "upscaler",
+                   "--dtype", "float32", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "ratio" in text and "VAE decoder" in text and "upscaler" in text and "host fallbacks/call 0" in text
@@ -162,6 +163,26 @@ def test_bench_model_backends_and_case_filter(tmp_path):
     from anydevice import cli
     out = tmp_path / "one.json"
     assert cli.main(["bench", "--model", "--quick", "--backend", "numpy", "--case", "upscaler", "--reps", "1",
-                     "--json", str(out)]) == 0
+                     "--dtype", "float32", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert len(rows) == 1 and rows[0]["case"].startswith("compact upscaler") and rows[0]["reps"] == 1
+
+
+def test_bench_model_unet_in_float32_and_float16(tmp_path, capsys):
+    """The SD1.5-shaped UNet step (--quick: narrow) in both default dtypes: one row each, the dtype a field
+    of its own (not in ``case``), float16's resident weights half of float32's, a device peak and no
+    streaming (the budget is the device's free memory); the error of float16 against eager float32 is
+    float16's, float32's is float32's."""
+    from anydevice import cli
+    out = tmp_path / "unet.json"
+    assert cli.main(["bench", "--model", "--quick", "--backend", "numpy", "--case", "unet", "--reps", "1",
+                     "--json", str(out)]) == 0
+    rows = {r["dtype"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"float32", "float16"}
+    assert rows["float32"]["case"] == rows["float16"]["case"] == "SD1.5 UNet step 1x4x8x8 (quick)"
+    w32, w16 = rows["float32"]["weights_mb"], rows["float16"]["weights_mb"]
+    assert w32 > 0 and abs(w16 / w32 - 0.5) <= 0.02, (w16, w32)
+    for r in rows.values():
+        assert r["streamed_mb"] == 0 and r["peak_mb"] >= r["weights_mb"] and r["fallbacks"] == 0
+    assert rows["float32"]["rel_err"] <= 1e-5 and 1e-5 < rows["float16"]["rel_err"] <= 1e-2
+    assert "float16: weights" in capsys.readouterr().out
