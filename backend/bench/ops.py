@@ -102,6 +102,9 @@ CASES += [
     Case("attention 1x8x4096x64", "scaled_dot_product_attention", (), (), {}, 4.0 * 8 * 4096 * 4096 * 64,
          make=lambda rng: ([rng.standard_normal((1, 8, 4096, 64)).astype(np.float32) for _ in range(3)], {}),
          torch_fn="F.scaled_dot_product_attention"),
+    Case("attention 1x8x4096x40", "scaled_dot_product_attention", (), (), {}, 4.0 * 8 * 4096 * 4096 * 40,
+         make=lambda rng: ([rng.standard_normal((1, 8, 4096, 40)).astype(np.float32) for _ in range(3)], {}),
+         torch_fn="F.scaled_dot_product_attention"),
 ]
 
 # ---- big-kernel cases (separable / FFT convolution) ----

@@ -9,10 +9,12 @@ import math
 
 import numpy as np
 
+from ...system.config import workspace_budget_bytes
+
 #: the largest head dims the kernels take (their private arrays are sized by them)
 MAX_HEAD_DIM = 256
-#: CPU family: query rows one work item computes (TQ in attention.cl)
-CPU_TQ = 32
+#: CPU family: query rows one work item computes (TQ in attention.cl), RT of them at a time (RT)
+CPU_TQ, CPU_RT = 64, 4
 #: GPU family: the work group (query rows of a group) and key tile the kernel asks for first
 GPU_WG, GPU_BK = 64, 32
 
@@ -57,6 +59,15 @@ def batch_split(bat, strides):
 class CLAttention:
     """softmax(q kt * scale + mask) v in one launch, online softmax (a mixin of OpenCLBackend)."""
 
+    def _attention_block_rows(self, plan) -> int:
+        """Query rows per ``_attention_rows`` block: the fused kernel keeps no scores, so only the
+        workspace budget (not ``attention_block_bytes``) bounds a block's rows x S x batch floats;
+        fewer blocks are fewer launches and no output pieces to join."""
+        per_row = 4 * max(1, math.prod(plan.batch)) * plan.S
+        rows = max(1, min(plan.L, workspace_budget_bytes() // per_row))
+        blocks = -(-plan.L // rows)
+        return -(-plan.L // blocks)
+
     def _attention_fused(self, q, kt, v, mask, scale, causal, row0=0):
         """q (..., L, E), kt = k^T (..., E, S), v (..., S, Ev) (batch dims broadcast), mask None or
         additive float broadcast to (..., L, S), causal: query i sees keys j <= row0 + i. Returns the
@@ -64,7 +75,7 @@ class CLAttention:
         ``MAX_HEAD_DIM`` or 0, a mask whose broadcast the kernels cannot index)."""
         sq, sk, sv = q.shape, kt.shape, v.shape
         L, E, S, Ev = sq[-2], sq[-1], sk[-1], sv[-1]
-        if not (0 < E <= MAX_HEAD_DIM and 0 < Ev <= MAX_HEAD_DIM) or S == 0 or L * S * max(E, Ev) >= 2**31:
+        if not (0 < E <= MAX_HEAD_DIM and 0 < Ev <= MAX_HEAD_DIM) or S == 0:
             return None
         try:
             bat = tuple(np.broadcast_shapes(sq[:-2], sk[:-2], sv[:-2]))
@@ -87,6 +98,8 @@ class CLAttention:
             return None
         bi, pairs = split
         B = math.prod(bat)
+        if B * (L + 1) >= 2**31 or S >= 2**31:  # the kernels' int sizes (offsets are long)
+            return None
         y = self._empty(bat + (L, Ev))
         if y.size == 0:
             return y
@@ -98,7 +111,7 @@ class CLAttention:
                 B, bi, L, S, float(scale), int(row0) + 1 if causal else 0)
         if self.family == "cpu":
             tq = CPU_TQ
-            self._run("att_cpu", (B * -(-L // tq),), (1,), *args, params={"E": E, "EV": Ev, "TQ": tq, "RT": 4})
+            self._run("att_cpu", (B * -(-L // tq),), (1,), *args, params={"E": E, "EV": Ev, "TQ": tq, "RT": CPU_RT})
             return y
         wg, bk = self._att_gpu_geometry(E, Ev)
         self._run("att_gpu", (B * -(-L // wg) * wg,), (wg,), *args, params={"E": E, "EV": Ev, "WG": wg, "BK": bk})
