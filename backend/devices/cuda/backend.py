@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ...system import config
+from ...ops import dtypes
 from ...ops.contract import Backend, Capabilities, tf32_allowed, unary_kernel_args
 from ...ops.plans import conv2d_geometry
 from ..runtime import JsonStore, cache_dir, pack_args
@@ -22,7 +23,8 @@ from .tiles import BLOCK, CACHE_NAME, MISC, _cdiv, _size_class, _tiles_for, buil
 
 class CudaBackend(CudaLinalg, Backend):
     kind = "own"
-    caps = Capabilities(fused=frozenset({"all_finite"}))
+    # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32
+    caps = Capabilities(fused=frozenset({"all_finite"}), storage_dtypes=frozenset(dtypes.FLOATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):
         super().__init__(index, name)
@@ -107,13 +109,42 @@ class CudaBackend(CudaLinalg, Backend):
     # ---- conversion / layout ----------------------------------------------------------------
     def _from_numpy(self, a, dtype="float32"):
         self._enter()
+        if dtype != "float32":  # rounded on the host, uploaded as 16-bit words
+            return self.cp.asarray(np.asarray(dtypes.host_store(np.asarray(a, np.float32), dtype)).view(
+                np.float16 if dtype == dtypes.FLOAT16 else np.uint16))
         return self.cp.asarray(a, dtype=self.cp.float32)
 
     def _to_numpy(self, x):
         self._enter()
-        return self.cp.asnumpy(x)
+        a = self.cp.asnumpy(x)
+        if a.dtype == np.float16:
+            return a.astype(np.float32)
+        return dtypes.from_bf16(a) if a.dtype == np.uint16 else a
+
+    def _dtype(self, x):
+        return {"float16": dtypes.FLOAT16, "uint16": dtypes.BFLOAT16}.get(str(x.dtype), dtypes.FLOAT32)
+
+    def _cast(self, x, dtype):
+        """float32 <-> float16 / bfloat16 on the GPU (CuPy elementwise; bfloat16 by bits, nearest even)."""
+        cp, have = self.cp, self._dtype(x)
+        if have == dtype:
+            return x
+        self._enter()
+        if have == dtypes.BFLOAT16:
+            x = (x.astype(cp.uint32) << 16).view(cp.float32)
+        elif have == dtypes.FLOAT16:
+            x = x.astype(cp.float32)
+        if dtype == dtypes.FLOAT16:
+            return x.astype(cp.float16)
+        if dtype == dtypes.BFLOAT16:
+            u = cp.ascontiguousarray(x).view(cp.uint32)
+            r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
+            return cp.where(cp.isnan(x), ((u >> 16) | 0x40).astype(cp.uint16), r)
+        return x
 
     def _from_torch(self, t, dtype="float32"):
+        if dtype != "float32":  # float32 on the GPU first, then rounded there
+            return self._cast(self._from_torch(t), dtype)
         torch = sys.modules["torch"]
         t = t.detach()
         if t.device.type != "cuda":
@@ -182,7 +213,8 @@ class CudaBackend(CudaLinalg, Backend):
         return bool(self.cp.isfinite(x).all())
 
     def _empty(self, shape, dtype="float32"):
-        return self.cp.empty(tuple(shape), dtype=self.cp.float32)
+        kind = {dtypes.FLOAT16: self.cp.float16, dtypes.BFLOAT16: self.cp.uint16}.get(dtype, self.cp.float32)
+        return self.cp.empty(tuple(shape), dtype=kind)
 
     def _null(self):
         if self._dummy is None:
