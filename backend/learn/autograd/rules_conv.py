@@ -106,57 +106,64 @@ def _batched(be, x, gy, sx):
     return be._reshape(x, (1,) + sx), be._reshape(gy, (1,) + tuple(be._shape(gy))), True
 
 
-@rule("conv2d")
-def _conv2d(ctx, gy):
+def _conv_grads(ctx, gy, op, stride, dilation, reach_pads, weight_grad, input_grad):
+    """The frame both convolution rules share: the reach check, an unbatched input taken as a batch
+    of one, then each gradient asked for. ``weight_grad(x, gy, sw)`` and ``input_grad(gy, w, x4)``
+    are the op's own weight and input gradients, on the 4-D tensors."""
     be, x, w = ctx.be, ctx["input"], ctx["weight"]
     sx, sw = tuple(be._shape(x)), tuple(be._shape(w))
-    stride, dilation, pads = _forward_plan(ctx).asked  # past _check_reach, what the forward ran with
-    groups, mode = ctx["groups"], ctx["padding_mode"]
-    _check_reach("conv2d", stride, dilation, pads, sx[-2:])
+    _check_reach(op, stride, dilation, reach_pads, sx[-2:])
     x, gy, unbatched = _batched(be, x, gy, sx)
     x4 = tuple(be._shape(x))
-    padded = mode != "zeros" and any(pads)
     out = {}
     if ctx.needs.get("weight"):
-        if padded:
-            xp = be._pad(x, pads, mode)
-            out["weight"] = convgrad.conv2d_weight_grad(be, xp, gy, sw, stride, (0, 0, 0, 0), dilation, groups)
-            del xp
-        else:
-            out["weight"] = convgrad.conv2d_weight_grad(be, x, gy, sw, stride, pads, dilation, groups)
+        out["weight"] = weight_grad(x, gy, sw)
     if ctx.needs.get("input"):
-        if padded:
-            hp, wp = x4[2] + pads[0] + pads[1], x4[3] + pads[2] + pads[3]
-            gxp = convgrad.conv2d_input_grad(be, gy, w, (hp, wp), stride, (0, 0, 0, 0), dilation, groups)
-            gx = convgrad.pad_backward(be, gxp, x4, pads, mode)
-        else:
-            gx = convgrad.conv2d_input_grad(be, gy, w, x4[2:], stride, pads, dilation, groups)
+        gx = input_grad(gy, w, x4)
         out["input"] = be._reshape(gx, sx) if unbatched else gx
     if ctx.needs.get("bias"):
         out["bias"] = convgrad.bias_grad(be, gy)
     return out
+
+
+@rule("conv2d")
+def _conv2d(ctx, gy):
+    be = ctx.be
+    stride, dilation, pads = _forward_plan(ctx).asked  # past _check_reach, what the forward ran with
+    groups, mode = ctx["groups"], ctx["padding_mode"]
+    padded = mode != "zeros" and any(pads)
+
+    def weight_grad(x, gy, sw):
+        if padded:  # the padded copy lives only for this call
+            xp = be._pad(x, pads, mode)
+            return convgrad.conv2d_weight_grad(be, xp, gy, sw, stride, (0, 0, 0, 0), dilation, groups)
+        return convgrad.conv2d_weight_grad(be, x, gy, sw, stride, pads, dilation, groups)
+
+    def input_grad(gy, w, x4):
+        if padded:
+            hp, wp = x4[2] + pads[0] + pads[1], x4[3] + pads[2] + pads[3]
+            gxp = convgrad.conv2d_input_grad(be, gy, w, (hp, wp), stride, (0, 0, 0, 0), dilation, groups)
+            return convgrad.pad_backward(be, gxp, x4, pads, mode)
+        return convgrad.conv2d_input_grad(be, gy, w, x4[2:], stride, pads, dilation, groups)
+
+    return _conv_grads(ctx, gy, "conv2d", stride, dilation, pads, weight_grad, input_grad)
 
 
 @rule("conv_transpose2d")
 def _conv_transpose2d(ctx, gy):
-    be, x, w = ctx.be, ctx["input"], ctx["weight"]
-    sx, sw = tuple(be._shape(x)), tuple(be._shape(w))
-    op = "conv_transpose2d"
+    be = ctx.be
     plan = _forward_plan(ctx)
     (stride, dilation), padding = plan.asked, plan.padding  # past _check_reach, what the forward ran with
     groups = ctx["groups"]
-    _check_reach(op, stride, dilation, (padding[0], padding[0], padding[1], padding[1]), sx[-2:])
-    x, gy, unbatched = _batched(be, x, gy, sx)
-    x4 = tuple(be._shape(x))
-    out = {}
-    if ctx.needs.get("weight"):
-        out["weight"] = convgrad.conv_transpose2d_weight_grad(be, x, gy, sw, stride, padding, dilation, groups)
-    if ctx.needs.get("input"):
-        gx = convgrad.conv_transpose2d_input_grad(be, gy, w, x4[2:], stride, padding, dilation, groups)
-        out["input"] = be._reshape(gx, sx) if unbatched else gx
-    if ctx.needs.get("bias"):
-        out["bias"] = convgrad.bias_grad(be, gy)
-    return out
+
+    def weight_grad(x, gy, sw):
+        return convgrad.conv_transpose2d_weight_grad(be, x, gy, sw, stride, padding, dilation, groups)
+
+    def input_grad(gy, w, x4):
+        return convgrad.conv_transpose2d_input_grad(be, gy, w, x4[2:], stride, padding, dilation, groups)
+
+    reach_pads = (padding[0], padding[0], padding[1], padding[1])
+    return _conv_grads(ctx, gy, "conv_transpose2d", stride, dilation, reach_pads, weight_grad, input_grad)
 
 
 @rule("pad")
