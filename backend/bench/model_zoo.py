@@ -367,27 +367,27 @@ def _randomize_norms(model: nn.Module, gen: torch.Generator) -> None:
                 m.weight.copy_(0.25 + 0.05 * torch.randn(m.weight.shape, generator=gen))
 
 
+def _seeded(cls, cfg: dict, seed: int) -> nn.Module:
+    """``cls(**cfg)`` with PyTorch's default init under ``torch.manual_seed(seed)`` in a forked RNG
+    state, plus GroupNorm / PReLU parameters randomized from ``seed + 1``; float32, eval mode."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = cls(**cfg)
+        _randomize_norms(m, torch.Generator().manual_seed(seed + 1))
+    return m.float().eval()
+
+
 def sd_vae_decoder(seed: int = 0, **config) -> Decoder:
     """The SD1.x VAE decoder with random weights (PyTorch's default init under ``torch.manual_seed``
     in a forked RNG state, plus randomized GroupNorm affines), float32, eval mode. ``config``
     overrides :data:`SD1_DECODER_CONFIG` (e.g. ``ch=32`` for a narrow test model)."""
-    cfg = {**SD1_DECODER_CONFIG, **config}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        m = Decoder(**cfg)
-        _randomize_norms(m, torch.Generator().manual_seed(seed + 1))
-    return m.float().eval()
+    return _seeded(Decoder, {**SD1_DECODER_CONFIG, **config}, seed)
 
 
 def compact_upscaler(seed: int = 0, **config) -> SRVGGNetCompact:
     """RealESRGAN's compact upscaler (num_feat 64, num_conv 16, x4, PReLU unless ``config`` says
     otherwise) with random weights, float32, eval mode."""
-    cfg = {**COMPACT_CONFIG, **config}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        m = SRVGGNetCompact(**cfg)
-        _randomize_norms(m, torch.Generator().manual_seed(seed + 1))
-    return m.float().eval()
+    return _seeded(SRVGGNetCompact, {**COMPACT_CONFIG, **config}, seed)
 
 
 def sd15_unet(seed: int = 0, **config) -> UNetModel:
@@ -395,9 +395,4 @@ def sd15_unet(seed: int = 0, **config) -> UNetModel:
     tensors past 2**24 elements) with PyTorch's default init under ``torch.manual_seed``, plus
     randomized GroupNorm affines, float32, eval mode. ``config`` overrides the config (e.g.
     ``model_channels=32, context_dim=32`` for a narrow smoke model)."""
-    cfg = {**SD15_UNET_CONFIG, **config}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        m = UNetModel(**cfg)
-        _randomize_norms(m, torch.Generator().manual_seed(seed + 1))
-    return m.float().eval()
+    return _seeded(UNetModel, {**SD15_UNET_CONFIG, **config}, seed)
