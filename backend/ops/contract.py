@@ -28,7 +28,7 @@ from ..system.memstat import plans_on_self
 from .attention import AttentionOps
 from .convert import Conversion
 from .layers import LayerOps
-from .movement import MovementOps
+from .movement import MovementOps, pair_method
 from .windows import WindowOps
 from ..devices.interface import Capabilities, Device  # noqa: F401
 from ..system.transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
@@ -323,13 +323,9 @@ class Backend(Conversion, LayerOps, WindowOps, MovementOps, AttentionOps, _Unary
             broadcast_shapes(op, self._shape(a), self._shape(b))  # checks the result's size too
         return self._out(self._binary(op, a, b), kind, like)
 
-    def add(self, input, other): return self.binary("add", input, other)
-    def sub(self, input, other): return self.binary("sub", input, other)
-    def mul(self, input, other): return self.binary("mul", input, other)
-    def div(self, input, other): return self.binary("div", input, other)
-    def pow(self, input, exponent): return self.binary("pow", input, exponent)
-    def minimum(self, input, other): return self.binary("minimum", input, other)
-    def maximum(self, input, other): return self.binary("maximum", input, other)
+    add, sub, mul, div, minimum, maximum = (pair_method("binary", op)
+                                            for op in ("add", "sub", "mul", "div", "minimum", "maximum"))
+    def pow(self, input, exponent): return self.binary("pow", input, exponent)  # torch's name for the 2nd argument
 
     # ---- reductions -------------------------------------------------------------------------
     def reduce(self, op: str, input, dim=None, keepdim=False):

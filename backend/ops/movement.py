@@ -24,6 +24,16 @@ from .plans import (COMPARE_OPS, broadcast_shapes, is_scalar, cat_plan, chunk_si
                     one_dim, permute_dims, slice_args, split_sizes, stack_plan, view_shape, _tensor_list)
 
 
+def pair_method(family: str, op: str):
+    """The method ``op(self, input, other)`` that is ``self.<family>(op, input, other)``: e.g.
+    ``be.eq(a, b)`` is ``be.compare("eq", a, b)``, ``be.add(a, b)`` is ``be.binary("add", a, b)``."""
+    def method(self, input, other):
+        return getattr(self, family)(op, input, other)
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = f"``{family}('{op}', input, other)``."
+    return method
+
+
 class MovementOps:
     """Data movement and selection (torch names, arguments and defaults)."""
 
@@ -175,12 +185,7 @@ class MovementOps:
         known("compare", "op", op, COMPARE_OPS, "comparison")
         return self._elementwise2(op, input, other)
 
-    def eq(self, input, other): return self.compare("eq", input, other)
-    def ne(self, input, other): return self.compare("ne", input, other)
-    def lt(self, input, other): return self.compare("lt", input, other)
-    def le(self, input, other): return self.compare("le", input, other)
-    def gt(self, input, other): return self.compare("gt", input, other)
-    def ge(self, input, other): return self.compare("ge", input, other)
+    eq, ne, lt, le, gt, ge = (pair_method("compare", op) for op in ("eq", "ne", "lt", "le", "gt", "ge"))
 
     # ---- pad's cropping (contract.pad) -----------------------------------------------------
     def _crop2(self, x, t, b, l, r):
