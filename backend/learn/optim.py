@@ -53,6 +53,14 @@ def learning_rate(op: str, arg: str, value, *, training: bool = True) -> float:
     return lr
 
 
+def _nonnegative(op: str, group: dict, arg: str, name: str = "") -> float:
+    """``group[arg]`` as a number, refused as torch refuses it below 0 ("Invalid <name> value")."""
+    value = _number(op, arg, group[arg])
+    if not value >= 0.0:
+        raise AnyDeviceError(op, arg, group[arg], f"Invalid {name or arg} value: must be >= 0")
+    return value
+
+
 class Optimizer:
     """torch.optim.Optimizer's shape: ``param_groups`` (dicts holding "params" and the
     hyper-parameters, editable between steps as torch's), ``state`` (per parameter), ``step()``,
@@ -108,9 +116,7 @@ class Optimizer:
         """torch's argument checks (raised as AnyDeviceError naming the argument and the value)."""
         op = type(self).__name__
         learning_rate(op, "lr", group["lr"], training=False)
-        wd = _number(op, "weight_decay", group["weight_decay"])
-        if not wd >= 0.0:
-            raise AnyDeviceError(op, "weight_decay", group["weight_decay"], "Invalid weight_decay value: must be >= 0")
+        _nonnegative(op, group, "weight_decay")
 
     # ---- torch's API --------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -231,9 +237,7 @@ class SGD(Optimizer):
     def _check(self, group):
         super()._check(group)
         op = type(self).__name__
-        momentum = _number(op, "momentum", group["momentum"])
-        if not momentum >= 0.0:
-            raise AnyDeviceError(op, "momentum", group["momentum"], "Invalid momentum value: must be >= 0")
+        momentum = _nonnegative(op, group, "momentum")
         dampening = _number(op, "dampening", group["dampening"])
         if group["nesterov"] and (momentum <= 0 or dampening != 0):
             raise AnyDeviceError(op, "nesterov", group["nesterov"],
@@ -272,9 +276,7 @@ class Adam(Optimizer):
     def _check(self, group):
         super()._check(group)
         op = type(self).__name__
-        eps = _number(op, "eps", group["eps"])
-        if not eps >= 0.0:
-            raise AnyDeviceError(op, "eps", group["eps"], "Invalid epsilon value: must be >= 0")
+        _nonnegative(op, group, "eps", "epsilon")
         betas = group["betas"]
         if not isinstance(betas, (list, tuple)) or len(betas) != 2:
             raise AnyDeviceError(op, "betas", betas, "must be a pair of numbers (beta1, beta2)")
