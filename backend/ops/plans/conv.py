@@ -8,6 +8,7 @@ from typing import NamedTuple
 from ...system.errors import AnyDeviceError
 from .args import PADDING_MODES, _check_choice, _is_int, pair, planned
 from .movement import crop_check
+from .windows import SlidingWindow
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,9 +145,7 @@ def _check_bias(op, sb, cout):
 
 
 @dataclass(frozen=True)
-class Conv2dPlan:
-    stride: tuple[int, int]
-    dilation: tuple[int, int]
+class Conv2dPlan(SlidingWindow):
     pads: tuple[int, int, int, int]  # (top, bottom, left, right)
     out_shape: tuple
     unbatched: bool
@@ -160,9 +159,7 @@ class Conv2dPlan:
 
 
 @dataclass(frozen=True)
-class ConvTranspose2dPlan:
-    stride: tuple[int, int]
-    dilation: tuple[int, int]
+class ConvTranspose2dPlan(SlidingWindow):
     padding: tuple[int, int]
     output_padding: tuple[int, int]
     out_shape: tuple

@@ -13,11 +13,17 @@ INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "bicubic"
 
 
 @dataclass(frozen=True)
-class PoolPlan:
-    kernel: tuple[int, int]
+class SlidingWindow:
+    """What every sliding-window plan (pooling, conv2d, conv_transpose2d) has: the step between
+    windows and between a window's taps, per spatial dim (H, W)."""
     stride: tuple[int, int]
-    padding: tuple[int, int]
     dilation: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PoolPlan(SlidingWindow):
+    kernel: tuple[int, int]
+    padding: tuple[int, int]
     out_shape: tuple   # the result's shape (3-D input: 3-D result)
 
 
@@ -55,7 +61,7 @@ def pool2d_plan(op: str, shape, kernel_size, stride, padding, dilation=1, ceil_m
     ow = pool_output_size(shape[-1], k[1], s[1], p[1], d[1], bool(ceil_mode))
     if oh < 1 or ow < 1:
         raise AnyDeviceError(op, "input", shape, f"is too small for this window: the output would be {oh}x{ow}")
-    return PoolPlan(k, s, p, d, shape[:-2] + (oh, ow))
+    return PoolPlan(stride=s, dilation=d, kernel=k, padding=p, out_shape=shape[:-2] + (oh, ow))
 
 
 def divisor_arg(op: str, divisor_override):
