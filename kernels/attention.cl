@@ -71,17 +71,20 @@ inline float att_max16(const float16 x)
 #ifndef RT
 #define RT 4
 #endif
+#ifndef KB
 #define KB 32
+#endif
+#define NB (KB / 16)
 #define ATT_NEUMAIER16(S, C, V) { const float16 t_ = S + V; \
                                   C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
 
 /* CPU family: one work item per TQ query rows of one batch entry (their q rows, maxes, sums and
-   accumulators in private memory); the keys in blocks of KB = 32, and per block the rows RT = 4 at
-   a time: two float16s of scores a row (vectorised over the keys: kt's rows are contiguous along
-   S), exps, then the block's RT x EV products in registers (vectors over the value dim), added
-   to the rescaled accumulator once per block. The block's kt and v (KB * (E + EV) floats) stay
-   in L1 while the TQ / RT row groups use them, so K and V are read from memory once per TQ rows.
-   The row sums are 16-lane compensated (Neumaier) sums. Launch: global (B * ceil(L / TQ)), local 1. */
+   accumulators in private memory); the keys in blocks of KB (a multiple of 16), each block's kt
+   columns copied contiguous, and per block the rows RT at a time: KB / 16 float16s of scores a
+   row (vectorised over the keys), exps, then the block's RT x EV products in registers (vectors
+   over the value dim), added to the rescaled accumulator once per block. The block's kt and v
+   (KB * (E + EV) floats) stay in cache while the TQ / RT row groups use them, so K and V are read
+   from memory once per TQ rows. The row sums are 16-lane compensated (Neumaier) sums. Launch: global (B * ceil(L / TQ)), local 1. */
 __kernel void att_cpu(__global const float *q, const long q_off, const long q_so, const long q_si,
                       __global const float *kt, const long k_off, const long k_so, const long k_si,
                       __global const float *v, const long v_off, const long v_so, const long v_si,
@@ -115,64 +118,62 @@ __kernel void att_cpu(__global const float *q, const long q_off, const long q_so
     const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int j0 = 0; j0 < S; j0 += KB) {
         const int nk = min(KB, S - j0);
-        const int16 jv0 = lane + (int16)(j0), jv1 = jv0 + (int16)(16);
+        const int16 jv = lane + (int16)(j0);
         /* the block's kt columns copied contiguous (kt's rows are S apart: at a power-of-two S they
            would fall in one L1 set), zeros past S */
         if (nk == KB) {
             for (int e = 0; e < E; e++) {
                 const __global float *kr = kb + (long)e * S + j0;
-                vstore16(vload16(0, kr), 0, kblk + e * KB);
-                vstore16(vload16(0, kr + 16), 0, kblk + e * KB + 16);
+                _Pragma("unroll") for (int u = 0; u < NB; u++) vstore16(vload16(u, kr), u, kblk + e * KB);
             }
         } else {
             for (int e = 0; e < E; e++)
                 for (int jj = 0; jj < KB; jj++) kblk[e * KB + jj] = jj < nk ? kb[(long)e * S + j0 + jj] : 0.0f;
         }
         for (int rt = 0; rt < rows; rt += RT) {
-            float16 s0[RT], s1[RT];  /* the block's keys j0..j0+15 and j0+16..j0+31: 2 RT chains */
+            float16 sc[RT][NB];  /* the block's scores, NB float16s a row: RT * NB chains */
             float alpha[RT];
             float pa[RT][KB];
-            _Pragma("unroll") for (int r = 0; r < RT; r++) { s0[r] = 0.0f; s1[r] = 0.0f; }
+            _Pragma("unroll") for (int r = 0; r < RT; r++)
+                _Pragma("unroll") for (int u = 0; u < NB; u++) sc[r][u] = 0.0f;
             for (int e = 0; e < E; e++) {
-                const float16 k0 = vload16(0, kblk + e * KB), k1 = vload16(0, kblk + e * KB + 16);
+                float16 kv[NB];
+                _Pragma("unroll") for (int u = 0; u < NB; u++) kv[u] = vload16(u, kblk + e * KB);
                 _Pragma("unroll") for (int r = 0; r < RT; r++) {
                     const float16 qe = (float16)(qs[rt + r][e]);
-                    s0[r] = fma(qe, k0, s0[r]);
-                    s1[r] = fma(qe, k1, s1[r]);
+                    _Pragma("unroll") for (int u = 0; u < NB; u++) sc[r][u] = fma(qe, kv[u], sc[r][u]);
                 }
             }
             _Pragma("unroll") for (int r = 0; r < RT; r++) {
                 const int i = min(r0 + rt + r, L - 1);
-                float16 t0 = s0[r], t1 = s1[r];
+                float16 t[NB];
+                _Pragma("unroll") for (int u = 0; u < NB; u++) t[u] = sc[r][u];
                 if (has_mask) {
                     const __global float *mp = mb + (long)i * m_r;
                     if (!m_k) {
-                        t0 += (float16)(mp[0]);
-                        t1 += (float16)(mp[0]);
+                        _Pragma("unroll") for (int u = 0; u < NB; u++) t[u] += (float16)(mp[0]);
                     } else if (nk == KB) {
-                        t0 += vload16(0, mp + j0);
-                        t1 += vload16(0, mp + j0 + 16);
+                        _Pragma("unroll") for (int u = 0; u < NB; u++) t[u] += vload16(u, mp + j0);
                     } else {
                         float mm[KB];
                         for (int jj = 0; jj < KB; jj++) mm[jj] = jj < nk ? mp[j0 + jj] : 0.0f;
-                        t0 += vload16(0, mm);
-                        t1 += vload16(1, mm);
+                        _Pragma("unroll") for (int u = 0; u < NB; u++) t[u] += vload16(u, mm);
                     }
                 }
                 if (causal) {
-                    t0 += select((float16)(0.0f), (float16)(-INFINITY), jv0 > (int16)(i + causal - 1));
-                    t1 += select((float16)(0.0f), (float16)(-INFINITY), jv1 > (int16)(i + causal - 1));
+                    _Pragma("unroll") for (int u = 0; u < NB; u++)
+                        t[u] += select((float16)(0.0f), (float16)(-INFINITY), jv + (int16)(16 * u) > (int16)(i + causal - 1));
                 }
                 if (nk < KB) {  /* no key: exp gives 0 */
-                    t0 = select(t0, (float16)(-INFINITY), jv0 >= (int16)(S));
-                    t1 = select(t1, (float16)(-INFINITY), jv1 >= (int16)(S));
+                    _Pragma("unroll") for (int u = 0; u < NB; u++)
+                        t[u] = select(t[u], (float16)(-INFINITY), jv + (int16)(16 * u) >= (int16)(S));
                 }
-                const float mo = mx[rt + r], bm = att_max16(ATT_VMAX(t0, t1)), mn = bm > mo ? bm : mo;
+                float16 tm = t[0];
+                _Pragma("unroll") for (int u = 1; u < NB; u++) tm = ATT_VMAX(tm, t[u]);
+                const float mo = mx[rt + r], bm = att_max16(tm), mn = bm > mo ? bm : mo;
                 alpha[r] = mo - mn;  /* exp below, the RT rows at once */
                 mx[rt + r] = mn;
-                const float16 p0 = exp(t0 - mn), p1 = exp(t1 - mn);
-                vstore16(p0, 0, pa[r]);
-                vstore16(p1, 1, pa[r]);
+                _Pragma("unroll") for (int u = 0; u < NB; u++) vstore16(exp(t[u] - mn), u, pa[r]);
             }
 #if RT == 4
             vstore4(exp(vload4(0, alpha)), 0, alpha);
@@ -181,9 +182,10 @@ __kernel void att_cpu(__global const float *q, const long q_off, const long q_so
 #endif
             _Pragma("unroll") for (int r = 0; r < RT; r++) {
                 float16 ls = l16[rt + r] * alpha[r], lc = c16[rt + r] * alpha[r];
-                const float16 p0 = vload16(0, pa[r]), p1 = vload16(1, pa[r]);
-                ATT_NEUMAIER16(ls, lc, p0);
-                ATT_NEUMAIER16(ls, lc, p1);
+                _Pragma("unroll") for (int u = 0; u < NB; u++) {
+                    const float16 pu = vload16(u, pa[r]);
+                    ATT_NEUMAIER16(ls, lc, pu);
+                }
                 l16[rt + r] = ls;
                 c16[rt + r] = lc;
             }
