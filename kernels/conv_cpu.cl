@@ -98,15 +98,16 @@ inline void load32(const __global float *row, const int iw0, const int step, con
     t40 += a40; t41 += a41; t50 += a50; t51 += a51; t60 += a60; t61 += a61; t70 += a70; t71 += a71; \
     a00 = 0; a01 = 0; a10 = 0; a11 = 0; a20 = 0; a21 = 0; a30 = 0; a31 = 0; \
     a40 = 0; a41 = 0; a50 = 0; a51 = 0; a60 = 0; a61 = 0; a70 = 0; a71 = 0;
+#include "weight_load.h"
 #define FMA8(wp, ws, v0, v1) { float wv; \
-    wv = (wp)[0];     a00 = fma((float16)wv, v0, a00); a01 = fma((float16)wv, v1, a01); \
-    wv = (wp)[ws##1]; a10 = fma((float16)wv, v0, a10); a11 = fma((float16)wv, v1, a11); \
-    wv = (wp)[ws##2]; a20 = fma((float16)wv, v0, a20); a21 = fma((float16)wv, v1, a21); \
-    wv = (wp)[ws##3]; a30 = fma((float16)wv, v0, a30); a31 = fma((float16)wv, v1, a31); \
-    wv = (wp)[ws##4]; a40 = fma((float16)wv, v0, a40); a41 = fma((float16)wv, v1, a41); \
-    wv = (wp)[ws##5]; a50 = fma((float16)wv, v0, a50); a51 = fma((float16)wv, v1, a51); \
-    wv = (wp)[ws##6]; a60 = fma((float16)wv, v0, a60); a61 = fma((float16)wv, v1, a61); \
-    wv = (wp)[ws##7]; a70 = fma((float16)wv, v0, a70); a71 = fma((float16)wv, v1, a71); }
+    wv = LOADW(wp, 0);     a00 = fma((float16)wv, v0, a00); a01 = fma((float16)wv, v1, a01); \
+    wv = LOADW(wp, ws##1); a10 = fma((float16)wv, v0, a10); a11 = fma((float16)wv, v1, a11); \
+    wv = LOADW(wp, ws##2); a20 = fma((float16)wv, v0, a20); a21 = fma((float16)wv, v1, a21); \
+    wv = LOADW(wp, ws##3); a30 = fma((float16)wv, v0, a30); a31 = fma((float16)wv, v1, a31); \
+    wv = LOADW(wp, ws##4); a40 = fma((float16)wv, v0, a40); a41 = fma((float16)wv, v1, a41); \
+    wv = LOADW(wp, ws##5); a50 = fma((float16)wv, v0, a50); a51 = fma((float16)wv, v1, a51); \
+    wv = LOADW(wp, ws##6); a60 = fma((float16)wv, v0, a60); a61 = fma((float16)wv, v1, a61); \
+    wv = LOADW(wp, ws##7); a70 = fma((float16)wv, v0, a70); a71 = fma((float16)wv, v1, a71); }
 #define WS_DECL(ws, unit) const int ws##1 = min(1, nco - 1) * (unit), ws##2 = min(2, nco - 1) * (unit), \
     ws##3 = min(3, nco - 1) * (unit), ws##4 = min(4, nco - 1) * (unit), ws##5 = min(5, nco - 1) * (unit), \
     ws##6 = min(6, nco - 1) * (unit), ws##7 = min(7, nco - 1) * (unit);
@@ -134,7 +135,7 @@ inline void store_row(__global float *yr, const int j0, const int step, const in
         store_row((YBASE) + (long)i * (ROWSTRIDE), J0, STEP, NVALID, tv[i][0], tv[i][1], \
                   has_bias ? bias[g * CoutG + co0 + i] : 0.0f); }
 
-__kernel void conv2d_direct(__global const float *x, const long x_off, __global const float *w, const long w_off,
+__kernel void conv2d_direct(__global const float *x, const long x_off, __global const wstore_t *w, const long w_off,
                             __global float *y, const long y_off, __global const float *bias, const int has_bias,
                             const int C, const int H, const int W, const int CoutG, const int CinG,
                             const int KH, const int KW, const int G, const int OH, const int OW,
@@ -148,7 +149,7 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
     const int KHW = KH_ * KW_;
     const int wco = CinG * KHW;  /* distance between output channels in w */
     WS_DECL(ws, wco)
-    const __global float *wb = w + w_off + (long)(g * CoutG + co0) * wco;
+    const __global wstore_t *wb = w + w_off + (long)(g * CoutG + co0) * wco;
     const __global float *xb = x + x_off + ((long)n * C + g * CinG) * H * W;
     DECL_ACC
     int taps = 0;
@@ -157,7 +158,7 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
             const int ih = oh * SH_ - pt + kh * DH_;
             if (ih < 0 || ih >= H) continue;
             const __global float *row = xb + ((long)ci * H + ih) * W;
-            const __global float *wp = wb + ci * KHW + kh * KW_;
+            const __global wstore_t *wp = wb + ci * KHW + kh * KW_;
             for (int kw = 0; kw < KW_; kw++) {
                 float16 v0, v1;
                 load32(row, ow0 * SW_ - pl + kw * DW_, SW_, W, &v0, &v1);
@@ -171,7 +172,7 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
     STORE_ALL(yb, (long)OH * OW, ow0, 1, min(TN, OW - ow0))
 }
 
-__kernel void conv_t2d_direct(__global const float *x, const long x_off, __global const float *w, const long w_off,
+__kernel void conv_t2d_direct(__global const float *x, const long x_off, __global const wstore_t *w, const long w_off,
                               __global float *y, const long y_off, __global const float *bias, const int has_bias,
                               const int C, const int H, const int W, const int CoutG, const int CinG,
                               const int KH, const int KW, const int G, const int OH, const int OW,
@@ -187,7 +188,7 @@ __kernel void conv_t2d_direct(__global const float *x, const long x_off, __globa
     const int co0 = cob * 8, nco = min(8, CoutG - co0);
     const int KHW = KH_ * KW_;
     WS_DECL(ws, KHW)
-    const __global float *wb = w + w_off + ((long)g * CinG * CoutG + co0) * KHW;
+    const __global wstore_t *wb = w + w_off + ((long)g * CinG * CoutG + co0) * KHW;
     const __global float *xb = x + x_off + ((long)n * C + g * CinG) * H * W;
     DECL_ACC
     int taps = 0;
@@ -198,7 +199,7 @@ __kernel void conv_t2d_direct(__global const float *x, const long x_off, __globa
             const int ih = th / SH_;
             if (ih * SH_ != th || ih >= H) continue;
             const __global float *row = xb + ((long)ci * H + ih) * W;
-            const __global float *wp = wb + (long)ci * CoutG * KHW + kh * KW_;
+            const __global wstore_t *wp = wb + (long)ci * CoutG * KHW + kh * KW_;
             for (int kw = 0; kw < KW_; kw++) {
                 const int tw = r + pw - kw * DW_;
                 const int q = tw >= 0 ? tw / SW_ : -((-tw + SW_ - 1) / SW_);

@@ -40,6 +40,8 @@ FUSED_KERNELS = {
     "attention": "_attention_fused: scaled_dot_product_attention of a block of query rows, online softmax "
                  "(ops/attention.py)",
     "fft_conv": "no method: the host FFT conv pays off on this device (ops/bigconv.py)",
+    "half_weights": "no method: _conv2d and _linear take a weight stored in float16/bfloat16 as it is "
+                    "(the kernels convert in registers; no float32 copy of the weight)",
 }
 
 

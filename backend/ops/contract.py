@@ -158,7 +158,7 @@ class Backend(Conversion, LayerOps, WindowOps, MovementOps, AttentionOps, _Unary
     def linear(self, input, weight, bias=None):
         """torch.nn.functional.linear: y = input @ weight.T + bias."""
         op = "linear"
-        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias, _keep=("weight",))
         linear_shapes(op, self._shape(x), self._shape(w), None if b is None else self._shape(b))
         y = self._linear(x, w, b)
         return self._out(y, kind, like)
@@ -184,7 +184,7 @@ class Backend(Conversion, LayerOps, WindowOps, MovementOps, AttentionOps, _Unary
                         padding_mode="zeros"):
         """conv2d, and the plan it ran by (the autograd tape hands it to the backward rule)."""
         op = "conv2d"
-        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias)
+        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias, _keep=("weight",))
         plan = conv2d_plan(op, self._shape(x), self._shape(w), None if b is None else self._shape(b),
                            stride, padding, dilation, groups, padding_mode)
         unbatched = plan.unbatched

@@ -51,11 +51,13 @@ class Conversion:
         self._count("downloads", 4 * math.prod(self._shape(x)))
         return self._to_numpy(x)
 
-    def _inputs(self, op: str, optional=("bias",), **arrays):
+    def _inputs(self, op: str, optional=("bias",), _keep=(), **arrays):
         """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
         arguments named in ``optional`` may be None (a None elsewhere is refused, naming it).
-        The natives are in the compute dtype (float32); ``kind.dtype`` is the result dtype, torch's
-        promotion over the floating inputs (ops/dtypes.py), which ``_out`` rounds the result to."""
+        The natives are in the compute dtype (float32), except the arguments named in ``_keep`` (a
+        weight) when they are stored in half on a device whose kernels read that ("half_weights" in
+        ``caps.fused``); ``kind.dtype`` is the result dtype, torch's promotion over the floating inputs
+        (ops/dtypes.py), which ``_out`` rounds the result to."""
         natives = []
         kind = like = None
         found = []
@@ -67,8 +69,13 @@ class Conversion:
                 continue
             if kind is None:
                 kind, like = _kind(value, self), value
-            found.append(self._value_dtype(value))
-            natives.append(self._compute_input(value, op, arg))
+            dt = self._value_dtype(value)
+            found.append(dt)
+            if arg in _keep and dt in dtypes.HALF and "half_weights" in self.caps.fused \
+                    and _kind(value, self) == "native":
+                natives.append(value)  # a weight stored in half, read as it is by the device's kernels
+            else:
+                natives.append(self._compute_input(value, op, arg))
         return (Kind(kind or "numpy", dtypes.promote(found)), like, *natives)
 
     def _value_dtype(self, value):

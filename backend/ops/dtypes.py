@@ -18,6 +18,8 @@ from ..system.errors import AnyDeviceError
 FLOAT32, FLOAT16, BFLOAT16 = "float32", "float16", "bfloat16"
 #: the floating dtypes the contract knows, in torch's names
 FLOATS = (FLOAT32, FLOAT16, BFLOAT16)
+#: the 16-bit ones
+HALF = (FLOAT16, BFLOAT16)
 #: bytes per element of each stored dtype
 ITEMSIZE = {FLOAT32: 4, FLOAT16: 2, BFLOAT16: 2}
 #: torch.testing's default tolerances per dtype (rtol, atol)

@@ -30,7 +30,7 @@ log = logging.getLogger("anydevice")
 
 
 #: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
-FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention"})
+FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights"})
 
 
 class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Backend):

@@ -11,7 +11,7 @@ from ...ops.contract import workspace_budget_bytes
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
 from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchunk_for, operand_layout, plan as plan_tiles,
                                  vec_fits)
-from .memory import CLArray, _contig_strides
+from .memory import CLArray, CLHalf, _contig_strides
 from .params import DIRECT_MAX_K, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
@@ -24,7 +24,23 @@ GPU_DIRECT_MAX_COUT_G = 4
 
 
 class LinalgOps:
-    """GEMM / conv ops of OpenCLBackend (uses its _run, _empty, _kernel, pool and family)."""
+    """GEMM / conv ops of OpenCLBackend (uses its _run, _empty, _kernel, pool and family).
+
+    A weight may come stored in half (``CLHalf``: the contract passes conv2d's and linear's weight as
+    it is stored where ``caps.fused`` has "half_weights"): the CPU family's kernels that read weights
+    (pack_a, pack_b, wino_filter, conv2d_direct) are built with -DWDT=1/2 and convert in registers
+    (kernels/weight_load.h); the other paths convert it to float32 first (``_f32``)."""
+
+    @staticmethod
+    def _wdt(x) -> dict:
+        """The build option that reads ``x`` as it is stored ({} for float32)."""
+        if not isinstance(x, CLHalf):
+            return {}
+        return {"WDT": 2 if x.dtype == "bfloat16" else 1}
+
+    def _f32(self, x):
+        """``x`` as a float32 CLArray (a half-stored weight converted on the device)."""
+        return self._cast(x, "float32") if isinstance(x, CLHalf) else x
 
     # ---- matmul ------------------------------------------------------------------------------
     def _gemm(self, M, N, K, batches, A, a_off, sam, sak, a_bs, B, b_off, sbk, sbn, b_bs, out_shape=None):
@@ -35,6 +51,8 @@ class LinalgOps:
         if K == 0:
             self._fill(out, 0.0)
             return out
+        if self.family == "gpu" or M * N * K <= SMALL_GEMM_MACS:
+            A, B = self._f32(A), self._f32(B)
         if self.family == "gpu":
             A, sam, sak, a_bs, ta = self._gpu_operand(A, a_off, sam, sak, a_bs, batches, M, K)
             B, sbk, sbn, b_bs, tb = self._gpu_operand(B, b_off, sbk, sbn, b_bs, batches, K, N)
@@ -58,8 +76,10 @@ class LinalgOps:
         Bp = self._empty((bb, nt * 32 * K))
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
-        self._run("pack_a", (kb, mt, ba), cpu_l, M, K, A.buffer, a_off, sam, sak, a_bs, Ap.buffer, params=params)
-        self._run("pack_b", (kb, nt, bb), cpu_l, N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer, params=params)
+        self._run("pack_a", (kb, mt, ba), cpu_l, M, K, A.buffer, a_off, sam, sak, a_bs, Ap.buffer,
+                  params={**params, **self._wdt(A)})
+        self._run("pack_b", (kb, nt, bb), cpu_l, N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer,
+                  params={**params, **self._wdt(B)})
         self._run("gemm_cpu", (-(-M // (mr * msub)), nt, batches), cpu_l,
                   M, N, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer, (nt * 32 * K) if bb > 1 else 0,
                   out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
@@ -71,7 +91,7 @@ class LinalgOps:
         nt = -(-N // 32)
         Bp = self._empty((bb, nt * 32 * K))
         self._run("pack_b", (-(-K // PACK_K), nt, bb), (1, 1, 1), N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer,
-                  params=params)
+                  params={**params, **self._wdt(B)})
         return Bp
 
     def _gemm_packed(self, Ap, Bp, M, N, K, batches, params):
@@ -281,7 +301,7 @@ class LinalgOps:
     def _linear(self, x, w, b):
         sx, sw = x.shape, w.shape
         if len(sw) != 2:
-            return super()._linear(x, w, b)
+            return super()._linear(x, self._f32(w), b)
         rows, K = math.prod(sx[:-1]), sx[-1]
         Nout = sw[0]
         self._check_size("linear", (rows, Nout))
@@ -307,19 +327,19 @@ class LinalgOps:
         K = CinG * KH * KW
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, pl, dh, dw)
         if self.family == "gpu":
-            return self._gpu_conv(x, w, bias, out, g, 0)
+            return self._gpu_conv(x, self._f32(w), bias, out, g, 0)
         path = self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
         if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl):
             return out
         if path == "winograd":  # Inf/NaN: Winograd's transforms mix a tile (Inf - Inf = NaN)
             path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
-        if path == "direct" and not self._all_finite(w):
+        if path == "direct" and not self._all_finite(self._f32(w)):
             path = "gemm"  # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); im2col does too
         if path == "direct":
             ncob = -(-CoutG // 8)
             self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),
                       x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
-                      params=_direct_spec(KH, KW, sh, sw, dh, dw))
+                      params={**_direct_spec(KH, KW, sh, sw, dh, dw), **self._wdt(w)})
             return out
         # im2col into packed panels + GEMM, in column chunks that fit the workspace budget
         P = OH * OW
@@ -334,7 +354,7 @@ class LinalgOps:
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
         self._run("pack_a", (kb, mt, G), cpu_l, CoutG, K, w.buffer, w.offset, K, 1, CoutG * K, Ap.buffer,
-                  params=params)
+                  params={**params, **self._wdt(w)})
         for c0 in range(0, total, chunk):
             nc = min(chunk, total - c0)
             nt = -(-nc // 32)
@@ -385,7 +405,7 @@ class LinalgOps:
         flag = self._empty((1,))
         self.cl.enqueue_fill_buffer(self.queue, flag.buffer, np.int32(0), 0, 4)
         self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset, Up.buffer, Cout, C,
-                  flag.buffer, params=wparams)
+                  flag.buffer, params={**wparams, **self._wdt(w)})
         hb = int(bias is not None)
         bbuf = bias.buffer if hb else out.buffer
         per_tile = 4 * 16 * (C + Cout)
@@ -432,6 +452,7 @@ class LinalgOps:
         return out
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):
+        w = self._f32(w)
         g = conv_transpose2d_geometry(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
         N, C, H, W, _, CinG, CoutG, KH, KW, OH, OW, sh, sw, ph, _, pw, _, dh, dw, G = g
         out, bias, hb, bbuf = self._conv_out(g, bias)

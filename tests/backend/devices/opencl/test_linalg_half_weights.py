@@ -1,0 +1,74 @@
+"""conv2d and linear with a weight stored in half on OpenCL ("half_weights": the CPU family's pack_a,
+pack_b, wino_filter and conv2d_direct read float16/bfloat16 words and convert in registers; the other
+paths convert the weight first). Each path gives what the float32 path gives on the rounded weight
+(normwise 1e-6, the precision suite's bar), on both kernel families, and no float32 copy of the weight
+is made on the paths that read it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anydevice.backend.ops import dtypes
+
+try:
+    from anydevice.backend.devices import opencl
+    FAMILIES = {f: opencl.create("opencl", 0, family=f) for f in ("cpu", "gpu")}
+except Exception as exc:  # noqa: BLE001
+    pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
+
+# (x shape, w shape, options): the CPU family's winograd, direct and im2col+GEMM paths, grouped, strided
+CONVS = [((1, 32, 12, 12), (40, 32, 3, 3), {"padding": 1}),            # winograd
+         ((2, 3, 30, 33), (8, 3, 3, 3), {"padding": 1}),               # direct
+         ((1, 64, 9, 7), (48, 64, 3, 3), {"stride": 2, "padding": 1}),  # im2col + GEMM
+         ((1, 8, 10, 26), (8, 2, 3, 3), {"groups": 4, "padding": 1}),   # grouped, direct
+         ((1, 16, 6, 6), (24, 16, 1, 1), {})]
+LINEARS = [((7, 96), (130, 96)), ((2, 3, 300), (64, 300)), ((3, 4), (5, 4))]  # GEMM; batched; small
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+@pytest.mark.parametrize("xs,ws,kw", CONVS)
+def test_conv2d_reads_the_half_weight(family, dtype, xs, ws, kw):
+    be = FAMILIES[family]
+    assert "half_weights" in be.caps.fused
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    wh = be.to_device(w, dtype=dtype)
+    assert be._dtype(wh) == dtype
+    xd = be.to_device(x)
+    y = be.to_numpy(be.conv2d(xd, wh, b, **kw))
+    ref = be.to_numpy(be.conv2d(xd, be.to_device(dtypes.round_to(w, dtype)), b, **kw))
+    assert _rel(y, ref) <= 1e-6
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+@pytest.mark.parametrize("xs,ws", LINEARS)
+def test_linear_reads_the_half_weight(family, dtype, xs, ws):
+    be = FAMILIES[family]
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    y = be.to_numpy(be.linear(be.to_device(x), be.to_device(w, dtype=dtype), b))
+    ref = x.astype(np.float64) @ dtypes.round_to(w, dtype).astype(np.float64).T + b
+    assert _rel(y, ref) <= 1e-6
+
+
+def test_no_float32_copy_of_the_weight(monkeypatch):
+    """On the CPU family's im2col path the weight is never converted: _cast is not called for it."""
+    be = FAMILIES["cpu"]
+    casts = []
+    real = type(be)._cast
+    monkeypatch.setattr(type(be), "_cast", lambda self, x, dtype: casts.append((x.shape, dtype)) or real(self, x, dtype))
+    w = be.to_device(np.ones((48, 64, 3, 3), np.float32), dtype="float16")
+    x = be.to_device(np.ones((1, 64, 9, 7), np.float32))
+    be.conv2d(x, w, None, stride=2, padding=1)
+    be.linear(be.to_device(np.ones((77, 768), np.float32)), be.to_device(np.ones((320, 768), np.float32), dtype="bfloat16"))
+    assert [c for c in casts if c[1] == "float32"] == []
