@@ -78,6 +78,15 @@ inline float att_max16(const float16 x)
 #define ATT_NEUMAIER16(S, C, V) { const float16 t_ = S + V; \
                                   C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
 
+/* both kernels' arguments: q (.., L, E), kt (.., E, S), v (.., S, EV) and the mask by outer/inner batch
+   strides, then the output and the sizes */
+#define ATT_ARGS __global const float *q, const long q_off, const long q_so, const long q_si, \
+    __global const float *kt, const long k_off, const long k_so, const long k_si, \
+    __global const float *v, const long v_off, const long v_so, const long v_si, \
+    __global const float *m, const long m_off, const long m_so, const long m_si, \
+    const long m_r, const int m_k, const int has_mask, __global float *y, const long y_off, \
+    const int B, const int bi, const int L, const int S, const float scale, const int causal
+
 /* CPU family: one work item per TQ query rows of one batch entry (their q rows, maxes, sums and
    accumulators in private memory); the keys in blocks of KB (a multiple of 16), each block's kt
    columns copied contiguous, and per block the rows RT at a time: KB / 16 float16s of scores a
@@ -85,13 +94,7 @@ inline float att_max16(const float16 x)
    over the value dim), added to the rescaled accumulator once per block. The block's kt and v
    (KB * (E + EV) floats) stay in cache while the TQ / RT row groups use them, so K and V are read
    from memory once per TQ rows. The row sums are 16-lane compensated (Neumaier) sums. Launch: global (B * ceil(L / TQ)), local 1. */
-__kernel void att_cpu(__global const float *q, const long q_off, const long q_so, const long q_si,
-                      __global const float *kt, const long k_off, const long k_so, const long k_si,
-                      __global const float *v, const long v_off, const long v_so, const long v_si,
-                      __global const float *m, const long m_off, const long m_so, const long m_si,
-                      const long m_r, const int m_k, const int has_mask,
-                      __global float *y, const long y_off,
-                      const int B, const int bi, const int L, const int S, const float scale, const int causal)
+__kernel void att_cpu(ATT_ARGS)
 {
     const int nt = (L + TQ - 1) / TQ;
     const int g = get_global_id(0);
@@ -225,13 +228,7 @@ __kernel void att_cpu(__global const float *q, const long q_off, const long q_so
    work item (its q row, accumulator, max and sum private); the keys stream through __local tiles
    of BK keys (kt's E x BK and v's BK x EV, loaded by the whole group, coalesced along S and EV).
    The row sum is compensated (Neumaier). Launch: global (B * ceil(L / WG) * WG), local (WG). */
-__kernel void att_gpu(__global const float *q, const long q_off, const long q_so, const long q_si,
-                      __global const float *kt, const long k_off, const long k_so, const long k_si,
-                      __global const float *v, const long v_off, const long v_so, const long v_si,
-                      __global const float *m, const long m_off, const long m_so, const long m_si,
-                      const long m_r, const int m_k, const int has_mask,
-                      __global float *y, const long y_off,
-                      const int B, const int bi, const int L, const int S, const float scale, const int causal)
+__kernel void att_gpu(ATT_ARGS)
 {
     __local float kl[E * BK];
     __local float vl[BK * EV];

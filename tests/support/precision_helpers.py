@@ -63,3 +63,12 @@ def _assert_unchanged(before, after):
             assert torch.equal(a, b), "an input tensor was modified"
         else:
             np.testing.assert_array_equal(a, b, err_msg="an input array was modified")
+
+
+def random_mask(rng, shape, kind):
+    """An attention mask of ``shape``: bool (True takes part, 60%) or additive float (30% -inf)."""
+    if kind == "bool":
+        return rng.random(shape) > 0.4
+    mask = rng.standard_normal(shape).astype(np.float32)
+    mask[rng.random(shape) < 0.3] = -np.inf
+    return mask

@@ -16,7 +16,7 @@ from anydevice.backend import AnyDeviceError
 from anydevice.backend.system.config import workspace_budget_bytes
 from anydevice.backend.ops.plans import attention_plan
 
-from precision_helpers import HYP, _assert_unchanged, _snapshot, check, relerr, t64, tol_for
+from precision_helpers import HYP, _assert_unchanged, _snapshot, check, random_mask, relerr, t64, tol_for
 
 SDPA = F.scaled_dot_product_attention
 
@@ -65,11 +65,7 @@ MASKS = [(6, 10), (1, 10), (1, 1), (3, 1, 10), (2, 3, 6, 10), (2, 1, 6, 1), (3, 
 def test_sdpa_masks(backend_target, ms, mask_kind):
     q, k, v = _data(5, (2, 3, 6, 8), (2, 3, 10, 8), (2, 3, 10, 4))
     rng = np.random.default_rng(len(ms))
-    if mask_kind == "bool":
-        mask = rng.random(ms) > 0.4
-    else:
-        mask = rng.standard_normal(ms).astype(np.float32)
-        mask[rng.random(ms) < 0.3] = -np.inf
+    mask = random_mask(rng, ms, mask_kind)
     y = backend_target.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     check(y, _ref(q, k, v, mask), f"mask {mask_kind} {ms}", tol_for(backend_target))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from precision_helpers import check
+from precision_helpers import check, random_mask
 
 SDPA = F.scaled_dot_product_attention
 TOL = 1e-6
@@ -98,11 +98,7 @@ def test_fused_masks(cl, spy, ms, mask_kind):
     """Additive and bool masks broadcast over batch, heads, rows or keys: all fused."""
     q, k, v = _data(5, (2, 3, 9, 8), (2, 3, 40, 8), (2, 3, 40, 5))
     rng = np.random.default_rng(len(ms) + ms[-1])
-    if mask_kind == "bool":
-        mask = rng.random(ms) > 0.4
-    else:
-        mask = rng.standard_normal(ms).astype(np.float32)
-        mask[rng.random(ms) < 0.3] = -np.inf
+    mask = random_mask(rng, ms, mask_kind)
     y = cl.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert spy["taken"] == spy["n"] >= 1
     check(y, _ref(q, k, v, mask), f"mask {mask_kind} {ms}", TOL)
