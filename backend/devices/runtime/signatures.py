@@ -74,6 +74,8 @@ KERNELS: dict[str, KernelSig] = {
     "ad_window2d": _s("window.cu", "b b b b b b", "i" * 8),
     "ad_window2d_px": _s("window.cu", "b b b b b b", "i" * 8),
     "ad_window_rows": _s("window.cu", "b b b b", "i" * 6),
+    # fused attention, the GPU family in the portable subset (kernels/attention.cu): att_gpu's arguments
+    "ad_attention": _s("attention.cu", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
 }
 
 
