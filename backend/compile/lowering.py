@@ -175,9 +175,11 @@ class Weights:
         return ITEMSIZE.get(self.dtype, 4) if t.is_floating_point() else 4
 
     def _upload(self, t):
-        """A floating weight stored as the cache's dtype (float32 where the cache is float32)."""
+        """A floating weight stored as the cache's dtype (float32 where the cache is float32). A float32 one
+        may be wrapped, not copied (``share``: a device in host memory uses the tensor's memory; a weight
+        written in place gets a new version, so ``get`` asks again, and nothing writes a device array)."""
         dtype = self.dtype if t.is_floating_point() and self.dtype != "float32" else None
-        return self.be.to_device(t, "compile", "weight", constant=True, dtype=dtype)
+        return self.be.to_device(t, "compile", "weight", constant=True, dtype=dtype, share=dtype is None)
 
     def clear(self) -> None:
         """Forget every device copy (the next call uploads again)."""

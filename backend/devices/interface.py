@@ -175,6 +175,14 @@ class Device(abc.ABC):
         import torch
         return self._from_numpy(t.detach().to("cpu", dtype=torch.float32).numpy(), dtype)
 
+    def _wrap_host(self, a: np.ndarray):
+        """A native float32 array that uses the memory of ``a`` (a float32 NumPy array) as it is, no copy,
+        or None where the device cannot (the default: the caller copies then, ``_from_numpy``). Asked only
+        by ``to_device(..., share=True)``, whose caller promises that nobody writes ``a`` while the result
+        lives (the compiled weights: a weight written in place gets a new version and is asked for again);
+        the result holds ``a`` (and so the memory under it) for as long as it exists, and no op writes it."""
+        return None
+
     def _to_torch(self, x, like):
         """A native array -> a float32 torch tensor on ``like``'s device (default: through NumPy)."""
         import torch

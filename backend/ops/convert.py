@@ -17,21 +17,35 @@ _FLOAT32 = np.dtype(np.float32)
 class Conversion:
     """``to_device`` / ``to_numpy`` and the input/output conversion every op of ``contract.Backend`` runs."""
 
-    def to_device(self, x, op: str = "to_device", arg: str = "input", constant: bool = False, dtype=None):
+    def to_device(self, x, op: str = "to_device", arg: str = "input", constant: bool = False, dtype=None,
+                  share: bool = False):
         """Any accepted input -> this backend's native array, stored as ``dtype`` (None: float32, the
         compute dtype; a dtype the device cannot store is refused; a native array of another dtype is
         converted on the device). A host array is one upload, counted under
-        ``constants`` for a constant parameter such as a kernel or a bias."""
+        ``constants`` for a constant parameter such as a kernel or a bias.
+
+        ``share``: the caller promises not to write ``x`` while the result lives (a compiled weight), so
+        a device that works in host memory may wrap a float32, C-contiguous host array or CPU tensor
+        instead of copying it (``_wrap_host``; nothing moves, nothing is counted); elsewhere a copy."""
         key = "constants" if constant else "uploads"
         dtype = self._storage_dtype(op, dtype)
         size = dtypes.ITEMSIZE[dtype]
         if isinstance(x, np.ndarray) or isinstance(x, (list, tuple, int, float, np.number)):
             a = _as_float32(x if isinstance(x, np.ndarray) else _host_array(x, op, arg), op, arg)
+            if share and dtype == "float32":
+                w = self._wrap_host(a)
+                if w is not None:
+                    return w
             self._count(key, size * a.size)
             return self._from_numpy(a) if dtype == "float32" else self._from_numpy(a, dtype)
         if _is_torch_tensor(x):
             if x.is_complex():
                 raise AnyDeviceError(op, arg, x, f"complex dtype {x.dtype} is not supported")
+            if share and dtype == "float32":
+                a = _shared_view(x)
+                w = None if a is None else self._wrap_host(a)
+                if w is not None:
+                    return w
             self._count(key, size * x.numel(), x.device.type == "cpu")
             return self._from_torch(x) if dtype == "float32" else self._from_torch(x, dtype)
         if isinstance(x, self.native_types):  # a native array in another dtype is converted on the device
@@ -115,6 +129,20 @@ def _host_array(x, op: str, arg: str) -> np.ndarray:
         return np.asarray(x)
     except (ValueError, TypeError) as exc:
         raise AnyDeviceError(op, arg, x, f"is not a rectangular array of numbers ({exc})") from None
+
+
+def _shared_view(t) -> np.ndarray | None:
+    """A NumPy array on the memory of ``t``, a plain float32 C-contiguous CPU tensor (None for any other:
+    a tensor subclass may keep its data elsewhere). It holds a detached tensor, not ``t``: a cache that
+    keeps the device array by a weak reference to ``t`` still sees ``t`` go (compile/lowering.py Weights)."""
+    import torch
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type != "cpu" \
+            or t.dtype != torch.float32 or not t.is_contiguous() or t.numel() == 0:
+        return None
+    try:
+        return t.detach().numpy()
+    except (RuntimeError, TypeError):
+        return None
 
 
 def _as_float32(a: np.ndarray, op: str, arg: str) -> np.ndarray:

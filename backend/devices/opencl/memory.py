@@ -17,6 +17,13 @@ Thread safety of the pool (``BufferPool``):
   and the garbage collector do (a finaliser that waited for it deadlocked the timer thread, which
   held it while ``Timer.start()`` waited for a new thread whose bootstrap ran that finaliser).
 - At interpreter exit nothing goes back to the pool: the driver frees everything.
+
+Wrapped host memory (``_HostBlock``, ``BufferPool.wrap``): on a CPU device a float32 constant the
+caller promises not to write (a compiled weight, ``to_device(..., share=True)``) is a
+``CL_MEM_USE_HOST_PTR`` buffer on the caller's memory, not a copy. Such a block holds the host array
+(and so the memory under it) while any array uses it, never enters the free lists and is not in
+``live``/``peak`` (that memory is the caller's: a model's weights); ``wrapped`` counts its bytes. Its
+finaliser, like ``_Block``'s, only appends to a deque (``unwrapped``).
 """
 from __future__ import annotations
 
@@ -47,6 +54,23 @@ class _Block:
         if pool is not None and sys is not None and not sys.is_finalizing():  # at exit the driver frees everything
             try:  # no lock, no call: the pool's next call takes it (see the module docstring)
                 pool.returned.append((self.buf, self.nbytes))
+            except Exception:
+                pass
+
+
+class _HostBlock:
+    """A buffer on host memory the caller owns (``CL_MEM_USE_HOST_PTR``): never pooled, never live; keeps
+    ``host`` (the NumPy array on that memory) alive for as long as an array references the block."""
+    __slots__ = ("buf", "nbytes", "host", "pool")
+
+    def __init__(self, buf, nbytes, host, pool):
+        self.buf, self.nbytes, self.host, self.pool = buf, nbytes, host, pool
+
+    def __del__(self):
+        pool = self.pool
+        if pool is not None and sys is not None and not sys.is_finalizing():
+            try:  # no lock, no call (see the module docstring); the buffer itself goes with this block
+                pool.unwrapped.append(self.nbytes)
             except Exception:
                 pass
 
@@ -85,6 +109,8 @@ class BufferPool:
         self.hits = 0
         self.misses = 0
         self.returned: collections.deque = collections.deque()  # (buffer, size) from finalisers
+        self._wrapped = 0  # bytes of host memory wrapped by live _HostBlocks (not in _live)
+        self.unwrapped: collections.deque = collections.deque()  # sizes of dropped _HostBlocks
         self.lock = threading.Lock()
         self.last_use = time.monotonic()
         self._timer = None
@@ -101,6 +127,23 @@ class BufferPool:
         """Bytes of buffers held by arrays (the blocks dropped so far taken in first)."""
         self._drain()
         return self._live
+
+    @property
+    def wrapped(self) -> int:
+        """Bytes of host memory that arrays use in place (``wrap``): the caller's, not in ``live``."""
+        with self.lock:
+            while self.unwrapped:
+                self._wrapped -= self.unwrapped.popleft()
+            return self._wrapped
+
+    def wrap(self, host: np.ndarray) -> _HostBlock:
+        """A block on the memory of ``host`` (C-contiguous float32, never written while the block lives),
+        no copy: a read-only ``CL_MEM_USE_HOST_PTR`` buffer. Not pooled, not counted as live."""
+        cl = _cl()
+        buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
+        with self.lock:
+            self._wrapped += host.nbytes
+        return _HostBlock(buf, host.nbytes, host, self)
 
     def reset_peak(self) -> int:
         """The peak of live bytes so far; from now on the peak counts from what is live."""
@@ -291,7 +334,8 @@ class BufferPool:
 
 
 class _Dense:
-    """A C-contiguous array in a pooled OpenCL buffer: shape, block, element offset (read-only once made)."""
+    """A C-contiguous array in a pooled OpenCL buffer (``_Block``) or in wrapped host memory
+    (``_HostBlock``): shape, block, element offset (read-only once made)."""
     __slots__ = ("shape", "block", "offset", "size", "__weakref__")
     #: bytes per element
     ITEM = 4

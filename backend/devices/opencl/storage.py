@@ -13,8 +13,33 @@ F32 = np.float32
 
 
 class CLStorage:
-    """The OpenCL backend's allocation and conversion primitives (needs ``pool``, ``cl``, ``queue``,
-    ``_run`` and ``_flat_geometry`` of the backend)."""
+    """The OpenCL backend's allocation and conversion primitives (needs ``pool``, ``cl``, ``queue``, ``dev``,
+    ``is_cpu_device``, ``_run`` and ``_flat_geometry`` of the backend)."""
+
+    #: whether ``_wrap_host`` wraps (False: every upload copies, e.g. to compare the two paths)
+    share_host = True
+    #: the most alignment (bytes) a wrapped host array needs: the widest CPU vector load (AVX-512) and
+    #: torch's CPU allocator's alignment
+    WRAP_ALIGN = 64
+
+    def _wrap_host(self, a):
+        """``a`` (float32, C-contiguous, non-empty, aligned) used in place on a CPU device, where buffers
+        are host RAM anyway (PoCL uses a ``CL_MEM_USE_HOST_PTR`` pointer as it is); None elsewhere
+        (the caller copies). The alignment asked is the device's ``mem_base_addr_align`` up to
+        WRAP_ALIGN: that base alignment (1024 bits on PoCL) is the largest OpenCL type's (long16),
+        while the kernels read float buffers through scalars and vloadn (element alignment), and a
+        torch CPU tensor of any size is 64-byte aligned only (asking 128 would wrap none of them)."""
+        if not (self.share_host and self.is_cpu_device and isinstance(a, np.ndarray) and a.dtype == F32
+                and a.size and a.flags.c_contiguous):
+            return None
+        align = max(4, min(int(self.dev.mem_base_addr_align) // 8, self.WRAP_ALIGN))
+        if a.ctypes.data % align:
+            return None
+        try:
+            block = self.pool.wrap(a)
+        except Exception:  # a driver that refuses the pointer (or a read-only array): copied instead
+            return None
+        return CLArray(a.shape, block, 0)
 
     def _empty(self, shape, dtype="float32"):
         shape = tuple(int(s) for s in shape)
@@ -65,7 +90,8 @@ class CLStorage:
         return out
 
     def _memory_peak(self, reset: bool = False):
-        """The most bytes the backend's arrays held at once (the buffer pool's live bytes) since the last reset."""
+        """The most bytes the backend's arrays held at once (the buffer pool's live bytes) since the last reset;
+        host memory wrapped in place (``pool.wrapped``: shared weights, the caller's memory) is not counted."""
         if reset:
             return self.pool.reset_peak()
         self.pool._drain()
