@@ -130,7 +130,10 @@ class Backend(Conversion, LayerOps, WindowOps, MovementOps, AttentionOps, _Unary
     # ---- matmul / linear ------------------------------------------------------------------
     def matmul(self, input, other):
         """torch.matmul: 1-D, 2-D and batched operands with broadcast batch dims."""
-        kind, like, a, b = self._inputs("matmul", input=input, other=other)
+        # a 2-D weight stored in half (a compiled model's transposed linear weight) is read as it is by
+        # devices whose GEMM reads half ("half_weights"): the plain 2-D product only
+        plain = all(isinstance(v, self.native_types) and len(self._shape(v)) == 2 for v in (input, other))
+        kind, like, a, b = self._inputs("matmul", input=input, other=other, _keep=("other",) if plain else ())
         y = self._matmul(a, b)
         return self._out(y, kind, like)
 

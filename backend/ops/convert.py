@@ -65,13 +65,14 @@ class Conversion:
         self._count("downloads", 4 * math.prod(self._shape(x)))
         return self._to_numpy(x)
 
-    def _inputs(self, op: str, optional=("bias",), _keep=(), **arrays):
+    def _inputs(self, op: str, optional=("bias",), _keep=(), _stored=(), **arrays):
         """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
         arguments named in ``optional`` may be None (a None elsewhere is refused, naming it).
         The natives are in the compute dtype (float32), except the arguments named in ``_keep`` (a
         weight) when they are stored in half on a device whose kernels read that ("half_weights" in
         ``caps.fused``); ``kind.dtype`` is the result dtype, torch's promotion over the floating inputs
-        (ops/dtypes.py), which ``_out`` rounds the result to."""
+        (ops/dtypes.py), which ``_out`` rounds the result to. ``_stored``: arguments a native half
+        array passes as it is stored (ops that only give it a new shape)."""
         natives = []
         kind = like = None
         found = []
@@ -85,9 +86,11 @@ class Conversion:
                 kind, like = _kind(value, self), value
             dt = self._value_dtype(value)
             found.append(dt)
-            if arg in _keep and dt in dtypes.HALF and "half_weights" in self.caps.fused \
-                    and _kind(value, self) == "native":
-                natives.append(value)  # a weight stored in half, read as it is by the device's kernels
+            native_half = dt in dtypes.HALF and _kind(value, self) == "native"
+            if native_half and (arg in _stored or (arg in _keep and "half_weights" in self.caps.fused)):
+                # a weight stored in half, read as it is by the device's kernels; or an op that only
+                # reinterprets the shape (``_stored``: reshape, view), on the array as it is stored
+                natives.append(value)
             else:
                 natives.append(self._compute_input(value, op, arg))
         return (Kind(kind or "numpy", dtypes.promote(found)), like, *natives)

@@ -43,7 +43,7 @@ class MovementOps:
     def reshape(self, input, shape):
         """torch.reshape: one dim may be -1 (inferred). A view where the layout allows it."""
         op = "reshape"
-        kind, like, x = self._inputs(op, input=input)
+        kind, like, x = self._inputs(op, input=input, _stored=("input",))  # half stays half: a new shape only
         new = view_shape(op, self._shape(x), shape)
         return self._out(self._reshape(x, new), kind, like)
 
@@ -52,7 +52,7 @@ class MovementOps:
         refuses a layout it cannot view, this copies, as reshape."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        kind, like, x = self._inputs("view", input=input)
+        kind, like, x = self._inputs("view", input=input, _stored=("input",))
         new = view_shape("view", self._shape(x), shape)
         return self._out(self._reshape(x, new), kind, like)
 

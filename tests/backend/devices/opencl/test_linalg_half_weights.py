@@ -72,3 +72,25 @@ def test_no_float32_copy_of_the_weight(monkeypatch):
     be.conv2d(x, w, None, stride=2, padding=1)
     be.linear(be.to_device(np.ones((77, 768), np.float32)), be.to_device(np.ones((320, 768), np.float32), dtype="bfloat16"))
     assert [c for c in casts if c[1] == "float32"] == []
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+def test_matmul_reads_a_half_2d_operand(family, dtype):
+    """matmul(x, w_t) with w_t a 2-D half native (a compiled model's transposed linear weight)."""
+    be = FAMILIES[family]
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((77, 96)).astype(np.float32)
+    wt = rng.standard_normal((96, 130)).astype(np.float32)
+    y = be.to_numpy(be.matmul(be.to_device(x), be.to_device(wt, dtype=dtype)))
+    ref = x.astype(np.float64) @ dtypes.round_to(wt, dtype).astype(np.float64)
+    assert _rel(y, ref) <= 1e-6
+
+
+def test_reshape_keeps_half_storage():
+    """reshape / view of a half native give the array as it is stored, in the new shape (no float32 copy)."""
+    be = FAMILIES["cpu"]
+    h = be.to_device(np.arange(24, dtype=np.float32).reshape(4, 6), dtype="float16")
+    r = be.reshape(h, (2, 12))
+    assert be._dtype(r) == "float16" and r.block is h.block
+    np.testing.assert_array_equal(be.to_numpy(be.view(h, 3, 8)), np.arange(24, dtype=np.float32).reshape(3, 8))
