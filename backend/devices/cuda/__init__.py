@@ -11,6 +11,8 @@ PyTorch/cuDNN). Native arrays are ``cupy.ndarray`` (float32).
   as OpenCL C.
   Convolutions with few output channels per group (depthwise, SSIM's blur) use a direct kernel
   (kernels/misc_cuda.cu).
+* scaled_dot_product_attention: the fused kernel "attention" (kernels/attention.cu, the portable
+  GPU-family kernel: shared-memory K^T / V tiles, online softmax; only the output in memory).
 * Pad and unary ops are kernels of kernels/misc_cuda.cu; binary ops (broadcasting), concat and
   reductions (float64 accumulation for sum/mean) are CuPy's own kernels.
 * torch tensors on the GPU come in and go out through DLPack (zero copy, never through the host);
@@ -28,7 +30,7 @@ reads ``shipped_configs`` and ``kernel_source`` from here).
 Layout: ``tiles.py`` (tile tables, modes, shipped configurations, source assembly; no CuPy
 needed), ``device.py`` (probe, ``create``), ``backend.py`` (the device object: streams, DLPack,
 conversion, elementwise, reductions, tuning), ``linalg.py`` (GEMM and convolutions: the plan
-model and the launches). Kernel signatures and the tuning store are the shared runtime's.
+model and the launches), ``attention.py`` (the fused attention). Kernel signatures and the tuning store are the shared runtime's.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The CUDA backend's device object: device and stream context (PyTorch's current stream), DLPack
 conversion, elementwise ops and reductions, kernel builds, and tile tuning. GEMM and convolutions
-are in ``linalg.py``."""
+are in ``linalg.py``, the fused attention in ``attention.py``."""
 from __future__ import annotations
 
 import math
@@ -16,15 +16,16 @@ from ...ops import dtypes
 from ...ops.contract import Backend, Capabilities, tf32_allowed, unary_kernel_args
 from ...ops.plans import conv2d_geometry
 from ..runtime import JsonStore, cache_dir, pack_args
+from .attention import CudaAttention
 from .device import _cupy, _describe
 from .linalg import CudaLinalg
 from .tiles import BLOCK, CACHE_NAME, MISC, _cdiv, _size_class, _tiles_for, build_options, kernel_source
 
 
-class CudaBackend(CudaLinalg, Backend):
+class CudaBackend(CudaLinalg, CudaAttention, Backend):
     kind = "own"
     # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32
-    caps = Capabilities(fused=frozenset({"all_finite"}), storage_dtypes=frozenset(dtypes.FLOATS))
+    caps = Capabilities(fused=frozenset({"all_finite", "attention"}), storage_dtypes=frozenset(dtypes.FLOATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):
         super().__init__(index, name)

@@ -9,6 +9,7 @@ from pathlib import Path
 from ...ops.contract import UNARY_KERNEL_CODES
 from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, TILE_EFFICIENCY, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X,  # noqa: F401
                                  _T_L, _T_M, _T_S, SINGLE_CHAIN, _cdiv, plan, _mode_macros, mode_fits, operand_layout, vec_fits)
+from ..runtime.attention import shared_tile
 from ..runtime.kernel_source import kernel_source as _kernel_source
 
 KERNELS_DIR = Path(__file__).resolve().parents[3] / "kernels"
@@ -17,6 +18,14 @@ CACHE_NAME = "cuda_tiles.json"
 
 OWN_GEMM = ("conv_gemm_cuda.cu", "ad_conv_gemm")
 MISC = "misc_cuda.cu"
+#: fused attention (kernels/attention.cu): file, kernel; the group (query rows) and key tile asked for
+#: first (within the device's threads per block, the built kernel's limit and shared memory)
+ATTENTION = ("attention.cu", "ad_attention")
+ATT_WG, ATT_BK = 64, 32
+#: head dims (E = Ev) whose attention builds the compile check covers (SD1.5 40/80/160, SDXL 64, Flux 128)
+ATT_HEAD_DIMS = (40, 64, 80, 128, 160)
+#: static shared memory a block may declare (CUDA's 48 KiB; the device's own limit applies if less)
+STATIC_SMEM = 48 * 1024
 
 # ---- tile configurations ------------------------------------------------------------------
 # Candidates per architecture (the tiles themselves: runtime/conv_gemm.py); at run time the plan
@@ -63,6 +72,8 @@ def shipped_configs() -> dict[str, list[dict]]:
     add(MISC, {"BLOCK": BLOCK})
     for spec in range(5):  # window.cu: square windows up to 4x4 unrolled, 0 the generic build
         add("window.cu", {"BLOCK": BLOCK, "WT": spec, "WS": spec})
+    for d in ATT_HEAD_DIMS:
+        add(ATTENTION[0], {"E": d, "EV": d, "WG": ATT_WG, "BK": shared_tile(d, d, STATIC_SMEM, ATT_BK)})
     return out
 
 
