@@ -10,11 +10,38 @@
 #include "prelude_opencl.h"
 #include "elementwise_math.h"
 
+/* float32 -> bfloat16 bits, rounded to nearest even (a NaN stays a quiet NaN, as torch does) */
+inline ushort f32_to_bf16(const float v)
+{
+    const uint u = as_uint(v);
+    return isnan(v) ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* the storage of unary / binary_flat / binary_nd's operands and result: float32 (HDT 0, the default), or
+   float16 / bfloat16 (HDT 1 / 2: 16-bit words, each value converted in registers, the op computed in
+   float32 and its result rounded once, as the contract's dtype rule says; half the bytes moved) */
+#ifndef HDT
+#define HDT 0
+#endif
+#if HDT == 0
+typedef float hstore_t;
+#define LDH(p, i) ((p)[i])
+#define STH(p, i, v) ((p)[i] = (v))
+#elif HDT == 1
+typedef ushort hstore_t;
+#define LDH(p, i) vload_half(0, (__global const half *)((p) + (i)))
+#define STH(p, i, v) vstore_half_rte((v), 0, (__global half *)((p) + (i)))
+#else
+typedef ushort hstore_t;
+#define LDH(p, i) as_float((uint)((p)[i]) << 16)
+#define STH(p, i, v) ((p)[i] = f32_to_bf16(v))
+#endif
+
 #define UNARY_CASE(OP) \
-    case OP: for (long i = i0; i < i1; i++) y[i] = ad_unary_op(x[i], OP, p0, p1, flags); break;
+    case OP: for (long i = i0; i < i1; i++) STH(y, i, ad_unary_op(LDH(x, i), OP, p0, p1, flags)); break;
 
 /* y = op(x) on n elements; f0/f1: clamp has min/max */
-__kernel void unary(__global const float *x, const long x_off, __global float *y, const long y_off,
+__kernel void unary(__global const hstore_t *x, const long x_off, __global hstore_t *y, const long y_off,
                     const long n, const long chunk, const int op, const float p0, const float p1,
                     const int f0, const int f1)
 {
@@ -39,22 +66,22 @@ __kernel void unary(__global const float *x, const long x_off, __global float *y
     default: break; \
     }
 /* y[i] over [i0, i1) (the flat kernels); yr[k] over k < run (binary_nd's contiguous runs) */
-#define BIN_CASE(OP, A, B) case OP: for (long i = i0; i < i1; i++) y[i] = ad_binary_op(OP, (A), (B)); break;
-#define BIN_RUN_CASE(OP, A, B) case OP: for (long k = 0; k < run; k++) yr[k] = ad_binary_op(OP, (A), (B)); break;
+#define BIN_CASE(OP, A, B) case OP: for (long i = i0; i < i1; i++) STH(y, i, ad_binary_op(OP, (A), (B))); break;
+#define BIN_RUN_CASE(OP, A, B) case OP: for (long k = 0; k < run; k++) STH(yr, k, ad_binary_op(OP, (A), (B))); break;
 #define BIN_OPS(A, B) BIN_SWITCH(BIN_CASE, A, B)
 #define BIN_RUN_OPS(A, B) BIN_SWITCH(BIN_RUN_CASE, A, B)
 
 /* same-shape contiguous operands; mode 0: a, b arrays; 1: a is the scalar sa; 2: b is the scalar sb */
-__kernel void binary_flat(__global const float *a, const long a_off, __global const float *b, const long b_off,
-                          __global float *y, const long y_off, const long n, const long chunk,
+__kernel void binary_flat(__global const hstore_t *a, const long a_off, __global const hstore_t *b, const long b_off,
+                          __global hstore_t *y, const long y_off, const long n, const long chunk,
                           const int op, const int mode, const float sa, const float sb)
 {
     const long i0 = (long)get_global_id(0) * chunk;
     const long i1 = min(n, i0 + chunk);
     a += a_off; b += b_off; y += y_off;
-    if (mode == 0) { BIN_OPS(a[i], b[i]) }
-    else if (mode == 1) { BIN_OPS(sa, b[i]) }
-    else { BIN_OPS(a[i], sb) }
+    if (mode == 0) { BIN_OPS(LDH(a, i), LDH(b, i)) }
+    else if (mode == 1) { BIN_OPS(sa, LDH(b, i)) }
+    else { BIN_OPS(LDH(a, i), sb) }
 }
 
 /* the offsets of flat index i in two strided layouts of one shape:
@@ -75,8 +102,8 @@ inline void nd_offsets(long i, __global const long *meta, long *o1, long *o2)
 }
 
 /* broadcasting: meta = [nd, shape[nd], astride[nd], bstride[nd]] */
-__kernel void binary_nd(__global const float *a, const long a_off, __global const float *b, const long b_off,
-                        __global float *y, const long y_off, const long n, const long chunk,
+__kernel void binary_nd(__global const hstore_t *a, const long a_off, __global const hstore_t *b, const long b_off,
+                        __global hstore_t *y, const long y_off, const long n, const long chunk,
                         const int op, __global const long *meta)
 {
     const long i0 = (long)get_global_id(0) * chunk;
@@ -89,19 +116,19 @@ __kernel void binary_nd(__global const float *a, const long a_off, __global cons
         long ao, bo;
         nd_offsets(i, meta, &ao, &bo);
         const long run = min(i1 - i, inner - i % inner);
-        __global const float *ar = a + ao, *br = b + bo;
-        __global float *yr = y + i;
+        __global const hstore_t *ar = a + ao, *br = b + bo;
+        __global hstore_t *yr = y + i;
         if (sa == 1 && sb == 0) {  /* a row against one value of b (x - mean, x * scale) */
-            const float bv = *br;
-            BIN_RUN_OPS(ar[k], bv)
+            const float bv = LDH(br, 0);
+            BIN_RUN_OPS(LDH(ar, k), bv)
         } else if (sa == 0 && sb == 1) {
-            const float av = *ar;
-            BIN_RUN_OPS(av, br[k])
+            const float av = LDH(ar, 0);
+            BIN_RUN_OPS(av, LDH(br, k))
         } else if (sa == 1 && sb == 1) {  /* two rows (a bias over the last dim) */
-            BIN_RUN_OPS(ar[k], br[k])
+            BIN_RUN_OPS(LDH(ar, k), LDH(br, k))
         } else {
             for (long k = 0; k < run; k++)
-                y[i + k] = ad_binary_op(op, a[ao + k * sa], b[bo + k * sb]);
+                STH(y, i + k, ad_binary_op(op, LDH(a, ao + k * sa), LDH(b, bo + k * sb)));
         }
         i += run;
     }
@@ -585,12 +612,6 @@ __kernel void where_flat(__global const float *c, const long c_off, __global con
 #define CHUNK_RANGE(n, chunk) \
     const long i0 = (long)get_global_id(0) * (chunk); \
     const long i1 = min((n), i0 + (chunk))
-
-inline ushort f32_to_bf16(const float v)
-{
-    const uint u = as_uint(v);
-    return isnan(v) ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 __kernel void cast_from_f32(__global const float *x, const long x_off, __global ushort *y, const long n,
                             const long chunk, const int to_bf16)

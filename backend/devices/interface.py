@@ -42,6 +42,8 @@ FUSED_KERNELS = {
     "fft_conv": "no method: the host FFT conv pays off on this device (ops/bigconv.py)",
     "half_weights": "no method: _conv2d and _linear take a weight stored in float16/bfloat16 as it is "
                     "(the kernels convert in registers; no float32 copy of the weight)",
+    "half_elementwise": "no method: _unary and _binary take float16/bfloat16 arrays (all of one dtype) as "
+                        "they are stored and return that dtype (computed in float32, rounded once)",
 }
 
 

@@ -264,7 +264,7 @@ class Backend(Conversion, LayerOps, WindowOps, MovementOps, AttentionOps, _Unary
     def unary(self, op: str, input, **params):
         known("unary", "op", op, UNARY_OPS, "op")
         params = _check_unary_params(op, params)
-        kind, like, x = self._inputs(op, input=input)
+        kind, like, x = self._inputs(op, input=input, _same=("input",))
         return self._out(self._unary(op, x, **params), kind, like)
 
     # abs, neg, exp, log, sqrt, relu, sigmoid, tanh, silu, rsqrt, erf, sin, cos: see _PLAIN_UNARY below
@@ -315,14 +315,15 @@ class Backend(Conversion, LayerOps, WindowOps, MovementOps, AttentionOps, _Unary
         a_scalar, b_scalar = is_scalar(input), is_scalar(other)
         if a_scalar and b_scalar:
             raise AnyDeviceError(op, "input", input, "at least one argument must be a tensor")
+        same = ("input", "other")  # half operands of the result's dtype stay half where the device's kernels take them
         if a_scalar:
-            kind, like, b = self._inputs(op, other=other)
+            kind, like, b = self._inputs(op, other=other, _same=same)
             a = float(input)
         elif b_scalar:
-            kind, like, a = self._inputs(op, input=input)
+            kind, like, a = self._inputs(op, input=input, _same=same)
             b = float(other)
         else:
-            kind, like, a, b = self._inputs(op, input=input, other=other)
+            kind, like, a, b = self._inputs(op, input=input, other=other, _same=same)
             broadcast_shapes(op, self._shape(a), self._shape(b))  # checks the result's size too
         return self._out(self._binary(op, a, b), kind, like)
 

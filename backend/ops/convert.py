@@ -65,35 +65,38 @@ class Conversion:
         self._count("downloads", 4 * math.prod(self._shape(x)))
         return self._to_numpy(x)
 
-    def _inputs(self, op: str, optional=("bias",), _keep=(), _stored=(), **arrays):
+    def _inputs(self, op: str, optional=("bias",), _keep=(), _stored=(), _same=(), **arrays):
         """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
         arguments named in ``optional`` may be None (a None elsewhere is refused, naming it).
-        The natives are in the compute dtype (float32), except the arguments named in ``_keep`` (a
-        weight) when they are stored in half on a device whose kernels read that ("half_weights" in
-        ``caps.fused``); ``kind.dtype`` is the result dtype, torch's promotion over the floating inputs
-        (ops/dtypes.py), which ``_out`` rounds the result to. ``_stored``: arguments a native half
-        array passes as it is stored (ops that only give it a new shape)."""
-        natives = []
+        ``kind.dtype`` is the result dtype, torch's promotion over the floating inputs (ops/dtypes.py),
+        which ``_out`` rounds the result to. The natives are in the compute dtype (float32), except
+        native half arrays named in
+        - ``_keep`` (a weight) on a device whose kernels read half weights ("half_weights" in ``caps.fused``);
+        - ``_stored``: ops that only give the array a new shape (reshape, view);
+        - ``_same``: elementwise ops, where the array has the result dtype and the device's elementwise
+          kernels load and store half ("half_elementwise": computed in float32, rounded once)."""
         kind = like = None
-        found = []
+        dts = {}
         for arg, value in arrays.items():
             if value is None:
                 if arg not in optional:
                     raise AnyDeviceError(op, arg, None, "is required: pass a tensor, not None")
-                natives.append(None)
                 continue
             if kind is None:
                 kind, like = _kind(value, self), value
-            dt = self._value_dtype(value)
-            found.append(dt)
-            native_half = dt in dtypes.HALF and _kind(value, self) == "native"
-            if native_half and (arg in _stored or (arg in _keep and "half_weights" in self.caps.fused)):
-                # a weight stored in half, read as it is by the device's kernels; or an op that only
-                # reinterprets the shape (``_stored``: reshape, view), on the array as it is stored
-                natives.append(value)
+            dts[arg] = self._value_dtype(value)
+        result = dtypes.promote(dts.values())
+        fused = self.caps.fused
+        natives = []
+        for arg, value in arrays.items():
+            dt = dts.get(arg)
+            if value is not None and dt in dtypes.HALF and _kind(value, self) == "native" and (
+                    arg in _stored or (arg in _keep and "half_weights" in fused)
+                    or (arg in _same and dt == result and "half_elementwise" in fused)):
+                natives.append(value)  # as it is stored: the op or the device's kernels read it so
             else:
-                natives.append(self._compute_input(value, op, arg))
-        return (Kind(kind or "numpy", dtypes.promote(found)), like, *natives)
+                natives.append(None if value is None else self._compute_input(value, op, arg))
+        return (Kind(kind or "numpy", result), like, *natives)
 
     def _value_dtype(self, value):
         """The contract dtype of an op's argument (None: a number, or an integer or bool array)."""

@@ -30,7 +30,8 @@ log = logging.getLogger("anydevice")
 
 
 #: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
-FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights"})
+FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights",
+                   "half_elementwise"})
 
 
 class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Backend):
@@ -305,40 +306,54 @@ class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Bac
             self.cl.enqueue_fill_buffer(self.queue, out.buffer, np.float32(value), 4 * out.offset, 4 * out.size)
 
     # ---- elementwise ------------------------------------------------------------------------
+    @staticmethod
+    def _hdt(dtype: str) -> dict:
+        """The elementwise kernels' build option for arrays stored as ``dtype`` ({} for float32)."""
+        return {} if dtype == "float32" else {"HDT": 2 if dtype == "bfloat16" else 1}
+
     def _unary(self, op, x, **p):
-        out = self._empty(x.shape)
+        """y = op(x); a half x gives a half y (loaded and stored as 16-bit words: HDT, elementwise.cl)."""
+        dtype = self._dtype(x)
+        out = self._empty(x.shape, dtype)
         n = x.size
         if n == 0:
             return out
         code, p0, p1, f0, f1 = unary_kernel_args(op, p)
         g, l, chunk = self._flat_geometry(n)
-        self._run("unary", g, l, x.buffer, x.offset, out.buffer, 0, n, chunk, code, p0, p1, f0, f1)
+        self._run("unary", g, l, x.buffer, x.offset, out.buffer, 0, n, chunk, code, p0, p1, f0, f1,
+                  params=self._hdt(dtype))
         return out
 
     def _binary(self, op, a, b):
+        """a op b with broadcasting, either side a number; two arrays of one half dtype give that dtype
+        (loaded and stored as 16-bit words), mixed dtypes are computed in float32."""
         code = BINARY_CODES[op]
-        if not isinstance(a, CLArray) or not isinstance(b, CLArray):
-            t = b if isinstance(b, CLArray) else a
-            out = self._empty(t.shape)
+        if len({self._dtype(v) for v in (a, b) if isinstance(v, self.native_types)}) > 1:
+            a, b = (self._f32(v) if isinstance(v, CLHalf) else v for v in (a, b))
+        dtype = self._dtype(a if isinstance(a, self.native_types) else b)
+        hdt = self._hdt(dtype)
+        if not isinstance(a, self.native_types) or not isinstance(b, self.native_types):
+            t = b if isinstance(b, self.native_types) else a
+            out = self._empty(t.shape, dtype)
             n = t.size
             if n:
                 g, l, chunk = self._flat_geometry(n)
-                if isinstance(a, CLArray):
+                if isinstance(a, self.native_types):
                     self._run("binary_flat", g, l, a.buffer, a.offset, a.buffer, a.offset, out.buffer, 0,
-                              n, chunk, code, 2, 0.0, float(b))
+                              n, chunk, code, 2, 0.0, float(b), params=hdt)
                 else:
                     self._run("binary_flat", g, l, b.buffer, b.offset, b.buffer, b.offset, out.buffer, 0,
-                              n, chunk, code, 1, float(a), 0.0)
+                              n, chunk, code, 1, float(a), 0.0, params=hdt)
             return out
         shape = tuple(np.broadcast_shapes(a.shape, b.shape))
-        out = self._empty(shape)
+        out = self._empty(shape, dtype)
         n = out.size
         if n == 0:
             return out
         g, l, chunk = self._flat_geometry(n)
         if a.shape == b.shape:
             self._run("binary_flat", g, l, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0,
-                      n, chunk, code, 0, 0.0, 0.0)
+                      n, chunk, code, 0, 0.0, 0.0, params=hdt)
             return out
 
         def bstrides(s):
@@ -347,7 +362,8 @@ class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Bac
             return tuple(0 if (d == 1 and t != 1) else st[i] for i, (d, t) in enumerate(zip(s, shape)))
         shape2, (sa, sb, _) = _collapse(shape, bstrides(a.shape), bstrides(b.shape), _contig_strides(shape))
         meta = self._meta((len(shape2),) + shape2 + sa + sb)
-        self._run("binary_nd", g, l, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0, n, chunk, code, meta)
+        self._run("binary_nd", g, l, a.buffer, a.offset, b.buffer, b.offset, out.buffer, 0, n, chunk, code, meta,
+                  params=hdt)
         return out
 
     def _slice(self, x, dim, start, length, step):

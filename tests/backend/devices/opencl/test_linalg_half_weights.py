@@ -94,3 +94,32 @@ def test_reshape_keeps_half_storage():
     r = be.reshape(h, (2, 12))
     assert be._dtype(r) == "float16" and r.block is h.block
     np.testing.assert_array_equal(be.to_numpy(be.view(h, 3, 8)), np.arange(24, dtype=np.float32).reshape(3, 8))
+
+
+UNARY = [("relu", {}), ("silu", {}), ("gelu", {"approximate": "tanh"}), ("exp", {}), ("clamp", {"min": -0.5, "max": 0.7})]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+def test_elementwise_on_half_arrays(family, dtype):
+    """unary and binary ops on half natives of one dtype run on them as stored ("half_elementwise"):
+    the result has that dtype and equals the float32 op on the same values rounded once."""
+    be = FAMILIES[family]
+    assert "half_elementwise" in be.caps.fused
+    rng = np.random.default_rng(9)
+    a32 = dtypes.round_to(rng.standard_normal((3, 5, 7)).astype(np.float32), dtype)
+    b32 = dtypes.round_to(rng.standard_normal((5, 1)).astype(np.float32), dtype)
+    a, b = be.to_device(a32, dtype=dtype), be.to_device(b32, dtype=dtype)
+    for op, kw in UNARY:
+        y = be.unary(op, a, **kw)
+        assert be._dtype(y) == dtype
+        ref = be.to_numpy(be.unary(op, be.to_device(a32), **kw))
+        np.testing.assert_array_equal(be.to_numpy(y), dtypes.round_to(ref, dtype))
+    for op in ("add", "sub", "mul", "div", "maximum"):
+        for x, z in ((a, b), (b, a), (a, a), (a, 2.5), (1.5, a)):
+            y = getattr(be, op)(x, z)
+            assert be._dtype(y) == dtype, (op, x, z)
+            ref = getattr(be, op)(*(be.to_device(be.to_numpy(v)) if not isinstance(v, float) else v for v in (x, z)))
+            np.testing.assert_array_equal(be.to_numpy(y), dtypes.round_to(be.to_numpy(ref), dtype))
+    mixed = be.add(a, be.to_device(a32))  # half + float32: float32, as torch promotes
+    assert be._dtype(mixed) == "float32"
