@@ -90,9 +90,10 @@ class CLStorage:
         return out
 
     def _memory_peak(self, reset: bool = False):
-        """The most bytes the backend's arrays held at once (the buffer pool's live bytes) since the last reset;
-        host memory wrapped in place (``pool.wrapped``: shared weights, the caller's memory) is not counted."""
+        """The most bytes the backend's arrays held at once since the last reset: the buffer pool's live
+        bytes at their peak, plus the host memory the device reads in place now (``pool.wrapped``: shared
+        float32 weights; memory the model needs on the device, though not a copy of its own)."""
         if reset:
-            return self.pool.reset_peak()
+            return self.pool.reset_peak() + self.pool.wrapped
         self.pool._drain()
-        return self.pool.peak
+        return self.pool.peak + self.pool.wrapped
