@@ -20,12 +20,7 @@
    Compile-time: E, EV (head dims); CPU family TQ (query rows a work item); GPU family WG (work
    group size = query rows a group) and BK (keys a local tile). */
 
-#ifndef E
-#define E 64
-#endif
-#ifndef EV
-#define EV 64
-#endif
+#include "attention_dims.h"
 
 /* the value dim in vectors of VW lanes */
 #if EV % 16 == 0
@@ -217,71 +212,5 @@ __kernel void att_cpu(ATT_ARGS)
     }
 }
 
-#ifndef WG
-#define WG 64
-#endif
-#ifndef BK
-#define BK 32
-#endif
-
-/* GPU family: a work group of WG work items takes WG query rows of one batch entry, one row a
-   work item (its q row, accumulator, max and sum private); the keys stream through __local tiles
-   of BK keys (kt's E x BK and v's BK x EV, loaded by the whole group, coalesced along S and EV).
-   The row sum is compensated (Neumaier). Launch: global (B * ceil(L / WG) * WG), local (WG). */
-__kernel void att_gpu(ATT_ARGS)
-{
-    __local float kl[E * BK];
-    __local float vl[BK * EV];
-    const int lid = get_local_id(0);
-    const int nt = (L + WG - 1) / WG;
-    const int grp = get_group_id(0);
-    const int b = grp / nt, i = (grp - b * nt) * WG + lid;
-    const int row = min(i, L - 1);
-    const __global float *qb = q + q_off + ATT_BOFF(b, q_so, q_si);
-    const __global float *kb = kt + k_off + ATT_BOFF(b, k_so, k_si);
-    const __global float *vb = v + v_off + ATT_BOFF(b, v_so, v_si);
-    const __global float *mp = m + m_off + (has_mask ? ATT_BOFF(b, m_so, m_si) + (long)row * m_r : 0);
-    float qv[E], acc[EV], blk[EV], s[BK];
-    for (int e = 0; e < E; e++) qv[e] = qb[(long)row * E + e] * scale;
-    for (int c = 0; c < EV; c++) acc[c] = 0.0f;
-    float mx = -FLT_MAX, l = 0.0f, lc = 0.0f;
-    for (int j0 = 0; j0 < S; j0 += BK) {
-        const int nk = min(BK, S - j0);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int t = lid; t < E * BK; t += WG) {
-            const int e = t / BK, jj = t - e * BK;
-            kl[t] = jj < nk ? kb[(long)e * S + j0 + jj] : 0.0f;
-        }
-        for (int t = lid; t < nk * EV; t += WG) vl[t] = vb[(long)j0 * EV + t];
-        barrier(CLK_LOCAL_MEM_FENCE);
-        float bm = -INFINITY;
-        for (int jj = 0; jj < nk; jj++) {
-            float t = 0.0f;
-            for (int e = 0; e < E; e++) t = fma(qv[e], kl[e * BK + jj], t);
-            if (has_mask) t += mp[m_k ? j0 + jj : 0];
-            if (causal && j0 + jj > row + causal - 1) t += -INFINITY;
-            s[jj] = t;
-            bm = fmax(bm, t);
-        }
-        const float mn = fmax(mx, bm);
-        const float alpha = exp(mx - mn);
-        mx = mn;
-        l *= alpha;
-        lc *= alpha;
-        for (int c = 0; c < EV; c++) blk[c] = 0.0f;
-        for (int jj = 0; jj < nk; jj++) {
-            const float p = exp(s[jj] - mn);
-            const float t = l + p;
-            lc += fabs(l) >= fabs(p) ? (l - t) + p : (p - t) + l;
-            l = t;
-            for (int c = 0; c < EV; c++) blk[c] = fma(p, vl[jj * EV + c], blk[c]);
-        }
-        for (int c = 0; c < EV; c++) acc[c] = fma(acc[c], alpha, blk[c]);  /* the tile's products added once */
-    }
-    if (i < L) {
-        const float tot0 = isfinite(l) ? l + lc : l;
-        const float tot = (tot0 > 1.0f || isnan(tot0)) ? tot0 : 1.0f;
-        __global float *yr = y + y_off + ((long)b * L + i) * EV;
-        for (int c = 0; c < EV; c++) yr[c] = acc[c] / tot;
-    }
-}
+/* The GPU family's kernel is kernels/attention.cu's ad_attention (the portable subset, also the CUDA
+   backend's), built as OpenCL C. */

@@ -4,22 +4,9 @@
    CUDA backend (backend/devices/cuda/attention.py, the fused kernel "attention") and as OpenCL C
    by tests/conformance/test_portable_attention.py (PoCL).
 
-   The same kernel as attention.cl's att_gpu (OpenCL only; attention.cl's att_cpu is the CPU
-   family), with the same arguments (signatures.py: ATT_ARGS), layout and semantics:
-
-   Operands (float32, contiguous per batch entry): q (B, L, E), kt = k^T (B, E, S), v (B, S, EV),
-   y (B, L, EV); batch entry b of an operand starts at off + (b / bi) * so + (b % bi) * si (so, si:
-   the operand's strides over the output batch split into outer x inner, 0 where it broadcasts).
-   The additive mask (has_mask) is read at m + m_off + batch offset + row * m_r + key * m_k
-   (m_r 0: one row for all queries; m_k 0 or 1: one value for all keys or one per key). causal
-   0: none; else query i sees keys j <= i + causal - 1 (top-left aligned; causal - 1: the first
-   row's index in the whole query), -inf added to the others' scores (so a NaN score past the
-   diagonal still gives NaN, as torch).
-
-   Semantics as ops/attention.py's composite: q * scale rounded first; the row max taken at least
-   -FLT_MAX (a row whose keys are all masked gives zeros, not NaN); the sum at least 1 and
-   compensated (Neumaier); NaN and Inf propagate through the exps and products as in the
-   composite (no skipped zero products; a NaN score is passed over by the max, its exp is NaN).
+   The GPU family's kernel on OpenCL and CUDA (attention.cl's att_cpu is the CPU family), with the
+   same arguments (signatures.py), operand layout, mask and causal conventions and semantics, which
+   the header of kernels/attention.cl describes; the row sum here is compensated (Neumaier) too.
 
    A work group of WG threads takes WG query rows of one batch entry, one row a thread (its q row,
    accumulator, max and sum private); the keys stream through group-shared tiles of BK keys (kt's
@@ -27,12 +14,7 @@
    reads the same shared word: a broadcast). Shared memory 4 * BK * (E + EV) bytes.
    Launch: groups (B * ceil(L / WG)), group size (WG). Compile-time: E, EV, WG, BK. */
 
-#ifndef E
-#define E 64
-#endif
-#ifndef EV
-#define EV 64
-#endif
+#include "attention_dims.h"
 #ifndef WG
 #define WG 64
 #endif

@@ -18,7 +18,7 @@ from anydevice.backend.devices.runtime import cl_scalar_dtypes
 from anydevice.backend.devices.runtime.attention import attention_args, attention_layout, shared_tile
 from anydevice.backend.devices.runtime.kernel_source import kernel_source
 
-from precision_helpers import check, random_mask
+from precision_helpers import ATTENTION_SHAPES, check, random_mask, opencl_device
 
 torch = pytest.importorskip("torch")
 cl = pytest.importorskip("pyopencl", reason="pyopencl not installed (pip install pyopencl pocl-binary-distribution)")
@@ -31,16 +31,7 @@ class Att:
     """Builds attention.cu as OpenCL C (PoCL first) and launches ad_attention as the CUDA backend does."""
 
     def __init__(self):
-        try:
-            devs = [d for p in cl.get_platforms() for d in p.get_devices()]
-        except cl.Error as exc:
-            pytest.skip(f"no OpenCL platform ({exc})")
-        if not devs:
-            pytest.skip("no OpenCL device")
-        pocl = [d for d in devs if "Portable Computing Language" in d.platform.name]
-        self.dev = (pocl or devs)[0]
-        self.ctx = cl.Context([self.dev])
-        self.queue = cl.CommandQueue(self.ctx)
+        self.dev, self.ctx, self.queue = opencl_device()
         self.src = kernel_source("attention.cu", "opencl", cb.KERNELS_DIR)
         self._k: dict = {}
 
@@ -105,14 +96,7 @@ def _data(seed, sq, sk, sv):
     return q, np.ascontiguousarray(np.swapaxes(k, -1, -2)), v
 
 
-SHAPES = [  # (query, key, value)
-    ((1, 2, 7, 8), (1, 2, 7, 8), (1, 2, 7, 8)),              # L == S
-    ((2, 3, 17, 16), (2, 3, 33, 16), (2, 3, 33, 8)),         # L != S, Ev != E
-    ((1, 1, 45, 40), (1, 1, 29, 40), (1, 1, 29, 40)),        # head dim 40, L > S
-    ((3, 19, 5), (3, 23, 5), (3, 23, 7)),                    # odd dims, 3-D
-    ((1, 2, 1, 64), (1, 2, 100, 64), (1, 2, 100, 64)),       # one query
-    ((1, 2, 9, 12), (1, 2, 1, 12), (1, 2, 1, 3)),            # one key (S = 1)
-    ((2, 1, 6, 4), (1, 3, 10, 4), (2, 3, 10, 1)),            # broadcast batch dims, Ev = 1
+SHAPES = ATTENTION_SHAPES + [  # (query, key, value)
     ((1, 1, 70, 64), (1, 1, 300, 64), (1, 1, 300, 64)),      # several groups and key tiles
 ]
 

@@ -26,6 +26,7 @@ import pytest
 from anydevice.backend.devices import cuda as cb
 from anydevice.backend.devices import opencl as ob
 from anydevice.backend.devices.runtime.kernel_source import kernel_source
+from precision_helpers import opencl_device
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -74,16 +75,7 @@ class Runner:
     backend/devices/runtime/kernel_source.py, as every backend does) and launches its kernels on one device."""
 
     def __init__(self):
-        try:
-            devs = [d for p in cl.get_platforms() for d in p.get_devices()]
-        except cl.Error as exc:
-            pytest.skip(f"no OpenCL platform ({exc})")
-        if not devs:
-            pytest.skip("no OpenCL device")
-        pocl = [d for d in devs if "Portable Computing Language" in d.platform.name]
-        self.dev = (pocl or devs)[0]
-        self.ctx = cl.Context([self.dev])
-        self.queue = cl.CommandQueue(self.ctx)
+        self.dev, self.ctx, self.queue = opencl_device()
         self._kernels: dict = {}
         self._dummy = self.buf(np.zeros(1, np.float32))
 

@@ -140,3 +140,27 @@ def swinir(seed=0):
 def decoder(seed=0):
     torch.manual_seed(seed)
     return Decoder().eval()
+
+
+class SmallAttention(nn.Module):
+    """Self-attention over an image's pixels (qkv linear, SDPA over heads, out linear, residual)."""
+
+    def __init__(self, c, heads=4):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(c, 3 * c), nn.Linear(c, c)
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        t = x.flatten(2).transpose(1, 2)
+        q, k, v = self.qkv(t).reshape(n, -1, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, -1, c)
+        return x + self.out(a).transpose(1, 2).reshape(n, c, h, w)
+
+
+def conv_attention_model(seed=0):
+    """A small model of what a diffusion model is made of: convs, GroupNorm, SiLU, attention, upsample."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(4, 32, 3, padding=1), nn.GroupNorm(8, 32), nn.SiLU(),
+        nn.Conv2d(32, 32, 3, padding=1), SmallAttention(32), nn.SiLU(),
+        nn.Upsample(scale_factor=2), nn.Conv2d(32, 4, 1)).eval()

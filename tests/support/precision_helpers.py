@@ -72,3 +72,32 @@ def random_mask(rng, shape, kind):
     mask = rng.standard_normal(shape).astype(np.float32)
     mask[rng.random(shape) < 0.3] = -np.inf
     return mask
+
+
+#: attention cases (query, key, value) both the fused kernels' tests take, each file adding its long ones
+ATTENTION_SHAPES = [
+    ((1, 2, 7, 8), (1, 2, 7, 8), (1, 2, 7, 8)),              # L == S
+    ((2, 3, 17, 16), (2, 3, 33, 16), (2, 3, 33, 8)),         # L != S, Ev != E
+    ((1, 1, 45, 40), (1, 1, 29, 40), (1, 1, 29, 40)),        # head dim 40, L > S
+    ((3, 19, 5), (3, 23, 5), (3, 23, 7)),                    # odd dims, 3-D
+    ((1, 2, 1, 64), (1, 2, 100, 64), (1, 2, 100, 64)),       # one query
+    ((1, 2, 9, 12), (1, 2, 1, 12), (1, 2, 1, 3)),            # one key (S = 1)
+    ((2, 1, 6, 4), (1, 3, 10, 4), (2, 3, 10, 1)),            # broadcast batch dims, Ev = 1
+]
+
+
+def opencl_device():
+    """(device, context, queue) on PoCL where it is there (else the first OpenCL device); the test is
+    skipped, saying why, without one."""
+    import pyopencl as cl
+    import pytest
+    try:
+        devs = [d for p in cl.get_platforms() for d in p.get_devices()]
+    except cl.Error as exc:
+        pytest.skip(f"no OpenCL platform ({exc})")
+    if not devs:
+        pytest.skip("no OpenCL device")
+    pocl = [d for d in devs if "Portable Computing Language" in d.platform.name]
+    dev = (pocl or devs)[0]
+    ctx = cl.Context([dev])
+    return dev, ctx, cl.CommandQueue(ctx)

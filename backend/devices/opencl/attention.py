@@ -1,7 +1,8 @@
 """The OpenCL device's fused attention (the fused kernel "attention" of devices/interface.py, called
 by ops/attention.py for each block of query rows): kernels/attention.cl's att_cpu (CPU family:
-a work item per tile of query rows, vectorised over the keys) and att_gpu (GPU family: a work
-group per tile of query rows, K/V tiles in local memory). Both stream the keys with an online
+a work item per tile of query rows, vectorised over the keys) and kernels/attention.cu's
+ad_attention (GPU family, the portable kernel the CUDA backend runs too: a work group per tile of
+query rows, K/V tiles in local memory). Both stream the keys with an online
 softmax and write only the (..., L, Ev) output: the memory is that of q, k, v and the output.
 The operand layout (shapes taken, batch split, argument tuple) is the shared runtime's
 (runtime/attention.py), which the CUDA backend's kernels/attention.cu launch uses too."""
@@ -45,11 +46,11 @@ class CLAttention:
                       params={"E": E, "EV": Ev, "TQ": tq, "RT": CPU_RT, "KB": CPU_KB})
             return y
         wg, bk = self._att_gpu_geometry(E, Ev)
-        self._run("att_gpu", (B * -(-L // wg) * wg,), (wg,), *args, params={"E": E, "EV": Ev, "WG": wg, "BK": bk})
+        self._run("ad_attention", (B * -(-L // wg) * wg,), (wg,), *args, params={"E": E, "EV": Ev, "WG": wg, "BK": bk})
         return y
 
     def _att_gpu_geometry(self, E, Ev):
-        """(work group, key tile) for att_gpu: within the device's work-group size, the built
+        """(work group, key tile) for ad_attention: within the device's work-group size, the built
         kernel's own limit and the local memory (the kl and vl tiles, 4 * BK * (E + Ev) bytes)."""
         cache = self.__dict__.setdefault("_att_geom", {})
         hit = cache.get((E, Ev))
@@ -58,7 +59,7 @@ class CLAttention:
         bk = shared_tile(E, Ev, int(self.dev.local_mem_size), GPU_BK)
         wg = min(GPU_WG, 1 << (max(1, int(self.dev.max_work_group_size)).bit_length() - 1))
         while True:
-            k = self._kernel("att_gpu", {"E": E, "EV": Ev, "WG": wg, "BK": bk})
+            k = self._kernel("ad_attention", {"E": E, "EV": Ev, "WG": wg, "BK": bk})
             limit = int(k.get_work_group_info(self.cl.kernel_work_group_info.WORK_GROUP_SIZE, self.dev))
             if wg <= limit or wg == 1:
                 break

@@ -111,7 +111,7 @@ def attention_layout(sq, sk, sv, ms=None, bat=None) -> AttentionLayout | None:
 
 def attention_args(lay: AttentionLayout, q, kt, v, mask, y, scale: float, causal: bool, row0: int,
                    buf=lambda a: a, off=lambda a: 0) -> tuple:
-    """The kernels' arguments (signatures.py's att_gpu / ad_attention order) for ``lay``; ``buf`` /
+    """The kernels' arguments (signatures.py's att_cpu / ad_attention order) for ``lay``; ``buf`` /
     ``off`` give an operand's buffer and element offset (a CUDA array: itself and 0). Without a
     mask, q stands in for its buffer (never read)."""
     mk = mask if mask is not None else q

@@ -54,7 +54,6 @@ KERNELS: dict[str, KernelSig] = {
     "gemm_small": _s("elementwise.cl", "i i i b l i i l b l i i l b l b i i"),
     # fused attention, both OpenCL families (kernels/attention.cl): q, kt, v, mask, y, sizes
     "att_cpu": _s("attention.cl", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
-    "att_gpu": _s("attention.cl", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
     # OpenCL CPU family
     "pack_a": _s("gemm_cpu.cl", "i i b l i i l b"),
     "pack_b": _s("gemm_cpu.cl", "i i b l i i l b"),
@@ -74,7 +73,7 @@ KERNELS: dict[str, KernelSig] = {
     "ad_window2d": _s("window.cu", "b b b b b b", "i" * 8),
     "ad_window2d_px": _s("window.cu", "b b b b b b", "i" * 8),
     "ad_window_rows": _s("window.cu", "b b b b", "i" * 6),
-    # fused attention, the GPU family in the portable subset (kernels/attention.cu): att_gpu's arguments
+    # fused attention, the GPU family (OpenCL and CUDA) in the portable subset (kernels/attention.cu): att_cpu's arguments
     "ad_attention": _s("attention.cu", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
 }
 

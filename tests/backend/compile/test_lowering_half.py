@@ -18,28 +18,13 @@ from anydevice.backend import compile as C
 from anydevice.backend import get_backend
 from anydevice.backend.compile.lowering import Weights
 
+from compile_models import conv_attention_model
+
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class _Attention(torch.nn.Module):
-    def __init__(self, c, heads=4):
-        super().__init__()
-        self.heads, self.qkv, self.out = heads, torch.nn.Linear(c, 3 * c), torch.nn.Linear(c, c)
-
-    def forward(self, x):
-        n, c, h, w = x.shape
-        t = x.flatten(2).transpose(1, 2)
-        q, k, v = self.qkv(t).reshape(n, -1, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, -1, c)
-        return x + self.out(a).transpose(1, 2).reshape(n, c, h, w)
-
-
 def _model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(4, 32, 3, padding=1), torch.nn.GroupNorm(8, 32), torch.nn.SiLU(),
-        torch.nn.Conv2d(32, 32, 3, padding=1), _Attention(32), torch.nn.SiLU(),
-        torch.nn.Upsample(scale_factor=2), torch.nn.Conv2d(32, 4, 1)).eval()
+    return conv_attention_model(0)
 
 
 def _exact(m, x):

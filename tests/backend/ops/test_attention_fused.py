@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from precision_helpers import check, random_mask
+from precision_helpers import ATTENTION_SHAPES, check, random_mask
 
 SDPA = F.scaled_dot_product_attention
 TOL = 1e-6
@@ -59,14 +59,7 @@ def test_declared_fused(cl):
     assert "attention" in cl.caps.fused
 
 
-SHAPES = [  # (query, key, value)
-    ((1, 2, 7, 8), (1, 2, 7, 8), (1, 2, 7, 8)),             # L == S
-    ((2, 3, 17, 16), (2, 3, 33, 16), (2, 3, 33, 8)),        # L != S, Ev != E
-    ((1, 1, 45, 40), (1, 1, 29, 40), (1, 1, 29, 40)),       # head dim 40, L > S
-    ((3, 19, 5), (3, 23, 5), (3, 23, 7)),                   # odd dims, 3-D
-    ((1, 2, 1, 64), (1, 2, 100, 64), (1, 2, 100, 64)),      # one query
-    ((1, 2, 9, 12), (1, 2, 1, 12), (1, 2, 1, 3)),           # one key
-    ((2, 1, 6, 4), (1, 3, 10, 4), (2, 3, 10, 1)),           # broadcast batch dims, Ev = 1
+SHAPES = ATTENTION_SHAPES + [  # (query, key, value)
     ((1, 1, 64, 64), (1, 1, 4096, 64), (1, 1, 4096, 64)),   # long S
     ((1, 2, 33, 40), (1, 2, 4096, 40), (1, 2, 4096, 40)),   # long S, head dim 40
 ]

@@ -17,6 +17,8 @@ import torch
 from anydevice.backend import compile as C
 from anydevice.backend.compile.lowering import Weights
 
+from compile_models import conv_attention_model
+
 try:
     from anydevice.backend.devices import opencl
     from anydevice.backend.devices.opencl import memory
@@ -152,19 +154,6 @@ def test_the_weights_cache_still_lets_the_tensor_go():
     assert len(w) == 0 and pool.wrapped == wrapped
 
 
-class _Attention(torch.nn.Module):
-    def __init__(self, c, heads=4):
-        super().__init__()
-        self.heads, self.qkv, self.out = heads, torch.nn.Linear(c, 3 * c), torch.nn.Linear(c, c)
-
-    def forward(self, x):
-        n, c, h, w = x.shape
-        t = x.flatten(2).transpose(1, 2)
-        q, k, v = self.qkv(t).reshape(n, -1, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, -1, c)
-        return x + self.out(a).transpose(1, 2).reshape(n, c, h, w)
-
-
 def _run(m, x, share: bool):
     Weights.of(BE).clear()
     BE.share_host = share
@@ -177,11 +166,7 @@ def _run(m, x, share: bool):
 
 
 def test_a_compiled_model_gives_what_the_copying_path_gives():
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(
-        torch.nn.Conv2d(4, 32, 3, padding=1), torch.nn.GroupNorm(8, 32), torch.nn.SiLU(),
-        torch.nn.Conv2d(32, 32, 3, padding=1), _Attention(32), torch.nn.SiLU(),
-        torch.nn.Upsample(scale_factor=2), torch.nn.Conv2d(32, 4, 1)).eval()
+    m = conv_attention_model(0)
     x = torch.randn(2, 4, 12, 12, generator=torch.Generator().manual_seed(1))
     wrapped = BE.pool.wrapped
     Weights.of(BE).clear()
