@@ -47,7 +47,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from .rows import Row, _sync_torch, _torch_device_for
+from .rows import Row, _sync_torch, _torch_device_for, machine_line
 
 log = logging.getLogger("anydevice")
 
@@ -285,6 +285,7 @@ def main(args) -> int:
                                                                          [",".join(DEFAULT_DTYPES)])
              for d in a.split(",") if d.strip()]
     runs = [(c, d) for c in cases for d in dict.fromkeys(asked)]
+    print(machine_line())
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; whole models, torch.compile("
           f"backend='anydevice') vs PyTorch eager (float32 on the CPU), inference mode; ratio = torch time / ours, same run, "
           f"interleaved, median of {reps} (> 1: ours faster); our time includes the input upload and the "

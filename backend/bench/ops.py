@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rows import Row, _sync_torch, _torch_device_for, run_rows
+from .rows import Row, _sync_torch, _torch_device_for, run_rows, machine_line
 
 log = logging.getLogger("anydevice")
 
@@ -192,6 +192,7 @@ def main(args) -> int:
     names = args.backend or [i.name for i in list_backends() if i.available]
     cases = [c for c in CASES if not args.case or any(s in c.name for s in args.case)]
     budget = 0.25 if args.quick else 0.8
+    print(machine_line())
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; ratio = torch time / backend "
           f"time, same run, alternating blocks (> 1: backend faster); {'TF32' if tf32 else 'FP32'} on both sides")
     def run(be, case):

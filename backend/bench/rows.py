@@ -27,6 +27,25 @@ class Row:
     dtype: str = "float32"
 
 
+def machine_line() -> str:
+    """What the numbers were measured on: the CPU's model, the vector ISA PyTorch's kernels use on it
+    (AVX2, AVX512, ...; the pack's CPU kernels are tuned by it) and the cores."""
+    import os
+    import platform
+    import torch
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    try:
+        isa = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - older PyTorch
+        isa = "unknown"
+    return f"machine: {model}; ISA {isa}; {os.cpu_count()} CPUs"
+
+
 def _torch_device_for(be):
     """The torch device PyTorch's side runs on for ``be`` (the device interface says which)."""
     return be.torch_device()

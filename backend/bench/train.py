@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rows import Row, _sync_torch, _torch_device_for
+from .rows import Row, _sync_torch, _torch_device_for, machine_line
 from ..learn.network import Network
 
 
@@ -173,6 +173,7 @@ def main(args) -> int:
     names = getattr(args, "backend", None) or [i.name for i in list_backends() if i.available]
     chosen = [c for c in cases() if not getattr(args, "case", None) or any(s in c.name for s in args.case)]
     budget = 0.8 if getattr(args, "quick", False) else 3.0
+    print(machine_line())
     print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; one training step (forward, backward, "
           f"Adam); ratio = torch time / backend time, same run, alternating blocks (> 1: backend faster)")
     from .rows import run_rows
