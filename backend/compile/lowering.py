@@ -142,9 +142,8 @@ class Weights:
 
     def __init__(self, be, dtype: str = "float32"):
         self.be, self.dtype = be, dtype
-        self._entries: dict[int, list] = {}
+        self._entries: dict[int, list] = {}  # id(t) -> [weak ref to t, its version, device array, bytes]
         self.uploads = 0
-        self.streamed = 0  # weight bytes uploaded for one use (past device_budget)
 
     def get(self, t, vkey=None, count: Counting | None = None):
         e = self._entries.get(id(t))
@@ -154,31 +153,36 @@ class Weights:
             return e[2]
         size = self.itemsize(t) * t.numel()
         held = self.nbytes
+        a = self._upload(t)
         if e is None and held + size > device_budget(self.be, held):
             # past the budget: uploaded for this use only, and dropped by the graph after its last use
-            a = self._upload(t)
-            self.streamed += size
             if count is not None:
                 count.transfer("streamed", size)
             return a
-        a = self._upload(t)
         self.uploads += 1
         if count is not None:
             count.transfer("constants", size)
         tid = id(t)
         ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries: d.pop(tid, None)
                           if d.get(tid, [None])[0] is _r else None)
-        self._entries[tid] = [ref, vkey, a]
+        self._entries[tid] = [ref, vkey, a, size]
         return a
 
+    def store(self, t) -> str | None:
+        """The dtype a host tensor is stored in on the device: the cache's for a floating tensor where that
+        is a half dtype; None (float32) otherwise."""
+        return self.dtype if t.is_floating_point() and self.dtype != "float32" else None
+
     def itemsize(self, t) -> int:
-        return ITEMSIZE.get(self.dtype, 4) if t.is_floating_point() else 4
+        """Device bytes per element of ``t`` as ``store`` stores it."""
+        dtype = self.store(t)
+        return 4 if dtype is None else ITEMSIZE[dtype]
 
     def _upload(self, t):
         """A floating weight stored as the cache's dtype (float32 where the cache is float32). A float32 one
         may be wrapped, not copied (``share``: a device in host memory uses the tensor's memory; a weight
         written in place gets a new version, so ``get`` asks again, and nothing writes a device array)."""
-        dtype = self.dtype if t.is_floating_point() and self.dtype != "float32" else None
+        dtype = self.store(t)
         return self.be.to_device(t, "compile", "weight", constant=True, dtype=dtype, share=dtype is None)
 
     def clear(self) -> None:
@@ -190,8 +194,8 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
-        return sum(ITEMSIZE.get(self.be._dtype(e[2]), 4) * math.prod(self.be._shape(e[2]))
-                   for e in self._entries.values())
+        """Bytes of the device copies held (each entry's, kept when it was made: ``get`` asks on every miss)."""
+        return sum(e[3] for e in list(self._entries.values()))
 
 
 # ---- the interpreter -------------------------------------------------------------------------------
@@ -422,11 +426,11 @@ class Lowered:
                 a = self._fold_dev.get(x)
                 if a is None:
                     a = self._fold_dev[x] = be.to_device(v, "compile", "constant", constant=True,
-                                                         dtype=self._store(v))
-                    self.count.transfer("constants", self._itemsize(v) * v.numel())
+                                                         dtype=self.weights.store(v))
+                    self.count.transfer("constants", self.weights.itemsize(v) * v.numel())
             else:
-                a = be.to_device(v, "compile", x.name, dtype=self._store(v))
-                self.count.transfer("uploads", self._itemsize(v) * v.numel())
+                a = be.to_device(v, "compile", x.name, dtype=self.weights.store(v))
+                self.count.transfer("uploads", self.weights.itemsize(v) * v.numel())
             uploaded[x] = a
             return a
 
@@ -515,13 +519,6 @@ class Lowered:
         be = self.be
         return sum(ITEMSIZE.get(be._dtype(a), 4) * math.prod(be._shape(a)) for a in self._fold_dev.values()
                    if isinstance(a, be.native_types))
-
-    def _store(self, t):
-        """The dtype a host tensor is uploaded in: the graph's storage dtype for floating tensors."""
-        return self.dtype if self.dtype is not None and t.is_floating_point() else None
-
-    def _itemsize(self, t) -> int:
-        return ITEMSIZE[self.dtype] if self._store(t) else 4
 
     def _round(self, a):
         """A device op's float32 result stored in the graph's dtype (a model run in half rounds every op)."""

@@ -61,7 +61,7 @@ class Conversion:
         if _is_torch_tensor(x):
             self._count("downloads", 4 * x.numel(), x.device.type != "cpu")
             t = x.detach().to("cpu")
-            return (t.float() if dtypes.of(t) in (dtypes.FLOAT16, dtypes.BFLOAT16) else t).numpy()
+            return (t.float() if dtypes.of(t) in dtypes.HALF else t).numpy()
         self._count("downloads", 4 * math.prod(self._shape(x)))
         return self._to_numpy(x)
 
@@ -95,7 +95,7 @@ class Conversion:
                     or (arg in _same and dt == result and "half_elementwise" in fused)):
                 natives.append(value)  # as it is stored: the op or the device's kernels read it so
             else:
-                natives.append(None if value is None else self._compute_input(value, op, arg))
+                natives.append(None if value is None else self.to_device(value, op, arg))  # float32
         return (Kind(kind or "numpy", result), like, *natives)
 
     def _value_dtype(self, value):
@@ -103,11 +103,6 @@ class Conversion:
         if isinstance(value, self.native_types) and _kind(value, self) == "native":
             return self._dtype(value)
         return dtypes.of(value)
-
-    def _compute_input(self, value, op: str, arg: str):
-        """An op's argument as a native array in the compute dtype (float32): half natives converted on
-        the device, host and torch arrays on the way up (``to_device``)."""
-        return self.to_device(value, op, arg)
 
     def _out(self, y, kind, like):
         """The result ``y`` (a native float32 array, or what an op returns as it is) as the caller's kind,

@@ -137,8 +137,8 @@ class MovementOps:
     # ---- joining ---------------------------------------------------------------------------
     def _list_inputs(self, op, tensors):
         _tensor_list(op, "tensors", tensors)
-        kind = Kind(_kind(tensors[0], self), dtypes.promote([self._value_dtype(t) for t in tensors]))
-        return kind, tensors[0], [self._compute_input(t, op, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        kind, like, *xs = self._inputs(op, **{f"tensors[{i}]": t for i, t in enumerate(tensors)})
+        return kind, like, xs
 
     def cat(self, tensors, dim=0):
         """torch.cat: along an existing dim; 1-D empty tensors are skipped as torch does."""
@@ -178,7 +178,7 @@ class MovementOps:
     def _operand(self, op, arg, v):
         if is_scalar(v):
             return self.to_device(np.float32(v), op, arg, constant=True)
-        return self._compute_input(v, op, arg)
+        return self.to_device(v, op, arg)
 
     def compare(self, op: str, input, other):
         """eq, ne, lt, le, gt, ge by name: float32 1.0 where true, 0.0 where false (torch: bool)."""
