@@ -86,11 +86,7 @@ def from_bf16(b: np.ndarray) -> np.ndarray:
 
 def round_to(a: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values rounded to ``dtype`` and back to float32 (what storing them as ``dtype`` keeps)."""
-    if dtype == FLOAT16:
-        return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
-    if dtype == BFLOAT16:
-        return from_bf16(to_bf16(a))
-    return np.asarray(a, np.float32)
+    return host_float32(host_store(a, dtype))
 
 
 def host_store(a: np.ndarray, dtype: str) -> np.ndarray:

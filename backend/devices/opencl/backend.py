@@ -21,7 +21,7 @@ from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check
 from .linalg import LinalgOps
 from .memory import BufferPool, CLArray, CLHalf, _collapse, _contig_strides
 from .storage import CLStorage
-from .params import (BINARY_CODES, DEFAULT_TUNE, F32, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS,
+from .params import (BINARY_CODES, DEFAULT_TUNE, F32, HALF_CODES, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS,
                      TUNE_BUDGET_S)
 from .programs import ProgramCache
 from .wgrad import CLWeightGrad
@@ -309,7 +309,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Bac
     @staticmethod
     def _hdt(dtype: str) -> dict:
         """The elementwise kernels' build option for arrays stored as ``dtype`` ({} for float32)."""
-        return {} if dtype == "float32" else {"HDT": 2 if dtype == "bfloat16" else 1}
+        return {"HDT": HALF_CODES[dtype]} if dtype != "float32" else {}
 
     def _unary(self, op, x, **p):
         """y = op(x); a half x gives a half y (loaded and stored as 16-bit words: HDT, elementwise.cl)."""

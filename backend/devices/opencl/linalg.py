@@ -12,7 +12,7 @@ from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
 from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchunk_for, operand_layout, plan as plan_tiles,
                                  vec_fits)
 from .memory import CLArray, CLHalf, _contig_strides
-from .params import DIRECT_MAX_K, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
+from .params import DIRECT_MAX_K, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
 GEMM_TILES, CONV_TILES = [_O_L, _O_S], [_O_M, _O_S]
@@ -34,9 +34,7 @@ class LinalgOps:
     @staticmethod
     def _wdt(x) -> dict:
         """The build option that reads ``x`` as it is stored ({} for float32)."""
-        if not isinstance(x, CLHalf):
-            return {}
-        return {"WDT": 2 if x.dtype == "bfloat16" else 1}
+        return {"WDT": HALF_CODES[x.dtype]} if isinstance(x, CLHalf) else {}
 
     def _f32(self, x):
         """``x`` as a float32 CLArray (a half-stored weight converted on the device)."""

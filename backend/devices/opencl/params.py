@@ -18,6 +18,8 @@ UNARY_CODES = UNARY_KERNEL_CODES
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "minimum": 5, "maximum": 6,
                 "eq": 7, "ne": 8, "lt": 9, "le": 10, "gt": 11, "ge": 12}
 PAD_CODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
+#: the storage codes of the kernels' WDT (weight_load.h) and HDT (elementwise.cl) build options
+HALF_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 #: CPU family: direct conv when CinG*KH*KW is at most this (and the rows are wide enough)
 DIRECT_MAX_K = 576
