@@ -99,6 +99,9 @@ inline void load32(const __global float *row, const int iw0, const int step, con
     a00 = 0; a01 = 0; a10 = 0; a11 = 0; a20 = 0; a21 = 0; a30 = 0; a31 = 0; \
     a40 = 0; a41 = 0; a50 = 0; a51 = 0; a60 = 0; a61 = 0; a70 = 0; a71 = 0;
 #include "weight_load.h"
+#if WDT > 2
+#error "conv_cpu.cl reads float32 / half weights only: a quantized weight takes the packed GEMM path"
+#endif
 #define FMA8(wp, ws, v0, v1) { float wv; \
     wv = LOADW(wp, 0);     a00 = fma((float16)wv, v0, a00); a01 = fma((float16)wv, v1, a01); \
     wv = LOADW(wp, ws##1); a10 = fma((float16)wv, v0, a10); a11 = fma((float16)wv, v1, a11); \

@@ -41,41 +41,53 @@
 #ifndef PK
 #define PK 64
 #endif
-/* pack_b: Launch global (ceil(K/PK), ceil(N/32), batches) */
+/* pack_b: Launch global (ceil(K/PK), ceil(N/32), batches). Reads are by element index (a quantized
+   weight has no element pointers); B^T given row by row (sbk == 1, a linear weight) is read along its
+   rows, where consecutive k share a quantized block. */
 __kernel void pack_b(const int N, const int K, __global const wstore_t *B, const long b_off,
-                     const int sbk, const int sbn, const long b_bs, __global float *Bp)
+                     const int sbk, const int sbn, const long b_bs, __global float *Bp WQ_PARAMS)
 {
     const int k0 = get_global_id(0) * PK, nt = get_global_id(1), b = get_global_id(2);
     if (k0 >= K) return;
     const int k1 = min(K, k0 + PK);
     const int ntiles = (N + TN - 1) / TN;
-    const __global wstore_t *src = B + b_off + b * b_bs + (long)k0 * sbk + (long)(nt * TN) * sbn;
+    const long src = b_off + b * b_bs + (long)k0 * sbk + (long)(nt * TN) * sbn;
     __global float *dst = Bp + ((long)b * ntiles + nt) * (long)K * TN + (long)k0 * TN;
     const int valid = N - nt * TN;
     if (valid >= TN && sbn == 1) {
-        for (int k = k0; k < k1; k++, src += sbk, dst += TN) {
-            vstore16(LOADW16(src), 0, dst); vstore16(LOADW16(src + 16), 1, dst);
+        long s = src;
+        for (int k = k0; k < k1; k++, s += sbk, dst += TN) {
+            vstore16(LOADW16(B, s), 0, dst); vstore16(LOADW16(B, s + 16), 1, dst);
+        }
+    } else if (sbk == 1) {
+        for (int j = 0; j < TN; j++) {
+            const long s = src + (long)j * sbn;
+            if (j < valid)
+                for (int k = 0; k < k1 - k0; k++) dst[k * TN + j] = LOADW(B, s + k);
+            else
+                for (int k = 0; k < k1 - k0; k++) dst[k * TN + j] = 0.0f;
         }
     } else {
-        for (int k = k0; k < k1; k++, src += sbk, dst += TN)
-            for (int j = 0; j < TN; j++) dst[j] = j < valid ? LOADW(src, (long)j * sbn) : 0.0f;
+        long s = src;
+        for (int k = k0; k < k1; k++, s += sbk, dst += TN)
+            for (int j = 0; j < TN; j++) dst[j] = j < valid ? LOADW(B, s + (long)j * sbn) : 0.0f;
     }
 }
 /* pack_a: Launch global (ceil(K/PK), ceil(M/MR), batches) */
 __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const long a_off,
-                     const int sam, const int sak, const long a_bs, __global float *Ap)
+                     const int sam, const int sak, const long a_bs, __global float *Ap WQ_PARAMS)
 {
     const int k0 = get_global_id(0) * PK, mt = get_global_id(1), b = get_global_id(2);
     if (k0 >= K) return;
     const int k1 = min(K, k0 + PK);
     const int mtiles = (M + MR - 1) / MR;
-    const __global wstore_t *src = A + a_off + b * a_bs + (long)(mt * MR) * sam;
+    const long src = a_off + b * a_bs + (long)(mt * MR) * sam;
     __global float *dst = Ap + ((long)b * mtiles + mt) * (long)K * MR;
     const int valid = min(MR, M - mt * MR);
     for (int i = 0; i < MR; i++) {
-        const __global wstore_t *s = src + (long)i * sam;
+        const long s = src + (long)i * sam;
         if (i < valid)
-            for (int k = k0; k < k1; k++) dst[(long)k * MR + i] = LOADW(s, (long)k * sak);
+            for (int k = k0; k < k1; k++) dst[(long)k * MR + i] = LOADW(A, s + (long)k * sak);
         else
             for (int k = k0; k < k1; k++) dst[(long)k * MR + i] = 0.0f;
     }

@@ -48,4 +48,6 @@
 #define AD_POW(x, y) powf((x), (y))
 #define AD_COPYSIGN(x, y) copysignf((x), (y))
 #define AD_ISNAN(x) isnan(x)
+/* a float from its IEEE bits */
+#define AD_BITS_TO_FLOAT(u) __uint_as_float((unsigned int)(u))
 #endif

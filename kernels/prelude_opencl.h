@@ -44,4 +44,6 @@
 #define AD_POW(x, y) pow((x), (y))
 #define AD_COPYSIGN(x, y) copysign((x), (y))
 #define AD_ISNAN(x) isnan(x)
+/* a float from its IEEE bits */
+#define AD_BITS_TO_FLOAT(u) as_float((uint)(u))
 #endif

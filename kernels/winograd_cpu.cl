@@ -32,7 +32,7 @@
 #endif
 
 __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global float *Up,
-                          const int Cout, const int Cin, __global int *bad)
+                          const int Cout, const int Cin, __global int *bad WQ_PARAMS)
 {
     /* vectorised over the MR output channels of the panel (lanes past MR or Cout are zero) */
     const int c0 = get_global_id(0) * PK, mt = get_global_id(1);
@@ -42,13 +42,13 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
     const long estride = (long)mtiles * Cin * MR;
     const int nvalid = min(MR, Cout - mt * MR);
     __global float *dst = Up + (long)mt * Cin * MR;
-    const __global wstore_t *wb = w + w_off + (long)mt * MR * Cin * 9;
+    const long wb = w_off + (long)mt * MR * Cin * 9;
     const long rs = (long)Cin * 9;
     float16 acc = 0.0f;  /* sum of every transformed value: not finite iff an Inf/NaN was read (or overflow) */
     for (int ci = c0; ci < c1; ci++) {
         float gs[9][16];
         for (int k = 0; k < 9; k++)
-            for (int i = 0; i < 16; i++) gs[k][i] = i < nvalid ? LOADW(wb, i * rs + ci * 9 + k) : 0.0f;
+            for (int i = 0; i < 16; i++) gs[k][i] = i < nvalid ? LOADW(w, wb + i * rs + ci * 9 + k) : 0.0f;
         float16 t[4][3];
         for (int j = 0; j < 3; j++) {  /* rows: G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
             const float16 g0 = vload16(0, gs[j]), g1 = vload16(0, gs[3 + j]), g2 = vload16(0, gs[6 + j]);

@@ -57,6 +57,9 @@ class Capabilities:
     storage_dtypes: frozenset = frozenset({"float32"})
     #: names of the optional kernels the device implements (keys of ``FUSED_KERNELS``)
     fused: frozenset = field(default_factory=frozenset)
+    #: quantized weight formats (ops/quant.py) the device keeps packed and its linear / conv2d read in
+    #: their kernels (``_from_quant``); a weight in another format is dequantized for the op that uses it
+    quant_formats: frozenset = field(default_factory=frozenset)
     #: conv multiply-adds per second, (few channels: depthwise-like, many: GEMM-like), measured and
     #: rounded down; only decides whether a conv is cut into chunks. None: a GPU's rate
     #: (``ops/bigconv.DEFAULT_MACS_PER_S``)
@@ -184,6 +187,17 @@ class Device(abc.ABC):
         lives (the compiled weights: a weight written in place gets a new version and is asked for again);
         the result holds ``a`` (and so the memory under it) for as long as it exists, and no op writes it."""
         return None
+
+    def _from_quant(self, q):
+        """A host ``ops.quant.QTensor`` in one of ``caps.quant_formats`` -> the device's packed form, which
+        ``_linear`` and ``_conv2d`` take as their weight (and ``_dequant`` converts). Asked only for those
+        formats."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no quantized weights")
+
+    def _dequant(self, w):
+        """A weight in the device's packed quantized form -> a float32 native array (for an op whose
+        kernels do not read the format; a copy for that op only)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no quantized weights")
 
     def _to_torch(self, x, like):
         """A native array -> a float32 torch tensor on ``like``'s device (default: through NumPy)."""

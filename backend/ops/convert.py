@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..system.errors import AnyDeviceError
-from . import dtypes
+from . import dtypes, quant
 from .kinds import Kind, _is_torch_tensor, _kind
 
 _FLOAT32 = np.dtype(np.float32)
@@ -30,6 +30,14 @@ class Conversion:
         key = "constants" if constant else "uploads"
         dtype = self._storage_dtype(op, dtype)
         size = dtypes.ITEMSIZE[dtype]
+        if quant.is_quantized(x):  # a quantized weight where an array is wanted: its values, dequantized
+            if isinstance(x, quant.QTensor):
+                self._count(key, size * x.numel)
+                return self._from_numpy(x.dequantize(), dtype)
+            if not isinstance(x, self.native_types):
+                raise AnyDeviceError(op, arg, type(x).__name__, f"is another device's quantized weight (this is {self.name})")
+            y = self._dequant(x)
+            return y if dtype == dtypes.FLOAT32 else self._cast(y, dtype)
         if isinstance(x, np.ndarray) or isinstance(x, (list, tuple, int, float, np.number)):
             a = _as_float32(x if isinstance(x, np.ndarray) else _host_array(x, op, arg), op, arg)
             if share and dtype == "float32":
@@ -55,7 +63,11 @@ class Conversion:
 
     def to_numpy(self, x) -> np.ndarray:
         """A NumPy array of ``x`` (a native array: one download; float32 from a device that stores
-        other dtypes)."""
+        other dtypes; a quantized weight dequantized)."""
+        if isinstance(x, quant.QTensor):
+            return x.dequantize()
+        if isinstance(x, quant.DeviceQuant):
+            x = self.to_device(x)
         if isinstance(x, np.ndarray) and (x.dtype == _FLOAT32 or self._dtype(x) not in self.caps.storage_dtypes):
             return x
         if _is_torch_tensor(x):
@@ -72,6 +84,8 @@ class Conversion:
         which ``_out`` rounds the result to. The natives are in the compute dtype (float32), except
         native half arrays named in
         - ``_keep`` (a weight) on a device whose kernels read half weights ("half_weights" in ``caps.fused``);
+          a quantized weight named in ``_keep`` stays packed where the device reads its format
+          (``caps.quant_formats``: a host ``QTensor`` is uploaded as it is), else it is dequantized;
         - ``_stored``: ops that only give the array a new shape (reshape, view);
         - ``_same``: elementwise ops, where the array has the result dtype and the device's elementwise
           kernels load and store half ("half_elementwise": computed in float32, rounded once)."""
@@ -90,7 +104,9 @@ class Conversion:
         natives = []
         for arg, value in arrays.items():
             dt = dts.get(arg)
-            if value is not None and dt in dtypes.HALF and _kind(value, self) == "native" and (
+            if arg in _keep and quant.is_quantized(value) and value.fmt in self.caps.quant_formats:
+                natives.append(value if isinstance(value, quant.DeviceQuant) else self._quant_upload(value, op))
+            elif value is not None and dt in dtypes.HALF and _kind(value, self) == "native" and (
                     arg in _stored or (arg in _keep and "half_weights" in fused)
                     or (arg in _same and dt == result and "half_elementwise" in fused)):
                 natives.append(value)  # as it is stored: the op or the device's kernels read it so
@@ -98,8 +114,16 @@ class Conversion:
                 natives.append(None if value is None else self.to_device(value, op, arg))  # float32
         return (Kind(kind or "numpy", result), like, *natives)
 
+    def _quant_upload(self, q, op: str):
+        """A host QTensor in the device's packed form (its bytes and scales uploaded as they are)."""
+        self._count("constants", q.nbytes)
+        return self._from_quant(q)
+
     def _value_dtype(self, value):
-        """The contract dtype of an op's argument (None: a number, or an integer or bool array)."""
+        """The contract dtype of an op's argument (None: a number, an integer or bool array, or a quantized
+        weight: like ComfyUI-GGUF's dequantized weights, it takes the dtype of the other inputs)."""
+        if quant.is_quantized(value):
+            return None
         if isinstance(value, self.native_types) and _kind(value, self) == "native":
             return self._dtype(value)
         return dtypes.of(value)

@@ -247,8 +247,21 @@ def _pack_nibbles(d, m, qv, five: bool) -> np.ndarray:
     return np.concatenate(parts, axis=1)
 
 
+class DeviceQuant:
+    """Base of a device's packed quantized weight (the form ``Device._from_quant`` makes): ``fmt`` and
+    the logical ``shape``; the device's linear / conv2d kernels read it, ``Device._dequant`` converts it."""
+    __slots__ = ()
+    fmt: str
+    shape: tuple
+
+    @property
+    def format(self) -> Format:
+        return FORMATS[self.fmt]
+
+
 def is_quantized(x) -> bool:
-    return isinstance(x, QTensor)
+    """A quantized weight: a host ``QTensor`` or a device's packed form."""
+    return isinstance(x, (QTensor, DeviceQuant))
 
 
 def quantizable(shape, fmt: str) -> bool:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...system import config
 from ...ops import dtypes
+from ...ops.quant import FORMATS
 from ...ops.contract import Backend, Capabilities, unary_kernel_args
 from .adam import CLAdam
 from .attention import CLAttention
@@ -19,7 +20,7 @@ from ..runtime.kernel_source import kernel_source
 from ..runtime import JsonStore
 from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
 from .linalg import LinalgOps
-from .memory import BufferPool, CLArray, CLHalf, _collapse, _contig_strides
+from .memory import BufferPool, CLArray, CLHalf, CLQuant, _collapse, _contig_strides
 from .storage import CLStorage
 from .params import (BINARY_CODES, DEFAULT_TUNE, F32, HALF_CODES, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS,
                      TUNE_BUDGET_S)
@@ -41,7 +42,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Bac
 
     name = "opencl"
     kind = "own"
-    native_types = (CLArray, CLHalf)
+    native_types = (CLArray, CLHalf, CLQuant)
 
     def __init__(self, dev, index: int = 0, family: str | None = None):
         super().__init__(index)
@@ -56,7 +57,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Bac
         fft = frozenset({"fft_conv"}) if self.family == "cpu" and self.is_cpu_device else frozenset()
         # float16 / bfloat16 stored as 16-bit words (vload_half/vstore_half are core OpenCL), computed in float32
         self.caps = Capabilities(fused=FUSED | fft, macs_per_s=(4.0e9, 2e10), fft_min_taps=577,
-                                 storage_dtypes=frozenset(dtypes.FLOATS))
+                                 storage_dtypes=frozenset(dtypes.FLOATS), quant_formats=frozenset(FORMATS))
         self.ctx = cl.Context([dev])
         self.queue = cl.CommandQueue(self.ctx, dev)
         self.programs = ProgramCache(self.ctx, dev)

@@ -11,7 +11,8 @@ from ...ops.contract import workspace_budget_bytes
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
 from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchunk_for, operand_layout, plan as plan_tiles,
                                  vec_fits)
-from .memory import CLArray, CLHalf, _contig_strides
+from ...ops.quant import FORMATS
+from .memory import CLArray, CLHalf, CLQuant, _contig_strides
 from .params import DIRECT_MAX_K, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
@@ -34,10 +35,23 @@ class LinalgOps:
     @staticmethod
     def _wdt(x) -> dict:
         """The build option that reads ``x`` as it is stored ({} for float32)."""
+        if isinstance(x, CLQuant):
+            return {"WDT": FORMATS[x.fmt].code}
         return {"WDT": HALF_CODES[x.dtype]} if isinstance(x, CLHalf) else {}
 
+    @staticmethod
+    def _wq(x) -> tuple:
+        """The last two arguments of a kernel that reads weights (weight_load.h WQ_PARAMS): a quantized
+        int8 / fp8 weight's scales and row length; else any buffer and 0."""
+        if isinstance(x, CLQuant) and x.scale is not None:
+            return x.scale.buffer, x.rowlen
+        return x.buffer, 0
+
     def _f32(self, x):
-        """``x`` as a float32 CLArray (a half-stored weight converted on the device)."""
+        """``x`` as a float32 CLArray (a half-stored weight converted, a quantized one dequantized, on the
+        device: a copy for one op)."""
+        if isinstance(x, CLQuant):
+            return self._dequant(x)
         return self._cast(x, "float32") if isinstance(x, CLHalf) else x
 
     # ---- matmul ------------------------------------------------------------------------------
@@ -75,9 +89,9 @@ class LinalgOps:
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
         self._run("pack_a", (kb, mt, ba), cpu_l, M, K, A.buffer, a_off, sam, sak, a_bs, Ap.buffer,
-                  params={**params, **self._wdt(A)})
+                  *self._wq(A), params={**params, **self._wdt(A)})
         self._run("pack_b", (kb, nt, bb), cpu_l, N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer,
-                  params={**params, **self._wdt(B)})
+                  *self._wq(B), params={**params, **self._wdt(B)})
         self._run("gemm_cpu", (-(-M // (mr * msub)), nt, batches), cpu_l,
                   M, N, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer, (nt * 32 * K) if bb > 1 else 0,
                   out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
@@ -89,7 +103,7 @@ class LinalgOps:
         nt = -(-N // 32)
         Bp = self._empty((bb, nt * 32 * K))
         self._run("pack_b", (-(-K // PACK_K), nt, bb), (1, 1, 1), N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer,
-                  params={**params, **self._wdt(B)})
+                  *self._wq(B), params={**params, **self._wdt(B)})
         return Bp
 
     def _gemm_packed(self, Ap, Bp, M, N, K, batches, params):
@@ -149,7 +163,7 @@ class LinalgOps:
             mt1, mt = -(-n // mr1), -(-n // mr)
             aq = self._empty((B, mt1 * mr1 * E))
             self._run("pack_a", (-(-E // PACK_K), mt1, B), (1, 1, 1), n, E, q.buffer, q.offset + r0 * E, E, 1,
-                      L * E, aq.buffer, params=p1)
+                      L * E, aq.buffer, *self._wq(q), params=p1)
             s = self._empty((B, n, S))
             self._run("gemm_cpu", (-(-n // (mr1 * p1["MSUB"])), -(-nt1 // ATT_NL), B), (1, 1, 1),
                       n, S, E, aq.buffer, mt1 * mr1 * E, kp.buffer, (nt1 * 32 * E) if B > 1 else 0,
@@ -189,7 +203,7 @@ class LinalgOps:
         mr1 = p1["MR"]
         Aq = self._empty((B, -(-M // mr1) * mr1 * E))
         self._run("pack_a", (-(-E // PACK_K), -(-M // mr1), B), (1, 1, 1), M, E, q.buffer, q.offset, E, 1, M * E,
-                  Aq.buffer, params=p1)
+                  Aq.buffer, *self._wq(q), params=p1)
         s = self._gemm_packed(Aq, self._att_packed_b(kt, S, E, B, p1), M, S, E, B, p1)
         del Aq
         params = self.tunables("gemm_cpu.cl", self._shape_class(M, Ev, S))
@@ -331,7 +345,7 @@ class LinalgOps:
             return out
         if path == "winograd":  # Inf/NaN: Winograd's transforms mix a tile (Inf - Inf = NaN)
             path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
-        if path == "direct" and not self._all_finite(self._f32(w)):
+        if path == "direct" and (isinstance(w, CLQuant) or not self._all_finite(self._f32(w))):
             path = "gemm"  # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); im2col does too
         if path == "direct":
             ncob = -(-CoutG // 8)
@@ -352,7 +366,7 @@ class LinalgOps:
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
         self._run("pack_a", (kb, mt, G), cpu_l, CoutG, K, w.buffer, w.offset, K, 1, CoutG * K, Ap.buffer,
-                  params={**params, **self._wdt(w)})
+                  *self._wq(w), params={**params, **self._wdt(w)})
         for c0 in range(0, total, chunk):
             nc = min(chunk, total - c0)
             nt = -(-nc // 32)
@@ -403,7 +417,7 @@ class LinalgOps:
         flag = self._empty((1,))
         self.cl.enqueue_fill_buffer(self.queue, flag.buffer, np.int32(0), 0, 4)
         self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset, Up.buffer, Cout, C,
-                  flag.buffer, params={**wparams, **self._wdt(w)})
+                  flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
         hb = int(bias is not None)
         bbuf = bias.buffer if hb else out.buffer
         per_tile = 4 * 16 * (C + Cout)

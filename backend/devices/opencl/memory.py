@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from ...ops.quant import DeviceQuant
 from .device import _cl
 
 log = logging.getLogger("anydevice")
@@ -377,6 +378,35 @@ class CLHalf(_Dense):
     def __init__(self, shape, block: _Block, dtype: str, offset: int = 0):
         super().__init__(shape, block, offset)
         self.dtype = dtype
+
+
+class CLQuant(DeviceQuant):
+    """A quantized weight packed as it is stored (ops/quant.py: ``fmt``, logical ``shape``): its bytes in
+    a pooled buffer (``block``) and, for int8 / fp8, ``scale`` (a CLArray, one per ``rowlen``
+    elements). The kernels that read weights decode it in registers (kernels/quant_decode.h)."""
+    __slots__ = ("fmt", "shape", "block", "scale", "rowlen", "size", "nbytes", "__weakref__")
+    offset = 0
+
+    def __init__(self, fmt: str, shape, block, nbytes: int, scale=None, rowlen: int = 0):
+        self.fmt, self.shape, self.block = fmt, tuple(int(s) for s in shape), block
+        self.scale, self.rowlen = scale, int(rowlen)
+        self.size = math.prod(self.shape)
+        self.nbytes = int(nbytes) + (0 if scale is None else scale.nbytes)
+
+    @property
+    def buffer(self):
+        return self.block.buf
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> str:
+        return self.fmt
+
+    def __repr__(self):
+        return f"CLQuant({self.fmt}, shape={self.shape}, {self.nbytes} bytes)"
 
 
 def _contig_strides(shape):

@@ -73,6 +73,10 @@ KFILES["adam_step"] = ("elementwise.cl", False)
 SIGS["adam_step"] = [None, np.int64] * 5 + [None] * 4 + [np.int64, np.int64, np.float32, np.int32] + \
     [np.float32] * 5 + [np.int32]
 
+# ---- a quantized weight's float32 values (kernels/quant.cl; ops/quant.py's formats) ------------------
+KFILES["dequant_w"] = ("quant.cl", False)
+SIGS["dequant_w"] = [None, None, np.int64, None, np.int64]
+
 # ---- where with contiguous / one-element operands (kernels/elementwise.cl's where_flat) ------------
 KFILES["where_flat"] = ("elementwise.cl", False)
 SIGS["where_flat"] = [None, np.int64] * 4 + [np.int64, np.int64, np.int32]

@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from ...ops import dtypes
-from .memory import CLArray, CLHalf
+from ...ops.quant import FORMATS
+from .memory import CLArray, CLHalf, CLQuant
 
 F32 = np.float32
 
@@ -69,7 +70,26 @@ class CLStorage:
         return out
 
     def _dtype(self, x):
-        return x.dtype if isinstance(x, CLHalf) else dtypes.FLOAT32
+        return x.dtype if isinstance(x, (CLHalf, CLQuant)) else dtypes.FLOAT32
+
+    def _from_quant(self, q):
+        """A host QTensor's bytes (and scales) uploaded as they are: the kernels decode them."""
+        data = np.ascontiguousarray(q.data)
+        block = self.pool.alloc(max(4, data.size))
+        if data.size:
+            self.cl.enqueue_copy(self.queue, block.buf, data, is_blocking=True)
+        scale = None if q.scale is None else self._from_numpy(q.scale)
+        return CLQuant(q.fmt, q.shape, block, data.size, scale, q.rowlen)
+
+    def _dequant(self, w):
+        """A CLQuant's float32 values (kernels/quant.cl; a copy for one op)."""
+        out = self._empty(w.shape)
+        n = out.size
+        if n:
+            sb, wq_k = (w.scale.buffer, w.rowlen) if w.scale is not None else (w.buffer, 0)
+            self._run("dequant_w", (min(-(-n // 256), 4096),), None, w.buffer, out.buffer, n, sb, wq_k,
+                      params={"WDT": FORMATS[w.fmt].code})
+        return out
 
     def _cast(self, x, dtype):
         """float32 <-> float16/bfloat16 on the device (kernels/elementwise.cl cast_*)."""

@@ -69,7 +69,7 @@ class CLWeightGrad:
             kb = -(-npp // PACK_K)
             Ap = self._empty((bb, mt * mr * npp))
             self._run("pack_a", (kb, mt, bb), cpu_l, CoutG, npp, gy.buffer, gy.offset + n0 * Cout * P + p0,
-                      P, 1, CoutG * P, Ap.buffer, params=params)
+                      P, 1, CoutG * P, Ap.buffer, Ap.buffer, 0, params=params)
             Bp = self._empty((bb, ntl * 32 * npp))
             self._run("wgrad_pack_b", (kb, ntl, bb), cpu_l, x.buffer, x.offset + n0 * C * H * W, Bp.buffer,
                       H, W, CinG, KH, KW, OW, sh, sw, t, l, dh, dw, p0, npp)
@@ -150,7 +150,7 @@ class CLWeightGrad:
             bb = nb * G
             Ap = self._empty((bb, mt * mr * Kg))
             self._run("pack_a", (-(-Kg // PACK_K), mt, bb), cpu_l, CoutG, Kg, gyq.buffer,
-                      gyq.offset + n0 * Cout * Kg, Kg, 1, CoutG * Kg, Ap.buffer, params=params)
+                      gyq.offset + n0 * Cout * Kg, Kg, 1, CoutG * Kg, Ap.buffer, Ap.buffer, 0, params=params)
             Bp = self._empty((bb, ntl * Q * 32))
             self._run("wgrad_pack_x", (-(-Q // PACK_K), ntl, bb), cpu_l, x.buffer, x.offset + n0 * C * H * W,
                       Bp.buffer, H, W, CinG, Hq, Wq, t, l, Q)

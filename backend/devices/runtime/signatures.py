@@ -55,13 +55,13 @@ KERNELS: dict[str, KernelSig] = {
     # fused attention, both OpenCL families (kernels/attention.cl): q, kt, v, mask, y, sizes
     "att_cpu": _s("attention.cl", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
     # OpenCL CPU family
-    "pack_a": _s("gemm_cpu.cl", "i i b l i i l b"),
-    "pack_b": _s("gemm_cpu.cl", "i i b l i i l b"),
+    "pack_a": _s("gemm_cpu.cl", "i i b l i i l b b l"),
+    "pack_b": _s("gemm_cpu.cl", "i i b l i i l b b l"),
     "gemm_cpu": _s("gemm_cpu.cl", "i i i b l b l b l i l b i i i l i"),
     "im2col_pack": _s("conv_cpu.cl", "b l b", "i" * 16),
     "conv2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17),
     "conv_t2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17),
-    "wino_filter": _s("winograd_cpu.cl", "b l b i i b"),
+    "wino_filter": _s("winograd_cpu.cl", "b l b i i b b l"),
     "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b"),
     "wino_out": _s("winograd_cpu.cl", "b i l b l b i", "i" * 7),
     # GPU kernels: the CUDA backend's, also built as OpenCL C for the OpenCL GPU family
