@@ -19,6 +19,10 @@ Options (``options={...}`` of torch.compile, keyword arguments of compile_module
   dynamic  compile_module only: accepted for symmetry; compile_module traces once per input
            signature (shapes, dtypes), so every size is exact and none falls back to eager.
            torch.compile's own ``dynamic=`` decides dynamo's shapes.
+  dtype    float16 / bfloat16 (None: float32): weights, inputs and results stored on the device in it
+  weights  a quantized format of ops/quant.py (int8, q8_0, q4_0, q4_1, q5_0, q5_1, float8_e4m3fn,
+           float8_e5m2; None: as ``dtype``): the weights that only matmuls, linears and convs read are
+           quantized on load and kept packed on a device that reads the format (its kernels decode them)
 
 A model the backend cannot take (an op with no fallback, complex or float64 compute) raises
 ``AnyDeviceCompileError`` from the compiled callable; the original module is untouched and keeps
@@ -40,7 +44,7 @@ __all__ = ["register", "compile_module", "report", "last_report", "reset_report"
 log = logging.getLogger("anydevice")
 BACKEND_NAME = "anydevice"
 LOWERINGS = aten_ops.LOWERINGS
-OPTIONS = ("device", "dynamic", "dtype")
+OPTIONS = ("device", "dynamic", "dtype", "weights")
 
 
 def _resolve(device):
@@ -66,6 +70,14 @@ def _options(options) -> dict:
         from ..ops import dtypes
         opts["dtype"] = dtypes.check("torch.compile(backend='anydevice')", "dtype", opts["dtype"])
     opts.setdefault("dtype", None)
+    w = opts.get("weights")
+    if w in (None, "none", "", "float32") or w == opts["dtype"]:
+        opts["weights"] = None
+    else:
+        from ..ops.quant import FORMATS
+        if w not in FORMATS:
+            raise AnyDeviceError("torch.compile(backend='anydevice')", "weights", w,
+                                 f"is not a quantized format: one of {', '.join(FORMATS)} (or None)")
     return opts
 
 
@@ -130,7 +142,8 @@ def backend_fn(gm, example_inputs, options=None, **kwargs):
     statics = set(range(n_lifted)) | {n_lifted + i for i in static}
 
     def fw(fgm, ex):
-        return Lowered(fgm, be, statics, owner_ids=owner_ids, codes=codes, name="dynamo", dtype=opts["dtype"])
+        return Lowered(fgm, be, statics, owner_ids=owner_ids, codes=codes, name="dynamo", dtype=opts["dtype"],
+                       weights=opts["weights"])
 
     def bw(fgm, ex):  # backward graphs run the same way (their ops mostly on the host)
         return Lowered(fgm, be, (), owner_ids=owner_ids, codes=codes, name="dynamo-backward")
@@ -152,8 +165,8 @@ def register() -> None:
 class CompiledModule:
     """``compile_module``'s result: call it as the module; one traced graph per input signature."""
 
-    def __init__(self, module, be, dynamic=None, dtype=None):
-        self.module, self.be, self.dynamic, self.dtype = module, be, dynamic, dtype
+    def __init__(self, module, be, dynamic=None, dtype=None, weights=None):
+        self.module, self.be, self.dynamic, self.dtype, self.weights = module, be, dynamic, dtype, weights
         self._graphs: dict = {}
 
     def _weights(self):
@@ -199,7 +212,8 @@ class CompiledModule:
         with torch.no_grad(), aten_ops.keep_whole():
             gm = make_fx(functionalize(fn, remove="mutations"), decomposition_table=aten_ops.decompositions(),
                          tracing_mode="fake")(*params, *tensors)
-        lowered = Lowered(gm, self.be, range(n), owner_ids=params, name="compile_module", dtype=self.dtype)
+        lowered = Lowered(gm, self.be, range(n), owner_ids=params, name="compile_module", dtype=self.dtype,
+                          weights=self.weights)
         return lowered, out_spec[-1]
 
     @property
@@ -207,12 +221,14 @@ class CompiledModule:
         return [g for g, _ in self._graphs.values()]
 
 
-def compile_module(module, device=None, dynamic=None, dtype=None):
+def compile_module(module, device=None, dynamic=None, dtype=None, weights=None):
     """``module`` run on the AnyDevice backend ``device`` without dynamo (make_fx traces it once per
     input signature). Returns a callable with the module's forward signature. ``dtype`` (float16 /
-    bfloat16; None: float32) is the dtype weights and activations are stored in on the device."""
-    opts = _options({"device": device, "dynamic": dynamic, "dtype": dtype})
-    return CompiledModule(module, _resolve(device), dynamic, opts["dtype"])
+    bfloat16; None: float32) is the dtype weights and activations are stored in on the device;
+    ``weights`` (a format of ops/quant.py: int8, q8_0, q4_0, ...; None: as ``dtype``) quantizes the
+    weights of matmuls, linears and convs on load (kept packed on devices that read the format)."""
+    opts = _options({"device": device, "dynamic": dynamic, "dtype": dtype, "weights": weights})
+    return CompiledModule(module, _resolve(device), dynamic, opts["dtype"], opts["weights"])
 
 
 # ---- reports -------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from ..ops import quant
+
 LOWERINGS: dict = {}
 #: ops that only relabel an array (no device work)
 IDENTITY = set()
@@ -229,15 +231,22 @@ def _copy(cx, x, src, non_blocking=False):
 
 
 # ---- matmul and convolution --------------------------------------------------------------------
+def _matmul(be, a, b):
+    """a @ b; b a quantized linear weight's transpose (lowering.quantized_upload) is linear's weight."""
+    if isinstance(b, quant.Transposed):
+        return be.linear(a, b.w)
+    return be.matmul(a, b)
+
+
 @lower("mm", "bmm", "matmul")
 def _mm(cx, a, b):
-    return cx.be.matmul(a, b)
+    return _matmul(cx.be, a, b)
 
 
 @lower("addmm")
 def _addmm(cx, bias, a, b, beta=1, alpha=1):
     be = cx.be
-    y = be.matmul(a, b)
+    y = _matmul(be, a, b)
     if alpha != 1:
         y = be.mul(y, float(alpha))
     if beta == 0:

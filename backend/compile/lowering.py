@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
 import threading
 import time
 import weakref
@@ -34,9 +33,9 @@ import numpy as np
 
 from ..system import cancel
 from ..system.errors import AnyDeviceError
-from ..ops.dtypes import ITEMSIZE
-from ..system.versions import tensor_version
+from ..ops import quant
 from . import aten_ops
+from .weights import Weights, _is_transpose, device_nbytes, quantizable_use, quantized_upload, version_of
 from . import report as _report
 from .report import Counting, Stats
 
@@ -87,115 +86,6 @@ class AnyDeviceRunError(AnyDeviceError):
 def _torch():
     import torch
     return torch
-
-
-# ---- weights: uploaded once per tensor and version ----------------------------------------------
-#: the share of the device's free memory the weights of compiled models may keep resident by default
-DEVICE_SHARE = 0.5
-
-
-def device_budget(be, held: int = 0) -> int:
-    """Bytes the compiled models' weights may keep resident on ``be``'s device (each Weights cache):
-    ANYDEVICE_DEVICE_MB, else DEVICE_SHARE of the device's free memory (memstat: the pack's own device,
-    never ComfyUI's torch device); inside ComfyUI a quarter with --lowvram / --novram, less
-    --reserve-vram. ``held``: the bytes the asking cache holds already (counted as free: they are its own).
-    Weights past it stream (``Weights.get``)."""
-    from ..system import config, memstat
-    mb = config.get("ANYDEVICE_DEVICE_MB")
-    if mb is not None:
-        return int(mb)
-    free, _where = memstat.free_bytes(be)
-    share, reserve = DEVICE_SHARE, 0
-    args = getattr(sys.modules.get("comfy.cli_args"), "args", None)  # inside ComfyUI only
-    if args is not None:
-        if getattr(args, "lowvram", False) or getattr(args, "novram", False):
-            share = DEVICE_SHARE / 2
-        reserve = int((getattr(args, "reserve_vram", None) or 0) * 2**30)
-    return max(0, int((free + held) * share) - reserve)
-
-
-
-def version_of(t):
-    """What changes when ``t`` is replaced or written (``backend/system/versions.py``: data pointer, shape,
-    dtype and ``_version``, or a content fingerprint for inference tensors, cheap inside a
-    ``versions.trusted`` block)."""
-    return tensor_version(t)
-
-
-class Weights:
-    """The device copies of a backend's weights, by tensor identity + version.
-
-    ``Weights.of(be).get(t)`` uploads ``t`` the first time, and again only when ``t`` changed
-    (another tensor object at that id, written in place, replaced: a LoRA patch); copies go when the
-    tensor is garbage-collected. Shared by every graph compiled for that backend, so recompiles
-    (a new image size) and graph breaks reuse the same device weights."""
-
-    _all: dict = {}
-
-    @classmethod
-    def of(cls, be, dtype: str = "float32") -> "Weights":
-        """The weights of ``be`` stored as ``dtype`` (one cache per backend and dtype)."""
-        w = cls._all.get((id(be), dtype))
-        if w is None or w.be is not be:
-            w = cls._all[(id(be), dtype)] = cls(be, dtype)
-        return w
-
-    def __init__(self, be, dtype: str = "float32"):
-        self.be, self.dtype = be, dtype
-        self._entries: dict[int, list] = {}  # id(t) -> [weak ref to t, its version, device array, bytes]
-        self.uploads = 0
-
-    def get(self, t, vkey=None, count: Counting | None = None):
-        e = self._entries.get(id(t))
-        if vkey is None:
-            vkey = version_of(t)
-        if e is not None and e[0]() is t and e[1] == vkey:
-            return e[2]
-        size = self.itemsize(t) * t.numel()
-        held = self.nbytes
-        a = self._upload(t)
-        if e is None and held + size > device_budget(self.be, held):
-            # past the budget: uploaded for this use only, and dropped by the graph after its last use
-            if count is not None:
-                count.transfer("streamed", size)
-            return a
-        self.uploads += 1
-        if count is not None:
-            count.transfer("constants", size)
-        tid = id(t)
-        ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries: d.pop(tid, None)
-                          if d.get(tid, [None])[0] is _r else None)
-        self._entries[tid] = [ref, vkey, a, size]
-        return a
-
-    def store(self, t) -> str | None:
-        """The dtype a host tensor is stored in on the device: the cache's for a floating tensor where that
-        is a half dtype; None (float32) otherwise."""
-        return self.dtype if t.is_floating_point() and self.dtype != "float32" else None
-
-    def itemsize(self, t) -> int:
-        """Device bytes per element of ``t`` as ``store`` stores it."""
-        dtype = self.store(t)
-        return 4 if dtype is None else ITEMSIZE[dtype]
-
-    def _upload(self, t):
-        """A floating weight stored as the cache's dtype (float32 where the cache is float32). A float32 one
-        may be wrapped, not copied (``share``: a device in host memory uses the tensor's memory; a weight
-        written in place gets a new version, so ``get`` asks again, and nothing writes a device array)."""
-        dtype = self.store(t)
-        return self.be.to_device(t, "compile", "weight", constant=True, dtype=dtype, share=dtype is None)
-
-    def clear(self) -> None:
-        """Forget every device copy (the next call uploads again)."""
-        self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the device copies held (each entry's, kept when it was made: ``get`` asks on every miss)."""
-        return sum(e[3] for e in list(self._entries.values()))
 
 
 # ---- the interpreter -------------------------------------------------------------------------------
@@ -271,18 +161,20 @@ class Lowered:
 
     _boxed_call = True
 
-    def __init__(self, gm, be, static=(), *, owner_ids=(), codes=(), name="graph", dtype=None):
+    def __init__(self, gm, be, static=(), *, owner_ids=(), codes=(), name="graph", dtype=None, weights=None):
         torch = _torch()
         self.gm, self.be, self.name = gm, be, name
         #: the storage dtype of weights, inputs and device results (None: float32)
         self.dtype = None if dtype in (None, "float32") else be._storage_dtype("compile", dtype)
+        #: the quantized format of the matmul / conv weights (ops/quant.py; None: stored as ``dtype``)
+        self.quant = weights
         self.stats = Stats()
         self.count = Counting(self.stats)
         self.count.add("graphs")
         self._owners = [weakref.ref(t) for t in owner_ids]
         self.codes = set(codes)
         self.error: AnyDeviceError | None = None
-        self.weights = Weights.of(be, self.dtype or "float32")
+        self.weights = Weights.of(be, self.dtype or "float32", self.quant)
         self._consts: dict = {}
         self._fold_key = None
         self._fold_host: dict = {}
@@ -334,6 +226,22 @@ class Lowered:
                 self._check_host(n)
         self.kind = kind
         self.count.add("folded", folded)
+        # weights and folded constants only a matmul / conv reads as its weight: quantized (``weights``)
+        users: dict = {}
+        for n in nodes:
+            for x in _nodes_in((n.args, n.kwargs), []):
+                users.setdefault(x, []).append(n)
+        self.quant_nodes = set()
+        if self.quant:
+            for x, us in users.items():
+                m = _meta(x)
+                if kind.get(x) in ("static", "const") and _is_tensor_meta(m) and m.is_floating_point() \
+                        and m.dim() >= 2 and quant.quantizable(tuple(m.shape), self.quant) \
+                        and all(kind.get(u) == "lower" and quantizable_use(u, x) for u in us):
+                    self.quant_nodes.add(x)
+        #: the quantized folded constants that are a weight's transpose (matmul's b = linear's w.T)
+        self.quant_t = {x for x in self.quant_nodes if kind[x] == "const" and x.op == "call_function"
+                        and _is_transpose(x) and _meta(x).dim() == 2}
         # const nodes read by non-const nodes: the frontier uploaded (or kept on the host) per fold
         self.const_nodes = [n for n in nodes if kind[n] == "const"]
         # last use, to drop arrays as soon as possible
@@ -421,10 +329,13 @@ class Lowered:
                 return uploaded[x]
             k = kind[x]
             if k == "static":
-                a = self.weights.get(v, vkeys.get(x), self.count)
+                a = self.weights.get(v, vkeys.get(x), self.count, quantize=x in self.quant_nodes)
             elif k == "const":
                 a = self._fold_dev.get(x)
-                if a is None:
+                if a is None and x in self.quant_nodes:  # a (transposed) linear weight, quantized
+                    a = self._fold_dev[x] = quantized_upload(be, v, self.quant, x in self.quant_t)
+                    self.count.transfer("constants", a.nbytes)
+                elif a is None:
                     a = self._fold_dev[x] = be.to_device(v, "compile", "constant", constant=True,
                                                          dtype=self.weights.store(v))
                     self.count.transfer("constants", self.weights.itemsize(v) * v.numel())
@@ -516,9 +427,7 @@ class Lowered:
     @property
     def folded_bytes(self) -> int:
         """Device bytes of the folded constants this graph keeps (e.g. transposed linear weights)."""
-        be = self.be
-        return sum(ITEMSIZE.get(be._dtype(a), 4) * math.prod(be._shape(a)) for a in self._fold_dev.values()
-                   if isinstance(a, be.native_types))
+        return sum(device_nbytes(self.be, a) for a in self._fold_dev.values())
 
     def _round(self, a):
         """A device op's float32 result stored in the graph's dtype (a model run in half rounds every op)."""

@@ -114,6 +114,14 @@ class Conversion:
                 natives.append(None if value is None else self.to_device(value, op, arg))  # float32
         return (Kind(kind or "numpy", result), like, *natives)
 
+    def to_device_quant(self, q):
+        """A host ``QTensor`` as this device keeps it: packed on the device (``_from_quant``) where its
+        kernels read the format (``caps.quant_formats``), else the QTensor itself (each op that takes it
+        dequantizes it: the weight stays quantized in memory)."""
+        if q.fmt in self.caps.quant_formats:
+            return self._quant_upload(q, "to_device_quant")
+        return q
+
     def _quant_upload(self, q, op: str):
         """A host QTensor in the device's packed form (its bytes and scales uploaded as they are)."""
         self._count("constants", q.nbytes)

@@ -259,9 +259,31 @@ class DeviceQuant:
         return FORMATS[self.fmt]
 
 
+class Transposed:
+    """``w.T`` of a quantized 2-D weight ``w`` (N, K) (a QTensor or a device's packed form), as a graph's
+    matmul reads a linear weight: the product ``a @ Transposed(w)`` is ``linear(a, w)``, so the weight
+    keeps its rows of K in blocks, as GGUF files and per-output-channel scales have them."""
+    __slots__ = ("w",)
+
+    def __init__(self, w):
+        self.w = w
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(reversed(self.w.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes
+
+    @property
+    def fmt(self) -> str:
+        return self.w.fmt
+
+
 def is_quantized(x) -> bool:
-    """A quantized weight: a host ``QTensor`` or a device's packed form."""
-    return isinstance(x, (QTensor, DeviceQuant))
+    """A quantized weight: a host ``QTensor`` or a device's packed form (or one of them transposed)."""
+    return isinstance(x, (QTensor, DeviceQuant, Transposed))
 
 
 def quantizable(shape, fmt: str) -> bool:

@@ -13,7 +13,8 @@ from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchu
                                  vec_fits)
 from ...ops.quant import FORMATS
 from .memory import CLArray, CLHalf, CLQuant, _contig_strides
-from .params import DIRECT_MAX_K, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WINO_MIN_CH, WINO_OB, _direct_spec
+from .params import (DIRECT_MAX_K, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINO_MIN_CH, WINO_OB,
+                     _direct_spec)
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
 GEMM_TILES, CONV_TILES = [_O_L, _O_S], [_O_M, _O_S]
@@ -83,19 +84,40 @@ class LinalgOps:
         mr, msub = params["MR"], params["MSUB"]
         ba = batches if a_bs else 1
         bb = batches if b_bs else 1
-        mt, nt = -(-M // mr), -(-N // 32)
-        Ap = self._empty((ba, mt * mr * K))
-        Bp = self._empty((bb, nt * 32 * K))
+        # a weight stored compressed (half, quantized) is packed to float32 panels in slices of rows (A) or
+        # columns (B) of at most WEIGHT_PANEL_BYTES: never a float32 copy of the whole weight
+        mstep, nstep = M, N
+        if ba == 1 and self._compressed(A) and 4 * M * K > WEIGHT_PANEL_BYTES:
+            mstep = max(mr * msub, WEIGHT_PANEL_BYTES // (4 * K) // (mr * msub) * (mr * msub))
+        if bb == 1 and self._compressed(B) and 4 * N * K > WEIGHT_PANEL_BYTES:
+            nstep = max(32, WEIGHT_PANEL_BYTES // (4 * K) // 32 * 32)
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
-        self._run("pack_a", (kb, mt, ba), cpu_l, M, K, A.buffer, a_off, sam, sak, a_bs, Ap.buffer,
-                  *self._wq(A), params={**params, **self._wdt(A)})
-        self._run("pack_b", (kb, nt, bb), cpu_l, N, K, B.buffer, b_off, sbk, sbn, b_bs, Bp.buffer,
-                  *self._wq(B), params={**params, **self._wdt(B)})
-        self._run("gemm_cpu", (-(-M // (mr * msub)), nt, batches), cpu_l,
-                  M, N, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer, (nt * 32 * K) if bb > 1 else 0,
-                  out.buffer, 0, N, M * N, out.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+        Bp = None
+        for m0 in range(0, M, mstep):
+            mc = min(mstep, M - m0)
+            mt = -(-mc // mr)
+            Ap = self._empty((ba, mt * mr * K))
+            self._run("pack_a", (kb, mt, ba), cpu_l, mc, K, A.buffer, a_off + m0 * sam, sam, sak, a_bs, Ap.buffer,
+                      *self._wq(A), params={**params, **self._wdt(A)})
+            for n0 in range(0, N, nstep):
+                nc = min(nstep, N - n0)
+                nt = -(-nc // 32)
+                if Bp is None or nstep < N:
+                    Bp = self._empty((bb, nt * 32 * K))
+                    self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, B.buffer, b_off + n0 * sbn, sbk, sbn, b_bs,
+                              Bp.buffer, *self._wq(B), params={**params, **self._wdt(B)})
+                self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
+                          mc, nc, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer,
+                          (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N, out.buffer, 0, 0, 1 << 30, 0, n0,
+                          params=params)
+            del Ap
         return out
+
+    @staticmethod
+    def _compressed(x) -> bool:
+        """A weight stored in fewer bytes than float32 (half or quantized): packed in slices."""
+        return isinstance(x, (CLHalf, CLQuant))
 
     def _packed_b(self, B, b_off, sbk, sbn, b_bs, N, K, batches, params):
         """B in pack_b's layout (per batch ceil(N/32)*32*K), as _gemm packs it."""
@@ -361,22 +383,50 @@ class LinalgOps:
         chunk = min(chunk, -(-total // 32) * 32)
         params = self.tunables("gemm_cpu.cl", self._shape_class(CoutG, chunk, K))
         mr, msub = params["MR"], params["MSUB"]
-        mt = -(-CoutG // mr)
-        Ap = self._empty((G, mt * mr * K))
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
-        self._run("pack_a", (kb, mt, G), cpu_l, CoutG, K, w.buffer, w.offset, K, 1, CoutG * K, Ap.buffer,
-                  *self._wq(w), params={**params, **self._wdt(w)})
+        mstep = self._weight_rows(w, CoutG, 4 * K * G, mr * msub)
+        slices = []  # (first row, rows, row tiles, bias buffer of those rows, packed weight or None)
+        for m0 in range(0, CoutG, mstep):  # one slice (the whole weight) unless it is stored compressed
+            mc = min(mstep, CoutG - m0)
+            slices.append([m0, mc, -(-mc // mr), self._slice_bias(bias, G, CoutG, m0, mc) if hb else None, None])
         for c0 in range(0, total, chunk):
             nc = min(chunk, total - c0)
             nt = -(-nc // 32)
             Bp = self._empty((G, nt * 32 * K))
             self._run("im2col_pack", (kb, nt, G), cpu_l, x.buffer, x.offset, Bp.buffer,
                       C, H, W, CinG, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, c0, nc)
-            self._run("gemm_cpu", (-(-CoutG // (mr * msub)), nt, G), cpu_l,
-                      CoutG, nc, K, Ap.buffer, mt * mr * K, Bp.buffer, nt * 32 * K,
-                      out.buffer, 0, P, CoutG * P, bbuf, hb, CoutG, P, Cout * P, c0, params=params)
+            for sl in slices:
+                m0, mc, mt, bb, Ap = sl
+                if Ap is None:
+                    Ap = self._empty((G, mt * mr * K))
+                    self._run("pack_a", (kb, mt, G), cpu_l, mc, K, w.buffer, w.offset + m0 * K, K, 1, CoutG * K,
+                              Ap.buffer, *self._wq(w), params={**params, **self._wdt(w)})
+                    if len(slices) == 1:
+                        sl[4] = Ap  # the whole weight: packed once for every column chunk
+                self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, G), cpu_l,
+                          mc, nc, K, Ap.buffer, mt * mr * K, Bp.buffer, nt * 32 * K,
+                          out.buffer, m0 * P, P, CoutG * P, bb.buffer if hb else bbuf, hb, mc, P, Cout * P, c0,
+                          params=params)
+                del Ap
         return out
+
+    def _weight_rows(self, w, rows: int, row_bytes: int, multiple: int) -> int:
+        """Rows of a weight packed to float32 panels at once: all of them, or for a weight stored compressed
+        (half, quantized) slices of at most WEIGHT_PANEL_BYTES (a multiple of ``multiple`` rows)."""
+        if not self._compressed(w) or rows * row_bytes <= WEIGHT_PANEL_BYTES:
+            return rows
+        return max(multiple, WEIGHT_PANEL_BYTES // row_bytes // multiple * multiple)
+
+    def _slice_bias(self, bias, G, CoutG, m0, mc):
+        """The bias of output channels [m0, m0 + mc) of each group, laid out (G, mc) (the GEMM reads
+        bias[group * mc + row]); the bias itself when that is all of it. (The caller keeps the array,
+        not only its buffer: a dropped array's buffer goes back to the pool.)"""
+        if mc == CoutG:
+            return bias
+        part = self._empty((G, mc))
+        self._copy_strided(bias, bias.offset + m0, (G, mc), (CoutG, 1), part, 0, (mc, 1))
+        return part
 
     def _all_finite(self, a) -> bool:
         """No Inf or NaN in ``a``: sum(a * 0) is 0, or NaN when there is one (one scalar read back)."""
@@ -411,16 +461,16 @@ class LinalgOps:
         params = self.tunables("gemm_cpu.cl", self._shape_class(Cout, min(total, 1024), C))
         mr, msub = params["MR"], params["MSUB"]
         wparams = dict(params, PK=PACK_K, OB=WINO_OB)
-        mt = -(-Cout // mr)
         cpu_l = (1, 1)
-        Up = self._empty((16, mt * mr * C))
         flag = self._empty((1,))
         self.cl.enqueue_fill_buffer(self.queue, flag.buffer, np.int32(0), 0, 4)
-        self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset, Up.buffer, Cout, C,
-                  flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
         hb = int(bias is not None)
         bbuf = bias.buffer if hb else out.buffer
-        per_tile = 4 * 16 * (C + Cout)
+        # output channels in slices where the weight is stored compressed (U is 16/9 of it in float32)
+        cstep = self._weight_rows(w, Cout, 16 * 4 * C, mr * msub)
+        slices = [[c0, min(cstep, Cout - c0), self._slice_bias(bias, 1, Cout, c0, min(cstep, Cout - c0)) if hb else None,
+                   None] for c0 in range(0, Cout, cstep)]
+        per_tile = 4 * 16 * (C + min(cstep, Cout))
         chunk = max(32, (workspace_budget_bytes() // per_tile) // 32 * 32)
         chunk = min(chunk, -(-total // 32) * 32)
         for t0 in range(0, total, chunk):
@@ -429,12 +479,24 @@ class LinalgOps:
             Vp = self._empty((16, nt * 32 * C))
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
                       C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, params=wparams)
-            Mb = self._empty((16, Cout, ntl))
-            self._run("gemm_cpu", (-(-Cout // (mr * msub)), nt, 16), (1, 1, 1),
-                      Cout, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
-                      Mb.buffer, 0, ntl, Cout * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
-            self._run("wino_out", (-(-nt // WINO_OB), Cout), cpu_l, Mb.buffer, ntl, Cout * ntl,
-                      out.buffer, 0, bbuf, hb, Cout, OH, OW, th, tw, t0, ntl, params=wparams)
+            for sl in slices:
+                c0, cc, bb, Up = sl
+                mt = -(-cc // mr)
+                if Up is None:
+                    Up = self._empty((16, mt * mr * C))
+                    self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
+                              cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
+                    if len(slices) == 1:
+                        sl[3] = Up  # the whole weight: transformed once for every tile chunk
+                Mb = self._empty((16, cc, ntl))
+                self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
+                          cc, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
+                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+                del Up
+                self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
+                          out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
+                          params=wparams)
+                del Mb
         bad = np.zeros(1, np.int32)
         self.cl.enqueue_copy(self.queue, bad, flag.buffer, is_blocking=True)
         return not bad[0]

@@ -27,6 +27,9 @@ DIRECT_MAX_K = 576
 SMALL_GEMM_MACS = 48 * 48 * 48
 #: CPU family: rows of k one packing work item copies (PK in gemm_cpu.cl / conv_cpu.cl)
 PACK_K = 64
+#: CPU family: the most bytes of float32 panels a weight stored in half or quantized is packed to at once
+#: (GEMM, im2col conv and Winograd take its rows or columns in slices: no float32 copy of the whole weight)
+WEIGHT_PANEL_BYTES = 16 << 20
 #: CPU family: Winograd F(2x2,3x3) for 3x3 stride-1 ungrouped convs with at least this many
 #: input and output channels (below it the transforms cost more than the multiplies saved)
 WINO_MIN_CH = 32

@@ -1,4 +1,4 @@
-"""Weights past the device budget stream (ANYDEVICE_DEVICE_MB, lowering.device_budget): uploaded for one
+"""Weights past the device budget stream (ANYDEVICE_DEVICE_MB, weights.device_budget): uploaded for one
 use, dropped after; the model runs with the same result; compile.report() shows the resident weights, the
 bytes streamed per call and the device peak."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from anydevice.backend import compile as C
 from anydevice.backend import get_backend
-from anydevice.backend.compile.lowering import Weights, device_budget
+from anydevice.backend.compile.weights import Weights, device_budget
 
 
 def _model():
