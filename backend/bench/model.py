@@ -12,7 +12,10 @@ Cases (random weights, ``torch.inference_mode`` on both sides, as ComfyUI runs t
 
 Each case runs in every dtype of ``--dtype`` (default float32 and float16) the backend stores: the model
 compiled with ``options={"dtype": ...}`` (weights and activations stored in it, each op computed in
-float32). PyTorch's side is eager float32 on the CPU (its float16 is far too slow there), on a GPU eager
+float32). A quantized format of ops/quant.py as ``--dtype`` (int8, q8_0, q4_0, ...) compiles with
+``options={"dtype": "float16", "weights": fmt}``: the matmul / conv weights quantized, the rest and the
+activations in float16; ``rel_err`` is then the quantization's error against float32, and
+``cost_vs_float16`` the row's time over the float16 row's. PyTorch's side is eager float32 on the CPU (its float16 is far too slow there), on a GPU eager
 in the same dtype.
 
 The definitions are the pack's own (backend/model_zoo.py), so the bench needs neither ComfyUI nor
@@ -178,12 +181,15 @@ def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3, dt
     gen = torch.Generator().manual_seed(0)
     xs = case.inputs(quick, gen)
     tdev = _torch_device_for(be)
-    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype) if tdev.type != "cpu" else None
+    # a quantized format (ops/quant.py): the matmul / conv weights in it, the rest and the activations in
+    # float16 (float32 where the backend stores no half)
+    act, wq = _activation_and_weights(be, dtype)
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(act) if tdev.type != "cpu" else None
     eager = model if tdev.type == "cpu" else copy.deepcopy(model).to(tdev, dtype=tdt)
     xts = [x.to(tdev, dtype=tdt) if tdt is not None and x.is_floating_point() else x.to(tdev) for x in xs]
     flops = model_flops(model, xs)
-    compiled = torch.compile(model, backend="anydevice", options={"device": be, "dtype": dtype})
-    weights = adc.Weights.of(be, dtype)
+    compiled = torch.compile(model, backend="anydevice", options={"device": be, "dtype": act, "weights": wq})
+    weights = adc.Weights.of(be, act, wq)
     weights.clear()
 
     def ours():
@@ -241,6 +247,14 @@ def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3, dt
             pass
 
 
+def _activation_and_weights(be, dtype: str) -> tuple:
+    """(activation dtype, quantized weight format or None) of a row's ``dtype``."""
+    from ..ops.quant import FORMATS
+    if dtype in FORMATS:
+        return ("float16" if "float16" in be.caps.storage_dtypes else "float32"), dtype
+    return dtype, None
+
+
 def format_extra(r: ModelRow) -> str:
     fb = f"{r.fallbacks:g}" + (f" ({', '.join(sorted(r.fallback_ops))})" if r.fallback_ops else "")
     return (f"    first call {r.first_ms / 1e3:.2f} s (torch {r.torch_first_ms / 1e3:.2f} s); host fallbacks/call {fb}; "
@@ -259,10 +273,17 @@ def add_arguments(p) -> None:
                         "PyTorch eager: the SD1.x VAE decoder (64x64 latent) and the compact upscaler "
                         "(256x256 image); --quick: narrow models on small inputs")
     p.add_argument("--dtype", action="append", default=None, metavar="DTYPE",
-                   help="--model: the dtypes to store each model in (float32, float16, bfloat16; repeatable or "
-                        "comma-separated; default float32 and float16, those the backend stores)")
+                   help="--model: the dtypes to store each model in (float32, float16, bfloat16, or a quantized "
+                        "weight format: int8, q8_0, q4_0, q4_1, q5_0, q5_1, float8_e4m3fn, float8_e5m2, with "
+                        "float16 activations; repeatable or comma-separated; default float32 and float16)")
     p.add_argument("--reps", type=int, default=None, metavar="N",
                    help="--model: timed calls per side (default 3, --quick 2); the medians are compared")
+
+
+def _check_dtype(d: str) -> str:
+    from ..ops import dtypes as _dt
+    from ..ops.quant import FORMATS
+    return d if d in FORMATS else _dt.check("anydevice bench", "--dtype", d)
 
 
 def default_backends() -> list[str]:
@@ -280,9 +301,7 @@ def main(args) -> int:
     names = getattr(args, "backend", None) or default_backends()
     sel = getattr(args, "case", None)
     cases = [c for c in CASES if not sel or any(s in c.name(quick) or s == c.key for s in sel)]
-    from ..ops import dtypes as _dt
-    asked = [_dt.check("anydevice bench", "--dtype", d.strip()) for a in (getattr(args, "dtype", None) or
-                                                                         [",".join(DEFAULT_DTYPES)])
+    asked = [_check_dtype(d.strip()) for a in (getattr(args, "dtype", None) or [",".join(DEFAULT_DTYPES)])
              for d in a.split(",") if d.strip()]
     runs = [(c, d) for c in cases for d in dict.fromkeys(asked)]
     print(machine_line())
@@ -293,7 +312,7 @@ def main(args) -> int:
     from .rows import run_rows
     def run(be, cd):
         case, dtype = cd
-        if dtype not in be.caps.storage_dtypes:
+        if _activation_and_weights(be, dtype)[0] not in be.caps.storage_dtypes:
             print(f"  {case.name(quick)} in {dtype}: skipped ({be.name} stores {', '.join(sorted(be.caps.storage_dtypes))})")
             return None
         return bench_model_case(be, case, quick, reps, dtype)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.dtypes import FLOATS
 from .rows import Row, _sync_torch, _torch_device_for, run_rows, machine_line
 
 log = logging.getLogger("anydevice")
@@ -39,6 +40,9 @@ class Case:
     #: torch_fn is "F.<name>" (torch.nn.functional) or "torch.<name>"; a and b are then unused
     make: object = None
     torch_fn: str = ""
+    #: how the weight (the second input) is stored: float32, float16, bfloat16 or a quantized format of
+    #: ops/quant.py (the row's ``dtype``; PyTorch's side is float32 on the CPU, the same values dequantized)
+    dtype: str = "float32"
 
 
 def _conv_flops(x, w, stride=1, padding=0, groups=1):
@@ -129,6 +133,36 @@ CASES += [
 ]
 
 
+# ---- weight storage: a 4096x4096 linear weight stored in each dtype / quantized format ----
+#: the formats of the quantized-weight rows (ops/quant.py), after the float32 and float16 rows
+WEIGHT_DTYPES = ("float32", "float16", "int8", "q8_0", "q4_0", "float8_e4m3fn")
+
+
+def _linear_make(rows: int, n: int = 4096, k: int = 4096):
+    def make(rng):
+        x = rng.standard_normal((rows, k)).astype(np.float32)
+        w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+        return [x, w], {}
+    return make
+
+
+CASES += [
+    Case(f"linear 4096x4096 weight, batch {rows}", "linear", (), (), {}, 2.0 * rows * 4096 * 4096,
+         make=_linear_make(rows), torch_fn="F.linear", dtype=dt)
+    for rows in (77, 4096) for dt in WEIGHT_DTYPES
+]
+
+
+def _stored_weight(be, w: np.ndarray, dtype: str):
+    """(the weight as the backend keeps it in ``dtype``, its values as float32 for PyTorch's side)."""
+    from ..ops import dtypes, quant
+    if dtype == "float32":
+        return be.to_device(w), w
+    if dtype in dtypes.FLOATS:
+        return be.to_device(w, dtype=dtype), dtypes.round_to(w, dtype)
+    q = quant.quantize(w, dtype, op="anydevice bench")
+    return be.to_device_quant(q), q.dequantize()
+
 
 def bench_case(be, case: Case, budget_s: float = 0.6, max_reps: int = 200) -> Row:
     import torch
@@ -145,8 +179,10 @@ def bench_case(be, case: Case, budget_s: float = 0.6, max_reps: int = 200) -> Ro
         arrays, kw = [a, b], case.kw
         tfn = {"matmul": torch.matmul, "conv2d": F.conv2d, "conv_transpose2d": F.conv_transpose2d}[case.op]
     tdev = _torch_device_for(be)
-    targs = [torch.from_numpy(np.ascontiguousarray(x)).to(tdev) for x in arrays]
     nargs = [be.to_device(x) for x in arrays]
+    if case.dtype != "float32":  # the weight stored in the row's dtype; PyTorch gets its values
+        nargs[1], arrays[1] = _stored_weight(be, arrays[1], case.dtype)
+    targs = [torch.from_numpy(np.ascontiguousarray(x)).to(tdev) for x in arrays]
     fn = getattr(be, case.op)
 
     def run_backend():
@@ -181,7 +217,7 @@ def bench_case(be, case: Case, budget_s: float = 0.6, max_reps: int = 200) -> Ro
                     times.append((time.perf_counter() - t0) / inner)
     mb, mt = statistics.median(tb_), statistics.median(tt_)
     return Row(be.name, be.device, case.name, mb * 1e3, mt * 1e3, case.flops / mb / 1e9,
-               case.flops / mt / 1e9, mt / mb, first * 1e3, reps, case.per_call_us)
+               case.flops / mt / 1e9, mt / mb, first * 1e3, reps, case.per_call_us, case.dtype)
 
 
 def main(args) -> int:
@@ -198,6 +234,12 @@ def main(args) -> int:
     def run(be, case):
         if case.gpu_only and _torch_device_for(be).type == "cpu":
             return None
+        if case.dtype in FLOATS and case.dtype not in be.caps.storage_dtypes:
+            return None
         return bench_case(be, case, budget)
 
-    return run_rows(names, cases, run, getattr(args, "json", None))
+    return run_rows(names, cases, run, getattr(args, "json", None), label=_label)
+
+
+def _label(case) -> str:
+    return case.name if case.dtype == "float32" else f"{case.name} in {case.dtype}"

@@ -25,6 +25,9 @@ class Row:
     #: the dtype the row computes in or stores its weights as (float32, float16, bfloat16; the quantized
     #: formats name theirs); not part of ``case``
     dtype: str = "float32"
+    #: this row's time over the float16 row of the same backend and case (set by ``run_rows`` where that
+    #: row was measured in the same run: a quantized weight's cost against half precision)
+    cost_vs_float16: float | None = None
 
 
 def machine_line() -> str:
@@ -58,17 +61,30 @@ def _sync_torch(dev):
 
 
 def format_rows(rows) -> str:
-    head = (f"{'backend':<9}{'case':<44}{'dtype':<10}{'ms':>9}{'torch ms':>10}{'GFLOPS':>9}{'torch':>9}{'ratio':>7}"
-            f"{'first ms':>10}")
+    head = (f"{'backend':<9}{'case':<44}{'dtype':<14}{'ms':>9}{'torch ms':>10}{'GFLOPS':>9}{'torch':>9}{'ratio':>7}"
+            f"{'first ms':>10}{'x f16':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.per_call_us:
-            lines.append(f"{r.backend:<9}{r.case:<44}{r.dtype:<10}{r.ms * 1e3:>7.1f}us{r.torch_ms * 1e3:>8.1f}us"
-                         f"{'':>9}{'':>9}{r.ratio:>7.2f}{r.first_ms:>10.1f}")
+            lines.append(f"{r.backend:<9}{r.case:<44}{r.dtype:<14}{r.ms * 1e3:>7.1f}us{r.torch_ms * 1e3:>8.1f}us"
+                         f"{'':>9}{'':>9}{r.ratio:>7.2f}{r.first_ms:>10.1f}{_vs16(r)}")
         else:
-            lines.append(f"{r.backend:<9}{r.case:<44}{r.dtype:<10}{r.ms:>9.2f}{r.torch_ms:>10.2f}{r.gflops:>9.1f}"
-                         f"{r.torch_gflops:>9.1f}{r.ratio:>7.2f}{r.first_ms:>10.1f}")
+            lines.append(f"{r.backend:<9}{r.case:<44}{r.dtype:<14}{r.ms:>9.2f}{r.torch_ms:>10.2f}{r.gflops:>9.1f}"
+                         f"{r.torch_gflops:>9.1f}{r.ratio:>7.2f}{r.first_ms:>10.1f}{_vs16(r)}")
     return "\n".join(lines)
+
+
+def _vs16(r) -> str:
+    return f"{r.cost_vs_float16:>7.2f}" if r.cost_vs_float16 is not None else f"{'':>7}"
+
+
+def _cost_vs_float16(rows) -> None:
+    """Each row's time over the float16 row of the same backend and case, where one was measured."""
+    half = {(r.backend, r.case): r.ms for r in rows if r.dtype == "float16"}
+    for r in rows:
+        h = half.get((r.backend, r.case))
+        if h and r.dtype != "float16":
+            r.cost_vs_float16 = r.ms / h
 
 
 def set_tf32(on: bool) -> None:
@@ -105,6 +121,7 @@ def run_rows(names, cases, run, json_path=None, label=None, extra=None) -> int:
             print(format_rows([row]).splitlines()[-1], flush=True)
             if extra:
                 print(extra(row), flush=True)
+    _cost_vs_float16(rows)
     print("\n" + format_rows(rows))
     if json_path:
         with open(json_path, "w") as f:
