@@ -16,7 +16,8 @@
  *                     C, ldc, sc_batch,               C(m, n) = C[z*sc_batch + m*ldc + n] (GEMM mode)
  *                     bias, has_bias,                 conv mode: bias[z*M + m]
  *                     Cin, H, W, Cg, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, Cout,
- *                     ksplit, kchunk)
+ *                     ksplit, kchunk,
+ *                     wscaleA, wq_kA, wscaleB, wq_kB)     quantized operands' scales (below)
  *   C = A @ B for each z. GEMM mode (IS_GEMM=1): z is the batch index.
  *   Conv mode (IS_GEMM=0): z is the group g, A the group's weights (M = Cout/groups rows,
  *   K = Cg*KH*KW), B the virtual im2col matrix of the input x (N = batch*OH*OW columns, gathered
@@ -40,7 +41,18 @@
  *         register totals every KP values of k, so long K keeps FP32 precision; a multiple of
  *         TILE_K; 0: one accumulator, half the registers, for tiles whose K slices the host keeps
  *         at most SINGLE_CHAIN long), WARP_N (FP32 branch: a warp's lanes laid out WARP_N along n
- *         by 32/WARP_N along m; 0: the group's rows, 16 or 32 along n), MIN_BLOCKS (CUDA: __launch_bounds__ minimum groups per SM).
+ *         by 32/WARP_N along m; 0: the group's rows, 16 or 32 along n), MIN_BLOCKS (CUDA: __launch_bounds__ minimum groups per SM),
+ *         WQA / WQB (a quantized operand, below).
+ * Quantized operands (-DWQA=code / -DWQB=code, the formats' codes of backend/ops/quant.py FORMATS and
+ * kernels/quant_decode.h): that operand's buffer is the weight's packed bytes, and each element is
+ * decoded where the tile loader reads it, qd_load(bytes, flat index, wscale, wq_k), the flat index into
+ * the weight's C-order data being z*s_batch + row*s_row + col*s_col (the strides the float build uses);
+ * the decoded floats go into the group-shared tiles like any others: no float32 copy of the weight
+ * exists. wscaleA / wq_kA (B likewise): the int8 / fp8 per-row scales and the row length; any buffer
+ * and 0 for a float operand or a block format (every build takes them: one signature). A quantized
+ * operand is loaded element by element (no VEC_A / VEC_B); WQB is GEMM mode only (conv mode's B is
+ * the input); with both, one format (one decoder per build). A conv's weight is A (WQA), a linear
+ * weight W (N, K) is B = W^T (WQB, sbk = 1, sbn = K: TRANS_B).
  * Tiles are double-buffered in group-shared memory (one barrier per k step, the next tile's global
  * loads in flight during the current tile's FMAs). In the FP32 branch a thread whose WPT_M and
  * WPT_N are multiples of 4 owns 4x4 sub-blocks spread TM*4 rows / TN*4 columns apart, so it reads
@@ -92,6 +104,36 @@
 #endif
 #ifndef VEC_B
 #define VEC_B 0
+#endif
+#ifndef WQA
+#define WQA 0
+#endif
+#ifndef WQB
+#define WQB 0
+#endif
+#if WQA && WQB && WQA != WQB
+#error "ad_conv_gemm: a quantized A and B share one format (one decoder per build)"
+#endif
+#if (WQA && VEC_A) || (WQB && VEC_B)
+#error "ad_conv_gemm: a quantized operand is loaded element by element (no VEC_A / VEC_B)"
+#endif
+#if WQB && !IS_GEMM
+#error "ad_conv_gemm: WQB is a GEMM-mode operand (conv mode's B is the input)"
+#endif
+#if WQA || WQB
+#define WQ (WQA ? WQA : WQB)
+#include "quant_decode.h"
+#endif
+/* element types of the A and B buffers: floats, or a quantized operand's bytes */
+#if WQA
+#define A_T unsigned char
+#else
+#define A_T float
+#endif
+#if WQB
+#define B_T unsigned char
+#else
+#define B_T float
 #endif
 #if (WPT_M % 4 == 0) && (WPT_N % 4 == 0)
 #define VEC_SMEM 1
@@ -185,15 +227,17 @@ DEVICE_FN void ad_mma_tf32(float* d, const unsigned int* a, const unsigned int* 
 #endif
 
 KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
-                         const GLOBAL float* RESTRICT A, const int sam, const int sak, const OFF_T sa_batch,
-                         const GLOBAL float* RESTRICT B, const int sbk, const int sbn, const OFF_T sb_batch,
+                         const GLOBAL A_T* RESTRICT A, const int sam, const int sak, const OFF_T sa_batch,
+                         const GLOBAL B_T* RESTRICT B, const int sbk, const int sbn, const OFF_T sb_batch,
                          GLOBAL float* RESTRICT C, const int ldc, const OFF_T sc_batch,
                          const GLOBAL float* RESTRICT bias, const int has_bias,
                          const int Cin, const int H, const int W, const int Cg,
                          const int KH, const int KW, const int sh, const int sw,
                          const int ph, const int pw, const int dh, const int dw,
                          const int OH, const int OW, const int Cout,
-                         const int ksplit, const int kchunk)
+                         const int ksplit, const int kchunk,
+                         const GLOBAL float* RESTRICT wscaleA, const OFF_T wq_kA,
+                         const GLOBAL float* RESTRICT wscaleB, const OFF_T wq_kB)
 {
     LOCAL ALIGN16 float As[2][TILE_K][TILE_M + SMEM_PAD];
     LOCAL ALIGN16 float Bs[2][TILE_K][TILE_N + SMEM_PAD];
@@ -203,9 +247,21 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
     const int z = GRP2 / ksplit;                 /* batch index (GEMM) or group (conv) */
     const int kbeg = (GRP2 - z * ksplit) * kchunk;
     const int kend = min(K, kbeg + kchunk);
+#if WQA  /* a quantized operand is read by flat element index from the buffer's start */
+    const OFF_T a_base = (OFF_T)z * sa_batch;
+#define A_ELEM(off) qd_load(A, a_base + (off), wscaleA, wq_kA)
+#else
     A += (OFF_T)z * sa_batch;
+#define A_ELEM(off) A[off]
+#endif
 #if IS_GEMM
+#if WQB
+    const OFF_T b_base = (OFF_T)z * sb_batch;
+#define B_ELEM(off) qd_load(B, b_base + (off), wscaleB, wq_kB)
+#else
     B += (OFF_T)z * sb_batch;
+#define B_ELEM(off) B[off]
+#endif
 #else
     /* this thread's B column is fixed: decompose it once */
     const int OHW = OH * OW;
@@ -269,7 +325,7 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #else
 #define A_AT(i) int am, ak; A_POS(i, tid, am, ak);
 #define LOAD_A(k0) EACH_STAGED(A_LOADS, A_AT(i), \
-    ra[i] = (m0 + am < M && (k0) + ak < kend) ? A[(OFF_T)(m0 + am) * sam + (OFF_T)((k0) + ak) * sak] : 0.0f;)
+    ra[i] = (m0 + am < M && (k0) + ak < kend) ? A_ELEM((OFF_T)(m0 + am) * sam + (OFF_T)((k0) + ak) * sak) : 0.0f;)
 #define STORE_A(buf) EACH_STAGED(A_LOADS, A_AT(i), As[buf][ak][am] = ra[i];)
 #endif
 #if VEC_B
@@ -289,7 +345,7 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #define LOAD_B(i, gk, bn)                                                                      \
     {                                                                                           \
         const int gn = n0 + (bn);                                                               \
-        rb[i] = ((gk) < kend && gn < N) ? B[(OFF_T)(gk) * sbk + (OFF_T)gn * sbn] : 0.0f;      \
+        rb[i] = ((gk) < kend && gn < N) ? B_ELEM((OFF_T)(gk) * sbk + (OFF_T)gn * sbn) : 0.0f; \
     }
 #else
 #define LOAD_B(i, gk, bn)                                                                      \

@@ -26,6 +26,7 @@ import pytest
 from anydevice.backend.devices import cuda as cb
 from anydevice.backend.devices import opencl as ob
 from anydevice.backend.devices.runtime.kernel_source import kernel_source
+from anydevice.backend.ops import quant
 from precision_helpers import opencl_device
 
 torch = pytest.importorskip("torch")
@@ -48,13 +49,14 @@ CONVT_MODE = next(m for m in cb.OWN_MODES if m["IS_GEMM"] == 0 and m["CONV_TRANS
 MISC_MACROS = {"BLOCK": cb.BLOCK}
 
 CONV_GEMM_SIG = ([i32] * 3 + [None, i32, i32, i64] + [None, i32, i32, i64] + [None, i32, i64]
-                 + [None, i32] + [i32] * 15 + [i32, i32])
+                 + [None, i32] + [i32] * 15 + [i32, i32] + [None, i64, None, i64])
 SIGS = {
     "ad_conv_gemm": CONV_GEMM_SIG,
     "ad_splitk_reduce": [None, None, None] + [i32] * 6 + [i64] + [i32] * 3,
     "ad_pad": [None, None] + [i32] * 8,
     "ad_unary": [None, None, i64, i32, f32, f32, i32],
     "ad_direct_conv": [None, None, None, i32, None] + [i32] * 18,
+    "ad_dequant": [None, None, i64, None, i64],
     # the OpenCL backend's elementwise.cl kernels that share elementwise_math.h with misc_cuda.cu
     "unary": [None, i64, None, i64, i64, i64, i32, f32, f32, i32, i32],
     "pad2d": [None, i64, None, i64] + [i32] * 7,
@@ -112,6 +114,16 @@ class Runner:
     def null(self):
         return self._dummy
 
+    def raw(self, data: np.ndarray):
+        """A quantized weight's packed bytes as they are."""
+        mf = cl.mem_flags
+        data = np.ascontiguousarray(data).view(np.uint8)
+        return cl.Buffer(self.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=data if data.size else np.zeros(4, np.uint8))
+
+    def wq(self, q=None) -> tuple:
+        """ad_conv_gemm's (scale buffer, row length) of a quantized operand (any buffer and 0 otherwise)."""
+        return (self.buf(q.scale), q.rowlen) if q is not None and q.scale is not None else (self.null(), 0)
+
 
 @pytest.fixture(scope="module")
 def run():
@@ -148,22 +160,26 @@ def _reduce(run, macros, ws, c, bias, ksplit, Z, M, N, ldc, c_bs, is_gemm, OHW, 
 
 
 def own_gemm(run, a_store, b_store, trans_a, trans_b, M, N, K, batch, a_batched, b_batched, cfg,
-             extra=None, ksplit=1):
+             extra=None, ksplit=1, qb=None):
     """C (batch, M, N) = A @ B as the backend launches it; a_store/b_store the stored arrays
     ((Ba, M, K) or, TRANS_A, (Ba, K, M); (Bb, K, N) or, TRANS_B, (Bb, N, K)); ksplit > 1 splits K
-    into a workspace reduced by ad_splitk_reduce."""
+    into a workspace reduced by ad_splitk_reduce. ``qb``: B is this QTensor (b_store's layout), read
+    packed (WQB)."""
     macros = {**cfg, "IS_GEMM": 1, "TRANS_A": int(trans_a), "TRANS_B": int(trans_b), **(extra or {})}
+    if qb is not None:
+        macros["WQB"] = qb.format.code
     k = run.kernel("conv_gemm_cuda.cu", "ad_conv_gemm", macros)
     sam, sak = (1, M) if trans_a else (K, 1)
     sbk, sbn = (1, K) if trans_b else (N, 1)
-    a, b = run.buf(a_store), run.buf(b_store)
+    a, b = run.buf(a_store), (run.buf(b_store) if qb is None else run.raw(qb.data))
     c = run.buf(nbytes=batch * M * N * 4)
     ksplit, kchunk = _split(K, ksplit, cfg)
     ws = c if ksplit == 1 else run.buf(nbytes=batch * ksplit * M * N * 4)
     groups = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), batch * ksplit)
     group = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
     run.launch(k, groups, group, M, N, K, a, sam, sak, M * K if a_batched else 0,
-               b, sbk, sbn, K * N if b_batched else 0, ws, N, M * N, run.null(), 0, *([0] * 15), ksplit, kchunk)
+               b, sbk, sbn, K * N if b_batched else 0, ws, N, M * N, run.null(), 0, *([0] * 15), ksplit, kchunk,
+               *run.wq(), *run.wq(qb))
     if ksplit > 1:
         _reduce(run, macros, ws, c, None, ksplit, batch, M, N, N, M * N, 1, 1, 1)
     return run.read(c, (batch, M, N))
@@ -198,9 +214,10 @@ def test_conv_gemm_gemm_mode(run, mode, cfg_name):
 
 
 def own_conv(run, x, w, bias, stride, pads, dilation, groups, cfg, transposed=False, output_padding=(0, 0),
-             ksplit=1, vec_a=False):
+             ksplit=1, vec_a=False, qw=None):
     """conv2d (pads = top, bottom, left, right) or conv_transpose2d (pads = ph, ph, pw, pw) through
-    ad_conv_gemm exactly as CudaBackend._own_conv launches it."""
+    ad_conv_gemm exactly as CudaBackend._own_conv launches it. ``qw``: conv2d's weight is this
+    QTensor (``w`` its values), read packed (WQA)."""
     N, C, H, W = x.shape
     (sh, sw), (dh, dw), G = stride, dilation, groups
     t, b_, l, r = pads
@@ -220,9 +237,9 @@ def own_conv(run, x, w, bias, stride, pads, dilation, groups, cfg, transposed=Fa
         OW = (W + l + r - dw * (KW - 1) - 1) // sw + 1
     M, Ntot, K = CoutG, N * OH * OW, CinG * KH * KW
     mode = CONVT_MODE if transposed else CONV_MODE
-    macros = {**cfg, **mode, **({"VEC_A": 1} if vec_a else {})}
+    macros = {**cfg, **mode, **({"VEC_A": 1} if vec_a else {}), **({"WQA": qw.format.code} if qw is not None else {})}
     k = run.kernel("conv_gemm_cuda.cu", "ad_conv_gemm", macros)
-    xb, wb = run.buf(x), run.buf(w)
+    xb, wb = run.buf(x), (run.buf(w) if qw is None else run.raw(qw.data))
     yb = run.buf(nbytes=N * Cout * OH * OW * 4)
     bb = run.null() if bias is None else run.buf(bias)
     ksplit, kchunk = _split(K, ksplit, cfg)
@@ -231,7 +248,7 @@ def own_conv(run, x, w, bias, stride, pads, dilation, groups, cfg, transposed=Fa
     group = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
     run.launch(k, groups_, group, M, Ntot, K, wb, K, 1, M * K, xb, 0, 0, 0, ws, 0, 0,
                bb, int(bias is not None), C, H, W, CinG, KH, KW, sh, sw, t, l, dh, dw, OH, OW, Cout,
-               ksplit, kchunk)
+               ksplit, kchunk, *run.wq(qw), *run.wq())
     if ksplit > 1:
         _reduce(run, macros, ws, yb, None if bias is None else bb, ksplit, G, M, Ntot, 0, 0, 0, OH * OW, Cout)
     return run.read(yb, (N, Cout, OH, OW))
@@ -379,6 +396,50 @@ def test_conv_gemm_split_k(run, ksplit):
                  output_padding=opad, ksplit=ksplit)
     ref = F.conv_transpose2d(_t(x), _t(w), _t(b), stride, pad, opad, g, dil)
     assert _rel(y, ref) <= TOL
+
+
+QFORMATS = list(quant.FORMATS)
+
+
+@pytest.mark.parametrize("fmt", QFORMATS)
+def test_conv_gemm_quantized_operands(run, fmt):
+    """A quantized weight read packed and decoded in the tile loads: linear's B = W^T (WQB,
+    TRANS_B: sbk = 1, sbn = K; with and without 16-byte loads of A, K past whole tiles, split K) and
+    conv2d's A (WQA: 3x3 pad 1, stride 2 with groups), against float64 of ``QTensor.dequantize()``."""
+    rng = np.random.default_rng(QFORMATS.index(fmt))
+    for M, N, K, cfg, vec, ks in [(50, 96, 320, CFG_S, False, 1), (50, 96, 200, CFG_L, True, 1),
+                                  (37, 64, 224, CFG_M, False, 3)]:
+        qw = quant.quantize(rng.standard_normal((N, K)).astype(np.float32), fmt)
+        x = rng.standard_normal((1, M, K)).astype(np.float32)
+        mode = {"IS_GEMM": 1, "TRANS_A": 0, "TRANS_B": 1, **({"VEC_A": 1} if vec else {})}
+        assert _shipped("conv_gemm_cuda.cu", {**cfg, **mode, "WQB": qw.format.code})
+        C = own_gemm(run, x, None, 0, 1, M, N, K, 1, True, False, cfg, extra=mode, ksplit=ks, qb=qw)
+        err = _rel(C, _t(x) @ _t(qw.dequantize()).T)
+        assert err <= TOL, (fmt, M, N, K, err)
+    for xs, ws, stride, pads, g, ks in [((2, 16, 9, 11), (32, 16, 3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
+                                        ((1, 16, 13, 12), (32, 8, 3, 3), (2, 2), (1, 1, 1, 1), 2, 2)]:
+        qw = quant.quantize(rng.standard_normal(ws).astype(np.float32), fmt)
+        x = rng.standard_normal(xs).astype(np.float32)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        assert _shipped("conv_gemm_cuda.cu", {**CFG_M, **CONV_MODE, "WQA": qw.format.code})
+        y = own_conv(run, x, qw.dequantize(), b, stride, pads, (1, 1), g, CFG_M, ksplit=ks, qw=qw)
+        err = _rel(y, _ref_conv(x, qw.dequantize(), b, stride, pads, (1, 1), g))
+        assert err <= TOL, (fmt, xs, ws, err)
+
+
+@pytest.mark.parametrize("fmt", QFORMATS)
+def test_dequant_kernel(run, fmt):
+    """kernels/dequant.cu (the CUDA backend's _dequant) gives QTensor.dequantize()'s values exactly."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((24, 40)).astype(np.float32)
+    a[0, :32] = 0.0
+    q = quant.quantize(a, fmt)
+    macros = {"WQ": q.format.code}
+    assert _shipped("dequant.cu", macros)
+    k = run.kernel("dequant.cu", "ad_dequant", macros)
+    out = run.buf(nbytes=4 * a.size)
+    launch_1d(run, k, a.size, run.raw(q.data), out, a.size, *run.wq(q))
+    np.testing.assert_array_equal(run.read(out, a.shape), q.dequantize())
 
 
 # ---- misc_cuda.cu --------------------------------------------------------------------------------

@@ -13,19 +13,46 @@ import numpy as np
 
 from ...system import config
 from ...ops import dtypes
+from ...ops.quant import FORMATS, DeviceQuant
 from ...ops.contract import Backend, Capabilities, tf32_allowed, unary_kernel_args
 from ...ops.plans import conv2d_geometry
 from ..runtime import JsonStore, cache_dir, pack_args
 from .attention import CudaAttention
 from .device import _cupy, _describe
 from .linalg import CudaLinalg
-from .tiles import BLOCK, CACHE_NAME, MISC, _cdiv, _size_class, _tiles_for, build_options, kernel_source
+from .tiles import BLOCK, CACHE_NAME, DEQUANT, MISC, _cdiv, _size_class, _tiles_for, build_options, kernel_source
+
+
+class CudaQuant(DeviceQuant):
+    """A quantized weight packed as it is stored (ops/quant.py: ``fmt``, logical ``shape``): its bytes
+    (``data``, a CuPy uint8 array) and, for int8 / fp8, ``scale`` (CuPy float32, one per ``rowlen``
+    elements). ad_conv_gemm decodes it in its tile loads (WQA / WQB); ``_dequant`` converts it."""
+    __slots__ = ("fmt", "shape", "data", "scale", "rowlen", "size", "nbytes", "__weakref__")
+
+    def __init__(self, fmt: str, shape, data, scale=None, rowlen: int = 0):
+        self.fmt, self.shape, self.data = fmt, tuple(int(s) for s in shape), data
+        self.scale, self.rowlen = scale, int(rowlen)
+        self.size = math.prod(self.shape)
+        self.nbytes = int(data.nbytes) + (0 if scale is None else int(scale.nbytes))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> str:
+        return self.fmt
+
+    def __repr__(self):
+        return f"CudaQuant({self.fmt}, shape={self.shape}, {self.nbytes} bytes)"
 
 
 class CudaBackend(CudaLinalg, CudaAttention, Backend):
     kind = "own"
-    # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32
-    caps = Capabilities(fused=frozenset({"all_finite", "attention"}), storage_dtypes=frozenset(dtypes.FLOATS))
+    # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32;
+    # quantized weights kept packed (CudaQuant) and decoded by the GEMM / conv kernel's tile loads
+    caps = Capabilities(fused=frozenset({"all_finite", "attention"}), storage_dtypes=frozenset(dtypes.FLOATS),
+                        quant_formats=frozenset(FORMATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):
         super().__init__(index, name)
@@ -114,6 +141,29 @@ class CudaBackend(CudaLinalg, CudaAttention, Backend):
             return self.cp.asarray(np.asarray(dtypes.host_store(np.asarray(a, np.float32), dtype)).view(
                 np.float16 if dtype == dtypes.FLOAT16 else np.uint16))
         return self.cp.asarray(a, dtype=self.cp.float32)
+
+    def _from_quant(self, q):
+        """A host QTensor's bytes (and scales) uploaded as they are: the kernels decode them."""
+        self._enter()
+        data = self.cp.asarray(np.ascontiguousarray(q.data))
+        scale = None if q.scale is None else self.cp.asarray(q.scale, dtype=self.cp.float32)
+        return CudaQuant(q.fmt, q.shape, data, scale, q.rowlen)
+
+    def _dequant(self, w):
+        """A CudaQuant's float32 values (kernels/dequant.cu; a copy for one op)."""
+        self._enter()
+        out = self._empty(w.shape)
+        if out.size:
+            fn = self._function(DEQUANT[0], DEQUANT[1], {"WQ": FORMATS[w.fmt].code})
+            self._launch_1d(fn, out.size, pack_args(DEQUANT[1], (w.data, out, out.size, *self._wq(w))))
+        return out
+
+    def _wq(self, w) -> tuple:
+        """The scale buffer and row length ad_conv_gemm / ad_dequant take for ``w`` (a quantized int8 /
+        fp8 weight's; else any buffer and 0)."""
+        if isinstance(w, CudaQuant) and w.scale is not None:
+            return w.scale, w.rowlen
+        return self._null(), 0
 
     def _to_numpy(self, x):
         self._enter()

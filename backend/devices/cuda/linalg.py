@@ -3,11 +3,14 @@
 few output channels per group."""
 from __future__ import annotations
 
+import math
+
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
+from ...ops.quant import FORMATS, DeviceQuant
 from ..runtime import pack_args
-from ..runtime.conv_gemm import conv_args, kchunk_for, plan as plan_tiles
-from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, OWN_GEMM, TILES, _cdiv, _mode_macros, _size_class, _strided,
-                    _vec_ok, vec_fits)
+from ..runtime.conv_gemm import conv_args, kchunk_for, plan as plan_tiles, quant_mode
+from .tiles import (DIRECT_MAX_COUT_G, GRID_YZ_MAX, MAX_KSPLIT, OWN_GEMM, TILES, _cdiv, _mode_macros, _size_class,
+                    _strided, _vec_ok, mode_fits, vec_fits)
 
 
 class CudaLinalg:
@@ -46,22 +49,27 @@ class CudaLinalg:
 
     def _own_launch(self, macros: dict, cfg: dict, M: int, N: int, K: int, Z: int, args_a: tuple,
                     args_b: tuple, c_args: tuple, bias, conv: tuple, out, gemm_out: tuple, ksplit: int,
-                    record=None):
+                    record=None, wq=None):
         """Launch ad_conv_gemm over Z problems (grid z chunks), split over K when ksplit > 1 (then
         into a workspace, and ad_splitk_reduce writes ``out``). ``record``: a key under which a
         one-chunk launch is kept for ``_replay`` (the next call of the same signature skips the
-        planning, the build lookup and the argument packing)."""
+        planning, the build lookup and the argument packing). ``wq``: the last four arguments
+        (scales and row lengths of a quantized A and B, macros WQA / WQB) when one is quantized; such
+        a launch is not recorded and must fit one z chunk (its operand is indexed from the buffer's start)."""
         cp = self.cp
         fn = self._function(OWN_GEMM[0], OWN_GEMM[1], macros)
         block = (cfg["TILE_N"] // cfg["WPT_N"], cfg["TILE_M"] // cfg["WPT_M"], 1)
         ksplit, kchunk = kchunk_for(K, ksplit, cfg)
         per = max(1, GRID_YZ_MAX // ksplit)
+        if wq is not None:
+            record = None
+            assert Z <= per, "a quantized operand is launched in one z chunk"
         if record is not None and Z <= per:
             a, sam, sak, a_bs = args_a(0)
             b, sbk, sbn, b_bs = args_b(0)
             c, ldc, c_bs, bs = c_args(0)
             tpl = pack_args(OWN_GEMM[1], (M, N, K, None, sam, sak, a_bs, None, sbk, sbn, b_bs, None, ldc,
-                                          c_bs, None, bias is not None, *conv, ksplit, kchunk))
+                                          c_bs, None, bias is not None, *conv, ksplit, kchunk, *self._no_wq()))
             grid = (_cdiv(N, cfg["TILE_N"]), _cdiv(M, cfg["TILE_M"]), Z * ksplit)
             red = red_tpl = None
             if ksplit > 1:
@@ -86,12 +94,14 @@ class CudaLinalg:
             tpl = self._arg_cache.get(key)
             if tpl is None:
                 tpl = list(pack_args(OWN_GEMM[1], (M, N, K, None, sam, sak, a_bs, None, sbk, sbn, b_bs, None, ldc,
-                                                   c_bs, None, bias is not None, *conv, ksplit, kchunk)))
+                                                   c_bs, None, bias is not None, *conv, ksplit, kchunk, *self._no_wq())))
                 if len(self._arg_cache) > 4096:
                     self._arg_cache.clear()
                 self._arg_cache[key] = tpl
             args = list(tpl)
             args[3], args[7], args[11], args[14] = a, b, ws, bs
+            if wq is not None:
+                args[-4:] = pack_args(OWN_GEMM[1], (0,) * 33 + tuple(wq))[-4:]
             fn(grid, block, tuple(args))
             if ksplit > 1:
                 red = self._function(OWN_GEMM[0], "ad_splitk_reduce", macros)
@@ -100,6 +110,10 @@ class CudaLinalg:
                                 pack_args("ad_splitk_reduce", (ws, c, bs, bias is not None, ksplit, z1 - z0, M, N,
                                                                ldc, c_bs, is_gemm, OHW, Cout)))
         return out
+
+    def _no_wq(self) -> tuple:
+        """ad_conv_gemm's last four arguments when no operand is quantized."""
+        return (self._null(), 0, self._null(), 0)
 
     def _replay(self, rec, a, b, c, bs, out):
         """One recorded launch (``_own_launch(record=...)``) on new operands: A, B, C (or the split's
@@ -166,6 +180,35 @@ class CudaLinalg:
                                 None, (0,) * 15, c, (1, 1, 1), ksplit or self._ksplit(cfg, M, N, B, K),
                                 record=record if (a is a_in and b is b_in) else None)  # no copies made
 
+    def _linear(self, x, w, b):
+        """A quantized 2-D weight W (N, K) is ad_conv_gemm's B = W^T read packed (WQB: sbk = 1,
+        sbn = K, decoded in the tile loads); other weights the contract's linear."""
+        if not isinstance(w, DeviceQuant):
+            return super()._linear(x, w, b)
+        if len(w.shape) != 2:
+            return super()._linear(x, self._dequant(w), b)
+        sx = tuple(x.shape)
+        rows, K, N = math.prod(sx[:-1]), sx[-1], w.shape[0]
+        self._check_size("linear", (rows, N))
+        c = self._empty((1, rows, N))
+        if rows and N:
+            if K == 0:
+                c[...] = 0
+            else:
+                a = self._contig(x).reshape(1, rows, K)
+                family, code = self._family("gemm"), FORMATS[w.fmt].code
+                cands = self._cands(family, "gemm", rows, N, 1)
+                fits = [c for c in cands if mode_fits(c, quant_mode(dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1), code))]
+                cfg, ks = self._plan(fits or TILES["default"]["own"], rows, N, 1, K)
+                vec_a = int(vec_fits(cfg, "A") and _vec_ok(a, K, 0, K))
+                mode = quant_mode(dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1, VEC_A=vec_a), code)
+                self._own_launch({**cfg, **_mode_macros(mode)}, cfg, rows, N, K, 1,
+                                 lambda z: (a, K, 1, 0), lambda z: (w.data, 1, K, 0),
+                                 lambda z: (c, N, rows * N, self._null()), None, (0,) * 15, c, (1, 1, 1), ks,
+                                 wq=(self._null(), 0, *self._wq(w)))
+        y = c.reshape(sx[:-1] + (N,))
+        return y if b is None else self._binary("add", y, b)
+
     # ---- convolution ------------------------------------------------------------------------
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
         key = (x.shape, w.shape, stride, pads, dilation, groups)
@@ -182,7 +225,20 @@ class CudaLinalg:
 
     def _conv(self, x, w, bias, g, transposed: int):
         """conv2d or conv_transpose2d (transposed=1) of a given geometry: the direct kernel for few
-        output channels per group, else the implicit-GEMM kernel."""
+        output channels per group, else the implicit-GEMM kernel. A quantized conv2d weight is read
+        packed by the implicit GEMM (WQA); the direct kernel (at most DIRECT_MAX_COUT_G rows a group:
+        a tiny weight), a transposed conv and a grid too tall for one launch get it dequantized
+        (float32, for this op only)."""
+        if isinstance(w, DeviceQuant):
+            if transposed or g.CoutG <= DIRECT_MAX_COUT_G or g.G * MAX_KSPLIT > GRID_YZ_MAX:
+                w = self._dequant(w)
+            else:
+                x = self._contig(x)
+                bias = None if bias is None else self._contig(bias)
+                y = self._empty((g.N, g.Cout, g.OH, g.OW))
+                if y.size == 0:
+                    return y
+                return self._own_conv(x, w, bias, y, g, transposed=0, family=self._family("conv2d"))
         x, w = self._contig(x), self._contig(w)
         bias = None if bias is None else self._contig(bias)
         y = self._empty((g.N, g.Cout, g.OH, g.OW))
@@ -216,15 +272,24 @@ class CudaLinalg:
     def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None):
         M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
         G = g.G
+        quant = isinstance(w, DeviceQuant)
         record = None
-        if cfg is None and ksplit is None and not transposed:
+        if cfg is None and ksplit is None and not transposed and not quant:
             record = ("conv", g, self.tf32, bias is None, w.data.ptr & 15)
         if cfg is None:
             op = "conv_transpose2d" if transposed else "conv2d"
             cfg, ks = self._plan(self._cands(family, op, M, Ntot, G), M, Ntot, G, K)
             ksplit = ksplit or ks
+        mode = dict(IS_GEMM=0, CONV_TRANSPOSED=int(transposed))
+        if quant:  # the packed weight, decoded in the tile loads, indexed from its start (one z chunk)
+            macros = {**cfg, **_mode_macros(quant_mode(mode, FORMATS[w.fmt].code))}
+            HW, P = g.H * g.W, g.OH * g.OW
+            return self._own_launch(
+                macros, cfg, M, Ntot, K, G, lambda g0: (w.data, K, 1, M * K), lambda g0: (x, 0, 0, 0),
+                lambda g0: (y, 0, 0, self._null() if bias is None else bias), bias, conv_args(g), y, (0, P, g.Cout),
+                ksplit or self._ksplit(cfg, M, Ntot, G, K), wq=(*self._wq(w), self._null(), 0))
         vec_a = int(vec_fits(cfg, "A") and K % 4 == 0 and (M * K) % 4 == 0 and w.data.ptr % 16 == 0)
-        macros = {**cfg, **_mode_macros(dict(IS_GEMM=0, CONV_TRANSPOSED=int(transposed), VEC_A=vec_a))}
+        macros = {**cfg, **_mode_macros(dict(mode, VEC_A=vec_a))}
         HW, P = g.H * g.W, g.OH * g.OW
         ks = ksplit or self._ksplit(cfg, M, Ntot, G, K)
         conv = conv_args(g)

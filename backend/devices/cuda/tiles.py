@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 
 from ...ops.contract import UNARY_KERNEL_CODES
-from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, TILE_EFFICIENCY, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X,  # noqa: F401
+from ...ops.quant import FORMATS
+from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, QUANT_MODES, TILE_EFFICIENCY, quant_mode, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X,  # noqa: F401
                                  _T_L, _T_M, _T_S, SINGLE_CHAIN, _cdiv, plan, _mode_macros, mode_fits, operand_layout, vec_fits)
 from ..runtime.attention import shared_tile
 from ..runtime.kernel_source import kernel_source as _kernel_source
@@ -18,6 +19,8 @@ CACHE_NAME = "cuda_tiles.json"
 
 OWN_GEMM = ("conv_gemm_cuda.cu", "ad_conv_gemm")
 MISC = "misc_cuda.cu"
+#: a quantized weight's float32 values (kernels/dequant.cu, built per format: -DWQ=code)
+DEQUANT = ("dequant.cu", "ad_dequant")
 #: fused attention (kernels/attention.cu): file, kernel; the group (query rows) and key tile asked for
 #: first (within the device's threads per block, the built kernel's limit and shared memory)
 ATTENTION = ("attention.cu", "ad_attention")
@@ -69,7 +72,14 @@ def shipped_configs() -> dict[str, list[dict]]:
                 for mode in OWN_MODES:
                     if mode["IS_GEMM"] in kinds and mode_fits(cfg, mode):
                         add(OWN_GEMM[0], {**cfg, **_mode_macros(mode)})
+                for mode in QUANT_MODES:  # a quantized weight read in the tile loads, per format
+                    for fmt in FORMATS.values():
+                        qm = quant_mode(mode, fmt.code)
+                        if mode["IS_GEMM"] in kinds and mode_fits(cfg, qm):
+                            add(OWN_GEMM[0], {**cfg, **_mode_macros(qm)})
     add(MISC, {"BLOCK": BLOCK})
+    for fmt in FORMATS.values():
+        add(DEQUANT[0], {"WQ": fmt.code})
     for spec in range(5):  # window.cu: square windows up to 4x4 unrolled, 0 the generic build
         add("window.cu", {"BLOCK": BLOCK, "WT": spec, "WS": spec})
     for d in ATT_HEAD_DIMS:

@@ -64,13 +64,15 @@ class LinalgOps:
         if K == 0:
             self._fill(out, 0.0)
             return out
-        if self.family == "gpu" or M * N * K <= SMALL_GEMM_MACS:
+        if self.family == "gpu":  # a quantized operand stays packed (ad_conv_gemm decodes it: WQA / WQB)
+            A, B = self._gpu_quant_ok(A, sam, sak, M, K), self._gpu_quant_ok(B, sbk, sbn, K, N)
+        elif M * N * K <= SMALL_GEMM_MACS:
             A, B = self._f32(A), self._f32(B)
         if self.family == "gpu":
             A, sam, sak, a_bs, ta = self._gpu_operand(A, a_off, sam, sak, a_bs, batches, M, K)
             B, sbk, sbn, b_bs, tb = self._gpu_operand(B, b_off, sbk, sbn, b_bs, batches, K, N)
-            vec_a = not ta and sam % 4 == 0 and a_bs % 4 == 0 and K % 4 == 0
-            vec_b = not tb and sbk % 4 == 0 and b_bs % 4 == 0 and N % 4 == 0
+            vec_a = not ta and sam % 4 == 0 and a_bs % 4 == 0 and K % 4 == 0 and not isinstance(A, CLQuant)
+            vec_b = not tb and sbk % 4 == 0 and b_bs % 4 == 0 and N % 4 == 0 and not isinstance(B, CLQuant)
             self._conv_gemm("gemm", dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb), vec_a, vec_b, M, N, K, batches,
                             (A, sam, sak, a_bs), (B, sbk, sbn, b_bs), out, (N, M * N), None, (0,) * 15)
             return out
@@ -251,9 +253,21 @@ class LinalgOps:
         self._copy_strided(x, off, (span,), (1,), out, 0, (1,))
         return out
 
+    def _gpu_quant_ok(self, X, s_row, s_col, rows, cols):
+        """GPU family: ``X`` as ad_conv_gemm reads it: a quantized weight as it is (decoded in the
+        kernel's tile loads) when one of its two inner strides is 1, as any operand must be (else
+        dequantized: it cannot be copied into another layout packed); a half one as float32."""
+        if isinstance(X, CLQuant) and operand_layout(rows, cols, s_row, s_col)[0]:
+            return X
+        return self._f32(X)
+
     def _gpu_operand(self, X: CLArray, off, s_row, s_col, s_batch, batches, rows, cols):
         """(array at offset 0, row, column and batch strides, transposed flag) for ad_conv_gemm, which
-        needs one of the two inner strides to be 1 (else the operand is copied contiguous)."""
+        needs one of the two inner strides to be 1 (else the operand is copied contiguous). A quantized
+        operand (offset 0, a usable layout: ``_gpu_quant_ok``) is passed as it is."""
+        if isinstance(X, CLQuant):
+            _, s_row, s_col = operand_layout(rows, cols, s_row, s_col)
+            return X, s_row, s_col, s_batch, int(s_col != 1)
         nb = batches if s_batch else 1
         usable, s_row2, s_col2 = operand_layout(rows, cols, s_row, s_col)
         if not usable:
@@ -268,10 +282,14 @@ class LinalgOps:
     def _conv_gemm(self, op, mode, vec_a, vec_b, M, N, K, Z, a, b, out, c_layout, bias, conv, layout=(1, 1, 1)):
         """Launch kernels/conv_gemm_cuda.cu's ad_conv_gemm (a = (A, sam, sak, a_bs), b likewise),
         with the tile and K split the shared plan picks; a split writes a workspace that
-        ad_splitk_reduce sums in order into ``out`` (+ bias)."""
+        ad_splitk_reduce sums in order into ``out`` (+ bias). A or B may be a CLQuant (built with
+        WQA / WQB: decoded in the tile loads, its scales passed last)."""
         cands = GEMM_TILES if op == "gemm" else CONV_TILES
         cfg, ks = plan_tiles(cands, M, N, Z, K, self.compute_units)
-        mode = dict(mode, VEC_A=int(bool(vec_a) and vec_fits(cfg, "A")), VEC_B=int(bool(vec_b) and vec_fits(cfg, "B")))
+        qa, qb = isinstance(a[0], CLQuant), isinstance(b[0], CLQuant)
+        mode = dict(mode, VEC_A=int(bool(vec_a) and vec_fits(cfg, "A") and not qa),
+                    VEC_B=int(bool(vec_b) and vec_fits(cfg, "B") and not qb),
+                    WQA=FORMATS[a[0].fmt].code if qa else 0, WQB=FORMATS[b[0].fmt].code if qb else 0)
         macros = {**cfg, **_mode_macros(mode)}
         ks, kchunk = kchunk_for(K, ks, cfg)
         ws = out if ks == 1 else self._empty((Z * ks * M * N,))
@@ -280,7 +298,7 @@ class LinalgOps:
         gsz = (-(-N // cfg["TILE_N"]) * lsz[0], -(-M // cfg["TILE_M"]) * lsz[1], Z * ks)
         bbuf, hb = (bias.buffer, 1) if bias is not None else (out.buffer, 0)
         self._run("ad_conv_gemm", gsz, lsz, M, N, K, A.buffer, sam, sak, a_bs, B.buffer, sbk, sbn, b_bs,
-                  ws.buffer, ldc, c_bs, bbuf, hb, *conv, ks, kchunk, params=macros)
+                  ws.buffer, ldc, c_bs, bbuf, hb, *conv, ks, kchunk, *self._wq(A), *self._wq(B), params=macros)
         if ks > 1:
             n = Z * M * N
             self._run("ad_splitk_reduce", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
@@ -293,6 +311,9 @@ class LinalgOps:
         (batch folded into N)."""
         x, w = self._at0(x, x.offset, x.size), self._at0(w, w.offset, w.size)
         if direct or g.CoutG <= GPU_DIRECT_MAX_COUT_G:
+            # few output channels per group: the weight is tiny (at most 4 rows a group), so the direct
+            # kernel reads a quantized one dequantized (float32, for this op only)
+            w = self._f32(w)
             n = out.size
             self._run("ad_direct_conv", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
                       x.buffer, w.buffer, bias.buffer if bias is not None else out.buffer, int(bias is not None),
@@ -302,7 +323,7 @@ class LinalgOps:
         M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
         if transposed:  # weights re-laid out as (G, CoutG, CinG*KH*KW)
             w = self._permute(self._reshape(w, (g.G, g.CinG, g.CoutG, g.KH * g.KW)), (0, 2, 1, 3))
-        return self._conv_gemm("conv", dict(IS_GEMM=0, CONV_TRANSPOSED=transposed), K % 4 == 0, False,
+        return self._conv_gemm("conv", dict(IS_GEMM=0, CONV_TRANSPOSED=transposed), K % 4 == 0 and not isinstance(w, CLQuant), False,
                                M, Ntot, K, g.G, (w, K, 1, M * K), (x, 0, 0, 0), out, (0, 0), bias, conv_args(g),
                                layout=(0, g.OH * g.OW, g.Cout))
 
@@ -361,7 +382,7 @@ class LinalgOps:
         K = CinG * KH * KW
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, pl, dh, dw)
         if self.family == "gpu":
-            return self._gpu_conv(x, self._f32(w), bias, out, g, 0)
+            return self._gpu_conv(x, w if isinstance(w, CLQuant) else self._f32(w), bias, out, g, 0)
         path = self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
         if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl):
             return out

@@ -42,8 +42,18 @@ OWN_MODES = (
     dict(IS_GEMM=0, CONV_TRANSPOSED=0), dict(IS_GEMM=0, CONV_TRANSPOSED=1),
     dict(IS_GEMM=0, CONV_TRANSPOSED=0, VEC_A=1), dict(IS_GEMM=0, CONV_TRANSPOSED=1, VEC_A=1),
 )
+#: the modes a quantized weight runs in (``quant_mode`` adds its format: WQB / WQA): linear's
+#: B = W^T (TRANS_B; A the activations, contiguous, with or without 16-byte loads) and conv2d's A
+#: (no 16-byte loads: decoded element by element)
+QUANT_MODES = (dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1), dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1, VEC_A=1),
+               dict(IS_GEMM=0, CONV_TRANSPOSED=0))
 #: split K over at most this many slices when the output tiles alone do not fill the GPU
 MAX_KSPLIT = 8
+
+
+def quant_mode(mode: dict, code: int) -> dict:
+    """``mode`` with its quantized operand's format code: conv mode's A (WQA), GEMM mode's B (WQB)."""
+    return dict(mode, **({"WQB": code} if mode["IS_GEMM"] else {"WQA": code}))
 def vec_fits(cfg: dict, which: str) -> bool:
     """Whether a tile can load operand ``which`` ("A" or "B") as 16-byte vectors: every thread
     loads whole vectors (ad_conv_gemm's VEC_A / VEC_B #error conditions)."""
@@ -54,12 +64,16 @@ def vec_fits(cfg: dict, which: str) -> bool:
 
 
 def mode_fits(cfg: dict, mode: dict) -> bool:
+    if (mode.get("VEC_A") and mode.get("WQA")) or (mode.get("VEC_B") and mode.get("WQB")):
+        return False  # a quantized operand is decoded element by element
+    if (mode.get("WQA") or mode.get("WQB")) and cfg.get("MIN_BLOCKS"):
+        return False  # registers capped for two groups an SM: the decoder's (int8 / fp8 row scales) spill
     return (not mode.get("VEC_A") or vec_fits(cfg, "A")) and (not mode.get("VEC_B") or vec_fits(cfg, "B"))
 
 
 def _mode_macros(mode: dict) -> dict:
-    """Build options of one own-kernel mode: VEC_A/VEC_B only when set (so the older cache keys hold)."""
-    return {k: v for k, v in mode.items() if not (k in ("VEC_A", "VEC_B") and not v)}
+    """Build options of one own-kernel mode: VEC_A/VEC_B/WQA/WQB only when set (so the older cache keys hold)."""
+    return {k: v for k, v in mode.items() if not (k in ("VEC_A", "VEC_B", "WQA", "WQB") and not v)}
 
 
 

@@ -12,7 +12,8 @@ Rules (kernels/README.md): only quoted includes of files in the kernels folder
 (``#include "elementwise_math.h"``); each file is expanded once per source (as if every header had
 ``#pragma once``; the headers carry classic include guards too); ``#line`` markers keep compiler
 messages pointing at the right file and line. The prelude counts as included, so a file may name
-it (``#include "prelude_opencl.h"``) and still get it once.
+it (``#include "prelude_opencl.h"``) and still get it once; so do both preludes, so a portable header
+that names the OpenCL one (quant_decode.h) gets nothing more in a CUDA source.
 """
 from __future__ import annotations
 
@@ -67,5 +68,6 @@ def kernel_source(fname: str, api: str, kernels_dir: Path | str | None = None, p
     parts = []
     if prelude:
         parts.append(expand_includes(PRELUDES[api], kernels_dir, done))
+        done.update(PRELUDES.values())  # a shared header naming the other API's prelude gets none (same guard)
     parts.append(f'#line 1 "{fname}"\n' + expand_includes(fname, kernels_dir, done))
     return "\n".join(parts)

@@ -65,8 +65,9 @@ KERNELS: dict[str, KernelSig] = {
     "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b"),
     "wino_out": _s("winograd_cpu.cl", "b i l b l b i", "i" * 7),
     # GPU kernels: the CUDA backend's, also built as OpenCL C for the OpenCL GPU family
-    "ad_conv_gemm": _s("conv_gemm_cuda.cu", "i i i b i i l b i i l b i l b i", "i" * 15, "i i"),
+    "ad_conv_gemm": _s("conv_gemm_cuda.cu", "i i i b i i l b i i l b i l b i", "i" * 15, "i i", "b l b l"),
     "ad_splitk_reduce": _s("conv_gemm_cuda.cu", "b b b i i i i i i l i i i"),
+    "ad_dequant": _s("dequant.cu", "b b l b l"),
     "ad_pad": _s("misc_cuda.cu", "b b", "i" * 8),
     "ad_unary": _s("misc_cuda.cu", "b b l i f f i"),
     "ad_direct_conv": _s("misc_cuda.cu", "b b b i b", "i" * 18),
