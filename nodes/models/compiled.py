@@ -53,10 +53,10 @@ def _compile_api():
     return adc
 
 
-def _torch_compile(module, be, dtype: str = "float32"):
+def _torch_compile(module, be, dtype: str = "float32", weights: str | None = None):
     adc = _compile_api()
     adc.register()
-    return torch.compile(module, backend=adc.BACKEND_NAME, options={"device": be, "dtype": dtype})
+    return torch.compile(module, backend=adc.BACKEND_NAME, options={"device": be, "dtype": dtype, "weights": weights})
 
 
 #: the dtype widget's choices: what the weights and activations are stored in on the device
@@ -64,6 +64,24 @@ DTYPES = ["auto", "float32", "float16", "bfloat16"]
 DTYPE_TIP = ("What the model's weights and activations are stored in on the device (each op computes in "
              "float32). auto: float16 (bfloat16 for a model ComfyUI runs in bfloat16) where the device stores "
              "half, else float32. Half takes half the memory and moves half the bytes.")
+
+
+#: the weights widget's choices (Model on AnyDevice): "none", or a quantized format of backend/ops/quant.py
+WEIGHT_FORMATS = ["none", "q8_0", "int8", "q4_0", "q4_1", "q5_0", "q5_1", "float8_e4m3fn", "float8_e5m2"]
+WEIGHTS_TIP = ("Quantize the diffusion model's linear and conv weights when it goes to the device, and keep them "
+               "packed there (the kernels decode them; no full-precision copy): q8_0 (GGUF 8-bit blocks, about "
+               "0.27x float32's memory, nearly lossless), int8 (per output channel), q4_0 / q4_1 / q5_0 / q5_1 "
+               "(GGUF 4/5-bit blocks, about 0.14-0.19x, visibly lossy), float8 (one scale per weight). The other "
+               "weights and the activations stay in dtype. none: the weights are stored in dtype.")
+
+
+def model_weights(weights: str, node: str) -> str | None:
+    """The quantized format of the weights widget (None for "none"), or a NodeError naming the value."""
+    if weights in (None, "", "none"):
+        return None
+    if weights not in WEIGHT_FORMATS:
+        raise NodeError(node, "weights", weights, f"must be one of {', '.join(WEIGHT_FORMATS)}")
+    return weights
 
 
 def model_dtype(be, dtype: str, node: str, runs_in=None) -> str:
@@ -211,19 +229,19 @@ def _be_key(be) -> tuple:
 
 
 def guard(original, be, node: str, what: str, input: str | None = None, module=None, dtype: str = "float32",
-          upcast: bool = False) -> Guarded:
+          upcast: bool = False, weights: str | None = None) -> Guarded:
     """``original`` compiled for backend ``be`` in storage dtype ``dtype`` behind a :class:`Guarded`: one per
     module, backend and dtype (kept on the module, so the node run again, or switched back to a backend it
     used before, reuses that compiled module and its graphs instead of compiling again). ``module``: what
     to compile in place of ``original`` (a share_copy of it), default ``original``. ``upcast``: a half
     model whose output overflows runs in float32 from then on."""
     cache = original.__dict__.setdefault("_anydevice_guards", _GuardCache())
-    key = (_be_key(be), node, what, dtype)
+    key = (_be_key(be), node, what, dtype, weights)
     g = cache.get(key)
     if g is None or g.failed is not None:
         target = original if module is None else module
         again = (lambda: _torch_compile(target, be)) if upcast and dtype != "float32" else None
-        g = cache[key] = Guarded(original, _torch_compile(target, be, dtype), node, what, be.name, input,
+        g = cache[key] = Guarded(original, _torch_compile(target, be, dtype, weights), node, what, be.name, input,
                                  dtype, again)
     return g
 
@@ -372,8 +390,15 @@ class AnyDeviceModel(_ModelNode):
         ("MODEL", "model", "A clone of the model whose diffusion model runs on the chosen backend."))
     input_tip = "The model from a checkpoint loader (LoRAs and other patches before or after this node are kept)."
 
-    def _run(self, model, device=None, dtype="auto"):
+    @classmethod
+    def INPUT_TYPES(cls):
+        types = super().INPUT_TYPES()
+        types["optional"]["weights"] = Choice(WEIGHT_FORMATS, "none", WEIGHTS_TIP)
+        return types
+
+    def _run(self, model, device=None, dtype="auto", weights="none"):
         node = self.DISPLAY
+        wq = model_weights(weights, node)
         if not (hasattr(model, "clone") and hasattr(model, "get_model_object") and
                 hasattr(model, "add_wrapper_with_key")):
             raise NodeError(node, "model", type(model).__name__, "must be a MODEL (a ComfyUI model patcher)")
@@ -389,18 +414,19 @@ class AnyDeviceModel(_ModelNode):
         original = m.get_model_object(key)
         if not isinstance(original, torch.nn.Module):
             raise NodeError(node, "model", type(original).__name__, "has no diffusion_model module to compile")
-        g = guard(original, be, node, "diffusion model", input="model", dtype=dtype)
+        g = guard(original, be, node, "diffusion model", input="model", dtype=dtype, weights=wq)
         # as comfy_api.torch_helpers.set_torch_compile_wrapper: replace other torch.compile wrappers,
         # swap the compiled module in for each apply_model call, keep the compile kwargs for reference
         m.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY)
         m.add_wrapper_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY, apply_model_wrapper(key, g))
         m.model_options[TORCH_COMPILE_KWARGS] = {"backend": "anydevice",
-                                                 "options": {"device": be.name, "dtype": dtype},
+                                                 "options": {"device": be.name, "dtype": dtype, "weights": wq},
                                                  "mode": None, "fullgraph": False, "dynamic": None}
         m.model_options["anydevice_guards"] = [g]
         to = m.model_options.setdefault("transformer_options", {})
         to["optimized_attention_override"] = pytorch_attention_override
-        lines = [f"diffusion model compiled for {be.name} in {dtype} at its first step"]
+        lines = [f"diffusion model compiled for {be.name} in {dtype}"
+                 + (f", linear/conv weights quantized to {wq}" if wq else "") + " at its first step"]
         return self._out(be, t, m, lines, "compile")
 
 

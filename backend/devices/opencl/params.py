@@ -42,7 +42,8 @@ WINO_OB = 4
 OPENCL_KERNELS = ("unary", "cast_from_f32", "cast_to_f32", "binary_flat", "binary_nd", "copy_nd", "where_nd", "pad2d", "reduce_ori", "norm_rows", "norm_rows_wg", "softmax_rows", "softmax_tile", "gemm_small",
                   "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
                   "wino_filter", "wino_in", "wino_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv",
-                  "ad_window2d", "ad_window2d_px", "ad_window_rows", "att_cpu", "ad_attention")
+                  "ad_window2d", "ad_window2d_px", "ad_window_rows", "att_cpu", "ad_attention",
+                  "ad_dequant")
 #: portable sources (built with the OpenCL prelude): the CUDA backend's kernels, as OpenCL C
 KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith(".cu")) for k in OPENCL_KERNELS}
 SIGS = {k: cl_scalar_dtypes(k) for k in OPENCL_KERNELS + ("probe_kernel",)}
@@ -75,10 +76,6 @@ SIGS["wgrad_pack_x"] = [None, np.int64, None] + [np.int32] * 8
 KFILES["adam_step"] = ("elementwise.cl", False)
 SIGS["adam_step"] = [None, np.int64] * 5 + [None] * 4 + [np.int64, np.int64, np.float32, np.int32] + \
     [np.float32] * 5 + [np.int32]
-
-# ---- a quantized weight's float32 values (kernels/quant.cl; ops/quant.py's formats) ------------------
-KFILES["dequant_w"] = ("quant.cl", False)
-SIGS["dequant_w"] = [None, None, np.int64, None, np.int64]
 
 # ---- where with contiguous / one-element operands (kernels/elementwise.cl's where_flat) ------------
 KFILES["where_flat"] = ("elementwise.cl", False)

@@ -82,13 +82,13 @@ class CLStorage:
         return CLQuant(q.fmt, q.shape, block, data.size, scale, q.rowlen)
 
     def _dequant(self, w):
-        """A CLQuant's float32 values (kernels/quant.cl; a copy for one op)."""
+        """A CLQuant's float32 values (kernels/dequant.cu, the CUDA backend's kernel as OpenCL C; a copy for one op)."""
         out = self._empty(w.shape)
         n = out.size
         if n:
             sb, wq_k = (w.scale.buffer, w.rowlen) if w.scale is not None else (w.buffer, 0)
-            self._run("dequant_w", (min(-(-n // 256), 4096),), None, w.buffer, out.buffer, n, sb, wq_k,
-                      params={"WDT": FORMATS[w.fmt].code})
+            self._run("ad_dequant", (min(-(-n // 256), 4096) * 256,), (256,), w.buffer, out.buffer, n, sb, wq_k,
+                      params={"WQ": FORMATS[w.fmt].code})
         return out
 
     def _cast(self, x, dtype):
