@@ -33,9 +33,9 @@ import numpy as np
 
 from ..system import cancel
 from ..system.errors import AnyDeviceError
-from ..ops import quant
 from . import aten_ops
-from .weights import Weights, _is_transpose, device_nbytes, quantizable_use, quantized_upload, version_of
+from .weights import (FLOAT8, Weights, _is_transpose, device_nbytes, float8_chains, float8_upload, quant_selection,
+                      quantized_upload, version_of)
 from . import report as _report
 from .report import Counting, Stats
 
@@ -231,14 +231,12 @@ class Lowered:
         for n in nodes:
             for x in _nodes_in((n.args, n.kwargs), []):
                 users.setdefault(x, []).append(n)
-        self.quant_nodes = set()
-        if self.quant:
-            for x, us in users.items():
-                m = _meta(x)
-                if kind.get(x) in ("static", "const") and _is_tensor_meta(m) and m.is_floating_point() \
-                        and m.dim() >= 2 and quant.quantizable(tuple(m.shape), self.quant) \
-                        and all(kind.get(u) == "lower" and quantizable_use(u, x) for u in us):
-                    self.quant_nodes.add(x)
+        self.quant_nodes = quant_selection(nodes, kind, users, self.quant, _meta, _is_tensor_meta)
+        # float8 weights (scaled-fp8 checkpoints) stay float8 where the device reads it
+        self.float8 = {x: c for x, c in float8_chains(nodes, kind, users, _meta).items()
+                       if FLOAT8[str(_meta(c[0]).dtype)] in be.caps.quant_formats}
+        self.quant_nodes -= set(self.float8)
+        self._fold_extra = {c[1] for c in self.float8.values() if c[1] is not None and kind[c[1]] == "const"}
         #: the quantized folded constants that are a weight's transpose (matmul's b = linear's w.T)
         self.quant_t = {x for x in self.quant_nodes if kind[x] == "const" and x.op == "call_function"
                         and _is_transpose(x) and _meta(x).dim() == 2}
@@ -320,6 +318,8 @@ class Lowered:
 
         def dev(x):
             """The native array of node x (uploaded once per call where it is a host tensor)."""
+            if x in self._fold_dev:  # a folded constant on the device (its host value may be gone)
+                return self._fold_dev[x]
             v = env[x] if x in env else self._fold_host.get(x)
             if isinstance(v, Dev):
                 return v.a
@@ -332,7 +332,12 @@ class Lowered:
                 a = self.weights.get(v, vkeys.get(x), self.count, quantize=x in self.quant_nodes)
             elif k == "const":
                 a = self._fold_dev.get(x)
-                if a is None and x in self.quant_nodes:  # a (transposed) linear weight, quantized
+                if a is None and x in self.float8:  # float8 bytes and their scale, as the checkpoint has them
+                    w8, sc, tr = self.float8[x]
+                    sv = None if sc is None else (env[sc] if sc in env else self._fold_host.get(sc))
+                    a = self._fold_dev[x] = float8_upload(be, env[w8], sv, tr)
+                    self.count.transfer("constants", a.nbytes)
+                elif a is None and x in self.quant_nodes:  # a (transposed) linear weight, quantized
                     a = self._fold_dev[x] = quantized_upload(be, v, self.quant, x in self.quant_t)
                     self.count.transfer("constants", a.nbytes)
                 elif a is None:
@@ -480,4 +485,6 @@ class Lowered:
                 for x in _nodes_in((n.args, n.kwargs), []):
                     if self.kind.get(x) == "const":
                         keep[x] = vals[x]
+        for x in self._fold_extra:  # float8 weights' scales (read by float8_upload)
+            keep[x] = vals[x]
         self._fold_host, self._fold_dev, self._fold_key = keep, {}, key

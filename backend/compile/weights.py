@@ -176,3 +176,69 @@ def quantizable_use(n, x) -> bool:
     if name in ("convolution", "_convolution"):
         return len(n.args) > 6 and not n.args[6]  # transposed convs dequantize: their weight stays as it is
     return True
+
+
+_CASTS = ("_to_copy", "convert_element_type", "to", "clone", "contiguous")
+#: torch float8 dtypes -> the quantized format that stores the same bits (with a scale)
+FLOAT8 = {"torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "float8_e5m2"}
+
+
+def quant_selection(nodes, kind: dict, users: dict, fmt: str | None, meta, is_tensor) -> set:
+    """The static / folded nodes a graph stores in ``fmt``: floating, at least 2-D, storable in the format,
+    and read only as the weight of a matmul, linear or (not transposed) conv."""
+    out = set()
+    if not fmt:
+        return out
+    for x, us in users.items():
+        m = meta(x)
+        if kind.get(x) in ("static", "const") and is_tensor(m) and m.is_floating_point() and m.dim() >= 2 \
+                and quant.quantizable(tuple(m.shape), fmt) and all(kind.get(u) == "lower" and quantizable_use(u, x)
+                                                                    for u in us):
+            out.add(x)
+    return out
+
+
+def float8_chains(nodes, kind: dict, users: dict, meta) -> dict:
+    """float8 weights kept as they are (ComfyUI's scaled-fp8 checkpoints: ``weight.to(dtype) *
+    scale_weight``, maybe transposed, read only as a matmul / linear / conv weight): the node the weight
+    slot reads -> (the float8 static node, the scale node or None, transposed). Such a weight is stored
+    as its float8 bytes and one scale (ops/quant.py's float8 formats), lossless, wherever the device reads
+    the format."""
+    out = {}
+    for w in nodes:
+        m = meta(w)
+        if kind.get(w) != "static" or str(getattr(m, "dtype", "")) not in FLOAT8 or getattr(m, "dim", lambda: 0)() < 2:
+            continue
+        cur, scale, transposed = w, None, False
+        for _ in range(8):  # a short chain of casts, one scale multiply, a transpose
+            us = users.get(cur, [])
+            if len(us) != 1 or kind.get(us[0]) != "const":
+                break
+            u = us[0]
+            name = getattr(getattr(u.target, "overloadpacket", None), "__name__", None)
+            if name in _CASTS and u.args and u.args[0] is cur:
+                cur = u
+            elif name == "mul" and scale is None and len(u.args) == 2 and cur in u.args:
+                other = u.args[1] if u.args[0] is cur else u.args[0]
+                om = meta(other)
+                if om is None or getattr(om, "numel", lambda: 2)() != 1 or kind.get(other) not in ("static", "const"):
+                    break
+                scale, cur = other, u
+            elif _is_transpose(u) and not transposed and (meta(u) is not None and meta(u).dim() == 2):
+                transposed, cur = True, u
+            else:
+                break
+        if cur is not w and users.get(cur) and all(kind.get(u) == "lower" and quantizable_use(u, cur) for u in users[cur]):
+            out[cur] = (w, scale, transposed)
+    return out
+
+
+def float8_upload(be, w, scale, transposed: bool):
+    """A float8 weight (a host torch tensor) and its scale (a tensor or None) as a quantized weight on ``be``."""
+    import torch
+    t = w.detach().to("cpu").contiguous()
+    fmt = FLOAT8[str(t.dtype)]
+    s = 1.0 if scale is None else float(scale.detach().to("cpu").float().reshape(-1)[0])
+    q = quant.QTensor(fmt, tuple(t.shape), t.view(torch.uint8).numpy(), [s], rowlen=t.numel())
+    a = be.to_device_quant(q)
+    return quant.Transposed(a) if transposed else a

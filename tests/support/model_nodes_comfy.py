@@ -8,6 +8,9 @@ AnyDevice backends to try, comma-separated). Prints one line ``RESULT {json}``.
   through "Model on AnyDevice" vs eager; then with a LoRA-like weight patch (add_patches, a "diff"),
   then without it again.
 
+* Quantized weights (``quant_case``): the tiny UNet through "Model on AnyDevice" with weights=q8_0 (a LoRA-like
+  patch applied and taken off), and a scaled-fp8 UNet made by ComfyUI's own scaled_fp8_ops.
+
 * A RealESRGAN compact net loaded by spandrel's ModelLoader through "Upscale Model on AnyDevice", run by
   ComfyUI's own ImageUpscaleWithModel on two image sizes vs the original model.
 
@@ -205,6 +208,73 @@ def unet_case(pack, be_name: str) -> dict:
     return out
 
 
+def quant_case(pack, be_name: str) -> dict:
+    """Quantized weights through "Model on AnyDevice": (1) weights=q8_0 on the tiny UNet: sampled vs eager
+    (the quantization's error), a LoRA-like patch applied (dequantize-patch-requantize: the patched float
+    weight is quantized again) and taken off (the same result as before the patch); (2) a scaled-fp8 model
+    made by ComfyUI's own scaled_fp8_ops (model_config.scaled_fp8, as its checkpoint loaders set it): its
+    float8 weights stay float8 on the device (lossless), and the result is eager's."""
+    from anydevice.backend import compile as adc
+    from anydevice.backend.ops import quant
+    from anydevice.nodes import NODE_CLASS_MAPPINGS
+    node = NODE_CLASS_MAPPINGS["AnyDeviceModel"]()
+    g = torch.Generator().manual_seed(2)
+    latent = torch.zeros(1, 4, 16, 16)
+    cond, uncond = torch.randn(1, 8, 32, generator=g), torch.randn(1, 8, 32, generator=g)
+    out = {}
+    base = tiny_model_patcher()
+    ref = sample(base, latent, cond, uncond)
+    with torch.inference_mode():
+        m = node.run(model=base, device={"name": be_name}, dtype="float32", weights="q8_0")["result"][0]
+    y = sample(m, latent, cond, uncond)
+    gd = m.model_options["anydevice_guards"][0]
+    graphs = adc._graphs_of(gd.compiled)
+    out["q8_0_rel"] = rel(y, ref)
+    out["q8_0_nodes"] = sum(len(gr.quant_nodes) for gr in graphs)
+    out["q8_0_text"] = " ".join(node.run(model=base, device={"name": be_name}, dtype="float32",
+                                         weights="q8_0")["ui"]["text"])
+    out["q8_0_fallbacks"] = adc.report(gd.compiled)["fallbacks"]
+    key = "diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1.to_q.weight"
+    w = base.model.diffusion_model.input_blocks[1][1].transformer_blocks[0].attn1.to_q.weight
+    diff = torch.randn(w.shape, generator=g) * 0.5
+    ref_p, m_p = base.clone(), m.clone()
+    ref_p.add_patches({key: (diff,)}, 1.0)
+    m_p.add_patches({key: (diff,)}, 1.0)
+    eager_p = sample(ref_p, latent, cond, uncond)
+    y_p = sample(m_p, latent, cond, uncond)
+    out["q8_0_patched_rel"] = rel(y_p, eager_p)
+    out["q8_0_patch_changed"] = rel(y_p, y)
+    out["q8_0_unpatched_rel"] = rel(sample(m, latent, cond, uncond), y)
+    comfy.model_management.unload_all_models()
+    torch._dynamo.reset()
+    # (2) scaled fp8: ComfyUI's own ops, float8 weights and a scale_weight per linear layer
+    cfg = comfy.supported_models.SD15(dict(TINY_UNET))
+    cfg.scaled_fp8 = torch.float8_e4m3fn
+    model = cfg.get_model({}, device=torch.device("cpu"))
+    randomize(model.diffusion_model, 5, {"out.": 0.5})
+    n8 = 0
+    with torch.no_grad():
+        for mod in model.diffusion_model.modules():
+            if getattr(mod, "scale_weight", None) is not None:
+                mod.scale_weight.fill_(0.75)
+                n8 += 1
+    cpu = torch.device("cpu")
+    p8 = comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
+    ref8 = sample(p8, latent, cond, uncond)
+    with torch.inference_mode():
+        m8 = node.run(model=p8, device={"name": be_name}, dtype="float32")["result"][0]
+    y8 = sample(m8, latent, cond, uncond)
+    g8 = m8.model_options["anydevice_guards"][0]
+    graphs = adc._graphs_of(g8.compiled)
+    out["fp8_layers"] = n8
+    out["fp8_rel"] = rel(y8, ref8)
+    out["fp8_kept"] = sum(len(gr.float8) for gr in graphs)
+    out["fp8_packed_formats"] = sorted({a.fmt for gr in graphs for a in gr._fold_dev.values() if quant.is_quantized(a)})
+    out["fp8_fallbacks"] = adc.report(g8.compiled)["fallbacks"]
+    comfy.model_management.unload_all_models()
+    return out
+
+
 def upscale_case(pack, be_name: str) -> dict:
     """A RealESRGAN compact net (random weights) loaded from its state dict by spandrel's ModelLoader (as
     ComfyUI's Load Upscale Model does), through the node, run by ComfyUI's Upscale Image (using Model) on two
@@ -253,7 +323,7 @@ def main():
     devices = [d for d in (sys.argv[1] if len(sys.argv) > 1 else "numpy").split(",") if d]
     pack = load_pack()
     from anydevice.backend import AnyDeviceError
-    res = {"vae": {}, "unet": {}, "upscale": {}, "skipped": {}, "torch": torch.__version__}
+    res = {"vae": {}, "unet": {}, "upscale": {}, "quant": {}, "skipped": {}, "torch": torch.__version__}
     sd = random_sd1_vae_state_dict()
     for d in devices:
         try:
@@ -267,7 +337,9 @@ def main():
         res["unet"][d] = unet_case(pack, d)
         torch._dynamo.reset()
         res["upscale"][d] = upscale_case(pack, d)
-        print(d, json.dumps({k: res[k][d] for k in ("vae", "unet", "upscale")}), file=sys.stderr, flush=True)
+        torch._dynamo.reset()
+        res["quant"][d] = quant_case(pack, d)
+        print(d, json.dumps({k: res[k][d] for k in ("vae", "unet", "upscale", "quant")}), file=sys.stderr, flush=True)
     print("RESULT " + json.dumps(res), flush=True)
 
 

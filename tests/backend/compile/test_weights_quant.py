@@ -119,3 +119,46 @@ def test_quantized_weights_are_packed_on_opencl(fmt, monkeypatch):
 def test_unknown_format_is_refused_by_name():
     with pytest.raises(Exception, match="weights.*q3_x.*is not a quantized format"):
         C.compile_module(torch.nn.Linear(4, 4), "numpy", weights="q3_x")
+
+
+class _ScaledFP8Linear(torch.nn.Module):
+    """ComfyUI's scaled_fp8_ops Linear (comfy/ops.py): a float8 weight and a 0-d scale_weight, dequantized in
+    forward as ``weight.to(dtype) * scale_weight``."""
+
+    def __init__(self, w, b, dt):
+        super().__init__()
+        s = w.abs().max() / torch.finfo(dt).max
+        self.weight = torch.nn.Parameter((w / s).to(dt), requires_grad=False)
+        self.scale_weight = torch.nn.Parameter(s.reshape(()).float(), requires_grad=False)
+        self.bias = torch.nn.Parameter(b, requires_grad=False)
+
+    def forward(self, x):
+        w = self.weight.to(x.dtype) * self.scale_weight.to(x.dtype)
+        return torch.nn.functional.linear(x, w, self.bias)
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
+def test_scaled_fp8_weights_stay_float8_on_the_device(fmt):
+    """A scaled-fp8 model's weights are kept as their float8 bytes and scale (no option needed: lossless),
+    packed on OpenCL; the result is the eager model's."""
+    be = _backend("opencl")
+    torch.manual_seed(0)
+    dt = getattr(torch, fmt)
+    m = torch.nn.Sequential(_ScaledFP8Linear(torch.randn(256, 128), torch.randn(256), dt), torch.nn.GELU(),
+                            _ScaledFP8Linear(torch.randn(64, 256), torch.randn(64), dt)).eval()
+    x = torch.randn(5, 128)
+    with torch.no_grad():
+        w1 = m[0].weight.double() * m[0].scale_weight.double()
+        w2 = m[2].weight.double() * m[2].scale_weight.double()
+        ref = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(
+            x.double(), w1, m[0].bias.double())), w2, m[2].bias.double())
+    cm = C.compile_module(m, be)
+    with torch.no_grad():
+        y = cm(x)
+    assert float((y.double() - ref).norm() / ref.norm()) <= 2e-6
+    g = cm.graphs[0]
+    assert len(g.float8) == 2, g.float8
+    packed = [a for a in g._fold_dev.values() if quant.is_quantized(a)]
+    assert len(packed) == 2 and all(a.fmt == fmt for a in packed)
+    assert sum(a.nbytes for a in packed) == 256 * 128 + 64 * 256 + 8  # one byte a weight, one scale each
+    assert not g.stats.fallbacks

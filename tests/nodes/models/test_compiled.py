@@ -340,6 +340,25 @@ def test_comfyui_unet_sampled_through_the_model_node(comfy_results):
         assert v["after_unpatch_rel"] <= TOL, (dev, v)
 
 
+def test_comfyui_unet_with_quantized_weights(comfy_results):
+    """weights=q8_0: every conv / linear weight of the UNet quantized, the sample within the quantization's
+    error of eager, a LoRA-like patch applied as eager applies it (to the float weight, quantized again) and
+    taken off (the result before the patch, exactly); a scaled-fp8 UNet (ComfyUI's scaled_fp8_ops) keeps
+    its float8 weights as float8 on the device and gives eager's result."""
+    r = comfy_results["quant"]
+    assert r, "no quantized-weight results"
+    for dev, v in r.items():
+        assert v["q8_0_fallbacks"] == {} and v["fp8_fallbacks"] == {}, (dev, v)
+        assert v["q8_0_nodes"] >= 20, (dev, v)
+        assert "quantized to q8_0" in v["q8_0_text"], (dev, v)
+        assert 1e-6 < v["q8_0_rel"] < 2e-2, (dev, v)  # quantized (not exact), yet close
+        assert v["q8_0_patch_changed"] > 1e-3 and v["q8_0_patched_rel"] < 2e-2, (dev, v)
+        assert v["q8_0_unpatched_rel"] <= 1e-6, (dev, v)
+        assert v["fp8_layers"] >= 10 and v["fp8_rel"] <= TOL, (dev, v)
+        if dev == "opencl":  # the device reads float8: every scaled layer kept packed
+            assert v["fp8_kept"] == v["fp8_layers"] and v["fp8_packed_formats"] == ["float8_e4m3fn"], (dev, v)
+
+
 def test_comfyui_upscale_image_with_the_upscale_node(comfy_results):
     r = comfy_results["upscale"]
     assert r, "no upscale results"
