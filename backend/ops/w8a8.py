@@ -136,7 +136,8 @@ class W8A8Ops:
         native = isinstance(weight, quant.DeviceQuant) and isinstance(weight, self.native_types)
         if isinstance(weight, quant.DeviceQuant) and not native:
             raise AnyDeviceError(op, "weight", type(weight).__name__, f"is another device's quantized weight (this is {self.name})")
-        if native and weight.fmt == "int8" and shape2 is None and "w8a8" in self.caps.fused and len(weight.shape) == 2:
+        if native and weight.fmt == "int8" and shape2 is None and "w8a8" in self.caps.fused and len(weight.shape) == 2 \
+                and weight.rowlen == weight.shape[1]:
             return weight
         if isinstance(weight, quant.QTensor) and weight.fmt == "int8" and shape2 is None and weight.ndim == 2 \
                 and weight.rowlen == weight.shape[1]:
