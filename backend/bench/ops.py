@@ -41,7 +41,8 @@ class Case:
     make: object = None
     torch_fn: str = ""
     #: how the weight (the second input) is stored: float32, float16, bfloat16 or a quantized format of
-    #: ops/quant.py (the row's ``dtype``; PyTorch's side is float32 on the CPU, the same values dequantized)
+    #: ops/quant.py (the row's ``dtype``; PyTorch's side is float32 on the CPU, the same values dequantized);
+    #: "w8a8": the weight in int8 and the op's W8A8 form (``linear_w8a8``: activations quantized at run time)
     dtype: str = "float32"
 
 
@@ -134,8 +135,9 @@ CASES += [
 
 
 # ---- weight storage: a 4096x4096 linear weight stored in each dtype / quantized format ----
-#: the formats of the quantized-weight rows (ops/quant.py), after the float32 and float16 rows
-WEIGHT_DTYPES = ("float32", "float16", "int8", "q8_0", "q4_0", "float8_e4m3fn")
+#: the formats of the quantized-weight rows (ops/quant.py), after the float32 and float16 rows; "w8a8": the int8
+#: weight with dynamic int8 activations (``be.linear_w8a8``, ops/w8a8.py; PyTorch's side: float32 linear)
+WEIGHT_DTYPES = ("float32", "float16", "int8", "q8_0", "q4_0", "float8_e4m3fn", "w8a8")
 
 
 def _linear_make(rows: int, n: int = 4096, k: int = 4096):
@@ -160,7 +162,7 @@ def _stored_weight(be, w: np.ndarray, dtype: str):
         return be.to_device(w), w
     if dtype in dtypes.FLOATS:
         return be.to_device(w, dtype=dtype), dtypes.round_to(w, dtype)
-    q = quant.quantize(w, dtype, op="anydevice bench")
+    q = quant.quantize(w, "int8" if dtype == "w8a8" else dtype, op="anydevice bench")
     return be.to_device_quant(q), q.dequantize()
 
 
@@ -183,7 +185,7 @@ def bench_case(be, case: Case, budget_s: float = 0.6, max_reps: int = 200) -> Ro
     if case.dtype != "float32":  # the weight stored in the row's dtype; PyTorch gets its values
         nargs[1], arrays[1] = _stored_weight(be, arrays[1], case.dtype)
     targs = [torch.from_numpy(np.ascontiguousarray(x)).to(tdev) for x in arrays]
-    fn = getattr(be, case.op)
+    fn = getattr(be, case.op + "_w8a8" if case.dtype == "w8a8" else case.op)
 
     def run_backend():
         fn(*nargs, **kw)

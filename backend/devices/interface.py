@@ -42,6 +42,8 @@ FUSED_KERNELS = {
     "fft_conv": "no method: the host FFT conv pays off on this device (ops/bigconv.py)",
     "half_weights": "no method: _conv2d and _linear take a weight stored in float16/bfloat16 as it is "
                     "(the kernels convert in registers; no float32 copy of the weight)",
+    "w8a8": "_linear_w8a8: linear with dynamic W8A8 quantization, int8 x int8 in int32 (ops/w8a8.py; the "
+            "others run its host composite)",
     "half_elementwise": "no method: _unary and _binary take float16/bfloat16 arrays (all of one dtype) as "
                         "they are stored and return that dtype (computed in float32, rounded once)",
 }
@@ -291,6 +293,11 @@ class Device(abc.ABC):
         query i sees keys j <= row0 + i (q: the rows from row0 of the whole query). The (..., L, Ev)
         output, or None to take the composite path."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'attention'")
+
+    def _linear_w8a8(self, x, wq, b):
+        """"w8a8": linear_w8a8 of float32 x (..., K) by the device's packed int8 weight wq (N, K) (+ b (N,)):
+        rows of x quantized at run time, int32 products, scales in the epilogue (ops/w8a8.py's math)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'w8a8'")
 
     # ---- dtypes ------------------------------------------------------------------------------
     def _dtype(self, x: Array) -> str:

@@ -29,6 +29,7 @@ from .attention import AttentionOps
 from .convert import Conversion
 from .layers import LayerOps
 from .movement import MovementOps, pair_method
+from .w8a8 import W8A8Ops
 from .windows import WindowOps
 from ..devices.interface import Capabilities, Device  # noqa: F401
 from ..system.transfers import TRANSFER_KEYS, TransferCounts, transfer_totals  # noqa: F401
@@ -107,7 +108,7 @@ _UnaryMethods = type("_UnaryMethods", (), {op: _unary_method(op) for op in _PLAI
 
 # ----------------------------------------------------------------------------------------------
 @plans_on_self  # each op runs with its plans checking sizes against this backend's device (memstat.planning)
-class Backend(Conversion, LayerOps, WindowOps, MovementOps, AttentionOps, _UnaryMethods, TransferCounts, Device):
+class Backend(Conversion, LayerOps, W8A8Ops, WindowOps, MovementOps, AttentionOps, _UnaryMethods, TransferCounts, Device):
     """The shared ops: validation, conversion and composite ops on top of the ``Device`` primitives
     (devices/interface.py). A device class derives from it and implements the primitives."""
 

@@ -20,6 +20,7 @@ from ..runtime import JsonStore, cache_dir, pack_args
 from .attention import CudaAttention
 from .device import _cupy, _describe
 from .linalg import CudaLinalg
+from .w8a8 import CudaW8A8
 from .tiles import BLOCK, CACHE_NAME, DEQUANT, MISC, _cdiv, _size_class, _tiles_for, build_options, kernel_source
 
 
@@ -47,11 +48,11 @@ class CudaQuant(DeviceQuant):
         return f"CudaQuant({self.fmt}, shape={self.shape}, {self.nbytes} bytes)"
 
 
-class CudaBackend(CudaLinalg, CudaAttention, Backend):
+class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
     kind = "own"
     # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32;
     # quantized weights kept packed (CudaQuant) and decoded by the GEMM / conv kernel's tile loads
-    caps = Capabilities(fused=frozenset({"all_finite", "attention"}), storage_dtypes=frozenset(dtypes.FLOATS),
+    caps = Capabilities(fused=frozenset({"all_finite", "attention", "w8a8"}), storage_dtypes=frozenset(dtypes.FLOATS),
                         quant_formats=frozenset(FORMATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):

@@ -11,6 +11,7 @@ from ...ops.quant import FORMATS
 from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, QUANT_MODES, TILE_EFFICIENCY, quant_mode, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X,  # noqa: F401
                                  _T_L, _T_M, _T_S, SINGLE_CHAIN, _cdiv, plan, _mode_macros, mode_fits, operand_layout, vec_fits)
 from ..runtime.attention import shared_tile
+from ..runtime import w8a8 as _w8a8
 from ..runtime.kernel_source import kernel_source as _kernel_source
 
 KERNELS_DIR = Path(__file__).resolve().parents[3] / "kernels"
@@ -84,6 +85,7 @@ def shipped_configs() -> dict[str, list[dict]]:
         add("window.cu", {"BLOCK": BLOCK, "WT": spec, "WS": spec})
     for d in ATT_HEAD_DIMS:
         add(ATTENTION[0], {"E": d, "EV": d, "WG": ATT_WG, "BK": shared_tile(d, d, STATIC_SMEM, ATT_BK)})
+    add(_w8a8.FILE, dict(_w8a8.MACROS))  # W8A8 linear (the one build)
     return out
 
 

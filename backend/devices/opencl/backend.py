@@ -20,6 +20,7 @@ from ..runtime.kernel_source import kernel_source
 from ..runtime import JsonStore
 from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
 from .linalg import LinalgOps
+from .w8a8 import CLW8A8
 from .memory import BufferPool, CLArray, CLHalf, CLQuant, _collapse, _contig_strides
 from .storage import CLStorage
 from .params import (BINARY_CODES, DEFAULT_TUNE, F32, HALF_CODES, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS,
@@ -32,10 +33,10 @@ log = logging.getLogger("anydevice")
 
 #: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
 FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights",
-                   "half_elementwise"})
+                   "half_elementwise", "w8a8"})
 
 
-class OpenCLBackend(CLStorage, LinalgOps, CLWeightGrad, CLAdam, CLAttention, Backend):
+class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM
     and conv in linalg.py, the weight gradient in wgrad.py, the fused Adam step in adam.py, the fused
     attention in attention.py."""

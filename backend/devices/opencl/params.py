@@ -43,7 +43,7 @@ OPENCL_KERNELS = ("unary", "cast_from_f32", "cast_to_f32", "binary_flat", "binar
                   "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
                   "wino_filter", "wino_in", "wino_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv",
                   "ad_window2d", "ad_window2d_px", "ad_window_rows", "att_cpu", "ad_attention",
-                  "ad_dequant")
+                  "ad_dequant", "ad_w8a8_rows", "ad_w8a8_gemm", "w8a8_rows_cpu", "w8a8_pack_b", "w8a8_gemm_cpu")
 #: portable sources (built with the OpenCL prelude): the CUDA backend's kernels, as OpenCL C
 KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith(".cu")) for k in OPENCL_KERNELS}
 SIGS = {k: cl_scalar_dtypes(k) for k in OPENCL_KERNELS + ("probe_kernel",)}
@@ -52,6 +52,7 @@ PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)]
 #: default tunables per family/file
 DEFAULT_TUNE = {
     "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128},
+    "w8a8_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "PK": PACK_K},
 }
 
 

@@ -74,6 +74,13 @@ KERNELS: dict[str, KernelSig] = {
     "ad_window2d": _s("window.cu", "b b b b b b", "i" * 8),
     "ad_window2d_px": _s("window.cu", "b b b b b b", "i" * 8),
     "ad_window_rows": _s("window.cu", "b b b b", "i" * 6),
+    # W8A8 linear (backend/ops/w8a8.py): the portable kernels (CUDA, OpenCL GPU family; runtime/w8a8.py) and
+    # the OpenCL CPU family's (kernels/w8a8_cpu.cl)
+    "ad_w8a8_rows": _s("w8a8.cu", "b l b b i i i"),
+    "ad_w8a8_gemm": _s("w8a8.cu", "b i b b b b i b i i i"),
+    "w8a8_rows_cpu": _s("w8a8_cpu.cl", "b l b b i i"),
+    "w8a8_pack_b": _s("w8a8_cpu.cl", "b b i i"),
+    "w8a8_gemm_cpu": _s("w8a8_cpu.cl", "b b b b b i b i i i"),
     # fused attention, the GPU family (OpenCL and CUDA) in the portable subset (kernels/attention.cu): att_cpu's arguments
     "ad_attention": _s("attention.cu", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
 }
