@@ -307,6 +307,8 @@ class AnyDeviceGGUFLoader(PackNode):
         sd, meta = gguf_state_dict(path, node)
         packed = sum(1 for v in sd.values() if isinstance(v, PackedWeight))
         fmts = sorted({v.fmt for v in sd.values() if isinstance(v, PackedWeight)})
+        held = sum(v.packed().numel() for v in sd.values() if isinstance(v, PackedWeight))
+        total = len(sd)  # ComfyUI takes the entries out of sd as it loads them
         try:
             model = comfy.sd.load_diffusion_model_state_dict(sd, model_options={"custom_operations": comfy_ops()})
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
@@ -315,9 +317,8 @@ class AnyDeviceGGUFLoader(PackNode):
         if model is None:
             raise NodeError(node, "gguf_name", gguf_name, "is no diffusion model ComfyUI recognises "
                                                           f"(architecture {meta.get('general.architecture')!r})")
-        held = sum(v.packed().numel() for v in sd.values() if isinstance(v, PackedWeight))
         lines = [f"{gguf_name}: {meta.get('general.architecture', '?')}, {packed} packed weights "
-                 f"({', '.join(fmts) or 'none'}, {held / 2**20:.1f} MiB), {len(sd) - packed} float tensors"]
+                 f"({', '.join(fmts) or 'none'}, {held / 2**20:.1f} MiB), {total - packed} float tensors"]
         log.info("AnyDevice: %s", lines[0])
         ui = {"anydevice": [{"backend": "host", "device": "file", "ms": round(t.ms(), 3), "op": "load"}],
               "text": lines}
