@@ -57,7 +57,7 @@ def apply(patcher, x, t, ctx):
 
 
 def run(gguf_path: str, be_name: str) -> dict:
-    pack = mnc.load_pack()  # noqa: F841 - the pack as ``anydevice``
+    mnc.load_pack()  # the pack as ``anydevice``
     from anydevice.backend import compile as adc
     from anydevice.backend.compile import quant_ops
     from anydevice.backend.compile.weights import Weights
