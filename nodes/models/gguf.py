@@ -32,7 +32,6 @@ import os
 import numpy as np
 import torch
 
-from ...backend.compile import quant_ops
 from ...backend.ops import quant
 from ...backend.ops.dtypes import BF16
 from ...backend.system.errors import AnyDeviceError
@@ -49,6 +48,14 @@ FOLDERS = ("diffusion_models", "unet")
 #: the folder_paths entry this node registers: those folders' paths, extension .gguf
 GGUF_FOLDER = "anydevice_gguf"
 NONE_FOUND = "(no .gguf file in models/unet or models/diffusion_models)"
+
+
+def _quant_ops():
+    """backend/compile/quant_ops (imported on first use, as compiled.py imports backend/compile), its ops
+    registered."""
+    from ...backend.compile import quant_ops
+    quant_ops.register()
+    return quant_ops
 
 
 # ---- the state dict ------------------------------------------------------------------------------
@@ -172,7 +179,7 @@ class PackedLayer:
         logical shape passes as it is."""
         if self.quant_shape is None or (tuple(weight.shape) == self.quant_shape and weight.dtype != torch.uint8):
             return weight
-        return quant_ops.dequantize(weight.to(torch.uint8), None, self.quant_fmt, self.quant_shape,
+        return _quant_ops().dequantize(weight.to(torch.uint8), None, self.quant_fmt, self.quant_shape,
                                     op=type(self).__name__)
 
     def set_weight(self, weight, inplace_update=False, seed=None, return_weight=False, **kwargs):
@@ -244,7 +251,7 @@ def comfy_ops():
     keep a packed weight packed (inside ComfyUI only)."""
     if not _OPS:
         import comfy.ops  # noqa: PLC0415 - inside ComfyUI only
-        quant_ops.register()
+        _quant_ops()
 
         class AnyDeviceGGUFOps(comfy.ops.manual_cast):
             class Linear(PackedLinear, comfy.ops.manual_cast.Linear):
