@@ -20,13 +20,14 @@ from .compute.ops import COMPUTE_NODES
 from .learn.dataset import DATASET_NODES
 from .tensors.nodes import HELPER_NODES
 from .models.compiled import MODEL_NODES
+from .models.gguf import GGUF_NODES
 from .learn.network import NETWORK_NODES
 from .compute.norm import NORM_NODES
 from .compute.windows import WINDOW_NODES
 
 log = logging.getLogger("anydevice")
 
-ALL_NODES = COMPUTE_NODES + HELPER_NODES + WINDOW_NODES + NORM_NODES + DATASET_NODES + NETWORK_NODES + MODEL_NODES
+ALL_NODES = COMPUTE_NODES + HELPER_NODES + WINDOW_NODES + NORM_NODES + DATASET_NODES + NETWORK_NODES + MODEL_NODES + GGUF_NODES
 NODE_CLASS_MAPPINGS: dict = {cls.__name__: cls for cls in ALL_NODES}
 NODE_DISPLAY_NAME_MAPPINGS: dict = {cls.__name__: cls.DISPLAY for cls in ALL_NODES}
 

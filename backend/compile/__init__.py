@@ -156,6 +156,8 @@ def backend_fn(gm, example_inputs, options=None, **kwargs):
 def register() -> None:
     """Register the dynamo backend "anydevice" (idempotent)."""
     from torch._dynamo.backends import registry as reg
+    from . import quant_ops
+    quant_ops.register()
     if BACKEND_NAME in reg._COMPILER_FNS or BACKEND_NAME in getattr(reg, "_BACKENDS", {}):
         return
     reg.register_backend(name=BACKEND_NAME)(backend_fn)

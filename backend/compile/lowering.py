@@ -33,7 +33,7 @@ import numpy as np
 
 from ..system import cancel
 from ..system.errors import AnyDeviceError
-from . import aten_ops
+from . import aten_ops, quant_ops
 from .weights import (FLOAT8, Weights, _is_transpose, device_nbytes, float8_chains, float8_upload, quant_selection,
                       quantized_upload, version_of)
 from . import report as _report
@@ -237,6 +237,8 @@ class Lowered:
                        if FLOAT8[str(_meta(c[0]).dtype)] in be.caps.quant_formats}
         self.quant_nodes -= set(self.float8)
         self._fold_extra = {c[1] for c in self.float8.values() if c[1] is not None and kind[c[1]] == "const"}
+        #: the uint8 weights only quant_ops' ops read (handed to them as HostRef: kept packed)
+        self.packed_nodes = quant_ops.packed_nodes(nodes, kind)
         #: the quantized folded constants that are a weight's transpose (matmul's b = linear's w.T)
         self.quant_t = {x for x in self.quant_nodes if kind[x] == "const" and x.op == "call_function"
                         and _is_transpose(x) and _meta(x).dim() == 2}
@@ -328,6 +330,8 @@ class Lowered:
             if x in uploaded:
                 return uploaded[x]
             k = kind[x]
+            if x in self.packed_nodes:
+                return quant_ops.HostRef(v, None if k == "input" else vkeys.get(x) or version_of(v))
             if k == "static":
                 a = self.weights.get(v, vkeys.get(x), self.count, quantize=x in self.quant_nodes)
             elif k == "const":

@@ -102,6 +102,31 @@ class Weights:
         self._entries[tid] = [ref, vkey, a, size]
         return a
 
+    def packed(self, t, scale, vkey, build, count: Counting | None = None):
+        """The device form of a weight kept packed in a uint8 tensor ``t`` (quant_ops: ``scale`` its row
+        scales or None; ``build()`` makes its host QTensor): ``be.to_device_quant`` of it, by ``t``'s
+        identity and ``vkey`` (``t``'s and ``scale``'s versions, the format and shape), as ``get``; its
+        packed bytes count in ``nbytes``. The bytes are never uploaded as float."""
+        e = self._entries.get(id(t))
+        vkey = ("packed", vkey)
+        if e is not None and e[0]() is t and e[1] == vkey:
+            return e[2]
+        held = self.nbytes
+        a = self.be.to_device_quant(build())
+        size = a.nbytes
+        if e is None and held + size > device_budget(self.be, held):
+            if count is not None:
+                count.transfer("streamed", size)
+            return a
+        self.uploads += 1
+        if count is not None:
+            count.transfer("constants", size)
+        tid = id(t)
+        ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries: d.pop(tid, None)
+                          if d.get(tid, [None])[0] is _r else None)
+        self._entries[tid] = [ref, vkey, a, size]
+        return a
+
     def store(self, t) -> str | None:
         """The dtype a host tensor (not quantized) is stored in on the device: the cache's for a floating tensor where that
         is a half dtype; None (float32) otherwise."""
