@@ -30,6 +30,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from ...backend.ops import quant
 from ...backend.system import config
 from ...backend.system.versions import tensor_version
 
@@ -229,9 +230,12 @@ _consts: dict = {}
 
 
 def constant(be, a):
-    """A small constant array (kernel, weight, bias) on ``be``, uploaded once per content."""
+    """A small constant array (kernel, weight, bias) on ``be``, uploaded once per content. A quantized weight
+    (ops/quant.py QTensor) is handed over packed (``be.to_device_quant``; kept per content too)."""
     if a is None:
         return None
+    if isinstance(a, quant.QTensor):
+        return _quant_constant(be, a)
     a = np.ascontiguousarray(a, np.float32)
     if be.host_memory:
         return be.to_device(a, "constant", "weight", constant=True)
@@ -244,6 +248,29 @@ def constant(be, a):
             return x
         x = _consts[key] = be.to_device(a, "constant", "weight", constant=True)
         _add(("const",) + key, a.nbytes, be, lambda k=key: _consts.pop(k, None))
+    trim()
+    return x
+
+
+def _quant_constant(be, q):
+    """``constant`` for a quantized weight: the backend's packed form (a QTensor itself where the backend
+    keeps none: it dequantizes per op), once per content."""
+    if be.host_memory:
+        return be.to_device_quant(q)
+    h = hashlib.blake2b(q.data.tobytes(), digest_size=16)
+    if q.scale is not None:
+        h.update(q.scale.tobytes())
+    key = (id(be), q.fmt, q.shape, h.digest())
+    with _lock:
+        _drain()
+        x = _consts.get(key)
+        if x is not None:
+            _touch(("const",) + key)
+            return x
+    x = be.to_device_quant(q)  # outside the lock: an upload
+    with _lock:
+        _consts.setdefault(key, x)
+        _add(("const",) + key, q.nbytes, be, lambda k=key: _consts.pop(k, None))
     trim()
     return x
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...backend.ops import quant
 from ..base.common import ANY, DATA, DEVICE_INPUT, WEIGHTS, NodeError, PackNode, cpu_f32
 
 
@@ -13,8 +14,9 @@ _DATA_TIP = "An IMAGE, MASK, LATENT or TENSOR; the output is of the same type."
 
 
 def _kernel_ui(w: np.ndarray, label: str, limit: int = 8) -> dict:
-    """Up to ``limit`` 2-D slices of a weight, each at most 15x15, for the node's kernel grid."""
-    w = np.asarray(w, np.float32)
+    """Up to ``limit`` 2-D slices of a weight, each at most 15x15, for the node's kernel grid (a quantized
+    weight shows its dequantized values)."""
+    w = w.dequantize() if quant.is_quantized(w) else np.asarray(w, np.float32)
     if w.ndim == 2:
         slices = [w]
     else:
@@ -61,4 +63,5 @@ def _weights_value(weights, node: str) -> tuple[torch.Tensor, torch.Tensor | Non
         raise NodeError(node, "weights", None, "source is 'weights' but no WEIGHTS input is connected")
     if not isinstance(weights, dict) or "weight" not in weights:
         raise NodeError(node, "weights", type(weights).__name__, "must come from a Weights (AnyDevice) node")
-    return cpu_f32(weights["weight"]), (None if weights.get("bias") is None else cpu_f32(weights["bias"]))
+    w = weights["weight"]  # a quantized weight (Weights' quantize) stays a QTensor: the backend reads it packed
+    return (w if quant.is_quantized(w) else cpu_f32(w)), (None if weights.get("bias") is None else cpu_f32(weights["bias"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.ops import quant
 from ...backend.system import cancel
 from ...backend.ops.plans import check_groups, conv_image, pair, planned, same_pads
 from . import presets as P
@@ -112,7 +113,10 @@ class AnyDeviceConv2D(ComputeNode):
             return None, None, None, f"random (init_seed {init_seed})", "kernel_size"
         if kernel_source == "weights":
             w, b = _weights_value(weights, node)
-            w = w.numpy()
+            if quant.is_quantized(w):  # a 4-D one stays packed; a 2-D kernel is broadcast, so dequantized
+                w = w.dequantize() if w.ndim == 2 else w
+            else:
+                w = w.numpy()
             if w.ndim == 2:
                 return w, None, (None if b is None else b.numpy()), "weights", "weights"
             if w.ndim != 4:
@@ -186,7 +190,8 @@ class AnyDeviceConv2D(ComputeNode):
                           else P.seeded_uniform(init_seed, shape + (k, k), (c // g) * k * k))
         else:
             raise NodeError(node, "channel_mode", channel_mode, "must be depthwise or grouped")
-        weight = np.asarray(weight, np.float32)
+        if not quant.is_quantized(weight):
+            weight = np.asarray(weight, np.float32)
         cout = weight.shape[1] * g if transposed else weight.shape[0]
         bvec = None if wbias is None else np.asarray(wbias, np.float32).reshape(-1)
         if bias:

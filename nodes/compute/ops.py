@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ...backend import ACTIVATIONS, LOSSES
+from ...backend.ops import quant
 from ...backend.ops.plans import normalize_dims
 from . import presets as P
 from ..base.common import (DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, check_constant, kind_of,
@@ -80,7 +81,7 @@ class AnyDeviceLinear(ComputeNode):
             w = parsed(node, "matrix", matrix, parse_matrix)
         elif source == "weights":
             wt, bt = _weights_value(weights, node)
-            w, b = wt.numpy(), (None if bt is None else bt.numpy())
+            w, b = (wt if quant.is_quantized(wt) else wt.numpy()), (None if bt is None else bt.numpy())
             if w.ndim != 2:
                 raise NodeError(node, "weights", tuple(w.shape), "a Linear weight must be 2-D (out, in)")
         else:

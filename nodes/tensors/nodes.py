@@ -6,6 +6,8 @@ import math
 import numpy as np
 import torch
 
+from ...backend.ops import quant
+from ...backend.system.errors import AnyDeviceError
 from ..compute import presets as P
 from ..base import resident as R
 from ..base.common import (ANY, DATA, DEVICE, DEVICE_INPUT, TENSOR, WEIGHTS, NodeError, PackNode, Timer, badge,
@@ -222,6 +224,10 @@ def _parse_bias(text):
 
 
 # =================================================================================================
+#: the Weights node's quantize choices (backend/ops/quant.py formats)
+QUANTIZE = ["none", "q8_0", "int8", "q4_0", "q4_1", "q5_0", "q5_1", "float8_e4m3fn", "float8_e5m2"]
+
+
 class AnyDeviceWeights(PackNode):
     DISPLAY = "Weights (AnyDevice)"
     CATEGORY = "AnyDevice/nn"
@@ -247,6 +253,11 @@ class AnyDeviceWeights(PackNode):
             "optional": {
                 "weight": (TENSOR, {"tooltip": "tensor: the weight."}),
                 "bias_tensor": (TENSOR, {"tooltip": "tensor: the bias (overrides the bias text)."}),
+                "quantize": Choice(QUANTIZE, "none",
+                                   "Store the weight quantized (the bias stays float32): q8_0 / q4_0 / q4_1 / q5_0 / "
+                                   "q5_1 (GGUF blocks of 32 along the flattened weight: its size must be a multiple "
+                                   "of 32), int8 (one scale per output), float8 (one scale). Linear and Conv2D keep "
+                                   "it packed on the device and decode it in their kernels."),
             },
         }
 
@@ -259,7 +270,8 @@ class AnyDeviceWeights(PackNode):
                               [("shape", shape, ("random",), parse_shape), ("matrix", matrix, ("text",), parse_matrix),
                                ("bias", bias, None, _parse_bias)])
 
-    def _run(self, source="random", shape="8, 3, 3, 3", init_seed=0, matrix="", bias="", weight=None, bias_tensor=None):
+    def _run(self, source="random", shape="8, 3, 3, 3", init_seed=0, matrix="", bias="", weight=None, bias_tensor=None,
+             quantize="none"):
         node = self.DISPLAY
         t = Timer()
         if source == "random":
@@ -290,9 +302,21 @@ class AnyDeviceWeights(PackNode):
         if b is not None and b.size != out_f:
             raise NodeError(node, "bias", bias if bias_tensor is None else "bias_tensor",
                             f"needs {out_f} values (one per output of the weight {tuple(w.shape)}), got {b.size}")
-        value = {"weight": torch.from_numpy(np.ascontiguousarray(w, np.float32)),
-                 "bias": None if b is None else torch.from_numpy(np.ascontiguousarray(b, np.float32))}
-        return {"ui": _host_badge(t.ms(), shape=list(w.shape)), "result": (value,)}
+        wv = torch.from_numpy(np.ascontiguousarray(w, np.float32))
+        if quantize not in (None, "", "none"):
+            if quantize not in QUANTIZE:
+                raise NodeError(node, "quantize", quantize, f"must be one of {', '.join(QUANTIZE)}")
+            try:
+                wv = quant.quantize(np.ascontiguousarray(w, np.float32), quantize, op=node)
+            except AnyDeviceError as exc:
+                raise NodeError(node, "quantize", quantize, f"cannot store the weight {tuple(w.shape)}: "
+                                f"{exc.reason}") from None
+        value = {"weight": wv, "bias": None if b is None else torch.from_numpy(np.ascontiguousarray(b, np.float32))}
+        ui = _host_badge(t.ms(), shape=list(w.shape))
+        if quantize not in (None, "", "none"):
+            ui["text"] = [f"weight {tuple(w.shape)} stored as {quantize}: {wv.nbytes} bytes "
+                          f"({wv.nbytes / (4 * max(1, w.size)):.2f}x float32)"]
+        return {"ui": ui, "result": (value,)}
 
 
 # =================================================================================================
