@@ -62,10 +62,21 @@ __kernel void pack_b(const int N, const int K, __global const wstore_t *B, const
     } else if (sbk == 1) {
         for (int j = 0; j < TN; j++) {
             const long s = src + (long)j * sbn;
-            if (j < valid)
-                for (int k = 0; k < k1 - k0; k++) dst[k * TN + j] = LOADW(B, s + k);
-            else
+            if (j >= valid)
                 for (int k = 0; k < k1 - k0; k++) dst[k * TN + j] = 0.0f;
+#if WDT > 2
+            else  /* a quantized row: one block (its scale read once) at a time */
+                for (int k = 0; k < k1 - k0;) {
+                    float t[32];
+                    const int n = min(32 - (int)((s + k) & 31), k1 - k0 - k);
+                    qd_run(B, s + k, n, t, wscale, wq_k);
+                    for (int u = 0; u < n; u++) dst[(k + u) * TN + j] = t[u];
+                    k += n;
+                }
+#else
+            else
+                for (int k = 0; k < k1 - k0; k++) dst[k * TN + j] = LOADW(B, s + k);
+#endif
         }
     } else {
         long s = src;
@@ -86,10 +97,20 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
     const int valid = min(MR, M - mt * MR);
     for (int i = 0; i < MR; i++) {
         const long s = src + (long)i * sam;
-        if (i < valid)
-            for (int k = k0; k < k1; k++) dst[(long)k * MR + i] = LOADW(A, s + (long)k * sak);
-        else
+        if (i >= valid)
             for (int k = k0; k < k1; k++) dst[(long)k * MR + i] = 0.0f;
+#if WDT > 2
+        else if (sak == 1)  /* a quantized row: one block (its scale read once) at a time */
+            for (int k = k0; k < k1;) {
+                float t[32];
+                const int n = min(32 - (int)((s + k) & 31), k1 - k);
+                qd_run(A, s + k, n, t, wscale, wq_k);
+                for (int u = 0; u < n; u++) dst[(long)(k + u) * MR + i] = t[u];
+                k += n;
+            }
+#endif
+        else
+            for (int k = k0; k < k1; k++) dst[(long)k * MR + i] = LOADW(A, s + (long)k * sak);
     }
 }
 

@@ -84,4 +84,56 @@ DEVICE_FN float qd_load(qd_ptr p, OFF_T i, GLOBAL const float *wscale, OFF_T wq_
 #error "quant_decode.h: WQ must be a quantized format code (3..10)"
 #endif
 }
+
+/* qd_run: n consecutive elements e .. e+n-1 of ONE block (n <= 32 - e % 32) into out[0 .. n): the block's
+   scale read once, the same values as qd_load. The scaled formats (no blocks) go element by element. */
+DEVICE_FN void qd_run(qd_ptr p, OFF_T e, int n, float *out, GLOBAL const float *wscale, OFF_T wq_k)
+{
+#if WQ >= 6
+    const int j0 = (int)(e & 31);
+#endif
+#if WQ == 6
+    qd_ptr b = p + (e >> 5) * 34;
+    const float d = QD_HALF(b);
+    for (int u = 0; u < n; u++) out[u] = d * (float)(signed char)b[2 + j0 + u];
+#elif WQ == 7
+    qd_ptr b = p + (e >> 5) * 18;
+    const float d = QD_HALF(b);
+    for (int u = 0; u < n; u++) out[u] = d * ((float)qd_nib(b + 2, j0 + u) - 8.0f);
+#elif WQ == 8
+    qd_ptr b = p + (e >> 5) * 20;
+    const float d = QD_HALF(b), m = QD_HALF(b + 2);
+    for (int u = 0; u < n; u++) { const float dq = d * (float)qd_nib(b + 4, j0 + u); out[u] = dq + m; }
+#elif WQ == 9
+    qd_ptr b = p + (e >> 5) * 22;
+    const float d = QD_HALF(b);
+    const unsigned int qh = qd_u32(b + 2);
+    for (int u = 0; u < n; u++) {
+        const int j = j0 + u;
+        out[u] = d * ((float)(qd_nib(b + 6, j) | (((qh >> j) & 1u) << 4)) - 16.0f);
+    }
+#elif WQ == 10
+    qd_ptr b = p + (e >> 5) * 24;
+    const float d = QD_HALF(b), m = QD_HALF(b + 2);
+    const unsigned int qh = qd_u32(b + 4);
+    for (int u = 0; u < n; u++) {
+        const int j = j0 + u;
+        const float dq = d * (float)(qd_nib(b + 8, j) | (((qh >> j) & 1u) << 4));
+        out[u] = dq + m;
+    }
+#else  /* int8 / fp8: one scale per row of wq_k elements, looked up once per row the run touches */
+    OFF_T r = e / wq_k, next = (r + 1) * wq_k;
+    float sc = wscale[r];
+    for (int u = 0; u < n; u++) {
+        if (e + u == next) { r++; next += wq_k; sc = wscale[r]; }
+#if WQ == 3
+        out[u] = (float)(signed char)p[e + u] * sc;
+#elif WQ == 4
+        out[u] = qd_e4m3(p[e + u]) * sc;
+#else
+        out[u] = qd_e5m2(p[e + u]) * sc;
+#endif
+    }
+#endif
+}
 #endif

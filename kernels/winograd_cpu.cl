@@ -47,8 +47,23 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
     float16 acc = 0.0f;  /* sum of every transformed value: not finite iff an Inf/NaN was read (or overflow) */
     for (int ci = c0; ci < c1; ci++) {
         float gs[9][16];
+#if WDT > 2  /* quantized: each row's 9 taps decoded in runs of one block (its scale read once) */
+        for (int i = 0; i < 16; i++) {
+            float t9[9];
+            if (i < nvalid) {
+                const long e = wb + i * rs + ci * 9;
+                for (int k = 0; k < 9;) {
+                    const int n = min(32 - (int)((e + k) & 31), 9 - k);
+                    qd_run(w, e + k, n, t9 + k, wscale, wq_k);
+                    k += n;
+                }
+            }
+            for (int k = 0; k < 9; k++) gs[k][i] = i < nvalid ? t9[k] : 0.0f;
+        }
+#else
         for (int k = 0; k < 9; k++)
             for (int i = 0; i < 16; i++) gs[k][i] = i < nvalid ? LOADW(w, wb + i * rs + ci * 9 + k) : 0.0f;
+#endif
         float16 t[4][3];
         for (int j = 0; j < 3; j++) {  /* rows: G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
             const float16 g0 = vload16(0, gs[j]), g1 = vload16(0, gs[3 + j]), g2 = vload16(0, gs[6 + j]);
