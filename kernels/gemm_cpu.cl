@@ -114,22 +114,7 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
     }
 }
 
-#define R(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) RX8(X)
-#if MR > 8
-#define RX8(X) X(8) X(9) RX10(X)
-#else
-#define RX8(X)
-#endif
-#if MR > 10
-#define RX10(X) X(10) X(11) RX12(X)
-#else
-#define RX10(X)
-#endif
-#if MR > 12
-#define RX12(X) X(12) X(13)
-#else
-#define RX12(X)
-#endif
+#include "unroll_mr.h"
 
 #define DECL(i) float16 c##i##0 = 0, c##i##1 = 0;
 #define STEP(i) { const float av = ap[i]; c##i##0 = fma((float16)av, b0, c##i##0); c##i##1 = fma((float16)av, b1, c##i##1); }

@@ -70,22 +70,7 @@ __kernel void w8a8_pack_b(__global const char *W, __global char *Bp, const int N
     }
 }
 
-#define R(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) RX8(X)
-#if MR > 8
-#define RX8(X) X(8) X(9) RX10(X)
-#else
-#define RX8(X)
-#endif
-#if MR > 10
-#define RX10(X) X(10) X(11) RX12(X)
-#else
-#define RX10(X)
-#endif
-#if MR > 12
-#define RX12(X) X(12) X(13)
-#else
-#define RX12(X)
-#endif
+#include "unroll_mr.h"
 
 #define DECL(i) int16 c##i##0 = tp[2*(i)], c##i##1 = tp[2*(i)+1];
 #define STEP(i) { const int av = ap[i]; c##i##0 += av * b0; c##i##1 += av * b1; }

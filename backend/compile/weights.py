@@ -81,13 +81,16 @@ class Weights:
         vkey = (vkey, bool(quantize and self.quant))
         if e is not None and e[0]() is t and e[1] == vkey:
             return e[2]
-        held = self.nbytes
         if vkey[1]:
-            a = quantized_upload(self.be, t, self.quant)
-            size = a.nbytes
-        else:
-            size = self.itemsize(t) * t.numel()
-            a = self._upload(t)
+            return self._keep(t, e, vkey, lambda: quantized_upload(self.be, t, self.quant), None, count)
+        return self._keep(t, e, vkey, lambda: self._upload(t), self.itemsize(t) * t.numel(), count)
+
+    def _keep(self, t, e, vkey, upload, size, count):
+        """``upload()``'s device array for ``t`` (``size`` bytes; None: its ``nbytes``), kept under ``vkey``
+        while ``t`` lives, or for this use only past the device budget (streamed)."""
+        held = self.nbytes
+        a = upload()
+        size = a.nbytes if size is None else size
         if e is None and held + size > device_budget(self.be, held):
             # past the budget: uploaded for this use only, and dropped by the graph after its last use
             if count is not None:
@@ -111,21 +114,7 @@ class Weights:
         vkey = ("packed", vkey)
         if e is not None and e[0]() is t and e[1] == vkey:
             return e[2]
-        held = self.nbytes
-        a = self.be.to_device_quant(build())
-        size = a.nbytes
-        if e is None and held + size > device_budget(self.be, held):
-            if count is not None:
-                count.transfer("streamed", size)
-            return a
-        self.uploads += 1
-        if count is not None:
-            count.transfer("constants", size)
-        tid = id(t)
-        ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries: d.pop(tid, None)
-                          if d.get(tid, [None])[0] is _r else None)
-        self._entries[tid] = [ref, vkey, a, size]
-        return a
+        return self._keep(t, e, vkey, lambda: self.be.to_device_quant(build()), None, count)
 
     def store(self, t) -> str | None:
         """The dtype a host tensor (not quantized) is stored in on the device: the cache's for a floating tensor where that

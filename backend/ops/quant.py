@@ -248,15 +248,32 @@ def _pack_nibbles(d, m, qv, five: bool) -> np.ndarray:
 
 
 class DeviceQuant:
-    """Base of a device's packed quantized weight (the form ``Device._from_quant`` makes): ``fmt`` and
-    the logical ``shape``; the device's linear / conv2d kernels read it, ``Device._dequant`` converts it."""
+    """Base of a device's packed quantized weight (the form ``Device._from_quant`` makes): ``fmt``, the
+    logical ``shape``, for int8 / fp8 ``scale`` (the device's float32 array, one per ``rowlen`` elements)
+    and ``nbytes`` (packed bytes plus scales); the device's linear / conv2d kernels read it,
+    ``Device._dequant`` converts it. A subclass adds where its bytes are."""
     __slots__ = ()
-    fmt: str
-    shape: tuple
+
+    def _init(self, fmt: str, shape, data_bytes: int, scale=None, rowlen: int = 0) -> None:
+        self.fmt, self.shape = fmt, tuple(int(s) for s in shape)
+        self.scale, self.rowlen = scale, int(rowlen)
+        self.size = math.prod(self.shape)
+        self.nbytes = int(data_bytes) + (0 if scale is None else int(scale.nbytes))
 
     @property
     def format(self) -> Format:
         return FORMATS[self.fmt]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> str:
+        return self.fmt
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.fmt}, shape={self.shape}, {self.nbytes} bytes)"
 
 
 class Transposed:

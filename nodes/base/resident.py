@@ -240,14 +240,24 @@ def constant(be, a):
     if be.host_memory:
         return be.to_device(a, "constant", "weight", constant=True)
     key = (id(be), a.shape, hashlib.blake2b(a.tobytes(), digest_size=16).digest())
+    return _cached_constant(be, key, a.nbytes, lambda: be.to_device(a, "constant", "weight", constant=True))
+
+
+def _cached_constant(be, key, nbytes: int, upload):
+    """The constant cached under ``key`` (touched), else ``upload()``'s result, cached and counted."""
     with _lock:
         _drain()
         x = _consts.get(key)
         if x is not None:
             _touch(("const",) + key)
             return x
-        x = _consts[key] = be.to_device(a, "constant", "weight", constant=True)
-        _add(("const",) + key, a.nbytes, be, lambda k=key: _consts.pop(k, None))
+    x = upload()  # outside the lock: an upload
+    with _lock:
+        have = _consts.get(key)
+        if have is not None:  # another thread made it meanwhile: one copy is kept and counted
+            return have
+        _consts[key] = x
+        _add(("const",) + key, nbytes, be, lambda k=key: _consts.pop(k, None))
     trim()
     return x
 
@@ -260,19 +270,7 @@ def _quant_constant(be, q):
     h = hashlib.blake2b(q.data.tobytes(), digest_size=16)
     if q.scale is not None:
         h.update(q.scale.tobytes())
-    key = (id(be), q.fmt, q.shape, h.digest())
-    with _lock:
-        _drain()
-        x = _consts.get(key)
-        if x is not None:
-            _touch(("const",) + key)
-            return x
-    x = be.to_device_quant(q)  # outside the lock: an upload
-    with _lock:
-        _consts.setdefault(key, x)
-        _add(("const",) + key, q.nbytes, be, lambda k=key: _consts.pop(k, None))
-    trim()
-    return x
+    return _cached_constant(be, (id(be), q.fmt, q.shape, h.digest()), q.nbytes, lambda: be.to_device_quant(q))
 
 
 # ---------------------------------------------------------------------------------------------

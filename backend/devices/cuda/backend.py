@@ -31,21 +31,8 @@ class CudaQuant(DeviceQuant):
     __slots__ = ("fmt", "shape", "data", "scale", "rowlen", "size", "nbytes", "__weakref__")
 
     def __init__(self, fmt: str, shape, data, scale=None, rowlen: int = 0):
-        self.fmt, self.shape, self.data = fmt, tuple(int(s) for s in shape), data
-        self.scale, self.rowlen = scale, int(rowlen)
-        self.size = math.prod(self.shape)
-        self.nbytes = int(data.nbytes) + (0 if scale is None else int(scale.nbytes))
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def dtype(self) -> str:
-        return self.fmt
-
-    def __repr__(self):
-        return f"CudaQuant({self.fmt}, shape={self.shape}, {self.nbytes} bytes)"
+        self._init(fmt, shape, data.nbytes, scale, rowlen)
+        self.data = data
 
 
 class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):

@@ -388,25 +388,12 @@ class CLQuant(DeviceQuant):
     offset = 0
 
     def __init__(self, fmt: str, shape, block, nbytes: int, scale=None, rowlen: int = 0):
-        self.fmt, self.shape, self.block = fmt, tuple(int(s) for s in shape), block
-        self.scale, self.rowlen = scale, int(rowlen)
-        self.size = math.prod(self.shape)
-        self.nbytes = int(nbytes) + (0 if scale is None else scale.nbytes)
+        self._init(fmt, shape, nbytes, scale, rowlen)
+        self.block = block
 
     @property
     def buffer(self):
         return self.block.buf
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def dtype(self) -> str:
-        return self.fmt
-
-    def __repr__(self):
-        return f"CLQuant({self.fmt}, shape={self.shape}, {self.nbytes} bytes)"
 
 
 def _contig_strides(shape):
