@@ -347,10 +347,28 @@ def train(network: Network, inputs, targets, *, be, loss: str = "mse", optimizer
     return TrainResult(result, losses, losses[-1] if losses else float("nan"), done, stopped)
 
 
-def predict(network: Network, be, inputs, batch_size: int | None = None) -> np.ndarray:
+def quantized_params(network: Network, be, fmt: str) -> dict:
+    """The network's parameters with every conv / linear weight (a ``*.weight`` of 2 or more dims that the
+    format can store) quantized to ``fmt`` (ops/quant.py) and handed to ``be`` packed where it reads the
+    format (``to_device_quant``), the others as they are: an evaluation-only copy for ``forward(params=)``."""
+    from ..ops import quant
+    if fmt not in quant.FORMATS:
+        raise AnyDeviceError("predict", "weights", fmt, f"is not a quantized format: one of {', '.join(quant.FORMATS)}")
+    out = {}
+    for k, v in (network.params or {}).items():
+        a = np.asarray(v.numpy() if hasattr(v, "numpy") and not isinstance(v, np.ndarray) else v)
+        if k.endswith(".weight") and a.ndim >= 2 and quant.quantizable(a.shape, fmt):
+            out[k] = be.to_device_quant(quant.quantize(np.ascontiguousarray(a, np.float32), fmt, op="predict"))
+        else:
+            out[k] = v
+    return out
+
+
+def predict(network: Network, be, inputs, batch_size: int | None = None, weights: str | None = None) -> np.ndarray:
     """The network's evaluation-mode output on ``inputs`` (a NumPy array), in batches of
     ``batch_size`` (None: as many samples as keep the largest layer output within a quarter of
-    ANYDEVICE_MAX_TENSOR_MB / the default limit, at most 256)."""
+    ANYDEVICE_MAX_TENSOR_MB / the default limit, at most 256). ``weights``: a quantized format (ops/quant.py)
+    the conv / linear weights run in (``quantized_params``; None: as they are)."""
     from .autograd import no_grad
     from .network import _layer_shape
     x = np.ascontiguousarray(_as_array(inputs, "inputs"), dtype=np.float32)
@@ -364,8 +382,9 @@ def predict(network: Network, be, inputs, batch_size: int | None = None) -> np.n
         batch_size = int(max(1, min(256, limit // (4 * 4 * max(largest, 1)))))
     if not _is_int(batch_size) or batch_size < 1:
         raise AnyDeviceError("predict", "batch_size", batch_size, "must be an int >= 1")
+    params = None if weights in (None, "", "none") else quantized_params(network, be, weights)
     outs = []
     with no_grad():
         for s in range(0, x.shape[0], batch_size):
-            outs.append(network.forward(be, x[s:s + batch_size], training=False).numpy())
+            outs.append(network.forward(be, x[s:s + batch_size], training=False, params=params).numpy())
     return np.concatenate(outs, 0) if outs else np.zeros((0,), np.float32)

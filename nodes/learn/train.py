@@ -17,6 +17,7 @@ from ...backend.learn.train import LOSSES as _TRAIN_LOSSES, one_target_per_input
 from ...backend.system import cancel as _cancel
 from ..base.common import ANY, DATA, DEVICE_INPUT, NodeError, Progress, Timer, badge, resolve_backend
 from ..base.widgets import Bool, Choice, Float, Int, Text, outputs
+from ..tensors.nodes import QUANTIZE
 from .common import (CURVE_POINTS, LABELS, LOSS_MAP, NETWORK, SEED_MAX, _LearnNode, _NetworkNode, _TARGET_TYPES,
                            _host_ui, _labels, _layer_text, _net_error, _network, _shape_text, from_batch, model_dirs,
                            network_files, network_path, to_batch)
@@ -188,9 +189,13 @@ class AnyDeviceApplyNetwork(_LearnNode):
                              "input": (DATA, {"tooltip": "IMAGE, MASK, LATENT or TENSOR batch."}),
                              "batch_size": Int(256, 1, 65536, "Samples per forward pass.")},
                 "optional": {"labels": (LABELS, {"tooltip": "True class labels: the accuracy is computed."}),
-                             "device": DEVICE_INPUT}}
+                             "device": DEVICE_INPUT,
+                             "weights": Choice(QUANTIZE, "none",
+                                               "Run the conv and linear layers with their weights quantized (q8_0, "
+                                               "int8, q4_x, q5_x, float8), kept packed on the device; the network "
+                                               "itself is not changed. none: as trained.")}}
 
-    def _run(self, network, input, batch_size=256, labels=None, device=None):
+    def _run(self, network, input, batch_size=256, labels=None, device=None, weights="none"):
         from ...backend.learn.train import predict
         node = self.DISPLAY
         net = _network(network, node, required=True)
@@ -206,7 +211,14 @@ class AnyDeviceApplyNetwork(_LearnNode):
             raise _net_error(node, "network", exc) from exc
         pbar = Progress(1)
         t = Timer()
-        y = predict(net, be, x, batch_size=int(batch_size))
+        if weights not in (None, "", "none") and weights not in QUANTIZE:
+            raise NodeError(node, "weights", weights, f"must be one of {', '.join(QUANTIZE)}")
+        try:
+            y = predict(net, be, x, batch_size=int(batch_size), weights=weights)
+        except AnyDeviceError as exc:
+            if exc.op != "predict":
+                raise
+            raise NodeError(node, "weights", weights, exc.reason) from exc
         ms = t.ms(be)
         pbar.step()
         out = from_batch(y, kind, input)
@@ -222,7 +234,8 @@ class AnyDeviceApplyNetwork(_LearnNode):
             hits = int((pred.numpy() == lab).sum())
             acc = hits / max(1, lab.size)
             lines.append(f"accuracy {100 * acc:.2f}% ({hits}/{lab.size})")
-        lines.insert(0, f"output {_shape_text(y.shape)}")
+        lines.insert(0, f"output {_shape_text(y.shape)}" + ("" if weights in (None, "", "none")
+                                                            else f", conv/linear weights as {weights}"))
         ui = badge(be, ms, op="forward", shape=list(y.shape))
         ui["text"] = lines
         if labels is not None:
