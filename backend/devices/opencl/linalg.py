@@ -88,11 +88,8 @@ class LinalgOps:
         bb = batches if b_bs else 1
         # a weight stored compressed (half, quantized) is packed to float32 panels in slices of rows (A) or
         # columns (B) of at most WEIGHT_PANEL_BYTES: never a float32 copy of the whole weight
-        mstep, nstep = M, N
-        if ba == 1 and self._compressed(A) and 4 * M * K > WEIGHT_PANEL_BYTES:
-            mstep = max(mr * msub, WEIGHT_PANEL_BYTES // (4 * K) // (mr * msub) * (mr * msub))
-        if bb == 1 and self._compressed(B) and 4 * N * K > WEIGHT_PANEL_BYTES:
-            nstep = max(32, WEIGHT_PANEL_BYTES // (4 * K) // 32 * 32)
+        mstep = self._weight_rows(A, M, 4 * K, mr * msub) if ba == 1 else M
+        nstep = self._weight_rows(B, N, 4 * K, 32) if bb == 1 else N
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
         Bp = None
