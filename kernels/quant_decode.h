@@ -51,42 +51,9 @@ DEVICE_FN unsigned int qd_u32(qd_ptr b) {
     return (unsigned int)b[0] | ((unsigned int)b[1] << 8) | ((unsigned int)b[2] << 16) | ((unsigned int)b[3] << 24);
 }
 
-DEVICE_FN float qd_load(qd_ptr p, OFF_T i, GLOBAL const float *wscale, OFF_T wq_k)
-{
-#if WQ == 3
-    return (float)(signed char)p[i] * wscale[i / wq_k];
-#elif WQ == 4
-    return qd_e4m3(p[i]) * wscale[i / wq_k];
-#elif WQ == 5
-    return qd_e5m2(p[i]) * wscale[i / wq_k];
-#elif WQ == 6
-    qd_ptr b = p + (i >> 5) * 34;
-    return QD_HALF(b) * (float)(signed char)b[2 + (int)(i & 31)];
-#elif WQ == 7
-    qd_ptr b = p + (i >> 5) * 18;
-    return QD_HALF(b) * ((float)qd_nib(b + 2, (int)(i & 31)) - 8.0f);
-#elif WQ == 8
-    qd_ptr b = p + (i >> 5) * 20;
-    const float dq = QD_HALF(b) * (float)qd_nib(b + 4, (int)(i & 31));
-    return dq + QD_HALF(b + 2);
-#elif WQ == 9
-    qd_ptr b = p + (i >> 5) * 22;
-    const int j = (int)(i & 31);
-    const unsigned int q = qd_nib(b + 6, j) | (((qd_u32(b + 2) >> j) & 1u) << 4);
-    return QD_HALF(b) * ((float)q - 16.0f);
-#elif WQ == 10
-    qd_ptr b = p + (i >> 5) * 24;
-    const int j = (int)(i & 31);
-    const unsigned int q = qd_nib(b + 8, j) | (((qd_u32(b + 4) >> j) & 1u) << 4);
-    const float dq = QD_HALF(b) * (float)q;
-    return dq + QD_HALF(b + 2);
-#else
-#error "quant_decode.h: WQ must be a quantized format code (3..10)"
-#endif
-}
-
-/* qd_run: n consecutive elements e .. e+n-1 of ONE block (n <= 32 - e % 32) into out[0 .. n): the block's
-   scale read once, the same values as qd_load. The scaled formats (no blocks) go element by element. */
+/* qd_run: n consecutive elements e .. e+n-1 of ONE block (n <= 32 - e % 32) into out[0 .. n), the block's
+   scale read once; for int8 / fp8 (no blocks) any n, the row's scale read once per row. The one decoder:
+   qd_load is a run of one. */
 DEVICE_FN void qd_run(qd_ptr p, OFF_T e, int n, float *out, GLOBAL const float *wscale, OFF_T wq_k)
 {
 #if WQ >= 6
@@ -121,7 +88,7 @@ DEVICE_FN void qd_run(qd_ptr p, OFF_T e, int n, float *out, GLOBAL const float *
         const float dq = d * (float)(qd_nib(b + 8, j) | (((qh >> j) & 1u) << 4));
         out[u] = dq + m;
     }
-#else  /* int8 / fp8: one scale per row of wq_k elements, looked up once per row the run touches */
+#elif WQ >= 3 && WQ <= 5  /* int8 / fp8: one scale per row of wq_k elements, looked up once per row the run touches */
     OFF_T r = e / wq_k, next = (r + 1) * wq_k;
     float sc = wscale[r];
     for (int u = 0; u < n; u++) {
@@ -134,6 +101,16 @@ DEVICE_FN void qd_run(qd_ptr p, OFF_T e, int n, float *out, GLOBAL const float *
         out[u] = qd_e5m2(p[e + u]) * sc;
 #endif
     }
+#else
+#error "quant_decode.h: WQ must be a quantized format code (3..10)"
 #endif
+}
+
+/* qd_load: element i as float (a run of one). */
+DEVICE_FN float qd_load(qd_ptr p, OFF_T i, GLOBAL const float *wscale, OFF_T wq_k)
+{
+    float v;
+    qd_run(p, i, 1, &v, wscale, wq_k);
+    return v;
 }
 #endif
