@@ -296,7 +296,8 @@ class Device(abc.ABC):
 
     def _linear_w8a8(self, x, wq, b):
         """"w8a8": linear_w8a8 of float32 x (..., K) by the device's packed int8 weight wq (N, K) (+ b (N,)):
-        rows of x quantized at run time, int32 products, scales in the epilogue (ops/w8a8.py's math)."""
+        rows of x quantized at run time, int32 products, scales in the epilogue (ops/w8a8.py's math). Never
+        asked for an empty product (no rows, outputs or inputs: linear_w8a8 runs the host composite then)."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'w8a8'")
 
     # ---- dtypes ------------------------------------------------------------------------------

@@ -17,11 +17,6 @@ class CLW8A8:
         K, N = sx[-1], wq.shape[0]
         M = math.prod(sx[:-1])
         out = self._empty(sx[:-1] + (N,))
-        if out.size == 0:
-            return out
-        if K == 0:
-            self._fill(out, 0.0)
-            return out if b is None else self._binary("add", out, b)
         if b is not None:
             b = self._at0(b, b.offset, N)
         bbuf, hb = (b.buffer, 1) if b is not None else (out.buffer, 0)
