@@ -291,6 +291,19 @@ def share_copy(module: torch.nn.Module) -> torch.nn.Module:
     return new
 
 
+def ggml_bridge_of(original: torch.nn.Module):
+    """(share_copy of ``original``, its GGMLBridge) for a model from ComfyUI-GGUF's loaders, made once per
+    module and kept on it; None for any other model."""
+    cache = original.__dict__.setdefault("_anydevice_guards", _GuardCache())  # not deep-copied
+    got = cache.get("ggml")
+    if got is None:
+        from . import ggml_bridge  # noqa: PLC0415
+        copy_ = share_copy(original)
+        b = ggml_bridge.bridge(original, copy_)
+        got = cache["ggml"] = (copy_, b) if b is not None else ()
+    return got or None
+
+
 def use_pytorch_attention(module: torch.nn.Module) -> int:
     """Set ComfyUI's VAE attention blocks in ``module`` (a share_copy) to ``pytorch_attention``: one
     scaled-dot-product op instead of slice_attention's loop with memory queries (graph breaks).
@@ -335,14 +348,17 @@ def weights_epoch(base_model):
             bool(getattr(base_model, "model_lowvram", False)), getattr(base_model, "lowvram_patch_counter", 0))
 
 
-def apply_model_wrapper(key: str, compiled):
+def apply_model_wrapper(key: str, compiled, before=None):
     """The APPLY_MODEL wrapper: as comfy_api.torch_helpers' ``apply_torch_compile_factory`` (the
     compiled module swapped in for the call), and the weights trusted unchanged while ComfyUI's patch
-    state is (``backend/versions.trusted``: no weight is re-read for a step between patches)."""
+    state is (``backend/versions.trusted``: no weight is re-read for a step between patches).
+    ``before``: called first, outside torch.compile (a GGUF bridge's refresh)."""
     from ...backend.system import versions
 
     def wrapper(executor, *args, **kwargs):
         import comfy.utils  # noqa: PLC0415 - inside ComfyUI only
+        if before is not None:
+            before()
         base = executor.class_obj
         orig = comfy.utils.get_attr(base, key)
         comfy.utils.set_attr(base, key, compiled)
@@ -414,11 +430,14 @@ class AnyDeviceModel(_ModelNode):
         original = m.get_model_object(key)
         if not isinstance(original, torch.nn.Module):
             raise NodeError(node, "model", type(original).__name__, "has no diffusion_model module to compile")
-        g = guard(original, be, node, "diffusion model", input="model", dtype=dtype, weights=wq)
+        bridged = ggml_bridge_of(original)
+        g = guard(original, be, node, "diffusion model", input="model", dtype=dtype, weights=wq,
+                  module=None if bridged is None else bridged[0])
         # as comfy_api.torch_helpers.set_torch_compile_wrapper: replace other torch.compile wrappers,
         # swap the compiled module in for each apply_model call, keep the compile kwargs for reference
         m.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY)
-        m.add_wrapper_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY, apply_model_wrapper(key, g))
+        m.add_wrapper_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY,
+                               apply_model_wrapper(key, g, None if bridged is None else bridged[1].refresh))
         m.model_options[TORCH_COMPILE_KWARGS] = {"backend": "anydevice",
                                                  "options": {"device": be.name, "dtype": dtype, "weights": wq},
                                                  "mode": None, "fullgraph": False, "dynamic": None}
@@ -426,7 +445,8 @@ class AnyDeviceModel(_ModelNode):
         to = m.model_options.setdefault("transformer_options", {})
         to["optimized_attention_override"] = pytorch_attention_override
         lines = [f"diffusion model compiled for {be.name} in {dtype}"
-                 + (f", linear/conv weights quantized to {wq}" if wq else "") + " at its first step"]
+                 + (f", linear/conv weights quantized to {wq}" if wq else "")
+                 + (", ComfyUI-GGUF's packed weights kept packed" if bridged is not None else "") + " at its first step"]
         return self._out(be, t, m, lines, "compile")
 
 

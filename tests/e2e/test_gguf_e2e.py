@@ -78,8 +78,9 @@ def srv():
 
 
 def prompt(source: str, device: str | None, prefix: str) -> dict:
-    """``source``: "gguf" (the loader) or "ckpt" (the checkpoint's UNet); ``device`` None: no Model on AnyDevice."""
-    model = [LOADER_NODE, 0] if source == "gguf" else ["1", 0]
+    """``source``: "gguf" (the pack's loader), "city96" (ComfyUI-GGUF's "Unet Loader (GGUF)") or "ckpt" (the
+    checkpoint's UNet); ``device`` None: no Model on AnyDevice."""
+    model = [LOADER_NODE, 0] if source in ("gguf", "city96") else ["1", 0]
     p = {
         "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": H.RANDOM_SD15}},
         LOADER_NODE: {"class_type": "AnyDeviceGGUFLoader", "inputs": {"gguf_name": GGUF_NAME}},
@@ -95,7 +96,9 @@ def prompt(source: str, device: str | None, prefix: str) -> dict:
         "9": {"class_type": "VAEDecode", "inputs": {"samples": ["7", 0], "vae": ["1", 2]}},
         SAVE_NODE: {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}},
     }
-    if source != "gguf":
+    if source == "city96":
+        p[LOADER_NODE] = {"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": GGUF_NAME}}
+    elif source != "gguf":
         del p[LOADER_NODE]
     if device is None:
         p["7"]["inputs"]["model"] = model
@@ -173,3 +176,23 @@ def test_gguf_model_eager_in_comfyui_matches_opencl(srv):
     REPORT["psnr_db"]["gguf-eager-vs-opencl"] = round(psnr(ours["image"], eager["image"]), 2)
     _save_report()
     assert d.max() <= TOL_EAGER, f"eager and opencl differ by up to {d.max()}/255"
+
+
+def test_comfyui_gguf_loader_model_runs_packed_on_opencl(srv):
+    """ComfyUI-GGUF's own "Unet Loader (GGUF)" (GGMLTensor weights, GGMLOps layers; linked into the server
+    where e2e_helpers.comfyui_gguf_dir finds it) -> Model on AnyDevice: its Q8_0 blocks stay packed (the node
+    says so), no fallback, and the image equals the pack's own loader's (the same weights) to 2/255."""
+    if srv.comfyui_gguf is None:
+        pytest.skip(H.comfyui_gguf_dir(srv.comfy)[1])
+    _opencl_available(srv)
+    theirs = _run(srv, "city96-opencl", "city96", "opencl")
+    ours = _run(srv, "gguf-opencl", "gguf", "opencl")
+    said = [ln for ln in theirs["log"].splitlines() if any(s in ln for s in FALLBACK_SAID)]
+    assert not said, said
+    text = " ".join(theirs["hist"]["outputs"][MODEL_NODE]["text"])
+    assert "ComfyUI-GGUF's packed weights kept packed" in text, text
+    d = np.abs(theirs["image"] - ours["image"])
+    REPORT["max_abs_diff"]["comfyui_gguf-vs-anydevice_loader"] = int(d.max())
+    REPORT["psnr_db"]["comfyui_gguf-vs-anydevice_loader"] = round(psnr(theirs["image"], ours["image"]), 2)
+    _save_report()
+    assert d.max() <= TOL_EAGER, f"ComfyUI-GGUF's model and the pack's loader's differ by up to {d.max()}/255"

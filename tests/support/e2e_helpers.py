@@ -9,7 +9,7 @@ one the tests skip and say why. The server runs from that venv on 127.0.0.1 with
 folder, and throwaway ``models/vae`` and ``models/checkpoints`` folders for :func:`write_random_vae` and
 :func:`write_random_sd15_checkpoint`, so the ComfyUI checkout is never touched), input/output/temp/user
 folders are throwaway ones, and only this pack is allowed (``--disable-all-custom-nodes
---whitelist-custom-nodes anydevice``).
+--whitelist-custom-nodes anydevice``), with ComfyUI-GGUF beside it where :func:`comfyui_gguf_dir` finds it.
 
 Frontends: the one the checkout pins (its venv's ``comfyui-frontend-package``) and any other found by
 :func:`frontends` (``COMFYUI_FRONTEND_ROOTS``, or ``comfyui-frontend-*`` folders made with
@@ -34,6 +34,7 @@ from pathlib import Path
 
 from repo_paths import ROOT  # noqa: E402
 PACK_NAME = "anydevice"
+CITY96 = "ComfyUI-GGUF"  # the other pack the servers load where it is found (comfyui_gguf_dir)
 PHOTO = ROOT / "example_workflows" / "input" / "photo.png"
 ARTIFACTS = ROOT / "test-artifacts"
 API = ROOT / "example_workflows" / "api"
@@ -113,6 +114,23 @@ def comfy_dir() -> tuple[Path | None, str]:
                   "(looked in " + ", ".join(str(p) for p in comfy_candidates()) + ")")
 
 
+def comfyui_gguf_dir(comfy: Path | None) -> tuple[Path | None, str]:
+    """(ComfyUI-GGUF checkout, "") or (None, why not): ``COMFYUI_GGUF_DIR``, else
+    ``<ComfyUI>/custom_nodes/ComfyUI-GGUF``; it needs the gguf package in ComfyUI's venv."""
+    env = os.environ.get("COMFYUI_GGUF_DIR", "").strip()
+    cands = [Path(env)] if env else []
+    if comfy is not None:
+        cands.append(comfy / "custom_nodes" / "ComfyUI-GGUF")
+    for c in cands:
+        if (c / "ops.py").is_file() and (c / "loader.py").is_file():
+            py = _venv_python(comfy) if comfy is not None else None
+            if py is None or subprocess.run([str(py), "-c", "import gguf"], capture_output=True).returncode:
+                return None, f"ComfyUI-GGUF at {c} needs the gguf package in ComfyUI's venv"
+            return c, ""
+    return None, ("ComfyUI-GGUF not found: set COMFYUI_GGUF_DIR to a checkout of github.com/city96/ComfyUI-GGUF "
+                  "(looked in " + (", ".join(map(str, cands)) or "no place: no ComfyUI") + ")")
+
+
 def _frontend_version(static: Path) -> str:
     """The comfyui-frontend-package version of a static folder (from its dist-info beside it)."""
     for info in sorted(static.parent.parent.glob("comfyui_frontend_package-*.dist-info")):
@@ -182,6 +200,11 @@ class ComfyServer:
         nodes = self.tmp / "custom_nodes"
         nodes.mkdir()
         (nodes / PACK_NAME).symlink_to(ROOT, target_is_directory=True)
+        allowed = [PACK_NAME]
+        self.comfyui_gguf = comfyui_gguf_dir(self.comfy)[0]
+        if self.comfyui_gguf is not None:  # ComfyUI-GGUF's loaders, for tests/e2e/test_gguf_e2e.py
+            (nodes / CITY96).symlink_to(self.comfyui_gguf, target_is_directory=True)
+            allowed.append(CITY96)
         self.vae_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         (self.tmp / "extra_paths.yaml").write_text(f"anydevice_e2e:\n    custom_nodes: {nodes}\n"
@@ -201,7 +224,7 @@ class ComfyServer:
                "--output-directory", str(self.output_dir),
                "--temp-directory", str(self.tmp / "temp"),
                "--extra-model-paths-config", str(self.tmp / "extra_paths.yaml"),
-               "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK_NAME]
+               "--disable-all-custom-nodes", "--whitelist-custom-nodes", *allowed]
         if self.front_end_root:
             cmd += ["--front-end-root", str(self.front_end_root)]
         env = dict(os.environ)

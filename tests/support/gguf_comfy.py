@@ -113,7 +113,84 @@ def run(gguf_path: str, be_name: str) -> dict:
     return out
 
 
+def import_city96(nodes_dir: str):
+    """ComfyUI-GGUF (city96) imported from its folder as the package ``comfyui_gguf``: (ops, loader, nodes)."""
+    import importlib.util
+    d = Path(nodes_dir)
+    spec = importlib.util.spec_from_file_location("comfyui_gguf", d / "__init__.py", submodule_search_locations=[str(d)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["comfyui_gguf"] = mod
+    spec.loader.exec_module(mod)
+    from comfyui_gguf import loader, nodes, ops
+    return ops, loader, nodes
+
+
+def run_city96(gguf_path: str, be_name: str, nodes_dir: str) -> dict:
+    """The GGUF file loaded by ComfyUI-GGUF's own loader (gguf_sd_loader, GGMLOps, GGUFModelPatcher, as its
+    "Unet Loader (GGUF)" does, on the tiny config) through "Model on AnyDevice"; the reference is the
+    dequantized state dict in ComfyUI's own layers."""
+    mnc.load_pack()
+    from anydevice.backend import compile as adc
+    from anydevice.backend.compile import quant_ops
+    from anydevice.backend.compile.weights import Weights
+    from anydevice.nodes import NODE_CLASS_MAPPINGS
+    from anydevice.nodes.models import gguf as G
+    ops, loader, gnodes = import_city96(nodes_dir)
+    sd = loader.gguf_sd_loader(gguf_path)
+    types = {}
+    for v in sd.values():
+        n = getattr(getattr(v, "tensor_type", None), "name", "?")
+        types[n] = types.get(n, 0) + 1
+    ours, _ = G.gguf_state_dict(gguf_path)
+    float_sd = {k: (quant_ops.dequantize(v.packed(), None, v.fmt, v.shape) if isinstance(v, G.PackedWeight) else v)
+                for k, v in ours.items()}
+    gp = gnodes.GGUFModelPatcher.clone(build(sd, ops.GGMLOps()))
+    ref = build(float_sd, None)
+    out = {"types": types, "ggml_layers": sum(1 for m in gp.model.diffusion_model.modules() if isinstance(m, ops.GGMLLayer)
+                                              and m.is_ggml_quantized())}
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 4, 16, 16, generator=g)
+    t = torch.tensor([500.0, 20.0])
+    ctx = torch.randn(2, 8, 32, generator=g)
+    y_ref = apply(ref, x, t, ctx)
+    out["eager_rel"] = mnc.rel(apply(gp, x, t, ctx), y_ref)
+    with torch.inference_mode():
+        res = NODE_CLASS_MAPPINGS["AnyDeviceModel"]().run(model=gp, device={"name": be_name}, dtype="float32")
+    cm = res["result"][0]
+    out["node_text"] = res["ui"]["text"]
+    for w in list(Weights._all.values()):
+        w.clear()
+    out["compiled_rel"] = mnc.rel(apply(cm, x, t, ctx), y_ref)
+    gd = cm.model_options["anydevice_guards"][0]
+    rep = adc.report(gd.compiled)
+    out["fallbacks"], out["eager_fallbacks"] = rep["fallbacks"], rep["eager_fallbacks"]
+    out["failed"] = gd.failed
+    out["weights_bytes"] = rep["weights_bytes"]
+    out["packed_entries"] = sum(1 for w in Weights._all.values() for e in w._entries.values() if e[1][0] == "packed")
+    out["entry_kinds"] = sorted({type(e[2]).__name__ for w in Weights._all.values() for e in w._entries.values()})
+    bridge = gd.original.__dict__["_anydevice_guards"]["ggml"][1]
+    diffs = {k: (torch.randn(tuple(ours[k[len("diffusion_model."):]].shape), generator=g) * 0.05,) for k in PATCHED}
+    ref_p, g_p, c_p = ref.clone(), gp.clone(), cm.clone()
+    for p in (ref_p, g_p, c_p):
+        p.add_patches(diffs, 1.0)
+    y_ref_p = apply(ref_p, x, t, ctx)
+    out["patch_changed"] = mnc.rel(y_ref_p, y_ref)
+    out["eager_patched_rel"] = mnc.rel(apply(g_p, x, t, ctx), y_ref_p)
+    out["compiled_patched_rel"] = mnc.rel(apply(c_p, x, t, ctx), y_ref_p)
+    out["float_weights_patched"] = bridge.float_weights
+    out["compiled_unpatched_rel"] = mnc.rel(apply(cm, x, t, ctx), y_ref)
+    out["float_weights_unpatched"] = bridge.float_weights
+    out["failed_end"] = gd.failed
+    out["input_untouched"] = all(type(m.weight).__name__ == "GGMLTensor" for m in gp.model.diffusion_model.modules()
+                                 if isinstance(m, ops.GGMLLayer) and m.is_ggml_quantized())
+    return out
+
+
 def main():
+    if sys.argv[1] == "--city96":
+        os.environ.pop("ANYDEVICE_BACKEND", None)
+        print("RESULT " + json.dumps(run_city96(*sys.argv[2:5])), flush=True)
+        return
     if sys.argv[1] == "--write-sd":
         write_sd(sys.argv[2])
         print("RESULT {}", flush=True)

@@ -1,0 +1,147 @@
+"""Models from ComfyUI-GGUF's own loaders ("Unet Loader (GGUF)") through "Model on AnyDevice", packed.
+
+ComfyUI-GGUF (city96) builds the model with its ``GGMLOps``: every weight is a ``GGMLTensor`` (a torch
+tensor subclass: the file's bytes, uint8, with ``tensor_type`` — a ``gguf.GGMLQuantizationType`` —,
+``tensor_shape`` — the logical shape — and ``patches`` — the LoRA patches its ``GGUFModelPatcher`` puts on
+the weight instead of changing it), and each layer dequantizes its weight with torch ops for every call.
+Compiled as it is, those torch ops and the tensor subclass would reach torch.compile.
+
+:class:`GGMLBridge` gives the compiled module (a ``share_copy`` of the diffusion model) plain tensors
+instead, and :meth:`GGMLBridge.refresh` (run before every ``apply_model`` call, outside torch.compile)
+keeps them in step with the original's weights:
+
+* a Linear / Conv2d whose weight is a block format the pack reads (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and has
+  no patch: the weight is the same bytes as a plain uint8 tensor (no copy), and the layer's forward calls
+  ``torch.ops.anydevice.quant_linear`` / ``quant_conv2d`` (backend/compile/quant_ops.py), so the device's
+  kernels read the blocks packed;
+* a patched weight (a LoRA), or a format the pack does not read (K-quants, BF16 blocks): ComfyUI-GGUF's own
+  ``get_weight`` (dequantize, then ``comfy.lora.calculate_weight``) gives a float32 weight, computed once
+  per weight and patch set, and the layer runs in float (torch.compile sees the dtype change and
+  recompiles; taking the patch off gives the packed weight back);
+* any other GGMLTensor (F32 / F16 tensors, biases, norms): the same memory as a plain tensor.
+
+Nothing of ComfyUI-GGUF is imported: its tensors are recognised by their attributes.
+"""
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+
+log = logging.getLogger("anydevice")
+
+#: ComfyUI-GGUF's tensor_type names of the block formats the pack's kernels read -> ops/quant.py's names
+PACKED_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1"}
+#: tensor types whose data is already a float tensor (ComfyUI-GGUF's TORCH_COMPATIBLE_QTYPES)
+FLOAT_TYPES = {None, "F32", "F16"}
+
+
+def type_name(t) -> str | None:
+    """A GGMLTensor's ``tensor_type`` name ("Q8_0", "F32"...), None for a plain tensor."""
+    tt = getattr(t, "tensor_type", None)
+    return None if tt is None else str(getattr(tt, "name", tt))
+
+
+def is_ggml(t) -> bool:
+    return isinstance(t, torch.Tensor) and hasattr(t, "tensor_type") and hasattr(t, "tensor_shape")
+
+
+def _plain(t: torch.Tensor) -> torch.nn.Parameter:
+    """The same memory as a plain (not subclassed) tensor, as a parameter without grad."""
+    return torch.nn.Parameter(t.as_subclass(torch.Tensor).detach(), requires_grad=False)
+
+
+def _packable(m) -> bool:
+    """A Linear, or a Conv2d with zero padding given as numbers (what quant_conv2d takes)."""
+    if isinstance(m, torch.nn.Linear):
+        return True
+    return isinstance(m, torch.nn.Conv2d) and m.padding_mode == "zeros" and not isinstance(m.padding, str)
+
+
+def _forward(self, x, *args, **kwargs):
+    """The forward of a bridged Linear / Conv2d: packed bytes through the quant op, else in float."""
+    w, b = self.weight, self.bias
+    if w.dtype == torch.uint8:
+        fmt, shape = self._anydevice_fmt, list(self._anydevice_shape)
+        if isinstance(self, torch.nn.Linear):
+            return torch.ops.anydevice.quant_linear(x, w, None, b, fmt, shape)
+        return torch.ops.anydevice.quant_conv2d(x, w, None, b, fmt, shape, list(self.stride), list(self.padding),
+                                                list(self.dilation), int(self.groups))
+    w = w.to(x.dtype)
+    b = None if b is None else b.to(x.dtype)
+    if isinstance(self, torch.nn.Linear):
+        return torch.nn.functional.linear(x, w, b)
+    return torch.nn.functional.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
+
+
+class GGMLBridge:
+    """The bridged copy of a ComfyUI-GGUF model: ``pairs`` of (original module, copy module) whose
+    parameters hold GGMLTensors; the copies have their own parameter dicts, filled by :meth:`refresh`."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+        self._cache: dict = {}  # (module id, name) -> (key, the original tensor, its plain / float value)
+        self.float_weights = 0  # weights that ran in float at the last refresh (patched or unread formats)
+
+    def refresh(self) -> None:
+        """Make each copy's parameters match its original's (outside torch.compile, before a call)."""
+        cache, floats = {}, 0
+        for orig, c in self.pairs:
+            for name, v in orig._parameters.items():
+                if not is_ggml(v):
+                    c._parameters[name] = v
+                    continue
+                tn, patches = type_name(v), list(getattr(v, "patches", None) or [])
+                key = (id(v), tn, tuple(id(p) for p in patches))
+                slot = (id(c), name)
+                old = self._cache.get(slot)
+                if old is not None and old[0] == key and old[1] is v:
+                    val = old[2]
+                elif not patches and (tn in FLOAT_TYPES or (name == "weight" and tn in PACKED_TYPES
+                                                            and getattr(c, "_anydevice_fmt", None))):
+                    val = _plain(v)
+                else:  # patched, or a format the kernels do not read: ComfyUI-GGUF's own float weight
+                    with torch.no_grad():
+                        w = orig.get_weight(v, torch.float32)
+                    w = w.as_subclass(torch.Tensor) if type(w) is not torch.Tensor else w
+                    val = torch.nn.Parameter(w.reshape(tuple(v.tensor_shape)).float(), requires_grad=False)
+                if val.dtype != torch.uint8 and tn not in FLOAT_TYPES:
+                    floats += 1
+                cache[slot] = (key, v, val)
+                c._parameters[name] = val
+        self._cache = cache
+        if floats != self.float_weights:
+            log.info("AnyDevice: %d of the GGUF model's quantized weights run in float32 (patched by a LoRA, or a "
+                     "format the kernels do not read); the others stay packed", floats)
+        self.float_weights = floats
+
+
+def _pairs(orig: torch.nn.Module, copy: torch.nn.Module, out: list) -> None:
+    for k, m in orig._modules.items():
+        if m is not None:
+            _pairs(m, copy._modules[k], out)
+    if any(is_ggml(v) for v in orig._parameters.values()):
+        out.append((orig, copy))
+
+
+def bridge(original: torch.nn.Module, copy: torch.nn.Module) -> GGMLBridge | None:
+    """A :class:`GGMLBridge` for ``copy`` (a ``share_copy`` of ``original``), or None when ``original`` holds
+    no GGMLTensor. The copy's bridged modules get their own parameter dicts and, where the weight is packed
+    in a format the pack reads, the bridged forward; the original is not changed."""
+    pairs: list = []
+    _pairs(original, copy, pairs)
+    if not pairs:
+        return None
+    from ...backend.compile import quant_ops
+    quant_ops.register()
+    for orig, c in pairs:
+        c._parameters = dict(orig._parameters)
+        fmt = PACKED_TYPES.get(type_name(orig._parameters.get("weight")))
+        if fmt is not None and _packable(orig):
+            c._anydevice_fmt = fmt
+            c._anydevice_shape = tuple(int(s) for s in orig._parameters["weight"].tensor_shape)
+            c.forward = types.MethodType(_forward, c)
+    b = GGMLBridge(pairs)
+    b.refresh()
+    return b

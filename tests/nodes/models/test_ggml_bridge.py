@@ -1,0 +1,84 @@
+"""nodes/models/ggml_bridge.py with the real ComfyUI-GGUF (city96) inside a real ComfyUI (COMFYUI_DIR), in
+ComfyUI's own python (tests/support/gguf_comfy.py ``--city96``). ComfyUI-GGUF is found at
+``COMFYUI_GGUF_DIR``, else ``$COMFYUI_DIR/custom_nodes/ComfyUI-GGUF``; without it (or ComfyUI, or the gguf
+package in ComfyUI's venv) the tests skip and say why.
+
+The tiny SD1.5-config UNet of test_gguf_comfy.py, written as a Q8_0 GGUF file, is loaded by ComfyUI-GGUF's
+own loader (``gguf_sd_loader``, ``GGMLOps`` layers, ``GGUFModelPatcher``: what its "Unet Loader (GGUF)"
+node gives) and run through "Model on AnyDevice" (opencl); the reference is the dequantized state dict in
+ComfyUI's own layers. One apply_model call each: compiled, with a LoRA-like patch on two weights (ComfyUI-GGUF
+puts it on the GGMLTensor), after the patch is taken off."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import e2e_helpers as H
+from repo_paths import TESTS
+
+_comfy, _why = H.comfy_dir()
+BACKEND = "opencl"
+
+
+def _comfy_run(*args, timeout=900):
+    py = H._venv_python(_comfy)
+    env = dict(os.environ, COMFYUI_DIR=str(_comfy), PYTHONUNBUFFERED="1")
+    env.pop("ANYDEVICE_BACKEND", None)
+    proc = subprocess.run([str(py), str(TESTS / "support" / "gguf_comfy.py"), *map(str, args)], cwd=str(_comfy),
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    H.ARTIFACTS.mkdir(exist_ok=True)
+    (H.ARTIFACTS / "ggml_bridge.log").write_text(proc.stdout + "\n" + proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    if _comfy is None:
+        pytest.skip(_why)
+    nodes_dir, why = H.comfyui_gguf_dir(_comfy)
+    if nodes_dir is None:
+        pytest.skip(why)
+    pytest.importorskip("gguf", reason="the gguf package writes the test's GGUF file")
+    pytest.importorskip("safetensors", reason="safetensors reads the tiny UNet")
+    try:
+        from anydevice.backend import get_backend
+        be = get_backend(BACKEND)
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"backend {BACKEND} unavailable: {exc}")
+    import gguf_sd15
+    d = tmp_path_factory.mktemp("ggml_bridge")
+    _comfy_run("--write-sd", d / "tiny.safetensors")
+    info = gguf_sd15.write_from_checkpoint(d / "tiny.safetensors", d / "tiny_q8_0.gguf")
+    r = _comfy_run("--city96", d / "tiny_q8_0.gguf", BACKEND, nodes_dir)
+    r["info"], r["quant_formats"] = info, sorted(be.caps.quant_formats)
+    return r
+
+
+def test_comfyui_gguf_model_runs_compiled_with_its_blocks_packed(results):
+    r = results
+    q8 = sum(1 for v in r["info"].values() if v[0] == "Q8_0")
+    assert r["types"]["Q8_0"] == q8 == r["ggml_layers"] > 10, r
+    assert "ComfyUI-GGUF's packed weights kept packed" in r["node_text"][0]
+    assert r["failed"] is None and r["fallbacks"] == {} and r["eager_fallbacks"] == 0, r
+    # the model is the dequantized one, to float32 rounding (ComfyUI-GGUF's eager path dequantizes in half)
+    assert r["compiled_rel"] <= 1e-5, r["compiled_rel"]
+    assert r["eager_rel"] <= 2e-3, r["eager_rel"]
+    # every Q8_0 weight reached the device packed (its bytes, no float copy)
+    assert r["packed_entries"] == q8, (r["packed_entries"], q8)
+    if "q8_0" in r["quant_formats"]:
+        assert "CLQuant" in r["entry_kinds"], r["entry_kinds"]
+    assert r["input_untouched"]
+
+
+def test_comfyui_gguf_lora_patch_applies_and_comes_off(results):
+    r = results
+    assert r["patch_changed"] > 1e-3, r["patch_changed"]
+    assert r["compiled_patched_rel"] <= 1e-4, r["compiled_patched_rel"]
+    assert r["float_weights_patched"] >= 1  # the patched quantized weight runs in float (dequantize + patch)
+    assert r["compiled_unpatched_rel"] <= 1e-5 and r["float_weights_unpatched"] == 0, r
+    assert r["failed_end"] is None
