@@ -10,6 +10,23 @@
 #include "prelude_opencl.h"
 #include "elementwise_math.h"
 
+/* float32 -> float16 bits, rounded to nearest even (vstore_half_rte's result; a NaN becomes a quiet NaN of
+   its sign). Integer steps without branches (F. Giesen's float_to_half_fast3_rtne), so the loops around it
+   vectorise: PoCL's vstore_half_rte made every half store scalar (a float16 add cost 4x a float32 one). */
+DEVICE_FN_INLINE ushort f32_to_f16(const float v)
+{
+    const uint u = as_uint(v);
+    const uint sign = (u >> 16) & 0x8000u;
+    const uint a = u & 0x7fffffffu;
+    /* subnormal or zero: add 0.5f, whose ulp is 2^-24 (half's smallest step): the FPU rounds to nearest even */
+    const uint sub = as_uint(as_float(a) + 0.5f) - 0x3f000000u;
+    /* normal: rebias the exponent (127 -> 15), round the 13 dropped bits to nearest even */
+    const uint nrm = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  /* 0xc8000000 = (15 - 127) << 23 */
+    const uint big = a > 0x7f800000u ? 0x7e00u : 0x7c00u;  /* NaN -> quiet NaN, else Inf (overflow) */
+    const uint r = a >= 0x47800000u ? big : (a < 0x38800000u ? sub : nrm);  /* 2^16, 2^-14 */
+    return (ushort)(r | sign);
+}
+
 /* float32 -> bfloat16 bits, rounded to nearest even (a NaN stays a quiet NaN, as torch does) */
 inline ushort f32_to_bf16(const float v)
 {
@@ -30,7 +47,7 @@ typedef float hstore_t;
 #elif HDT == 1
 typedef ushort hstore_t;
 #define LDH(p, i) vload_half(0, (__global const half *)((p) + (i)))
-#define STH(p, i, v) vstore_half_rte((v), 0, (__global half *)((p) + (i)))
+#define STH(p, i, v) ((p)[i] = f32_to_f16(v))
 #else
 typedef ushort hstore_t;
 #define LDH(p, i) as_float((uint)((p)[i]) << 16)
@@ -607,7 +624,7 @@ __kernel void where_flat(__global const float *c, const long c_off, __global con
 }
 
 /* ---- dtype conversion: float32 <-> float16 / bfloat16 stored as 16-bit words -----------------
- * float16 through core vload_half / vstore_half_rte (storage only: no cl_khr_fp16 needed);
+ * float16 through core vload_half / f32_to_f16 (storage only: no cl_khr_fp16 needed);
  * bfloat16 by bits, rounded to nearest even, a NaN kept a quiet NaN (as torch does). */
 #define CHUNK_RANGE(n, chunk) \
     const long i0 = (long)get_global_id(0) * (chunk); \
@@ -620,7 +637,7 @@ __kernel void cast_from_f32(__global const float *x, const long x_off, __global 
     x += x_off;
     for (long i = i0; i < i1; ++i) {  /* the flag is uniform: the compiler unswitches the loop */
         if (to_bf16) y[i] = f32_to_bf16(x[i]);
-        else vstore_half_rte(x[i], (size_t)i, (__global half *)y);
+        else y[i] = f32_to_f16(x[i]);
     }
 }
 

@@ -47,7 +47,7 @@
 
 /* tanh, exactly +-1 from |x| >= 9.1 on: correctly rounded float32 tanh is +-1 from |x| = 9.011
  * (13 ln 2) on; some tanhf, PoCL's among them, stop at 1 - ulp there (tanh(20.5) = 0.99999994) */
-DEVICE_FN float ad_tanh(const float x)
+DEVICE_FN_INLINE float ad_tanh(const float x)
 {
     return AD_FABS(x) >= 9.1f ? AD_COPYSIGN(1.0f, x) : AD_TANH(x);
 }
@@ -55,7 +55,7 @@ DEVICE_FN float ad_tanh(const float x)
 /* x * sigmoid(t) = x / (1 + exp(-t)); below t = -80, where exp(-t) nears float32's overflow
  * (Inf from t = -88.7 on, which made the result 0), x exp(t) / (1 + exp(t)) = x exp(t) (1 + exp(t)
  * is 1 there), so the result keeps its digits down to float32's denormals */
-DEVICE_FN float ad_mul_sigmoid(const float x, const float t)
+DEVICE_FN_INLINE float ad_mul_sigmoid(const float x, const float t)
 {
     const int mid = t >= -80.0f;
     const float e = AD_EXP(mid ? -t : t);    /* one exp: vectorised loops evaluate both sides */
@@ -64,7 +64,7 @@ DEVICE_FN float ad_mul_sigmoid(const float x, const float t)
 
 /* y = op(x); p0/p1: elu alpha, leaky_relu slope, softplus beta/threshold, clamp min/max (the
  * bounds that flags name) */
-DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const float p1, const int flags)
+DEVICE_FN_INLINE float ad_unary_op(const float x, const int op, const float p0, const float p1, const int flags)
 {
     switch (op) {
     case OP_ABS: return AD_FABS(x);
@@ -123,7 +123,7 @@ DEVICE_FN float ad_unary_op(const float x, const int op, const float p0, const f
 #define BOP_GT 11
 #define BOP_GE 12
 
-DEVICE_FN float ad_binary_op(const int op, const float a, const float b)
+DEVICE_FN_INLINE float ad_binary_op(const int op, const float a, const float b)
 {
     switch (op) {
     case BOP_ADD: return a + b;

@@ -73,6 +73,15 @@ __kernel void pack_b(const int N, const int K, __global const wstore_t *B, const
                     for (int u = 0; u < n; u++) dst[(k + u) * TN + j] = t[u];
                     k += n;
                 }
+#elif WDT > 0
+            else  /* a half row: 16 values converted at once */
+                for (int k = 0; k < k1 - k0; k += 16) {
+                    float t[16];
+                    const int n = min(16, k1 - k0 - k);
+                    if (n == 16) vstore16(LOADW16(B, s + k), 0, t);
+                    else for (int u = 0; u < n; u++) t[u] = LOADW(B, s + k + u);
+                    for (int u = 0; u < n; u++) dst[(k + u) * TN + j] = t[u];
+                }
 #else
             else
                 for (int k = 0; k < k1 - k0; k++) dst[k * TN + j] = LOADW(B, s + k);
@@ -107,6 +116,15 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
                 qd_run(A, s + k, n, t, wscale, wq_k);
                 for (int u = 0; u < n; u++) dst[(long)(k + u) * MR + i] = t[u];
                 k += n;
+            }
+#elif WDT > 0
+        else if (sak == 1)  /* a half row: 16 values converted at once (vload_half one by one is scalar) */
+            for (int k = k0; k < k1; k += 16) {
+                float t[16];
+                const int n = min(16, k1 - k);
+                if (n == 16) vstore16(LOADW16(A, s + k), 0, t);
+                else for (int u = 0; u < n; u++) t[u] = LOADW(A, s + k + u);
+                for (int u = 0; u < n; u++) dst[(long)(k + u) * MR + i] = t[u];
             }
 #endif
         else

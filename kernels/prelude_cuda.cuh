@@ -8,6 +8,7 @@
 #endif
 #define KERNEL extern "C" __global__
 #define DEVICE_FN __device__ __forceinline__
+#define DEVICE_FN_INLINE DEVICE_FN
 #define GLOBAL
 #define LOCAL __shared__
 #define RESTRICT __restrict__

@@ -354,3 +354,43 @@ def test_winograd_chunked_tiles(cpu_be, monkeypatch):
     ref = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double(),
                    1, 1).numpy()
     assert _relerr(y, ref) < 1e-6
+
+
+# ---- float16 stores and gelu: the kernels' own conversions and erfc (kernels/elementwise.cl, prelude) ------
+@needs_device
+def test_float16_rounding_equals_torch_on_sampled_bit_patterns(be):
+    """f32_to_f16 (the casts and every half store of the elementwise kernels) rounds as torch does:
+    every 4099th float32 bit pattern (signs, subnormals, overflow to Inf included) and the edges."""
+    import torch
+    u = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32)
+    edges = [0x7f800000, 0xff800000, 0x47800000, 0x477fefff, 0x477ff000, 0x477fffff, 0x38800000, 0x387fffff,
+             0x387ff000, 0x33000000, 0x33000001, 0x32ffffff, 0x33800000, 0x80000000, 0, 0x00000001, 0x3f800000]
+    x = np.concatenate([u, np.array(edges, np.uint32)]).view(np.float32)
+    ref = torch.from_numpy(x.copy()).to(torch.float16)
+    h = be._cast(be.to_device(x), "float16")
+    got = np.asarray(be.to_numpy(h)).astype(np.float16)  # half values (exact in float32 too)
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(got[~nan].view(np.uint16), ref.numpy()[~nan].view(np.uint16))
+    assert np.isnan(got[nan]).all()
+    # the elementwise kernels store through the same rounding: y = x + 0 in float16 is x rounded
+    xs = x[np.isfinite(x) & (np.abs(x) < 60000)][:200000]
+    y = be.add(be.to_device(xs, dtype="float16"), 0.0)
+    np.testing.assert_array_equal(np.asarray(be.to_numpy(y)).astype(np.float16), xs.astype(np.float16))
+
+
+@needs_device
+def test_gelu_is_accurate_value_by_value(be):
+    """gelu = x/2 erfc(-x/sqrt 2) with the prelude's ad_erfc: each value within 1e-5 (relative) of float64
+    on [-10, 10] (beyond 2e-6 only where the float32 rounding of -x/sqrt 2 itself moves erfc's tail),
+    erfc's tail kept (no 1 + erf cancellation), Inf / NaN as torch's float64."""
+    x = np.linspace(-10, 10, 400001).astype(np.float32)
+    from math import erfc, sqrt
+    ref = np.array([0.5 * float(v) * erfc(-float(v) / sqrt(2)) for v in x])
+    y = np.asarray(be.to_numpy(be.gelu(x)), np.float64)
+    m = np.abs(ref) > 1e-30
+    rel = np.abs(y - ref)[m] / np.abs(ref[m])
+    assert rel.max() <= 1e-5, (rel.max(), x[m][rel.argmax()])
+    assert rel[np.abs(x[m]) <= 3].max() <= 2e-6, rel[np.abs(x[m]) <= 3].max()
+    assert y[0] < 0 and abs(y[0] / ref[0] - 1) < 1e-4  # gelu(-10) = -7.6e-23: the tail is there
+    s = np.asarray(be.to_numpy(be.gelu(np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32))))
+    assert s[0] == np.inf and (s[1] == 0 or np.isnan(s[1])) and np.isnan(s[2]) and s[3] == 0
