@@ -36,6 +36,21 @@ FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", 
                    "half_elementwise", "w8a8"})
 
 
+def _cpu_macs_per_s(dev) -> float:
+    """The conv/GEMM rate bigconv.chunked plans cancel chunks by (its first guess; then it times chunks): on a
+    CPU device, a third of its FMA peak (compute units x float vector width x 2 FMA ports x clock), within
+    [2e10, 2e11]. The fixed 2e10 made a 0.1 s conv look like 0.4 s, cut into row bands that each redid the
+    weight's packing or Winograd transform; a GPU keeps 2e10 (chunk times are measured from there)."""
+    try:
+        if _is_gpu(dev):
+            return 2e10
+        width = max(1, int(dev.preferred_vector_width_float))
+        rate = int(dev.max_compute_units) * width * 2 * int(dev.max_clock_frequency) * 1e6 / 3
+    except Exception:  # noqa: BLE001 - a driver without the fields
+        return 2e10
+    return float(min(2e11, max(2e10, rate)))
+
+
 class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM
     and conv in linalg.py, the weight gradient in wgrad.py, the fused Adam step in adam.py, the fused
@@ -57,7 +72,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         self.is_cpu_device = not _is_gpu(dev)
         fft = frozenset({"fft_conv"}) if self.family == "cpu" and self.is_cpu_device else frozenset()
         # float16 / bfloat16 stored as 16-bit words (vload_half/vstore_half are core OpenCL), computed in float32
-        self.caps = Capabilities(fused=FUSED | fft, macs_per_s=(4.0e9, 2e10), fft_min_taps=577,
+        self.caps = Capabilities(fused=FUSED | fft, macs_per_s=(4.0e9, _cpu_macs_per_s(dev)), fft_min_taps=577,
                                  storage_dtypes=frozenset(dtypes.FLOATS), quant_formats=frozenset(FORMATS))
         self.ctx = cl.Context([dev])
         self.queue = cl.CommandQueue(self.ctx, dev)
