@@ -394,3 +394,23 @@ def test_gelu_is_accurate_value_by_value(be):
     assert y[0] < 0 and abs(y[0] / ref[0] - 1) < 1e-4  # gelu(-10) = -7.6e-23: the tail is there
     s = np.asarray(be.to_numpy(be.gelu(np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32))))
     assert s[0] == np.inf and (s[1] == 0 or np.isnan(s[1])) and np.isnan(s[2]) and s[3] == 0
+
+
+@needs_device
+def test_half_weight_loads_are_exact_for_all_65536_patterns(be):
+    """weight_load.h's LOADW for float16 (WDT 1: ad_f16_to_f32, integer steps) gives every half bit pattern's
+    float32 value bit for bit as NumPy's float16 -> float32 does (subnormals, Inf, NaN payloads, -0)."""
+    import pyopencl as cl
+    from anydevice.backend.devices.runtime.kernel_source import expand_includes
+    src = ("#define WDT 1\n" + expand_includes("weight_load.h") +
+           "\n__kernel void k(__global const ushort *p, __global float *y) "
+           "{ const long i = get_global_id(0); const float v = LOADW(p, i); y[i] = v; }\n")
+    prg = cl.Program(be.ctx, src).build()
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    mf = cl.mem_flags
+    bh = cl.Buffer(be.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=h)
+    by = cl.Buffer(be.ctx, mf.WRITE_ONLY, 4 * h.size)
+    prg.k(be.queue, (h.size,), None, bh, by)
+    y = np.empty(h.size, np.float32)
+    cl.enqueue_copy(be.queue, y, by, is_blocking=True)
+    np.testing.assert_array_equal(y.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
