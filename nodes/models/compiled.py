@@ -291,7 +291,7 @@ def share_copy(module: torch.nn.Module) -> torch.nn.Module:
     return new
 
 
-def ggml_bridge_of(original: torch.nn.Module):
+def ggml_bridge_of(original: torch.nn.Module, float_dtype=None):
     """(share_copy of ``original``, its GGMLBridge) for a model from ComfyUI-GGUF's loaders, made once per
     module and kept on it; None for any other model."""
     cache = original.__dict__.setdefault("_anydevice_guards", _GuardCache())  # not deep-copied
@@ -299,7 +299,7 @@ def ggml_bridge_of(original: torch.nn.Module):
     if got is None:
         from . import ggml_bridge  # noqa: PLC0415
         copy_ = share_copy(original)
-        b = ggml_bridge.bridge(original, copy_)
+        b = ggml_bridge.bridge(original, copy_, float_dtype)
         got = cache["ggml"] = (copy_, b) if b is not None else ()
     return got or None
 
@@ -357,7 +357,7 @@ def apply_model_wrapper(key: str, compiled, before=None):
 
     def wrapper(executor, *args, **kwargs):
         import comfy.utils  # noqa: PLC0415 - inside ComfyUI only
-        if before is not None:
+        if before is not None and getattr(compiled, "failed", None) is None:  # not once it runs eagerly
             before()
         base = executor.class_obj
         orig = comfy.utils.get_attr(base, key)
@@ -430,7 +430,7 @@ class AnyDeviceModel(_ModelNode):
         original = m.get_model_object(key)
         if not isinstance(original, torch.nn.Module):
             raise NodeError(node, "model", type(original).__name__, "has no diffusion_model module to compile")
-        bridged = ggml_bridge_of(original)
+        bridged = ggml_bridge_of(original, runs_in)
         g = guard(original, be, node, "diffusion model", input="model", dtype=dtype, weights=wq,
                   module=None if bridged is None else bridged[0])
         # as comfy_api.torch_helpers.set_torch_compile_wrapper: replace other torch.compile wrappers,

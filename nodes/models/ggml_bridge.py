@@ -33,6 +33,8 @@ log = logging.getLogger("anydevice")
 
 #: ComfyUI-GGUF's tensor_type names of the block formats the pack's kernels read -> ops/quant.py's names
 PACKED_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1"}
+#: ComfyUI's per-layer attributes the copy takes from its original at each refresh (comfy.ops / model_patcher)
+HOOKS = ("weight_function", "bias_function", "comfy_cast_weights", "prev_comfy_cast_weights")
 #: tensor types whose data is already a float tensor (ComfyUI-GGUF's TORCH_COMPATIBLE_QTYPES)
 FLOAT_TYPES = {None, "F32", "F16"}
 
@@ -79,41 +81,58 @@ class GGMLBridge:
     """The bridged copy of a ComfyUI-GGUF model: ``pairs`` of (original module, copy module) whose
     parameters hold GGMLTensors; the copies have their own parameter dicts, filled by :meth:`refresh`."""
 
-    def __init__(self, pairs):
+    def __init__(self, pairs, float_dtype=torch.float32):
         self.pairs = pairs
-        self._cache: dict = {}  # (module id, name) -> (key, the original tensor, its plain / float value)
+        self.float_dtype = float_dtype  # what a weight dequantized here is kept in (the model's compute dtype)
+        self._cache: dict = {}  # (module id, name) -> (key, the original tensor, its patches, its value here)
         self.float_weights = 0  # weights that ran in float at the last refresh (patched or unread formats)
 
     def refresh(self) -> None:
-        """Make each copy's parameters match its original's (outside torch.compile, before a call)."""
+        """Make each copy's parameters match its original's (outside torch.compile, before a call). A cached
+        value is reused while the original is the same tensor on the same memory (a move to another
+        device, or ComfyUI-GGUF releasing its file mapping, gives new memory) with the same patch objects
+        and weight functions."""
         cache, floats = {}, 0
         for orig, c in self.pairs:
+            for attr in HOOKS:  # ComfyUI's per-layer hooks (lowvram patches, weight wrappers): the original's
+                if attr in orig.__dict__:
+                    c.__dict__[attr] = orig.__dict__[attr]
+            # the bridged forward does not run the hooks: its weights get them here (other layers run ComfyUI's
+            # own forward on the copy, which applies them)
+            fns = (tuple(getattr(orig, "weight_function", None) or ()), tuple(getattr(orig, "bias_function", None) or ())) \
+                if getattr(c, "_anydevice_fmt", None) else ((), ())
             for name, v in orig._parameters.items():
                 if not is_ggml(v):
                     c._parameters[name] = v
                     continue
                 tn, patches = type_name(v), list(getattr(v, "patches", None) or [])
-                key = (id(v), tn, tuple(id(p) for p in patches))
+                f = fns[0] if name == "weight" else fns[1] if name == "bias" else ()
+                key = (tn, v.device, v.data_ptr(), tuple(v.tensor_shape), f)
                 slot = (id(c), name)
                 old = self._cache.get(slot)
-                if old is not None and old[0] == key and old[1] is v:
-                    val = old[2]
-                elif not patches and (tn in FLOAT_TYPES or (name == "weight" and tn in PACKED_TYPES
-                                                            and getattr(c, "_anydevice_fmt", None))):
+                if old is not None and old[0] == key and old[1] is v and len(old[2]) == len(patches) and \
+                        all(a is b for a, b in zip(old[2], patches)):
+                    val = old[3]
+                elif not patches and not f and (tn in FLOAT_TYPES or (name == "weight" and tn in PACKED_TYPES
+                                                                      and getattr(c, "_anydevice_fmt", None))):
                     val = _plain(v)
-                else:  # patched, or a format the kernels do not read: ComfyUI-GGUF's own float weight
+                elif not patches and not f and tn == "BF16":  # the bytes are bfloat16 values: a view
+                    val = _plain(v.as_subclass(torch.Tensor).view(torch.bfloat16).reshape(tuple(v.tensor_shape)))
+                else:  # patched, hooked, or a format the kernels do not read: ComfyUI-GGUF's own float weight
                     with torch.no_grad():
                         w = orig.get_weight(v, torch.float32)
-                    w = w.as_subclass(torch.Tensor) if type(w) is not torch.Tensor else w
-                    val = torch.nn.Parameter(w.reshape(tuple(v.tensor_shape)).float(), requires_grad=False)
+                        w = w.as_subclass(torch.Tensor) if type(w) is not torch.Tensor else w
+                        for fn in f:
+                            w = fn(w)
+                    val = torch.nn.Parameter(w.reshape(tuple(v.tensor_shape)).to(self.float_dtype), requires_grad=False)
                 if val.dtype != torch.uint8 and tn not in FLOAT_TYPES:
                     floats += 1
-                cache[slot] = (key, v, val)
+                cache[slot] = (key, v, patches, val)
                 c._parameters[name] = val
         self._cache = cache
         if floats != self.float_weights:
-            log.info("AnyDevice: %d of the GGUF model's quantized weights run in float32 (patched by a LoRA, or a "
-                     "format the kernels do not read); the others stay packed", floats)
+            log.info("AnyDevice: %d of the GGUF model's quantized weights run in %s (patched by a LoRA, or a format "
+                     "the kernels do not read); the others stay packed", floats, str(self.float_dtype)[6:])
         self.float_weights = floats
 
 
@@ -125,10 +144,11 @@ def _pairs(orig: torch.nn.Module, copy: torch.nn.Module, out: list) -> None:
         out.append((orig, copy))
 
 
-def bridge(original: torch.nn.Module, copy: torch.nn.Module) -> GGMLBridge | None:
+def bridge(original: torch.nn.Module, copy: torch.nn.Module, float_dtype=None) -> GGMLBridge | None:
     """A :class:`GGMLBridge` for ``copy`` (a ``share_copy`` of ``original``), or None when ``original`` holds
     no GGMLTensor. The copy's bridged modules get their own parameter dicts and, where the weight is packed
-    in a format the pack reads, the bridged forward; the original is not changed."""
+    in a format the pack reads, the bridged forward; the original is not changed. ``float_dtype``: what a
+    weight that runs in float is kept in (default float32; the model's dtype where it runs in half)."""
     pairs: list = []
     _pairs(original, copy, pairs)
     if not pairs:
@@ -142,6 +162,6 @@ def bridge(original: torch.nn.Module, copy: torch.nn.Module) -> GGMLBridge | Non
             c._anydevice_fmt = fmt
             c._anydevice_shape = tuple(int(s) for s in orig._parameters["weight"].tensor_shape)
             c.forward = types.MethodType(_forward, c)
-    b = GGMLBridge(pairs)
+    b = GGMLBridge(pairs, float_dtype if float_dtype in (torch.float16, torch.bfloat16) else torch.float32)
     b.refresh()
     return b

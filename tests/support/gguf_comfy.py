@@ -180,6 +180,12 @@ def run_city96(gguf_path: str, be_name: str, nodes_dir: str) -> dict:
     out["float_weights_patched"] = bridge.float_weights
     out["compiled_unpatched_rel"] = mnc.rel(apply(cm, x, t, ctx), y_ref)
     out["float_weights_unpatched"] = bridge.float_weights
+    # the same patch again at another strength: new patch objects, the cached float weight must not be reused
+    ref_h, c_h = ref.clone(), cm.clone()
+    for p in (ref_h, c_h):
+        p.add_patches(diffs, 0.5)
+    y_ref_h = apply(ref_h, x, t, ctx)
+    out["compiled_half_strength_rel"] = mnc.rel(apply(c_h, x, t, ctx), y_ref_h)
     out["failed_end"] = gd.failed
     out["input_untouched"] = all(type(m.weight).__name__ == "GGMLTensor" for m in gp.model.diffusion_model.modules()
                                  if isinstance(m, ops.GGMLLayer) and m.is_ggml_quantized())

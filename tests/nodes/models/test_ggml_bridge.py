@@ -81,4 +81,5 @@ def test_comfyui_gguf_lora_patch_applies_and_comes_off(results):
     assert r["compiled_patched_rel"] <= 1e-4, r["compiled_patched_rel"]
     assert r["float_weights_patched"] >= 1  # the patched quantized weight runs in float (dequantize + patch)
     assert r["compiled_unpatched_rel"] <= 1e-5 and r["float_weights_unpatched"] == 0, r
+    assert r["compiled_half_strength_rel"] <= 1e-4, r["compiled_half_strength_rel"]  # not the 1.0 patch again
     assert r["failed_end"] is None
