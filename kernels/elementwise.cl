@@ -180,8 +180,9 @@ __kernel void where_nd(__global const float *c, const long c_off, __global const
     }
 }
 
-/* strided copy: meta = [nd, shape[nd], sstride[nd], dstride[nd]] */
-__kernel void copy_nd(__global const float *src, const long s_off, __global float *dst, const long d_off,
+/* strided copy: meta = [nd, shape[nd], sstride[nd], dstride[nd]]; built with HDT 1/2 it moves 16-bit words
+   as they are (a half array's permute, slice or cat converts nothing) */
+__kernel void copy_nd(__global const hstore_t *src, const long s_off, __global hstore_t *dst, const long d_off,
                       const long n, const long chunk, __global const long *meta)
 {
     const long i0 = (long)get_global_id(0) * chunk;

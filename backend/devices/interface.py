@@ -46,6 +46,8 @@ FUSED_KERNELS = {
             "others run its host composite)",
     "half_elementwise": "no method: _unary and _binary take float16/bfloat16 arrays (all of one dtype) as "
                         "they are stored and return that dtype (computed in float32, rounded once)",
+    "half_movement": "no method: _permute, _expand, _slice, _slice1, _cat and _contiguous take float16/bfloat16 "
+                     "arrays as they are stored and move the 16-bit values unchanged (nothing converted)",
 }
 
 

@@ -33,7 +33,7 @@ log = logging.getLogger("anydevice")
 
 #: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
 FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights",
-                   "half_elementwise", "w8a8"})
+                   "half_elementwise", "half_movement", "w8a8"})
 
 
 def _cpu_macs_per_s(dev) -> float:
@@ -263,17 +263,29 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         return CLArray(shape, x.block, x.offset)
 
     def _copy_strided(self, src: CLArray, s_off, shape, sstr, dst: CLArray, d_off, dstr):
+        """Elements of ``src`` to ``dst`` (strides in elements); both float32, or both of one half dtype
+        (16-bit words moved as they are)."""
         n = math.prod(shape)
         if n == 0:
             return
+        dtype = self._dtype(src)
+        if self._dtype(dst) != dtype:
+            raise TypeError(f"copy between {dtype} and {self._dtype(dst)} arrays")
+        item = src.ITEM
         shape2, (s2, d2) = _collapse(shape, sstr, dstr)
         if len(shape2) == 1 and s2[0] == 1 and d2[0] == 1:
-            self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, byte_count=4 * n,
-                                 src_offset=4 * s_off, dst_offset=4 * d_off)
+            self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, byte_count=item * n,
+                                 src_offset=item * s_off, dst_offset=item * d_off)
             return
         meta = self._meta((len(shape2),) + shape2 + s2 + d2)
         g, l, chunk = self._flat_geometry(n)
-        self._run("copy_nd", g, l, src.buffer, s_off, dst.buffer, d_off, n, chunk, meta)
+        self._run("copy_nd", g, l, src.buffer, s_off, dst.buffer, d_off, n, chunk, meta, params=self._hdt(dtype))
+
+    def _view(self, x, shape, offset):
+        """A view of ``x``'s buffer: ``shape`` from element ``offset``, of x's dtype."""
+        if isinstance(x, CLHalf):
+            return CLHalf(tuple(shape), x.block, x.dtype, offset)
+        return CLArray(tuple(shape), x.block, offset)
 
     def _permute(self, x, axes):
         axes = tuple(int(a) for a in axes)
@@ -281,7 +293,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
             return x
         st = _contig_strides(x.shape)
         shape = tuple(x.shape[a] for a in axes)
-        out = self._empty(shape)
+        out = self._empty(shape, self._dtype(x))
         self._copy_strided(x, x.offset, shape, tuple(st[a] for a in axes), out, 0, _contig_strides(shape))
         return out
 
@@ -292,13 +304,13 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         src_shape = (1,) * (len(shape) - x.ndim) + x.shape
         st = _contig_strides(src_shape)
         sstr = tuple(0 if (s == 1 and t != 1) else st[i] for i, (s, t) in enumerate(zip(src_shape, shape)))
-        out = self._empty(shape)
+        out = self._empty(shape, self._dtype(x))
         self._copy_strided(x, x.offset, shape, sstr, out, 0, _contig_strides(shape))
         return out
 
     def _concat_channels(self, parts, n, c, h, w):
         k = len(parts)
-        out = self._empty((n, k * c, h, w))
+        out = self._empty((n, k * c, h, w), self._dtype(parts[0]))
         inner = c * h * w
         for i, p in enumerate(parts):
             self._copy_strided(p, p.offset, (n, inner), (inner, 1), out, i * inner, (k * inner, 1))
@@ -309,8 +321,8 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         rest = x.shape[2:]
         inner = math.prod(rest)
         if n == 1:
-            return CLArray((1,) + rest, x.block, x.offset + i * inner)
-        out = self._empty((n,) + rest)
+            return self._view(x, (1,) + rest, x.offset + i * inner)
+        out = self._empty((n,) + rest, self._dtype(x))
         self._copy_strided(x, x.offset + i * inner, (n, inner), (k * inner, 1), out, 0, (inner, 1))
         return out
 
@@ -388,8 +400,8 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         outer, n, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
         out_shape = shape[:dim] + (length,) + shape[dim + 1:]
         if math.prod(out_shape) == 0 or (outer == 1 and (step == 1 or length == 1)):
-            return CLArray(out_shape, x.block, x.offset + start * inner)  # one contiguous run: a view
-        out = self._empty(out_shape)
+            return self._view(x, out_shape, x.offset + start * inner)  # one contiguous run: a view
+        out = self._empty(out_shape, self._dtype(x))
         self._copy_strided(x, x.offset + start * inner, (outer, length, inner), (n * inner, step * inner, 1),
                            out, 0, (length * inner, inner, 1))
         return out
@@ -398,7 +410,10 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         shape = parts[0].shape
         outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
         total = sum(p.shape[dim] for p in parts)
-        out = self._empty(shape[:dim] + (total,) + shape[dim + 1:])
+        dtype = self._dtype(parts[0])
+        if any(self._dtype(p) != dtype for p in parts):  # mixed: all float32 (the contract promotes them so)
+            parts, dtype = [self._f32(p) for p in parts], "float32"
+        out = self._empty(shape[:dim] + (total,) + shape[dim + 1:], dtype)
         pos = 0
         for p in parts:
             k = p.shape[dim] * inner

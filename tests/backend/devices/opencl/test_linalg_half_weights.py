@@ -123,3 +123,34 @@ def test_elementwise_on_half_arrays(family, dtype):
             np.testing.assert_array_equal(be.to_numpy(y), dtypes.round_to(be.to_numpy(ref), dtype))
     mixed = be.add(a, be.to_device(a32))  # half + float32: float32, as torch promotes
     assert be._dtype(mixed) == "float32"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+def test_movement_on_half_arrays_converts_nothing(family, dtype, monkeypatch):
+    """permute, transpose, slice, narrow, split, chunk, expand, contiguous, cat and stack on half natives of one
+    dtype ("half_movement") keep the dtype, give the float32 op's values exactly, and launch no cast."""
+    be = FAMILIES[family]
+    assert "half_movement" in be.caps.fused
+    rng = np.random.default_rng(4)
+    a32 = dtypes.round_to(rng.standard_normal((2, 3, 5, 7)).astype(np.float32), dtype)
+    b32 = dtypes.round_to(rng.standard_normal((2, 4, 5, 7)).astype(np.float32), dtype)
+    a, b = be.to_device(a32, dtype=dtype), be.to_device(b32, dtype=dtype)
+    a1 = be.to_device(dtypes.round_to(rng.standard_normal((1, 3, 1, 7)).astype(np.float32), dtype), dtype=dtype)
+    launched = []
+    run = be._run
+    monkeypatch.setattr(be, "_run", lambda name, *x, **k: (launched.append(name), run(name, *x, **k))[1])
+    got = {
+        "permute": be.permute(a, (0, 2, 3, 1)), "transpose": be.transpose(a, 1, 3), "slice": be.slice(a, 2, 1, 4),
+        "narrow": be.narrow(a, 3, 2, 3), "split": be.split(a, 2, dim=1)[1], "chunk": be.chunk(a, 2, dim=3)[0],
+        "expand": be.expand(a1, 2, 3, 5, 7), "contiguous": be.contiguous(a), "cat": be.cat([a, b], dim=1),
+        "stack": be.stack([a, a], dim=2)}
+    assert not [n for n in launched if n.startswith("cast")], launched
+    ref = {"permute": a32.transpose(0, 2, 3, 1), "transpose": a32.swapaxes(1, 3), "slice": a32[:, :, 1:4],
+           "narrow": a32[..., 2:5], "split": a32[:, 2:], "chunk": a32[..., :4],
+           "expand": np.broadcast_to(be.to_numpy(a1), (2, 3, 5, 7)), "contiguous": a32,
+           "cat": np.concatenate([a32, b32], 1), "stack": np.stack([a32, a32], 2)}
+    for k, y in got.items():
+        assert be._dtype(y) == dtype, k
+        np.testing.assert_array_equal(be.to_numpy(y), ref[k], err_msg=k)
+    assert be._dtype(be.cat([a, be.to_device(b32)], dim=1)) == "float32"  # half with float32: float32
