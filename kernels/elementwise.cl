@@ -187,11 +187,23 @@ __kernel void copy_nd(__global const hstore_t *src, const long s_off, __global h
 {
     const long i0 = (long)get_global_id(0) * chunk;
     const long i1 = min(n, i0 + chunk);
+    const int nd = (int)meta[0];
+    const long inner = meta[nd], ss = meta[2 * nd], ds = meta[3 * nd];  /* the last dim and its strides */
     src += s_off; dst += d_off;
-    for (long i = i0; i < i1; i++) {
+    /* runs along the last dim: the offsets' divisions once per run, not per element */
+    for (long i = i0; i < i1;) {
         long so, dof;
         nd_offsets(i, meta, &so, &dof);
-        dst[dof] = src[so];
+        const long run = min(i1 - i, inner - i % inner);
+        __global const hstore_t *sr = src + so;
+        __global hstore_t *dr = dst + dof;
+        if (ss == 1 && ds == 1)
+            for (long k = 0; k < run; k++) dr[k] = sr[k];
+        else if (ds == 1)
+            for (long k = 0; k < run; k++) dr[k] = sr[k * ss];
+        else
+            for (long k = 0; k < run; k++) dr[k * ds] = sr[k * ss];
+        i += run;
     }
 }
 
