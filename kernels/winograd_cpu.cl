@@ -60,9 +60,11 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
             }
             for (int k = 0; k < 9; k++) gs[k][i] = i < nvalid ? t9[k] : 0.0f;
         }
-#else
-        for (int k = 0; k < 9; k++)
-            for (int i = 0; i < 16; i++) gs[k][i] = i < nvalid ? LOADW(w, wb + i * rs + ci * 9 + k) : 0.0f;
+#else  /* row by row: each row's 9 taps are consecutive (read along the row, not across 16 rows per tap) */
+        for (int i = 0; i < 16; i++) {
+            const long e = wb + i * rs + ci * 9;
+            for (int k = 0; k < 9; k++) gs[k][i] = i < nvalid ? LOADW(w, e + k) : 0.0f;
+        }
 #endif
         float16 t[4][3];
         for (int j = 0; j < 3; j++) {  /* rows: G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */

@@ -48,20 +48,6 @@ class LinalgOps:
             return x.scale.buffer, x.rowlen
         return x.buffer, 0
 
-    def _unhalf(self, X, off: int, rows: int, s_row: int, cols: int, s_col: int, batches: int = 1):
-        """(array, offset) to pack from: a half operand's dense (rows x cols) span converted to float32 at once
-        (the cast kernel's vectorised loop; packing kernels that read half one value at a time ran scalar, and
-        made float16 slower than float32), a float32 copy of at most one panel slice; anything else as it is."""
-        if not isinstance(X, CLHalf) or batches > 1 or rows * cols == 0:
-            return X, off
-        span = (rows - 1) * s_row + (cols - 1) * s_col + 1
-        if span != rows * cols:
-            return X, off
-        f = self._empty((span,))
-        g, l, chunk = self._flat_geometry(span)
-        self._run("cast_to_f32", g, l, X.buffer, off, f.buffer, span, chunk, int(X.dtype == "bfloat16"))
-        return f, 0
-
     def _f32(self, x):
         """``x`` as a float32 CLArray (a half-stored weight converted, a quantized one dequantized, on the
         device: a copy for one op)."""
@@ -111,19 +97,15 @@ class LinalgOps:
             mc = min(mstep, M - m0)
             mt = -(-mc // mr)
             Ap = self._empty((ba, mt * mr * K))
-            As, ao = self._unhalf(A, a_off + m0 * sam, mc, sam, K, sak, ba)
-            self._run("pack_a", (kb, mt, ba), cpu_l, mc, K, As.buffer, ao, sam, sak, a_bs, Ap.buffer,
-                      *self._wq(As), params={**params, **self._wdt(As)})
-            del As
+            self._run("pack_a", (kb, mt, ba), cpu_l, mc, K, A.buffer, a_off + m0 * sam, sam, sak, a_bs, Ap.buffer,
+                      *self._wq(A), params={**params, **self._wdt(A)})
             for n0 in range(0, N, nstep):
                 nc = min(nstep, N - n0)
                 nt = -(-nc // 32)
                 if Bp is None or nstep < N:
                     Bp = self._empty((bb, nt * 32 * K))
-                    Bs, bo = self._unhalf(B, b_off + n0 * sbn, nc, sbn, K, sbk, bb)
-                    self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, Bs.buffer, bo, sbk, sbn, b_bs,
-                              Bp.buffer, *self._wq(Bs), params={**params, **self._wdt(Bs)})
-                    del Bs
+                    self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, B.buffer, b_off + n0 * sbn, sbk, sbn, b_bs,
+                              Bp.buffer, *self._wq(B), params={**params, **self._wdt(B)})
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
                           mc, nc, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N, out.buffer, 0, 0, 1 << 30, 0, n0,
@@ -443,10 +425,8 @@ class LinalgOps:
                 m0, mc, mt, bb, Ap = sl
                 if Ap is None:
                     Ap = self._empty((G, mt * mr * K))
-                    ws, wo = self._unhalf(w, w.offset + m0 * K, mc, K, K, 1, G)
-                    self._run("pack_a", (kb, mt, G), cpu_l, mc, K, ws.buffer, wo, K, 1, CoutG * K,
-                              Ap.buffer, *self._wq(ws), params={**params, **self._wdt(ws)})
-                    del ws
+                    self._run("pack_a", (kb, mt, G), cpu_l, mc, K, w.buffer, w.offset + m0 * K, K, 1, CoutG * K,
+                              Ap.buffer, *self._wq(w), params={**params, **self._wdt(w)})
                     if len(slices) == 1:
                         sl[4] = Ap  # the whole weight: packed once for every column chunk
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, G), cpu_l,
@@ -529,10 +509,8 @@ class LinalgOps:
                 mt = -(-cc // mr)
                 if Up is None:
                     Up = self._empty((16, mt * mr * C))
-                    ws, wo = self._unhalf(w, w.offset + c0 * C * 9, cc, C * 9, C * 9, 1)
-                    self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, ws.buffer, wo, Up.buffer,
-                              cc, C, flag.buffer, *self._wq(ws), params={**wparams, **self._wdt(ws)})
-                    del ws
+                    self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
+                              cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
                     if len(slices) == 1:
                         sl[3] = Up  # the whole weight: transformed once for every tile chunk
                 Mb = self._empty((16, cc, ntl))
