@@ -18,7 +18,7 @@ from .adam import CLAdam
 from .attention import CLAttention
 from ..runtime.kernel_source import kernel_source
 from ..runtime import JsonStore
-from .device import _checks, _cl, _describe, _device_key, _is_gpu, _record_check, cache_root
+from .device import _checks, _cl, _cpu_macs_per_s, _describe, _device_key, _is_gpu, _record_check, cache_root
 from .linalg import LinalgOps
 from .w8a8 import CLW8A8
 from .memory import BufferPool, CLArray, CLHalf, CLQuant, _collapse, _contig_strides
@@ -34,21 +34,6 @@ log = logging.getLogger("anydevice")
 #: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
 FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights",
                    "half_elementwise", "half_movement", "w8a8"})
-
-
-def _cpu_macs_per_s(dev) -> float:
-    """The conv/GEMM rate bigconv.chunked plans cancel chunks by (its first guess; then it times chunks): on a
-    CPU device, a third of its FMA peak (compute units x float vector width x 2 FMA ports x clock), within
-    [2e10, 2e11]. The fixed 2e10 made a 0.1 s conv look like 0.4 s, cut into row bands that each redid the
-    weight's packing or Winograd transform; a GPU keeps 2e10 (chunk times are measured from there)."""
-    try:
-        if _is_gpu(dev):
-            return 2e10
-        width = max(1, int(dev.preferred_vector_width_float))
-        rate = int(dev.max_compute_units) * width * 2 * int(dev.max_clock_frequency) * 1e6 / 3
-    except Exception:  # noqa: BLE001 - a driver without the fields
-        return 2e10
-    return float(min(2e11, max(2e10, rate)))
 
 
 class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):

@@ -129,3 +129,18 @@ def selfcheck_identity(name: str = "opencl", index: int = 0) -> dict:
     return {"device": f"{dev.name.strip()} | {p.name.strip()} | {dev.vendor.strip()} [{fam} kernel family]",
             "driver": f"{p.version} | {dev.version} | {dev.driver_version}",
             "sources": [(fname, "opencl", portable) for fname, portable in KFILES.values()]}
+
+
+def _cpu_macs_per_s(dev) -> float:
+    """The conv/GEMM rate bigconv.chunked plans cancel chunks by (its first guess; then it times chunks): on a
+    CPU device, a third of its FMA peak (compute units x float vector width x 2 FMA ports x clock), within
+    [2e10, 2e11]. The fixed 2e10 made a 0.1 s conv look like 0.4 s, cut into row bands that each redid the
+    weight's packing or Winograd transform; a GPU keeps 2e10 (chunk times are measured from there)."""
+    try:
+        if _is_gpu(dev):
+            return 2e10
+        width = max(1, int(dev.preferred_vector_width_float))
+        rate = int(dev.max_compute_units) * width * 2 * int(dev.max_clock_frequency) * 1e6 / 3
+    except Exception:  # noqa: BLE001 - a driver without the fields
+        return 2e10
+    return float(min(2e11, max(2e10, rate)))
