@@ -131,6 +131,20 @@ def comfyui_gguf_dir(comfy: Path | None) -> tuple[Path | None, str]:
                   "(looked in " + (", ".join(map(str, cands)) or "no place: no ComfyUI") + ")")
 
 
+def run_in_comfy(comfy: Path, script: Path, *args, log_name: str, timeout: float = 900) -> dict:
+    """Run a tests/support script under ComfyUI's own python (cwd: the checkout), its output kept in
+    test-artifacts/<log_name>; the JSON of its last ``RESULT {...}`` line."""
+    env = dict(os.environ, COMFYUI_DIR=str(comfy), PYTHONUNBUFFERED="1")
+    env.pop("ANYDEVICE_BACKEND", None)
+    proc = subprocess.run([str(_venv_python(comfy)), str(script), *map(str, args)], cwd=str(comfy), env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / log_name).write_text(proc.stdout + "\n" + proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
 def _frontend_version(static: Path) -> str:
     """The comfyui-frontend-package version of a static folder (from its dist-info beside it)."""
     for info in sorted(static.parent.parent.glob("comfyui_frontend_package-*.dist-info")):

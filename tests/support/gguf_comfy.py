@@ -56,11 +56,51 @@ def apply(patcher, x, t, ctx):
         return patcher.model.apply_model(x, t, c_crossattn=ctx, transformer_options=to)
 
 
+def inputs():
+    """The tiny UNet's apply_model inputs (x, t, context) and the generator the patches are drawn from."""
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(2, 4, 16, 16, generator=g), torch.tensor([500.0, 20.0]), torch.randn(2, 8, 32, generator=g), g
+
+
+def on_anydevice(model, be_name: str):
+    """Model on AnyDevice (float32) on ``model``: (the compiled MODEL, the node's ui), the Weights caches
+    emptied so the first call's uploads are this model's."""
+    from anydevice.backend.compile.weights import Weights
+    from anydevice.nodes import NODE_CLASS_MAPPINGS
+    with torch.inference_mode():
+        res = NODE_CLASS_MAPPINGS["AnyDeviceModel"]().run(model=model, device={"name": be_name}, dtype="float32")
+    for w in list(Weights._all.values()):
+        w.clear()
+    return res["result"][0], res["ui"]
+
+
+def compiled_report(cm, out: dict):
+    """What Model on AnyDevice's guard and the Weights caches say after one call, into ``out``; the guard."""
+    from anydevice.backend import compile as adc
+    from anydevice.backend.compile.weights import Weights
+    gd = cm.model_options["anydevice_guards"][0]
+    rep = adc.report(gd.compiled)
+    out["fallbacks"], out["eager_fallbacks"] = rep["fallbacks"], rep["eager_fallbacks"]
+    out["weights_bytes"] = rep["weights_bytes"]
+    entries = [e for w in Weights._all.values() for e in w._entries.values()]
+    out["entry_kinds"] = sorted({type(e[2]).__name__ for e in entries})
+    out["packed_entries"] = sum(1 for e in entries if e[1][0] == "packed")
+    return gd
+
+
+def patched(models, shapes, g, strength=1.0):
+    """Clones of ``models`` with the same LoRA-like "diff" patch on the PATCHED weights (shapes: the state
+    dict's, keys without ``diffusion_model.``)."""
+    diffs = {k: (torch.randn(tuple(shapes[k[len("diffusion_model."):]].shape), generator=g) * 0.05,) for k in PATCHED}
+    out = [m.clone() for m in models]
+    for p in out:
+        p.add_patches(diffs, strength)
+    return out, diffs
+
+
 def run(gguf_path: str, be_name: str) -> dict:
     mnc.load_pack()  # the pack as ``anydevice``
-    from anydevice.backend import compile as adc
     from anydevice.backend.compile import quant_ops
-    from anydevice.backend.compile.weights import Weights
     from anydevice.nodes import NODE_CLASS_MAPPINGS
     from anydevice.nodes.models import gguf as G
     folder_paths.add_model_folder_path("diffusion_models", str(Path(gguf_path).parent))
@@ -81,28 +121,14 @@ def run(gguf_path: str, be_name: str) -> dict:
     out["float_bytes_of_packed"] = sum(4 * m.weight.numel() for m in ref.model.diffusion_model.modules()
                                        if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) and m.weight.numel() > 1024)
     out["packed_bytes"] = packed_bytes
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(2, 4, 16, 16, generator=g)
-    t = torch.tensor([500.0, 20.0])
-    ctx = torch.randn(2, 8, 32, generator=g)
+    x, t, ctx, g = inputs()
     y_ref = apply(ref, x, t, ctx)
     out["eager_rel"] = mnc.rel(apply(gm, x, t, ctx), y_ref)
-    with torch.inference_mode():
-        cm = NODE_CLASS_MAPPINGS["AnyDeviceModel"]().run(model=gm, device={"name": be_name}, dtype="float32")["result"][0]
-    for w in list(Weights._all.values()):
-        w.clear()
+    cm, _ = on_anydevice(gm, be_name)
     out["compiled_rel"] = mnc.rel(apply(cm, x, t, ctx), y_ref)
-    gd = cm.model_options["anydevice_guards"][0]
-    rep = adc.report(gd.compiled)
-    out["fallbacks"], out["eager_fallbacks"] = rep["fallbacks"], rep["eager_fallbacks"]
-    out["weights_bytes"] = rep["weights_bytes"]
-    out["entry_kinds"] = sorted({type(e[2]).__name__ for w in Weights._all.values() for e in w._entries.values()})
-    out["packed_entries"] = sum(1 for w in Weights._all.values() for e in w._entries.values() if e[1][0] == "packed")
+    compiled_report(cm, out)
     # a LoRA-like patch ("diff") on a packed conv and a packed linear weight, on the reference alike
-    diffs = {k: (torch.randn(tuple(sd[k[len("diffusion_model."):]].shape), generator=g) * 0.05,) for k in PATCHED}
-    ref_p, g_p, c_p = ref.clone(), gm.clone(), cm.clone()
-    for p in (ref_p, g_p, c_p):
-        p.add_patches(diffs, 1.0)
+    (ref_p, g_p, c_p), _ = patched((ref, gm, cm), sd, g)
     y_ref_p = apply(ref_p, x, t, ctx)
     out["patch_changed"] = mnc.rel(y_ref_p, y_ref)
     out["eager_patched_rel"] = mnc.rel(apply(g_p, x, t, ctx), y_ref_p)
@@ -130,10 +156,7 @@ def run_city96(gguf_path: str, be_name: str, nodes_dir: str) -> dict:
     "Unet Loader (GGUF)" does, on the tiny config) through "Model on AnyDevice"; the reference is the
     dequantized state dict in ComfyUI's own layers."""
     mnc.load_pack()
-    from anydevice.backend import compile as adc
     from anydevice.backend.compile import quant_ops
-    from anydevice.backend.compile.weights import Weights
-    from anydevice.nodes import NODE_CLASS_MAPPINGS
     from anydevice.nodes.models import gguf as G
     ops, loader, gnodes = import_city96(nodes_dir)
     sd = loader.gguf_sd_loader(gguf_path)
@@ -148,31 +171,16 @@ def run_city96(gguf_path: str, be_name: str, nodes_dir: str) -> dict:
     ref = build(float_sd, None)
     out = {"types": types, "ggml_layers": sum(1 for m in gp.model.diffusion_model.modules() if isinstance(m, ops.GGMLLayer)
                                               and m.is_ggml_quantized())}
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(2, 4, 16, 16, generator=g)
-    t = torch.tensor([500.0, 20.0])
-    ctx = torch.randn(2, 8, 32, generator=g)
+    x, t, ctx, g = inputs()
     y_ref = apply(ref, x, t, ctx)
     out["eager_rel"] = mnc.rel(apply(gp, x, t, ctx), y_ref)
-    with torch.inference_mode():
-        res = NODE_CLASS_MAPPINGS["AnyDeviceModel"]().run(model=gp, device={"name": be_name}, dtype="float32")
-    cm = res["result"][0]
-    out["node_text"] = res["ui"]["text"]
-    for w in list(Weights._all.values()):
-        w.clear()
+    cm, ui = on_anydevice(gp, be_name)
+    out["node_text"] = ui["text"]
     out["compiled_rel"] = mnc.rel(apply(cm, x, t, ctx), y_ref)
-    gd = cm.model_options["anydevice_guards"][0]
-    rep = adc.report(gd.compiled)
-    out["fallbacks"], out["eager_fallbacks"] = rep["fallbacks"], rep["eager_fallbacks"]
+    gd = compiled_report(cm, out)
     out["failed"] = gd.failed
-    out["weights_bytes"] = rep["weights_bytes"]
-    out["packed_entries"] = sum(1 for w in Weights._all.values() for e in w._entries.values() if e[1][0] == "packed")
-    out["entry_kinds"] = sorted({type(e[2]).__name__ for w in Weights._all.values() for e in w._entries.values()})
     bridge = gd.original.__dict__["_anydevice_guards"]["ggml"][1]
-    diffs = {k: (torch.randn(tuple(ours[k[len("diffusion_model."):]].shape), generator=g) * 0.05,) for k in PATCHED}
-    ref_p, g_p, c_p = ref.clone(), gp.clone(), cm.clone()
-    for p in (ref_p, g_p, c_p):
-        p.add_patches(diffs, 1.0)
+    (ref_p, g_p, c_p), diffs = patched((ref, gp, cm), ours, g)
     y_ref_p = apply(ref_p, x, t, ctx)
     out["patch_changed"] = mnc.rel(y_ref_p, y_ref)
     out["eager_patched_rel"] = mnc.rel(apply(g_p, x, t, ctx), y_ref_p)

@@ -66,3 +66,26 @@ def write_from_checkpoint(ckpt, out, qtype: str = "Q8_0") -> dict:
     if not tensors:
         raise RuntimeError(f"{ckpt} has no {PREFIX}* tensors")
     return write(tensors, out, "sd1", qtype)
+
+
+def tiny_comfy_case(comfy, why: str, tmp_dir, backend: str, run, argv) -> dict:
+    """The tests that run tests/support/gguf_comfy.py on the tiny SD1.5-config UNet: skipped (pytest.skip,
+    saying why) without ComfyUI (``comfy`` None: ``why``), the gguf / safetensors packages or ``backend``;
+    else the tiny UNet written by ComfyUI's python (``run("--write-sd", path)``), made a Q8_0 GGUF file here,
+    and ``run(*argv(gguf_path))``'s result with the file's tensor table ("info") and the backend's
+    quant_formats added."""
+    import pytest
+    if comfy is None:
+        pytest.skip(why)
+    pytest.importorskip("gguf", reason="the gguf package writes the test's GGUF file")
+    pytest.importorskip("safetensors", reason="safetensors reads the tiny UNet")
+    try:
+        from anydevice.backend import get_backend
+        be = get_backend(backend)
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"backend {backend} unavailable: {exc}")
+    run("--write-sd", tmp_dir / "tiny.safetensors")
+    info = write_from_checkpoint(tmp_dir / "tiny.safetensors", tmp_dir / "tiny_q8_0.gguf")
+    r = run(*argv(tmp_dir / "tiny_q8_0.gguf"))
+    r["info"], r["quant_formats"] = info, sorted(be.caps.quant_formats)
+    return r

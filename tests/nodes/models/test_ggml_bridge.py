@@ -10,9 +10,6 @@ ComfyUI's own layers. One apply_model call each: compiled, with a LoRA-like patc
 puts it on the GGMLTensor), after the patch is taken off."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 
 import pytest
 
@@ -24,39 +21,17 @@ BACKEND = "opencl"
 
 
 def _comfy_run(*args, timeout=900):
-    py = H._venv_python(_comfy)
-    env = dict(os.environ, COMFYUI_DIR=str(_comfy), PYTHONUNBUFFERED="1")
-    env.pop("ANYDEVICE_BACKEND", None)
-    proc = subprocess.run([str(py), str(TESTS / "support" / "gguf_comfy.py"), *map(str, args)], cwd=str(_comfy),
-                          env=env, capture_output=True, text=True, timeout=timeout)
-    H.ARTIFACTS.mkdir(exist_ok=True)
-    (H.ARTIFACTS / "ggml_bridge.log").write_text(proc.stdout + "\n" + proc.stderr)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return H.run_in_comfy(_comfy, TESTS / "support" / "gguf_comfy.py", *args, log_name="ggml_bridge.log", timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    if _comfy is None:
-        pytest.skip(_why)
-    nodes_dir, why = H.comfyui_gguf_dir(_comfy)
-    if nodes_dir is None:
-        pytest.skip(why)
-    pytest.importorskip("gguf", reason="the gguf package writes the test's GGUF file")
-    pytest.importorskip("safetensors", reason="safetensors reads the tiny UNet")
-    try:
-        from anydevice.backend import get_backend
-        be = get_backend(BACKEND)
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"backend {BACKEND} unavailable: {exc}")
     import gguf_sd15
-    d = tmp_path_factory.mktemp("ggml_bridge")
-    _comfy_run("--write-sd", d / "tiny.safetensors")
-    info = gguf_sd15.write_from_checkpoint(d / "tiny.safetensors", d / "tiny_q8_0.gguf")
-    r = _comfy_run("--city96", d / "tiny_q8_0.gguf", BACKEND, nodes_dir)
-    r["info"], r["quant_formats"] = info, sorted(be.caps.quant_formats)
-    return r
+    nodes_dir, why = H.comfyui_gguf_dir(_comfy)
+    if _comfy is not None and nodes_dir is None:
+        pytest.skip(why)
+    return gguf_sd15.tiny_comfy_case(_comfy, _why, tmp_path_factory.mktemp("ggml_bridge"), BACKEND, _comfy_run,
+                                     lambda path: ("--city96", path, BACKEND, nodes_dir))
 
 
 def test_comfyui_gguf_model_runs_compiled_with_its_blocks_packed(results):

@@ -6,9 +6,6 @@ dequantized. One apply_model call each: eager, through "Model on AnyDevice" (ope
 patch on a packed conv and linear weight, and after the patch is taken off."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 
 import pytest
 
@@ -21,36 +18,14 @@ BACKEND = "opencl"
 
 
 def _comfy_run(*args, timeout=900):
-    py = H._venv_python(_comfy)
-    env = dict(os.environ, COMFYUI_DIR=str(_comfy), PYTHONUNBUFFERED="1")
-    env.pop("ANYDEVICE_BACKEND", None)
-    proc = subprocess.run([str(py), str(SUPPORT / "gguf_comfy.py"), *map(str, args)], cwd=str(_comfy), env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    H.ARTIFACTS.mkdir(exist_ok=True)
-    (H.ARTIFACTS / "gguf_comfy.log").write_text(proc.stdout + "\n" + proc.stderr)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return H.run_in_comfy(_comfy, TESTS / "support" / "gguf_comfy.py", *args, log_name="gguf_comfy.log", timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    if _comfy is None:
-        pytest.skip(_why)
-    pytest.importorskip("gguf", reason="the gguf package writes the test's GGUF file")
-    pytest.importorskip("safetensors", reason="safetensors reads the tiny UNet")
-    try:
-        from anydevice.backend import get_backend
-        be = get_backend(BACKEND)
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"backend {BACKEND} unavailable: {exc}")
     import gguf_sd15
-    d = tmp_path_factory.mktemp("gguf_comfy")
-    _comfy_run("--write-sd", d / "tiny.safetensors")
-    info = gguf_sd15.write_from_checkpoint(d / "tiny.safetensors", d / "tiny_q8_0.gguf")
-    r = _comfy_run(d / "tiny_q8_0.gguf", BACKEND)
-    r["info"], r["quant_formats"] = info, sorted(be.caps.quant_formats)
-    return r
+    return gguf_sd15.tiny_comfy_case(_comfy, _why, tmp_path_factory.mktemp("gguf_comfy"), BACKEND, _comfy_run,
+                                     lambda path: (path, BACKEND))
 
 
 def test_loader_lists_the_file_and_builds_the_model_with_packed_layers(results):
