@@ -53,6 +53,14 @@ typedef ushort hstore_t;
 #define LDH(p, i) as_float((uint)((p)[i]) << 16)
 #define STH(p, i, v) ((p)[i] = f32_to_bf16(v))
 #endif
+/* 16 consecutive values of an hstore_t array as a float16 (norm_rows reads its input so) */
+#if HDT == 0
+#define LDH16(p, i) vload16(0, (p) + (i))
+#elif HDT == 1
+#define LDH16(p, i) vload_half16(0, (__global const half *)((p) + (i)))
+#else
+#define LDH16(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
+#endif
 
 #define UNARY_CASE(OP) \
     case OP: for (long i = i0; i < i1; i++) STH(y, i, ad_unary_op(LDH(x, i), OP, p0, p1, flags)); break;
@@ -299,11 +307,11 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
     float16 Q0 = 0.0f, Q1 = 0.0f, D0 = 0.0f, D1 = 0.0f; \
     long i = 0; \
     for (; i + 32 * AD_BLK <= n; i += 32 * AD_BLK) { \
-        float16 d0 = vload16(0, xp + i) - (A), d1 = vload16(0, xp + i + 16) - (A); \
+        float16 d0 = LDH16(xp, i) - (A), d1 = LDH16(xp, i + 16) - (A); \
         float16 p0 = d0, p1 = d1, q0 = d0 * d0, q1 = d1 * d1; \
         for (int k = 1; k < AD_BLK; k++) { \
-            d0 = vload16(0, xp + i + 32 * k) - (A); \
-            d1 = vload16(0, xp + i + 32 * k + 16) - (A); \
+            d0 = LDH16(xp, i + 32 * k) - (A); \
+            d1 = LDH16(xp, i + 32 * k + 16) - (A); \
             p0 += d0; p1 += d1; \
             q0 += d0 * d0; q1 += d1 * d1; \
         } \
@@ -311,13 +319,13 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
         AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1); \
     } \
     for (; i + 32 <= n; i += 32) { \
-        const float16 d0 = vload16(0, xp + i) - (A), d1 = vload16(0, xp + i + 16) - (A); \
+        const float16 d0 = LDH16(xp, i) - (A), d1 = LDH16(xp, i + 16) - (A); \
         const float16 q0 = d0 * d0, q1 = d1 * d1; \
         AD_NEUMAIER16(S0, C0, d0); AD_NEUMAIER16(S1, C1, d1); \
         AD_NEUMAIER16(Q0, D0, q0); AD_NEUMAIER16(Q1, D1, q1); \
     } \
     float s = 0.0f, c = 0.0f, sq = 0.0f, cq = 0.0f; \
-    for (; i < n; i++) { const float d = xp[i] - (A); AD_NEUMAIER(s, c, d); AD_NEUMAIER(sq, cq, d * d); } \
+    for (; i < n; i++) { const float d = LDH(xp, i) - (A); AD_NEUMAIER(s, c, d); AD_NEUMAIER(sq, cq, d * d); } \
     AD_LANES_TO(S0, S1, C0, C1, s, c) \
     AD_LANES_TO(Q0, Q1, D0, D1, sq, cq) \
     SM = isfinite(s) ? (s + c) * inv_n : s * inv_n; \
@@ -336,16 +344,16 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
       (= mean((d - b)^2), sum(d - b) = 0), the composite's corrected two-pass statistics.
    Then y = ((x - a) - b) * rsqrt(var + eps). The means are blocked compensated sums (AD_BLK)
    times the host's float32(1/n). Launch: global (rows). */
-__kernel void norm_rows(__global const float *x, const long x_off, __global float *y, const long y_off,
+__kernel void norm_rows(__global const hstore_t *x, const long x_off, __global float *y, const long y_off,
                         const long rows, const long n, const float inv_n, const float eps)
 {
     const long r = get_global_id(0);
     if (r >= rows) return;
-    const __global float *xp = x + x_off + r * n;
+    const __global hstore_t *xp = x + x_off + r * n;  /* float32, or half read as stored (HDT) */
     __global float *yp = y + y_off + r * n;
     const int nk = (int)min(n, 256L);
     float K = 0.0f;
-    for (int i = 0; i < nk; i++) K += xp[i];
+    for (int i = 0; i < nk; i++) K += LDH(xp, i);
     K /= (float)nk;
     float m, q, a, b, v;
     AD_DEV_SUMS(K, m, q)
@@ -361,8 +369,8 @@ __kernel void norm_rows(__global const float *x, const long x_off, __global floa
     const float t = (v < 0.0f ? 0.0f : v) + eps;
     const float rs = AD_RSQRT(t);
     long i = 0;
-    for (; i + 16 <= n; i += 16) vstore16(((vload16(0, xp + i) - a) - b) * rs, 0, yp + i);
-    for (; i < n; i++) yp[i] = ((xp[i] - a) - b) * rs;
+    for (; i + 16 <= n; i += 16) vstore16(((LDH16(xp, i) - a) - b) * rs, 0, yp + i);
+    for (; i < n; i++) yp[i] = ((LDH(xp, i) - a) - b) * rs;
 }
 #undef AD_DEV_SUMS
 
@@ -490,14 +498,14 @@ __kernel void softmax_tile(__global const float *x, const long x_off, __global f
    share compensated (Neumaier), the shares combined compensated in a local-memory tree; the
    same three means and the same output formula. Launch: global (rows * NR_WG), local (NR_WG). */
 #define NR_WG 256
-__kernel void norm_rows_wg(__global const float *x, const long x_off, __global float *y, const long y_off,
+__kernel void norm_rows_wg(__global const hstore_t *x, const long x_off, __global float *y, const long y_off,
                            const long rows, const long n, const float inv_n, const float eps)
 {
     __local float ls[NR_WG], lc[NR_WG];
     const long r = get_group_id(0);
     const int l = (int)get_local_id(0);
     if (r >= rows) return;
-    const __global float *xp = x + x_off + r * n;
+    const __global hstore_t *xp = x + x_off + r * n;
     __global float *yp = y + y_off + r * n;
     float a = 0.0f, b = 0.0f, v = 0.0f;
     for (int mode = 0; mode < 3; mode++) {
@@ -505,7 +513,7 @@ __kernel void norm_rows_wg(__global const float *x, const long x_off, __global f
         for (long i0 = 0; i0 < n; i0 += NR_WG) {  /* a trip count uniform over the group (PoCL
                                                       crashed on per-item ones with rows < NR_WG) */
             const long i = i0 + l;
-            const float xv = i < n ? xp[i] : 0.0f;
+            const float xv = i < n ? LDH(xp, i) : 0.0f;
             const float d = (xv - a) - b;
             const float q = i >= n ? 0.0f : mode == 0 ? xv : mode == 1 ? xv - a : d * d;
             AD_NEUMAIER(s, c, q);
@@ -531,7 +539,7 @@ __kernel void norm_rows_wg(__global const float *x, const long x_off, __global f
     const float rs = AD_RSQRT(t);
     for (long i0 = 0; i0 < n; i0 += NR_WG) {
         const long i = i0 + l;
-        if (i < n) yp[i] = ((xp[i] - a) - b) * rs;
+        if (i < n) yp[i] = ((LDH(xp, i) - a) - b) * rs;
     }
 }
 #undef AD_LANES_TO

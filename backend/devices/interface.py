@@ -48,6 +48,7 @@ FUSED_KERNELS = {
                         "they are stored and return that dtype (computed in float32, rounded once)",
     "half_movement": "no method: _permute, _expand, _slice, _slice1, _cat and _contiguous take float16/bfloat16 "
                      "arrays as they are stored and move the 16-bit values unchanged (nothing converted)",
+    "half_norm": "no method: _norm_rows takes a float16/bfloat16 input as it is stored (its result is float32)",
 }
 
 

@@ -83,7 +83,8 @@ class LayerOps:
         """torch.nn.functional.layer_norm over the trailing dims ``normalized_shape`` names."""
         op = "layer_norm"
         eps = norm_eps(op, eps)
-        kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias)
+        kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias,
+                                           _normed=("input",))
         dims = normalized_dims(op, self._shape(x), normalized_shape, *self._shapes(w, b))
         self._check_size(op, self._shape(x))
         y = self._normalize(x, dims, eps)
@@ -93,7 +94,8 @@ class LayerOps:
         """torch.nn.functional.group_norm on (N, C, *): each of num_groups channel groups per sample."""
         op = "group_norm"
         eps = norm_eps(op, eps)
-        kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias)
+        kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias,
+                                           _normed=("input",))
         shape = self._shape(x)
         grouped = group_norm_shape(op, shape, num_groups, *self._shapes(w, b))
         self._check_size(op, shape)
@@ -128,13 +130,16 @@ class LayerOps:
             y = self._norm_rows(self._reshape(x, (rows, n)), eps)
             if y is not None:
                 return self._reshape(y, shape)
+        if self._dtype(x) != "float32":  # a half input ("half_norm") the fused kernel did not take
+            x = self._cast(x, "float32")
         d = self._centered(x, dims)
         var = self._reduce("mean", self._binary("mul", d, d), dims, True)
         return self._binary("mul", d, self._unary("rsqrt", self._binary("add", var, eps)))
 
     def _norm_rows(self, x, eps):
         """Each row of the contiguous (rows, n) ``x`` normalised as ``_normalize``'s composite, in
-        one fused pass; None where the backend has no such kernel (the composite runs)."""
+        one fused pass, float32; None where the backend has no such kernel (the composite runs). A device
+        with "half_norm" takes a half ``x`` as it is stored."""
         return None
 
     def _affine(self, y, w, b):

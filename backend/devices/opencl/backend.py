@@ -33,7 +33,7 @@ log = logging.getLogger("anydevice")
 
 #: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
 FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights",
-                   "half_elementwise", "half_movement", "w8a8"})
+                   "half_elementwise", "half_movement", "half_norm", "w8a8"})
 
 
 class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
@@ -536,10 +536,11 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
                 return None
             out = self._empty((rows, n))
             self._run("norm_rows_wg", (rows * 256,), (256,), x.buffer, x.offset, out.buffer, 0, rows, n,
-                      1.0 / n, eps)
+                      1.0 / n, eps, params=self._hdt(self._dtype(x)))
             return out
         out = self._empty((rows, n))
-        self._run("norm_rows", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps)
+        self._run("norm_rows", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps,
+                  params=self._hdt(self._dtype(x)))
         return out
 
     def _softmax_rows(self, s):

@@ -154,3 +154,30 @@ def test_movement_on_half_arrays_converts_nothing(family, dtype, monkeypatch):
         assert be._dtype(y) == dtype, k
         np.testing.assert_array_equal(be.to_numpy(y), ref[k], err_msg=k)
     assert be._dtype(be.cat([a, be.to_device(b32)], dim=1)) == "float32"  # half with float32: float32
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+def test_norms_read_half_inputs_as_stored(family, dtype, monkeypatch):
+    """group_norm / layer_norm of a half input ("half_norm"): the fused row norm reads it as stored (no cast
+    of the input), the result has the dtype and equals the float32 norm of the same values rounded once."""
+    be = FAMILIES[family]
+    assert "half_norm" in be.caps.fused
+    rng = np.random.default_rng(6)
+    x32 = dtypes.round_to((rng.standard_normal((2, 8, 6, 5)) * 3 + 1).astype(np.float32), dtype)
+    w32 = dtypes.round_to(rng.standard_normal(8).astype(np.float32), dtype)
+    b32 = dtypes.round_to(rng.standard_normal(8).astype(np.float32), dtype)
+    x, w, b = (be.to_device(a, dtype=dtype) for a in (x32, w32, b32))
+    launched = []
+    run = be._run
+    monkeypatch.setattr(be, "_run", lambda name, *a, **k: (launched.append((name, a)), run(name, *a, **k))[1])
+    y = be.group_norm(x, 4, w, b)
+    z = be.layer_norm(x, (6, 5))
+    assert [n for n, _ in launched if n.startswith("norm_rows")], launched
+    assert not [n for n, a in launched if n == "cast_to_f32" and any(v is x.buffer for v in a)], launched
+    monkeypatch.setattr(be, "_run", run)
+    assert be._dtype(y) == be._dtype(z) == dtype
+    ry = be.group_norm(be.to_device(x32), 4, be.to_device(w32), be.to_device(b32))
+    rz = be.layer_norm(be.to_device(x32), (6, 5))
+    np.testing.assert_array_equal(be.to_numpy(y), dtypes.round_to(be.to_numpy(ry), dtype))
+    np.testing.assert_array_equal(be.to_numpy(z), dtypes.round_to(be.to_numpy(rz), dtype))
