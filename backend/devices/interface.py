@@ -49,6 +49,8 @@ FUSED_KERNELS = {
     "half_movement": "no method: _permute, _expand, _slice, _slice1, _cat and _contiguous take float16/bfloat16 "
                      "arrays as they are stored and move the 16-bit values unchanged (nothing converted)",
     "half_norm": "no method: _norm_rows takes a float16/bfloat16 input as it is stored (its result is float32)",
+    "half_gemm": "no method: _mm takes float16/bfloat16 operands as they are stored (a plain 2-D matmul's "
+                 "activation as well as its weight; packed to float32 panels by the GEMM, result float32)",
 }
 
 

@@ -134,7 +134,9 @@ class Backend(Conversion, LayerOps, W8A8Ops, WindowOps, MovementOps, AttentionOp
         # a 2-D weight stored in half (a compiled model's transposed linear weight) is read as it is by
         # devices whose GEMM reads half ("half_weights"): the plain 2-D product only
         plain = all(isinstance(v, self.native_types) and len(self._shape(v)) == 2 for v in (input, other))
-        kind, like, a, b = self._inputs("matmul", input=input, other=other, _keep=("other",) if plain else ())
+        # and where the GEMM packs half operands ("half_gemm"), the activation too: no float32 copy of it
+        keep = (("other", "input") if "half_gemm" in self.caps.fused else ("other",)) if plain else ()
+        kind, like, a, b = self._inputs("matmul", input=input, other=other, _keep=keep)
         y = self._matmul(a, b)
         return self._out(y, kind, like)
 

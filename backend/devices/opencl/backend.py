@@ -33,7 +33,7 @@ log = logging.getLogger("anydevice")
 
 #: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
 FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights",
-                   "half_elementwise", "half_movement", "half_norm", "w8a8"})
+                   "half_elementwise", "half_movement", "half_norm", "half_gemm", "w8a8"})
 
 
 class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):

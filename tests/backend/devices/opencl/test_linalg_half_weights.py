@@ -181,3 +181,32 @@ def test_norms_read_half_inputs_as_stored(family, dtype, monkeypatch):
     rz = be.layer_norm(be.to_device(x32), (6, 5))
     np.testing.assert_array_equal(be.to_numpy(y), dtypes.round_to(be.to_numpy(ry), dtype))
     np.testing.assert_array_equal(be.to_numpy(z), dtypes.round_to(be.to_numpy(rz), dtype))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+@pytest.mark.parametrize("mnk", [(77, 96, 80), (130, 33, 300)])
+def test_matmul_packs_a_half_activation_as_stored(family, dtype, mnk, monkeypatch):
+    """A plain 2-D matmul of half natives ("half_gemm"): the activation is packed from half as well as the
+    weight (the CPU family launches no cast of it); the result is the float32 product of the same values
+    rounded once (within float32 summation order: 1e-6 of the float32 result before rounding)."""
+    be = FAMILIES[family]
+    assert "half_gemm" in be.caps.fused
+    M, N, K = mnk
+    rng = np.random.default_rng(8)
+    a32 = dtypes.round_to(rng.standard_normal((M, K)).astype(np.float32), dtype)
+    b32 = dtypes.round_to(rng.standard_normal((K, N)).astype(np.float32), dtype)
+    a, b = be.to_device(a32, dtype=dtype), be.to_device(b32, dtype=dtype)
+    launched = []
+    run = be._run
+    monkeypatch.setattr(be, "_run", lambda name, *x, **k: (launched.append((name, x)), run(name, *x, **k))[1])
+    y = be.matmul(a, b)
+    monkeypatch.setattr(be, "_run", run)
+    if family == "cpu":
+        assert not [n for n, x in launched if n == "cast_to_f32" and any(v is a.buffer for v in x)], launched
+    assert be._dtype(y) == dtype
+    ref = a32.astype(np.float64) @ b32.astype(np.float64)
+    got = np.asarray(be.to_numpy(y), np.float64)
+    # one rounding to the half dtype of a float32 result
+    ulp = np.abs(dtypes.round_to(ref.astype(np.float32), dtype).astype(np.float64) - ref)
+    assert (np.abs(got - ref) <= ulp + 1e-6 * np.abs(ref).max() + np.abs(ref) * (2e-3 if dtype == "float16" else 1.6e-2)).all()
