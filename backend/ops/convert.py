@@ -77,7 +77,7 @@ class Conversion:
         self._count("downloads", 4 * math.prod(self._shape(x)))
         return self._to_numpy(x)
 
-    def _inputs(self, op: str, optional=("bias",), _keep=(), _stored=(), _same=(), _moved=(), _normed=(), **arrays):
+    def _inputs(self, op: str, optional=("bias",), _keep=(), _stored=(), _same=(), _half=(), _cap="", **arrays):
         """Convert the named inputs; return (kind_of_first, like_first, natives...). Only the
         arguments named in ``optional`` may be None (a None elsewhere is refused, naming it).
         ``kind.dtype`` is the result dtype, torch's promotion over the floating inputs (ops/dtypes.py),
@@ -89,10 +89,9 @@ class Conversion:
         - ``_stored``: ops that only give the array a new shape (reshape, view);
         - ``_same``: elementwise ops, where the array has the result dtype and the device's elementwise
           kernels load and store half ("half_elementwise": computed in float32, rounded once);
-        - ``_moved``: movement ops (permute, slice, cat...), where the array has the result dtype and the
-          device moves half values as they are ("half_movement": nothing converted, nothing rounded);
-        - ``_normed``: a norm's input, where it has the result dtype and the device's fused row norm reads
-          half ("half_norm"; its result is float32, rounded by ``_out``)."""
+        - ``_half``: arguments the device's kernels for this op read as stored where it declares the capability
+          ``_cap`` and the array has the result dtype: "half_movement" (permute, slice, cat...: half values
+          moved as they are), "half_norm" (a norm's input, read by the fused row norm)."""
         kind = like = None
         dts = {}
         for arg, value in arrays.items():
@@ -113,8 +112,7 @@ class Conversion:
             elif value is not None and dt in dtypes.HALF and _kind(value, self) == "native" and (
                     arg in _stored or (arg in _keep and "half_weights" in fused)
                     or (arg in _same and dt == result and "half_elementwise" in fused)
-                    or (arg in _moved and dt == result and "half_movement" in fused)
-                    or (arg in _normed and dt == result and "half_norm" in fused)):
+                    or (arg in _half and dt == result and _cap in fused)):
                 natives.append(value)  # as it is stored: the op or the device's kernels read it so
             else:
                 natives.append(None if value is None else self.to_device(value, op, arg))  # float32

@@ -84,7 +84,7 @@ class LayerOps:
         op = "layer_norm"
         eps = norm_eps(op, eps)
         kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias,
-                                           _normed=("input",))
+                                           _half=("input",), _cap="half_norm")
         dims = normalized_dims(op, self._shape(x), normalized_shape, *self._shapes(w, b))
         self._check_size(op, self._shape(x))
         y = self._normalize(x, dims, eps)
@@ -95,7 +95,7 @@ class LayerOps:
         op = "group_norm"
         eps = norm_eps(op, eps)
         kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias,
-                                           _normed=("input",))
+                                           _half=("input",), _cap="half_norm")
         shape = self._shape(x)
         grouped = group_norm_shape(op, shape, num_groups, *self._shapes(w, b))
         self._check_size(op, shape)
