@@ -139,7 +139,7 @@ def test_every_kernel_source_assembles():
             assert "#include" not in "\n".join(ln for ln in src.splitlines() if not ln.startswith("/*")), f
             assert src.count("#define ANYDEVICE_PRELUDE_H") == 1, (f, api)
     for f, api in (("elementwise.cl", "opencl"), ("misc_cuda.cu", "cuda"), ("misc_cuda.cu", "opencl")):
-        assert "DEVICE_FN float ad_unary_op(" in ks.kernel_source(f, api, kdir)
+        assert "DEVICE_FN_INLINE float ad_unary_op(" in ks.kernel_source(f, api, kdir)
 
 
 def test_compile_error_in_header_names_the_header(tmp_path):
