@@ -39,6 +39,11 @@ class MovementOps:
 
     # primitives: _slice, _cat, _where, _contiguous (devices/interface.py)
 
+    def _moved(self, op, **arrays):
+        """``_inputs`` of a movement op: a half native of the result dtype stays as stored where the device
+        moves half values unchanged ("half_movement")."""
+        return self._inputs(op, _half=tuple(arrays), _cap="half_movement", **arrays)
+
     # ---- shape -----------------------------------------------------------------------------
     def reshape(self, input, shape):
         """torch.reshape: one dim may be -1 (inferred). A view where the layout allows it."""
@@ -59,14 +64,14 @@ class MovementOps:
     def permute(self, input, dims):
         """torch.permute (a view; OpenCL: a copy)."""
         op = "permute"
-        kind, like, x = self._inputs(op, input=input, _half=("input",), _cap="half_movement")
+        kind, like, x = self._moved(op, input=input)
         axes = permute_dims(op, len(self._shape(x)), dims)
         return self._out(self._permute(x, axes) if axes else x, kind, like)
 
     def transpose(self, input, dim0, dim1):
         """torch.transpose: swap two dims (a view; OpenCL: a copy)."""
         op = "transpose"
-        kind, like, x = self._inputs(op, input=input, _half=("input",), _cap="half_movement")
+        kind, like, x = self._moved(op, input=input)
         nd = len(self._shape(x))
         d0, d1 = one_dim(op, nd, dim0, "dim0"), one_dim(op, nd, dim1, "dim1")
         axes = list(range(nd))
@@ -87,7 +92,7 @@ class MovementOps:
         return self._expand_op("broadcast_to", input, size)
 
     def _expand_op(self, op, input, sizes):
-        kind, like, x = self._inputs(op, input=input, _half=("input",), _cap="half_movement")
+        kind, like, x = self._moved(op, input=input)
         shape = expand_shape(op, self._shape(x), sizes)
         self._check_size(op, shape)
         y = x if shape == tuple(self._shape(x)) else self._expand(x, shape)
@@ -95,14 +100,14 @@ class MovementOps:
 
     def contiguous(self, input):
         """Tensor.contiguous: the input in C order (itself when it already is, as torch)."""
-        kind, like, x = self._inputs("contiguous", input=input, _half=("input",), _cap="half_movement")
+        kind, like, x = self._moved("contiguous", input=input)
         return self._out(self._contiguous(x), kind, like)
 
     # ---- slicing ---------------------------------------------------------------------------
     def narrow(self, input, dim, start, length):
         """torch.narrow: ``length`` elements from ``start`` (negative counts from the end) along dim."""
         op = "narrow"
-        kind, like, x = self._inputs(op, input=input, _half=("input",), _cap="half_movement")
+        kind, like, x = self._moved(op, input=input)
         d, start, length = narrow_args(op, self._shape(x), dim, start, length)
         return self._out(self._slice(x, d, start, length, 1), kind, like)
 
@@ -110,20 +115,20 @@ class MovementOps:
         """x[..., start:stop:step] along ``dim`` (Python's clamping of start and stop; step >= 1,
         as torch, which refuses steps <= 0)."""
         op = "slice"
-        kind, like, x = self._inputs(op, input=input, _half=("input",), _cap="half_movement")
+        kind, like, x = self._moved(op, input=input)
         d, s, n, st = slice_args(op, self._shape(x), dim, start, stop, step)
         return self._out(self._slice(x, d, s, n, st), kind, like)
 
     def split(self, tensor, split_size_or_sections, dim=0):
         """torch.split: a tuple of views of parts of ``split_size`` (the last smaller) or of the
         listed sizes along dim."""
-        kind, like, x = self._inputs("split", tensor=tensor, _half=("tensor",), _cap="half_movement")
+        kind, like, x = self._moved("split", tensor=tensor)
         d, sizes = split_sizes("split", self._shape(x), split_size_or_sections, dim)
         return self._parts(x, d, sizes, kind, like)
 
     def chunk(self, input, chunks, dim=0):
         """torch.chunk: up to ``chunks`` views of ceil(n / chunks) elements along dim."""
-        kind, like, x = self._inputs("chunk", input=input, _half=("input",), _cap="half_movement")
+        kind, like, x = self._moved("chunk", input=input)
         d, sizes = chunk_sizes("chunk", self._shape(x), chunks, dim)
         return self._parts(x, d, sizes, kind, like)
 
@@ -137,8 +142,7 @@ class MovementOps:
     # ---- joining ---------------------------------------------------------------------------
     def _list_inputs(self, op, tensors):
         _tensor_list(op, "tensors", tensors)
-        names = [f"tensors[{i}]" for i in range(len(tensors))]
-        kind, like, *xs = self._inputs(op, _half=names, _cap="half_movement", **dict(zip(names, tensors)))
+        kind, like, *xs = self._moved(op, **{f"tensors[{i}]": t for i, t in enumerate(tensors)})
         return kind, like, xs
 
     def cat(self, tensors, dim=0):

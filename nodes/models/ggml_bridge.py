@@ -29,6 +29,8 @@ import types
 
 import torch
 
+from .gguf import PackedConv2d, PackedLinear
+
 log = logging.getLogger("anydevice")
 
 #: ComfyUI-GGUF's tensor_type names of the block formats the pack's kernels read -> ops/quant.py's names
@@ -62,19 +64,14 @@ def _packable(m) -> bool:
 
 
 def _forward(self, x, *args, **kwargs):
-    """The forward of a bridged Linear / Conv2d: packed bytes through the quant op, else in float."""
+    """The forward of a bridged Linear / Conv2d: packed bytes through the quant op, else in float (the
+    pack's own GGUF layers' two calls, gguf.PackedLinear / PackedConv2d, on this module's quant_fmt /
+    quant_shape)."""
+    ops = PackedLinear if isinstance(self, torch.nn.Linear) else PackedConv2d
     w, b = self.weight, self.bias
     if w.dtype == torch.uint8:
-        fmt, shape = self._anydevice_fmt, list(self._anydevice_shape)
-        if isinstance(self, torch.nn.Linear):
-            return torch.ops.anydevice.quant_linear(x, w, None, b, fmt, shape)
-        return torch.ops.anydevice.quant_conv2d(x, w, None, b, fmt, shape, list(self.stride), list(self.padding),
-                                                list(self.dilation), int(self.groups))
-    w = w.to(x.dtype)
-    b = None if b is None else b.to(x.dtype)
-    if isinstance(self, torch.nn.Linear):
-        return torch.nn.functional.linear(x, w, b)
-    return torch.nn.functional.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
+        return ops._quant_op(self, x, w, b)
+    return ops._float_op(self, x, w.to(x.dtype), None if b is None else b.to(x.dtype))
 
 
 class GGMLBridge:
@@ -100,7 +97,7 @@ class GGMLBridge:
             # the bridged forward does not run the hooks: its weights get them here (other layers run ComfyUI's
             # own forward on the copy, which applies them)
             fns = (tuple(getattr(orig, "weight_function", None) or ()), tuple(getattr(orig, "bias_function", None) or ())) \
-                if getattr(c, "_anydevice_fmt", None) else ((), ())
+                if getattr(c, "quant_fmt", None) else ((), ())
             for name, v in orig._parameters.items():
                 if not is_ggml(v):
                     c._parameters[name] = v
@@ -114,7 +111,7 @@ class GGMLBridge:
                         all(a is b for a, b in zip(old[2], patches)):
                     val = old[3]
                 elif not patches and not f and (tn in FLOAT_TYPES or (name == "weight" and tn in PACKED_TYPES
-                                                                      and getattr(c, "_anydevice_fmt", None))):
+                                                                      and getattr(c, "quant_fmt", None))):
                     val = _plain(v)
                 elif not patches and not f and tn == "BF16":  # the bytes are bfloat16 values: a view
                     val = _plain(v.as_subclass(torch.Tensor).view(torch.bfloat16).reshape(tuple(v.tensor_shape)))
@@ -159,8 +156,8 @@ def bridge(original: torch.nn.Module, copy: torch.nn.Module, float_dtype=None) -
         c._parameters = dict(orig._parameters)
         fmt = PACKED_TYPES.get(type_name(orig._parameters.get("weight")))
         if fmt is not None and _packable(orig):
-            c._anydevice_fmt = fmt
-            c._anydevice_shape = tuple(int(s) for s in orig._parameters["weight"].tensor_shape)
+            c.quant_fmt = fmt
+            c.quant_shape = tuple(int(s) for s in orig._parameters["weight"].tensor_shape)
             c.forward = types.MethodType(_forward, c)
     b = GGMLBridge(pairs, float_dtype if float_dtype in (torch.float16, torch.bfloat16) else torch.float32)
     b.refresh()

@@ -243,9 +243,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         shape = tuple(int(s) for s in shape)
         if math.prod(shape) != x.size:
             raise ValueError(f"cannot reshape {x.shape} to {shape}")
-        if isinstance(x, CLHalf):
-            return CLHalf(shape, x.block, x.dtype, x.offset)
-        return CLArray(shape, x.block, x.offset)
+        return self._view(x, shape, x.offset)
 
     def _copy_strided(self, src: CLArray, s_off, shape, sstr, dst: CLArray, d_off, dstr):
         """Elements of ``src`` to ``dst`` (strides in elements); both float32, or both of one half dtype
@@ -396,7 +394,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
         total = sum(p.shape[dim] for p in parts)
         dtype = self._dtype(parts[0])
-        if any(self._dtype(p) != dtype for p in parts):  # mixed: all float32 (the contract promotes them so)
+        if any(self._dtype(p) != dtype for p in parts):  # a half part beside one the contract uploaded as float32
             parts, dtype = [self._f32(p) for p in parts], "float32"
         out = self._empty(shape[:dim] + (total,) + shape[dim + 1:], dtype)
         pos = 0
