@@ -11,6 +11,7 @@
                       read contiguous input runs. Launch: global (ceil(ceil(OW/sw)/32), OH*sw,
                       N*G*ceil(CoutG/8)), local (1,1,1).
    Both direct kernels fold partial sums into totals every ~64 taps (FP32 precision on long K).
+   im2col_pack reads x as stored (build option XDT, half_io.h: float32, float16 or bfloat16).
 */
 #define TN 32
 #define FLUSH_TAPS 64
@@ -35,8 +36,9 @@
 #ifndef PK
 #define PK 64
 #endif
+#include "half_io.h"
 
-__kernel void im2col_pack(__global const float *x, const long x_off, __global float *Bp,
+__kernel void im2col_pack(__global const xstore_t *x, const long x_off, __global float *Bp,
                           const int C, const int H, const int W, const int CinG, const int KH, const int KW,
                           const int OH, const int OW, const int sh, const int sw, const int pt, const int pl,
                           const int dh, const int dw, const int colbase, const int ncols)
@@ -65,7 +67,7 @@ __kernel void im2col_pack(__global const float *x, const long x_off, __global fl
         const long cofs = (long)ci * H * W;
         for (int j = 0; j < TN; j++) {
             const int ih = ih0[j] + kh * dh, iw = iw0[j] + kw * dw;
-            dst[j] = ((uint)ih < (uint)H && (uint)iw < (uint)W) ? x[xb[j] + cofs + (long)ih * W + iw] : 0.0f;
+            dst[j] = ((uint)ih < (uint)H && (uint)iw < (uint)W) ? LOADX(x, xb[j] + cofs + (long)ih * W + iw) : 0.0f;
         }
         if (++kw == KW) { kw = 0; if (++kh == KH) { kh = 0; ci++; } }
     }

@@ -10,29 +10,7 @@
 #include "prelude_opencl.h"
 #include "elementwise_math.h"
 
-/* float32 -> float16 bits, rounded to nearest even (vstore_half_rte's result; a NaN becomes a quiet NaN of
-   its sign). Integer steps without branches (F. Giesen's float_to_half_fast3_rtne), so the loops around it
-   vectorise: PoCL's vstore_half_rte made every half store scalar (a float16 add cost 4x a float32 one). */
-DEVICE_FN_INLINE ushort f32_to_f16(const float v)
-{
-    const uint u = as_uint(v);
-    const uint sign = (u >> 16) & 0x8000u;
-    const uint a = u & 0x7fffffffu;
-    /* subnormal or zero: add 0.5f, whose ulp is 2^-24 (half's smallest step): the FPU rounds to nearest even */
-    const uint sub = as_uint(as_float(a) + 0.5f) - 0x3f000000u;
-    /* normal: rebias the exponent (127 -> 15), round the 13 dropped bits to nearest even */
-    const uint nrm = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  /* 0xc8000000 = (15 - 127) << 23 */
-    const uint big = a > 0x7f800000u ? 0x7e00u : 0x7c00u;  /* NaN -> quiet NaN, else Inf (overflow) */
-    const uint r = a >= 0x47800000u ? big : (a < 0x38800000u ? sub : nrm);  /* 2^16, 2^-14 */
-    return (ushort)(r | sign);
-}
-
-/* float32 -> bfloat16 bits, rounded to nearest even (a NaN stays a quiet NaN, as torch does) */
-inline ushort f32_to_bf16(const float v)
-{
-    const uint u = as_uint(v);
-    return isnan(v) ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+#include "half_io.h"  /* f32_to_f16, f32_to_bf16 */
 
 /* the storage of unary / binary_flat / binary_nd's operands and result: float32 (HDT 0, the default), or
    float16 / bfloat16 (HDT 1 / 2: 16-bit words, each value converted in registers, the op computed in
@@ -53,13 +31,16 @@ typedef ushort hstore_t;
 #define LDH(p, i) as_float((uint)((p)[i]) << 16)
 #define STH(p, i, v) ((p)[i] = f32_to_bf16(v))
 #endif
-/* 16 consecutive values of an hstore_t array as a float16 (norm_rows reads its input so) */
+/* 16 consecutive values of an hstore_t array as a float16 (norm_rows reads its input so), and stored */
 #if HDT == 0
 #define LDH16(p, i) vload16(0, (p) + (i))
+#define STH16(p, i, v) vstore16((v), 0, (p) + (i))
 #elif HDT == 1
 #define LDH16(p, i) vload_half16(0, (__global const half *)((p) + (i)))
+#define STH16(p, i, v) vstore16(f32_to_f16_16(v), 0, (p) + (i))
 #else
 #define LDH16(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
+#define STH16(p, i, v) vstore16(f32_to_bf16_16(v), 0, (p) + (i))
 #endif
 
 #define UNARY_CASE(OP) \
@@ -344,13 +325,9 @@ __kernel void reduce_ori(__global const float *x, const long x_off, __global flo
       (= mean((d - b)^2), sum(d - b) = 0), the composite's corrected two-pass statistics.
    Then y = ((x - a) - b) * rsqrt(var + eps). The means are blocked compensated sums (AD_BLK)
    times the host's float32(1/n). Launch: global (rows). */
-__kernel void norm_rows(__global const hstore_t *x, const long x_off, __global float *y, const long y_off,
-                        const long rows, const long n, const float inv_n, const float eps)
+inline void norm_row_stats(const __global hstore_t *xp, const long n, const float inv_n, const float eps,
+                           float *pa, float *pb, float *prs)
 {
-    const long r = get_global_id(0);
-    if (r >= rows) return;
-    const __global hstore_t *xp = x + x_off + r * n;  /* float32, or half read as stored (HDT) */
-    __global float *yp = y + y_off + r * n;
     const int nk = (int)min(n, 256L);
     float K = 0.0f;
     for (int i = 0; i < nk; i++) K += LDH(xp, i);
@@ -367,10 +344,75 @@ __kernel void norm_rows(__global const hstore_t *x, const long x_off, __global f
         v = q - b * b;  /* >= 0 but for rounding; NaN stays NaN */
     }
     const float t = (v < 0.0f ? 0.0f : v) + eps;
-    const float rs = AD_RSQRT(t);
+    *pa = a;
+    *pb = b;
+    *prs = AD_RSQRT(t);
+}
+
+__kernel void norm_rows(__global const hstore_t *x, const long x_off, __global float *y, const long y_off,
+                        const long rows, const long n, const float inv_n, const float eps)
+{
+    const long r = get_global_id(0);
+    if (r >= rows) return;
+    const __global hstore_t *xp = x + x_off + r * n;  /* float32, or half read as stored (HDT) */
+    __global float *yp = y + y_off + r * n;
+    float a, b, rs;
+    norm_row_stats(xp, n, inv_n, eps, &a, &b, &rs);
     long i = 0;
     for (; i + 16 <= n; i += 16) vstore16(((LDH16(xp, i) - a) - b) * rs, 0, yp + i);
     for (; i < n; i++) yp[i] = ((LDH(xp, i) - a) - b) * rs;
+}
+
+/* norm_rows with the norm's affine fused (layer_norm, group_norm): y = norm(x) * w[ch] + bias[ch] (each
+   when its flag bit is set: 1 w, 2 bias), then silu(y) with flag bit 4 (a GroupNorm + SiLU pair of a
+   compiled graph), computed in float32 as the composite (a product, then a sum; silu as the unary kernel)
+   and stored in x's dtype (HDT: rounded once). Channel of value i of row r: ch = (r % G) * cpr + i / inner
+   (layer_norm: G 1, inner 1; group_norm: G groups of cpr channels of inner values). */
+/* silu of each lane, as the unary kernel computes it (ad_mul_sigmoid, elementwise_math.h) */
+#define NORM_SILU16(v) { float t_[16]; vstore16(v, 0, t_); \
+                         for (int j_ = 0; j_ < 16; j_++) t_[j_] = ad_mul_sigmoid(t_[j_], t_[j_]); v = vload16(0, t_); }
+__kernel void norm_rows_aff(__global const hstore_t *x, const long x_off, __global hstore_t *y, const long y_off,
+                            const long rows, const long n, const float inv_n, const float eps,
+                            __global const hstore_t *w, const long w_off, __global const hstore_t *bias,
+                            const long b_off, const int flags, const long G, const long cpr, const long inner)
+{
+    const long r = get_global_id(0);
+    if (r >= rows) return;
+    w += w_off;
+    bias += b_off;
+    const __global hstore_t *xp = x + x_off + r * n;
+    __global hstore_t *yp = y + y_off + r * n;
+    float a, b, rs;
+    norm_row_stats(xp, n, inv_n, eps, &a, &b, &rs);
+    const long cb = (r % G) * cpr;
+    const int hw = flags & 1, hb = flags & 2, silu = flags & 4;
+    long i = 0;
+    if (inner == 1) {  /* one channel a value: w and bias read along the row */
+        for (; i + 16 <= n; i += 16) {
+            float16 v = ((LDH16(xp, i) - a) - b) * rs;
+            if (hw) v = v * LDH16(w, cb + i);
+            if (hb) v = v + LDH16(bias, cb + i);
+            if (silu) NORM_SILU16(v)
+            STH16(yp, i, v);
+        }
+    } else if (inner % 16 == 0) {  /* each 16 values in one channel */
+        for (; i + 16 <= n; i += 16) {
+            const long ch = cb + i / inner;
+            float16 v = ((LDH16(xp, i) - a) - b) * rs;
+            if (hw) v = v * LDH(w, ch);
+            if (hb) v = v + LDH(bias, ch);
+            if (silu) NORM_SILU16(v)
+            STH16(yp, i, v);
+        }
+    }
+    for (; i < n; i++) {
+        const long ch = cb + i / inner;
+        float v = ((LDH(xp, i) - a) - b) * rs;
+        if (hw) v = v * LDH(w, ch);
+        if (hb) v = v + LDH(bias, ch);
+        if (silu) v = ad_mul_sigmoid(v, v);
+        STH(yp, i, v);
+    }
 }
 #undef AD_DEV_SUMS
 

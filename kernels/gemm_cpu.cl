@@ -10,7 +10,8 @@
    KP steps (two-level summation keeps FP32 precision on long K).
    Columns are written through a "segment" map so a conv can write (N, Cout, P) directly:
    column j (counted from colbase) lands at C + (j / cseg) * cseg_stride + row * ldc + j % cseg.
-   bias[b * bias_bs + m] is added when has_bias. Operands are packed first (pack_a, pack_b, or
+   bias[b * bias_bs + m] is added when has_bias. C is stored as float32, or float16 / bfloat16 (build
+   option YDT, half_io.h: each value rounded once). Operands are packed first (pack_a, pack_b, or
    im2col_pack in conv_cpu.cl); each packing work item copies PK values of k (PoCL's per-work-group
    cost is ~1 us, so one work item per k row made packing cost as much as a third of the GEMM).
    Launch: global (ceil(M/(MR*MSUB)), ceil(ceil(N/32)/NL), batches), local (1, 1, 1): consecutive
@@ -141,7 +142,7 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
 __kernel void gemm_cpu(const int M, const int N, const int K,
                        __global const float *Ap, const long ap_bs,
                        __global const float *Bp, const long bp_bs,
-                       __global float *C, const long c_off, const int ldc, const long c_bs,
+                       __global ystore_t *C, const long c_off, const int ldc, const long c_bs,
                        __global const float *bias, const int has_bias, const int bias_bs,
                        const int cseg, const long cseg_stride, const int colbase)
 {
@@ -187,14 +188,14 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
             if (has_bias) { const float bv = bias[(long)b * bias_bs + m]; v0 += bv; v1 += bv; }
             const int q0 = (colbase + n0) / cseg, r0 = colbase + n0 - q0 * cseg;
             if (nvalid == TN && r0 + TN <= cseg) {
-                __global float *cp = C + (long)q0 * cseg_stride + (long)m * ldc + r0;
-                vstore16(v0, 0, cp); vstore16(v1, 1, cp);
+                __global ystore_t *cp = C + (long)q0 * cseg_stride + (long)m * ldc + r0;
+                STOREY16(cp, 0, v0); STOREY16(cp, 16, v1);
             } else {
                 float t[TN];
                 vstore16(v0, 0, t); vstore16(v1, 1, t);
                 for (int j = 0; j < nvalid; j++) {
                     const int col = colbase + n0 + j, q = col / cseg;
-                    C[(long)q * cseg_stride + (long)m * ldc + (col - q * cseg)] = t[j];
+                    STOREY(C, (long)q * cseg_stride + (long)m * ldc + (col - q * cseg), t[j]);
                 }
             }
         }

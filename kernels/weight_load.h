@@ -8,6 +8,7 @@
    for every WDT. */
 #ifndef ANYDEVICE_WEIGHT_LOAD_H
 #define ANYDEVICE_WEIGHT_LOAD_H
+#include "half_io.h"  /* ad_f16_to_f32 */
 #ifndef WDT
 #define WDT 0
 #endif
@@ -18,17 +19,6 @@ typedef float wstore_t;
 #define LOADW16(p, i) vload16(0, (p) + (i))
 #elif WDT == 1
 typedef ushort wstore_t;
-/* float16 bits -> float, exactly (vload_half's value): integer steps and selects, no branch and no call, so
-   the packing kernels' strided loops stay cheap (PoCL's vload_half is a call per value there, scalar).
-   Subnormal halves are renormalised by one float subtraction. */
-inline __attribute__((always_inline)) float ad_f16_to_f32(const uint h)
-{
-    const uint em = (h & 0x7fffu) << 13;      /* exponent and mantissa, at float's places */
-    const uint e = em & 0x0f800000u;          /* the exponent bits */
-    const float sub = as_float(em + 0x38800000u) - 6.103515625e-05f;  /* (1.m) 2^-14 - 2^-14 */
-    const uint r = e == 0x0f800000u ? em + 0x70000000u : (e == 0u ? as_uint(sub) : em + 0x38000000u);
-    return as_float(r | ((h & 0x8000u) << 16));
-}
 #define LOADW(p, i) ad_f16_to_f32((p)[i])
 #define LOADW16(p, i) vload_half16(0, (__global const half *)((p) + (i)))
 #elif WDT == 2

@@ -18,6 +18,8 @@
    wino_out    : M (16, Cout, ldm) (columns = tiles t0 ..) -> y (N, Cout, OH, OW) + bias.
                  A work item does OB consecutive 32-tile groups of one output channel.
                  Launch: global (ceil(ceil(ntl/32)/OB), Cout), local (1, 1).
+   wino_in reads x and wino_out writes y as stored (build options XDT / YDT, half_io.h): a float16 or
+   bfloat16 activation needs no float32 copy, and y is rounded once, as a cast of the float32 result would.
 */
 #ifndef MR
 #define MR 12
@@ -100,7 +102,7 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
 /* Bt = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] */
 #define BT(d0, d1, d2, d3, o0, o1, o2, o3) { o0 = d0 - d2; o1 = d1 + d2; o2 = d2 - d1; o3 = d1 - d3; }
 
-__kernel void wino_in(__global const float *x, const long x_off, __global float *Vp,
+__kernel void wino_in(__global const xstore_t *x, const long x_off, __global float *Vp,
                       const int C, const int H, const int W, const int pt, const int pl,
                       const int th, const int tw, const int t0, const int ntl, __global int *bad)
 {
@@ -136,22 +138,22 @@ __kernel void wino_in(__global const float *x, const long x_off, __global float 
     __global float *dst = Vp + (long)nt * C * TN;
     float16 acc = 0.0f;  /* sum of every transformed value: not finite iff an Inf/NaN was read (or overflow) */
     for (int ci = c0; ci < c1; ci++) {
-        const __global float *xc = x + ci * HW;
-        float d[4][4][TN];
+        const __global xstore_t *xc = x + ci * HW;
+        xraw_t d[4][4][TN];  /* as stored (a half input converted 16 lanes at once below) */
         if (inside) {
             for (int a = 0; a < 4; a++)
                 for (int b = 0; b < 4; b++)
-                    for (int j = 0; j < TN; j++) d[a][b][j] = xc[base[j] + a * W + b];
+                    for (int j = 0; j < TN; j++) d[a][b][j] = XRAW(xc, base[j] + a * W + b);
         } else {
             for (int a = 0; a < 4; a++)
                 for (int b = 0; b < 4; b++)
                     for (int j = 0; j < TN; j++)
-                        d[a][b][j] = ((rok[j] >> a) & (cok[j] >> b) & 1) ? xc[base[j] + a * W + b] : 0.0f;
+                        d[a][b][j] = ((rok[j] >> a) & (cok[j] >> b) & 1) ? XRAW(xc, base[j] + a * W + b) : (xraw_t)0;
         }
         for (int h = 0; h < 2; h++) {
             float16 v[4][4], q[4][4];
             for (int a = 0; a < 4; a++)
-                for (int b = 0; b < 4; b++) v[a][b] = vload16(h, d[a][b]);
+                for (int b = 0; b < 4; b++) v[a][b] = XCVT16(vload16(h, d[a][b]));
             for (int b = 0; b < 4; b++) BT(v[0][b], v[1][b], v[2][b], v[3][b], q[0][b], q[1][b], q[2][b], q[3][b])
             for (int a = 0; a < 4; a++) BT(q[a][0], q[a][1], q[a][2], q[a][3], v[a][0], v[a][1], v[a][2], v[a][3])
             __global float *o = dst + (long)ci * TN + 16 * h;
@@ -166,7 +168,7 @@ __kernel void wino_in(__global const float *x, const long x_off, __global float 
 
 /* At = [1 1 1 0; 0 1 -1 -1] */
 __kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
-                       __global float *y, const long y_off, __global const float *bias, const int has_bias,
+                       __global ystore_t *y, const long y_off, __global const float *bias, const int has_bias,
                        const int Cout, const int OH, const int OW, const int th, const int tw,
                        const int t0, const int ntl)
 {
@@ -205,13 +207,13 @@ __kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
         int n = t / tpi, r = t - n * tpi, ty = r / tw, tx = r - ty * tw;
         for (int j = 0; j < nvalid; j++) {
             const int oy = 2 * ty, ox = 2 * tx;
-            __global float *yp = y + y_off + ((long)n * Cout + co) * OHW + (long)oy * OW + ox;
+            __global ystore_t *yp = y + y_off + ((long)n * Cout + co) * OHW + (long)oy * OW + ox;
             const int two_x = ox + 1 < OW;
-            yp[0] = res[0][j];
-            if (two_x) yp[1] = res[1][j];
+            STOREY(yp, 0, res[0][j]);
+            if (two_x) STOREY(yp, 1, res[1][j]);
             if (oy + 1 < OH) {
-                yp[OW] = res[2][j];
-                if (two_x) yp[OW + 1] = res[3][j];
+                STOREY(yp, OW, res[2][j]);
+                if (two_x) STOREY(yp, OW + 1, res[3][j]);
             }
             if (++tx == tw) { tx = 0; if (++ty == th) { ty = 0; n++; } }
         }

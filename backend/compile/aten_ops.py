@@ -447,10 +447,15 @@ def _only_first(cx, what):
         raise Unsupported(f"the {what} outputs are read")
 
 
+#: activations the interpreter folds into the norm before them (Lowered.act): aten op name -> contract name
+FUSED_ACTS = {"silu": "silu"}
+
+
 @lower("native_group_norm")
 def _group_norm(cx, x, w, b, N, C, HxW, group, eps):
     _only_first(cx, "mean / rstd")
-    return (cx.be.group_norm(x, int(group), w, b, float(eps)), None, None)
+    # a GroupNorm whose only reader is a SiLU (ResNet blocks): both in one pass (cx.act, Lowered.act)
+    return (cx.be._group_norm_act(x, int(group), w, b, float(eps), cx.act), None, None)
 
 
 @lower("native_layer_norm")

@@ -99,7 +99,7 @@ class Dev:
 
 
 class _Ctx:
-    __slots__ = ("be", "node", "out", "used", "op_name", "owner")
+    __slots__ = ("be", "node", "out", "used", "op_name", "owner", "act")
 
     def constant(self, key, build):
         c = self.owner._consts
@@ -185,7 +185,7 @@ class Lowered:
         self.placeholders = [n for n in nodes if n.op == "placeholder"]
         self.static = {self.placeholders[i] for i in static if i < len(self.placeholders)}
         self.static_idx = sorted(i for i in static if i < len(self.placeholders))
-        kind = {}  # node -> static | input | sym | const | lower | host | py | output
+        kind = {}  # node -> static | input | sym | const | lower | host | py | size | alias | output
         for i, n in enumerate(self.placeholders):
             m = _meta(n)
             kind[n] = "static" if n in self.static else ("input" if _is_tensor_meta(m) else "sym")
@@ -232,6 +232,7 @@ class Lowered:
             for x in _nodes_in((n.args, n.kwargs), []):
                 users.setdefault(x, []).append(n)
         self.quant_nodes = quant_selection(nodes, kind, users, self.quant, _meta, _is_tensor_meta)
+        self.act, self.alias = self._fused_acts(nodes, kind, users)
         # float8 weights (scaled-fp8 checkpoints) stay float8 where the device reads it
         self.float8 = {x: c for x, c in float8_chains(nodes, kind, users, _meta).items()
                        if FLOAT8[str(_meta(c[0]).dtype)] in be.caps.quant_formats}
@@ -265,6 +266,29 @@ class Lowered:
         self.calls = 0
         GRAPHS.append(weakref.ref(self))
         _report.ANY_COMPILED[0] = True
+
+    @staticmethod
+    def _fused_acts(nodes, kind, users):
+        """({group_norm node: activation}, {activation node: the norm's result node}): a native_group_norm
+        whose result (getitem 0, its mean and rstd unread) has one reader, an activation in
+        aten_ops.FUSED_ACTS, runs both (the norm's lowering reads Lowered.act); the activation node
+        then only takes the norm's result ("alias")."""
+        aten = _torch().ops.aten
+        acts = {getattr(aten, name).default: name for name in aten_ops.FUSED_ACTS}
+        act, alias = {}, {}
+        for n in nodes:
+            if kind.get(n) != "lower" or n.target is not aten.native_group_norm.default:
+                continue
+            got = users.get(n, [])
+            if len(got) != 1 or got[0].target is not operator.getitem or got[0].args[1] != 0:
+                continue
+            readers = users.get(got[0], [])
+            if len(readers) == 1 and kind.get(readers[0]) == "lower" and readers[0].target in acts \
+                    and len(readers[0].args) == 1 and not readers[0].kwargs:
+                act[n] = aten_ops.FUSED_ACTS[acts[readers[0].target]]
+                alias[readers[0]] = got[0]
+                kind[readers[0]] = "alias"
+        return act, alias
 
     @property
     def owner_ids(self) -> set:
@@ -382,6 +406,8 @@ class Lowered:
                     env[n] = n.target(*args_, **kwargs_)
                 elif k == "lower":
                     env[n] = self._lower(n, dev, host)
+                elif k == "alias":  # an activation its norm computed (_fused_acts)
+                    env[n] = env[self.alias[n]]
                 elif k == "size":
                     v = env[n.args[0]] if n.args[0] in env else self._fold_host.get(n.args[0])
                     shape = be._shape(v.a) if isinstance(v, Dev) else tuple(v.shape)
@@ -421,6 +447,7 @@ class Lowered:
         fn = aten_ops.LOWERINGS[n.target]
         cx = _Ctx()
         cx.be, cx.node, cx.out, cx.used, cx.op_name, cx.owner = self.be, n, _meta(n), self.used[n], str(n.target), self
+        cx.act = self.act.get(n)
         args, kwargs = _map((n.args, n.kwargs), dev)
         try:
             res = fn(cx, *args, **kwargs)

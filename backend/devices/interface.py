@@ -39,6 +39,8 @@ FUSED_KERNELS = {
     "write_rows": "_write_rows: host rows written in place into a device array (ops/bigconv.py)",
     "attention": "_attention_fused: scaled_dot_product_attention of a block of query rows, online softmax "
                  "(ops/attention.py)",
+    "winograd": "no method: 3x3 stride-1 ungrouped convs with many channels run Winograd F(2x2, 3x3), 2.25x "
+                "fewer multiplies (ops/bigconv.py estimates their time so)",
     "fft_conv": "no method: the host FFT conv pays off on this device (ops/bigconv.py)",
     "half_weights": "no method: _conv2d and _linear take a weight stored in float16/bfloat16 as it is "
                     "(the kernels convert in registers; no float32 copy of the weight)",
@@ -48,9 +50,15 @@ FUSED_KERNELS = {
                         "they are stored and return that dtype (computed in float32, rounded once)",
     "half_movement": "no method: _permute, _expand, _slice, _slice1, _cat and _contiguous take float16/bfloat16 "
                      "arrays as they are stored and move the 16-bit values unchanged (nothing converted)",
-    "half_norm": "no method: _norm_rows takes a float16/bfloat16 input as it is stored (its result is float32)",
+    "half_norm": "no method: _norm_rows takes a float16/bfloat16 input as it is stored (its result is float32); "
+                 "_norm_rows_affine (\"norm_affine\") the input, weight and bias (its result in their dtype)",
     "half_gemm": "no method: _mm takes float16/bfloat16 operands as they are stored (a plain 2-D matmul's "
                  "activation as well as its weight; packed to float32 panels by the GEMM, result float32)",
+    "norm_affine": "_norm_rows_affine: _norm_rows with the norm's per-channel weight and bias (and a compiled "
+                   "graph's GroupNorm + SiLU pair's silu) applied in the same pass, in the input's dtype "
+                   "(layer_norm, group_norm; ops/layers.py)",
+    "half_conv": "no method: _conv2d takes a float16/bfloat16 input as it is stored (the device converts it "
+                 "where a path does not read it so); its result is float32 or the input's dtype",
 }
 
 
@@ -278,6 +286,13 @@ class Device(abc.ABC):
                            groups: int):
         """"conv_input_grad": conv2d's gx (N, Cin, H, W), or None to take the shared path."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'conv_input_grad'")
+
+    def _norm_rows_affine(self, x, eps: float, w, b, groups: int, inner: int, act: str | None = None):
+        """"norm_affine": each row of the contiguous (rows, n) ``x`` normalised as ``_norm_rows``, then
+        ``* w[ch] + b[ch]`` (w, b None or flat arrays of x's dtype; ch = (row % groups) * (len / groups) +
+        column // inner), then the activation ``act`` (None or "silu"), in one pass, in x's dtype; or None to
+        take the composite path."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'norm_affine'")
 
     def _all_finite(self, x) -> bool:
         """"all_finite": True when x holds no inf and no NaN."""

@@ -75,8 +75,16 @@ def _sync(be):
         pass
 
 
-def _seconds(be, macs: float, g) -> float:
+#: Winograd F(2x2, 3x3)'s multiplies per direct multiply-add (a device with "winograd")
+WINOGRAD_MACS = 1 / 2.25
+
+
+def _seconds(be, macs: float, g, transposed: bool = False) -> float:
     slow, fast = be.caps.macs_per_s or DEFAULT_MACS_PER_S
+    if not transposed and "winograd" in be.caps.fused and min(g.CinG, g.CoutG) >= 32 \
+            and (g.KH, g.KW, g.sh, g.sw, g.dh, g.dw, g.G) == (3, 3, 1, 1, 1, 1, 1):
+        macs *= WINOGRAD_MACS  # (estimated as direct, a 0.12 s conv was cut into row bands, each
+        #                         transforming the whole filter again)
     return macs / (slow if g.CinG * g.CoutG < 16 else fast)
 
 
@@ -125,6 +133,8 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
     secs = _seconds(be, macs, g)
     if secs <= cancel.CHUNK_SECONDS or g.N * g.OH <= 1:
         return fn(x, w, bias, stride, pads, dilation, groups)
+    if be._dtype(x) != "float32":  # a half input ("half_conv"): the chunks and their results are float32
+        x = be._cast(x, "float32")
     per_image = secs / g.N
     if per_image <= cancel.CHUNK_SECONDS / 2 or g.OH == 1:  # whole images per chunk
         first = max(1, int(cancel.CHUNK_SECONDS / max(per_image, 1e-12))) * g.OH
@@ -142,6 +152,7 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
     done, total_rows = 0, g.N * g.OH
     n, r0 = 0, 0
     cancel.check()
+    _sync(be)  # the first chunk's time is its own, not that of the work queued before it
     while n < g.N:
         if done:
             cancel.check()
@@ -177,7 +188,7 @@ def chunked_transpose(be, fn, x, w, bias, stride, padding, output_padding, dilat
     (``cancel.Sizer``) from a first chunk guessed from the device's caps.macs_per_s."""
     g = conv_transpose2d_geometry(be._shape(x), be._shape(w), stride, padding, output_padding, dilation, groups)
     macs = float(g.N) * g.C * g.H * g.W * g.CoutG * g.KH * g.KW
-    secs = _seconds(be, macs, g)
+    secs = _seconds(be, macs, g, transposed=True)
     if secs <= cancel.CHUNK_SECONDS or g.N <= 1:
         return fn(x, w, bias, stride, padding, output_padding, dilation, groups)
     per = max(1, int(g.N * cancel.CHUNK_SECONDS / secs))
@@ -315,6 +326,8 @@ def conv2d(be, x, w, bias, stride, pads, dilation, groups):
     fft = _fft_capable(be) and taps >= be.caps.fft_min_taps and _fft_fits(g)
     if sep or fft:
         cancel.check()
+        if be._dtype(x) != "float32":  # a half input ("half_conv"): these paths compute on float32
+            x = be._cast(x, "float32")
         wh = _host_weight(be, w)
         if not np.isfinite(wh).all() or not _finite(be, x):  # checked in chunks
             sep = fft = False

@@ -190,13 +190,18 @@ class Backend(Conversion, LayerOps, W8A8Ops, WindowOps, MovementOps, AttentionOp
                         padding_mode="zeros"):
         """conv2d, and the plan it ran by (the autograd tape hands it to the backward rule)."""
         op = "conv2d"
-        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias, _keep=("weight",))
+        # a half input of the result's dtype stays half where the device's conv reads it ("half_conv")
+        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias, _keep=("weight",),
+                                           _half=("input",), _cap="half_conv")
         plan = conv2d_plan(op, self._shape(x), self._shape(w), None if b is None else self._shape(b),
                            stride, padding, dilation, groups, padding_mode)
         unbatched = plan.unbatched
         if unbatched:
             x = self._reshape(x, (1,) + self._shape(x))
         pads = plan.pads
+        if self._dtype(x) != "float32" and ((padding_mode != "zeros" and any(pads)) or any(plan.out_pads)
+                                            or plan.picks != (None, None)):
+            x = self._cast(x, "float32")  # the padded and reach paths compute on float32
         if padding_mode != "zeros" and any(pads):
             x = self._pad(x, pads, padding_mode)
             pads = (0, 0, 0, 0)

@@ -91,7 +91,7 @@ class Conversion:
           kernels load and store half ("half_elementwise": computed in float32, rounded once);
         - ``_half``: arguments the device's kernels for this op read as stored where it declares the capability
           ``_cap`` and the array has the result dtype: "half_movement" (permute, slice, cat...: half values
-          moved as they are), "half_norm" (a norm's input, read by the fused row norm)."""
+          moved as they are), "half_norm" (a norm's input, weight and bias, read by the fused row norm)."""
         kind = like = None
         dts = {}
         for arg, value in arrays.items():

@@ -84,21 +84,33 @@ class LayerOps:
         op = "layer_norm"
         eps = norm_eps(op, eps)
         kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias,
-                                           _half=("input",), _cap="half_norm")
+                                           _half=("input", "weight", "bias"), _cap="half_norm")
         dims = normalized_dims(op, self._shape(x), normalized_shape, *self._shapes(w, b))
         self._check_size(op, self._shape(x))
-        y = self._normalize(x, dims, eps)
-        return self._out(self._affine(y, w, b), kind, like)
+        y = self._norm_affine(x, len(dims), eps, w, b, 1, 1)
+        if y is None:
+            y = self._affine(self._normalize(x, dims, eps), w, b)
+        return self._out(y, kind, like)
 
     def group_norm(self, input, num_groups, weight=None, bias=None, eps=1e-5):
         """torch.nn.functional.group_norm on (N, C, *): each of num_groups channel groups per sample."""
+        return self._group_norm_act(input, num_groups, weight, bias, eps)
+
+    def _group_norm_act(self, input, num_groups, weight=None, bias=None, eps=1e-5, act=None):
+        """group_norm, then the activation ``act`` (None or "silu": a compiled graph's GroupNorm + SiLU
+        pair), in one pass on a device with "norm_affine" (rounded once), else as the two ops."""
         op = "group_norm"
         eps = norm_eps(op, eps)
         kind, like, x, w, b = self._inputs(op, ("weight", "bias"), input=input, weight=weight, bias=bias,
-                                           _half=("input",), _cap="half_norm")
+                                           _half=("input", "weight", "bias"), _cap="half_norm")
         shape = self._shape(x)
         grouped = group_norm_shape(op, shape, num_groups, *self._shapes(w, b))
         self._check_size(op, shape)
+        y = self._norm_affine(self._reshape(x, grouped), 1, eps, w, b, num_groups, math.prod(shape[2:]), act)
+        if y is not None:
+            return self._out(self._reshape(y, shape), kind, like)
+        if act is not None:  # the two ops, each rounded as its own op
+            return self.unary(act, self._group_norm_act(input, num_groups, weight, bias, eps))
         y = self._reshape(self._normalize(self._reshape(x, grouped), (2,), eps), shape)
         per_channel = (shape[1],) + (1,) * (len(shape) - 2)  # weight and bias scale channels
         w = None if w is None else self._reshape(w, per_channel)
@@ -135,6 +147,21 @@ class LayerOps:
         d = self._centered(x, dims)
         var = self._reduce("mean", self._binary("mul", d, d), dims, True)
         return self._binary("mul", d, self._unary("rsqrt", self._binary("add", var, eps)))
+
+    def _norm_affine(self, x, ndims, eps, w, b, groups, inner, act=None):
+        """``x`` normalised over its last ``ndims`` dims (as ``_normalize``) and the norm's affine applied
+        (w, b per channel: see Device._norm_rows_affine for ``groups`` and ``inner``), then ``act``, in one
+        pass on a device with "norm_affine"; None where it has none or declines (the caller composes)."""
+        if "norm_affine" not in self.caps.fused or (w is None and b is None and act is None):
+            return None
+        shape = self._shape(x)
+        k = len(shape) - ndims
+        rows, n = math.prod(shape[:k]), math.prod(shape[k:])
+        if rows * n == 0:
+            return None
+        flat = [None if v is None else self._reshape(v, (math.prod(self._shape(v)),)) for v in (w, b)]
+        y = self._norm_rows_affine(self._reshape(x, (rows, n)), eps, *flat, groups, inner, act)
+        return None if y is None else self._reshape(y, shape)
 
     def _norm_rows(self, x, eps):
         """Each row of the contiguous (rows, n) ``x`` normalised as ``_normalize``'s composite, in

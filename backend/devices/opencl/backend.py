@@ -27,16 +27,18 @@ from .params import (BINARY_CODES, DEFAULT_TUNE, F32, HALF_CODES, KERNEL_DIR, KF
                      TUNE_BUDGET_S)
 from .programs import ProgramCache
 from .wgrad import CLWeightGrad
+from .norms import CLNorms
 
 log = logging.getLogger("anydevice")
 
 
-#: the OpenCL device's optional kernels (a CPU device with the CPU kernel family adds "fft_conv")
+#: the OpenCL device's optional kernels (the CPU kernel family adds "winograd", on a CPU device "fft_conv" too)
 FUSED = frozenset({"adam_step", "conv_weight_grad", "all_finite", "write_rows", "attention", "half_weights",
-                   "half_elementwise", "half_movement", "half_norm", "half_gemm", "w8a8"})
+                   "half_elementwise", "half_movement", "half_norm", "half_gemm", "half_conv", "norm_affine",
+                   "w8a8"})
 
 
-class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
+class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM
     and conv in linalg.py, the weight gradient in wgrad.py, the fused Adam step in adam.py, the fused
     attention in attention.py."""
@@ -56,6 +58,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
         self.family = fam or ("gpu" if _is_gpu(dev) else "cpu")
         self.is_cpu_device = not _is_gpu(dev)
         fft = frozenset({"fft_conv"}) if self.family == "cpu" and self.is_cpu_device else frozenset()
+        fft |= frozenset({"winograd"}) if self.family == "cpu" else frozenset()
         # float16 / bfloat16 stored as 16-bit words (vload_half/vstore_half are core OpenCL), computed in float32
         self.caps = Capabilities(fused=FUSED | fft, macs_per_s=(4.0e9, _cpu_macs_per_s(dev)), fft_min_taps=577,
                                  storage_dtypes=frozenset(dtypes.FLOATS), quant_formats=frozenset(FORMATS))
@@ -520,25 +523,6 @@ class OpenCLBackend(CLStorage, LinalgOps, CLW8A8, CLWeightGrad, CLAdam, CLAttent
                   opcode, 1.0)
         out = self._empty((O, I))
         self._run("reduce_ori", (I, O), lsz, tmp.buffer, 0, out.buffer, 0, O, parts, I, 1, parts, opcode, scale)
-        return out
-
-    def _norm_rows(self, x, eps):
-        """layers._normalize fused: one work item a row (CPU family, enough rows to fill the
-        device or rows short enough that one work item each is cheap), a work group a row (GPU
-        family)."""
-        rows, n = x.shape
-        if rows < self.compute_units and n > 65536:  # too few rows to fill the device
-            return None
-        if self.family != "cpu":  # GPU family: a work group of 256 a row (norm_rows_wg)
-            if self.dev.max_work_group_size < 256:
-                return None
-            out = self._empty((rows, n))
-            self._run("norm_rows_wg", (rows * 256,), (256,), x.buffer, x.offset, out.buffer, 0, rows, n,
-                      1.0 / n, eps, params=self._hdt(self._dtype(x)))
-            return out
-        out = self._empty((rows, n))
-        self._run("norm_rows", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps,
-                  params=self._hdt(self._dtype(x)))
         return out
 
     def _softmax_rows(self, s):

@@ -41,6 +41,12 @@ class LinalgOps:
         return {"WDT": HALF_CODES[x.dtype]} if isinstance(x, CLHalf) else {}
 
     @staticmethod
+    def _xdt(x, option="XDT") -> dict:
+        """The build option of a kernel reading (XDT) or writing (YDT) an activation ``x`` as stored
+        (kernels/half_io.h): {} for float32."""
+        return {option: HALF_CODES[x.dtype]} if isinstance(x, CLHalf) else {}
+
+    @staticmethod
     def _wq(x) -> tuple:
         """The last two arguments of a kernel that reads weights (weight_load.h WQ_PARAMS): a quantized
         int8 / fp8 weight's scales and row length; else any buffer and 0."""
@@ -56,12 +62,17 @@ class LinalgOps:
         return self._cast(x, "float32") if isinstance(x, CLHalf) else x
 
     # ---- matmul ------------------------------------------------------------------------------
-    def _gemm(self, M, N, K, batches, A, a_off, sam, sak, a_bs, B, b_off, sbk, sbn, b_bs, out_shape=None):
-        """C (batches, M, N) contiguous = A . B with strided operands (strides in elements)."""
-        out = self._empty(out_shape or (batches, M, N))
+    def _gemm(self, M, N, K, batches, A, a_off, sam, sak, a_bs, B, b_off, sbk, sbn, b_bs, out_shape=None,
+              out_dtype="float32"):
+        """C (batches, M, N) contiguous = A . B with strided operands (strides in elements). C is float32,
+        or ``out_dtype`` where the CPU family's packed GEMM stores it (gemm_cpu's YDT: rounded once)."""
+        shape = out_shape or (batches, M, N)
+        half = out_dtype != "float32" and self.family != "gpu" and M * N * K > SMALL_GEMM_MACS
+        out = self._empty(shape, out_dtype if half else "float32")
         if out.size == 0:
             return out
         if K == 0:
+            out = self._empty(shape)
             self._fill(out, 0.0)
             return out
         if self.family == "gpu":  # a quantized operand stays packed (ad_conv_gemm decodes it: WQA / WQB)
@@ -109,7 +120,7 @@ class LinalgOps:
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
                           mc, nc, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N, out.buffer, 0, 0, 1 << 30, 0, n0,
-                          params=params)
+                          params={**params, **self._xdt(out, "YDT")})
             del Ap
         return out
 
@@ -338,7 +349,9 @@ class LinalgOps:
     def _mm(self, a, b):
         M, K = a.shape
         N = b.shape[1]
-        return self._gemm(M, N, K, 1, a, a.offset, K, 1, 0, b, b.offset, N, 1, 0, out_shape=(M, N))
+        # two half operands of one dtype ("half_gemm"): the result has their dtype, stored by the GEMM
+        dt = a.dtype if isinstance(a, CLHalf) and isinstance(b, CLHalf) and a.dtype == b.dtype else "float32"
+        return self._gemm(M, N, K, 1, a, a.offset, K, 1, 0, b, b.offset, N, 1, 0, out_shape=(M, N), out_dtype=dt)
 
     def _bmm(self, a, b):
         Ba, M, K = a.shape
@@ -362,9 +375,9 @@ class LinalgOps:
         return y if b is None else self._binary("add", y, b)
 
     # ---- convolution --------------------------------------------------------------------
-    def _conv_out(self, g, bias):
+    def _conv_out(self, g, bias, dtype="float32"):
         """(output array, bias at offset 0, has-bias flag, bias buffer or a stand-in) for a conv."""
-        out = self._empty((g.N, g.Cout, g.OH, g.OW))
+        out = self._empty((g.N, g.Cout, g.OH, g.OW), dtype)
         if bias is not None and bias.offset:
             bias = self._copy_of(bias)
         hb = int(bias is not None)
@@ -373,18 +386,23 @@ class LinalgOps:
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
         g = conv2d_geometry(x.shape, w.shape, stride, pads, dilation, groups)
         N, C, H, W, Cout, CinG, CoutG, KH, KW, OH, OW, sh, sw, pt, pb, pl, pr, dh, dw, G = g
-        out, bias, hb, bbuf = self._conv_out(g, bias)
-        if out.size == 0:
-            return out
         K = CinG * KH * KW
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, pl, dh, dw)
-        if self.family == "gpu":
+        path = "gpu" if self.family == "gpu" else self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
+        if isinstance(x, CLHalf) and path in ("gpu", "direct"):  # ("half_conv": the CPU family's
+            x = self._f32(x)  # Winograd and im2col paths read a half input as it is stored)
+        # Winograd and the GEMM write a half input's result in its dtype (the contract's result dtype: "half_conv")
+        out, bias, hb, bbuf = self._conv_out(g, bias, self._dtype(x) if path in ("winograd", "gemm") else "float32")
+        if out.size == 0:
+            return out
+        if path == "gpu":
             return self._gpu_conv(x, w if isinstance(w, CLQuant) else self._f32(w), bias, out, g, 0)
-        path = self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
         if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl):
             return out
         if path == "winograd":  # Inf/NaN: Winograd's transforms mix a tile (Inf - Inf = NaN)
             path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
+            if path == "direct" and isinstance(x, CLHalf):  # (the GEMM path reads and writes half)
+                x, out = self._f32(x), self._empty(out.shape)
         if path == "direct" and (isinstance(w, CLQuant) or not self._all_finite(self._f32(w))):
             path = "gemm"  # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); im2col does too
         if path == "direct" and isinstance(w, CLHalf):
@@ -420,7 +438,7 @@ class LinalgOps:
             nt = -(-nc // 32)
             Bp = self._empty((G, nt * 32 * K))
             self._run("im2col_pack", (kb, nt, G), cpu_l, x.buffer, x.offset, Bp.buffer,
-                      C, H, W, CinG, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, c0, nc)
+                      C, H, W, CinG, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, c0, nc, params=self._xdt(x))
             for sl in slices:
                 m0, mc, mt, bb, Ap = sl
                 if Ap is None:
@@ -432,7 +450,7 @@ class LinalgOps:
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, G), cpu_l,
                           mc, nc, K, Ap.buffer, mt * mr * K, Bp.buffer, nt * 32 * K,
                           out.buffer, m0 * P, P, CoutG * P, bb.buffer if hb else bbuf, hb, mc, P, Cout * P, c0,
-                          params=params)
+                          params={**params, **self._xdt(out, "YDT")})
                 del Ap
         return out
 
@@ -503,7 +521,7 @@ class LinalgOps:
             nt = -(-ntl // 32)
             Vp = self._empty((16, nt * 32 * C))
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, params=wparams)
+                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, params={**wparams, **self._xdt(x)})
             for sl in slices:
                 c0, cc, bb, Up = sl
                 mt = -(-cc // mr)
@@ -520,7 +538,7 @@ class LinalgOps:
                 del Up
                 self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
                           out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
-                          params=wparams)
+                          params={**wparams, **self._xdt(out, "YDT")})
                 del Mb
         bad = np.zeros(1, np.int32)
         self.cl.enqueue_copy(self.queue, bad, flag.buffer, is_blocking=True)

@@ -18,7 +18,7 @@ UNARY_CODES = UNARY_KERNEL_CODES
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "minimum": 5, "maximum": 6,
                 "eq": 7, "ne": 8, "lt": 9, "le": 10, "gt": 11, "ge": 12}
 PAD_CODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
-#: the storage codes of the kernels' WDT (weight_load.h) and HDT (elementwise.cl) build options
+#: the storage codes of the kernels' WDT (weight_load.h), HDT (elementwise.cl) and XDT / YDT (half_io.h) build options
 HALF_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 #: CPU family: direct conv when CinG*KH*KW is at most this (and the rows are wide enough)
@@ -39,7 +39,7 @@ WINO_OB = 4
 
 #: the OpenCL backend's kernels: name -> (source file, portable?) and scalar dtypes, both from the
 #: runtime's signature table (portable GPU-family files get the OpenCL prelude)
-OPENCL_KERNELS = ("unary", "cast_from_f32", "cast_to_f32", "binary_flat", "binary_nd", "copy_nd", "where_nd", "pad2d", "reduce_ori", "norm_rows", "norm_rows_wg", "softmax_rows", "softmax_tile", "gemm_small",
+OPENCL_KERNELS = ("unary", "cast_from_f32", "cast_to_f32", "binary_flat", "binary_nd", "copy_nd", "where_nd", "pad2d", "reduce_ori", "norm_rows", "norm_rows_aff", "norm_rows_wg", "softmax_rows", "softmax_tile", "gemm_small",
                   "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
                   "wino_filter", "wino_in", "wino_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv",
                   "ad_window2d", "ad_window2d_px", "ad_window_rows", "att_cpu", "ad_attention",

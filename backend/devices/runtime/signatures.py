@@ -49,6 +49,7 @@ KERNELS: dict[str, KernelSig] = {
     "reduce_ori": _s("elementwise.cl", "b l b l l l l l l i f"),
     "norm_rows": _s("elementwise.cl", "b l b l l l f f"),
     "norm_rows_wg": _s("elementwise.cl", "b l b l l l f f"),
+    "norm_rows_aff": _s("elementwise.cl", "b l b l l l f f b l b l i l l l"),
     "softmax_rows": _s("elementwise.cl", "b l b l b l l l l i"),
     "softmax_tile": _s("elementwise.cl", "b l b l b l l l l i l"),
     "gemm_small": _s("elementwise.cl", "i i i b l i i l b l i i l b l b i i"),

@@ -389,3 +389,21 @@ def test_node_registers_comfyuis_interrupt_check(monkeypatch, tiny_chunks):
                  padding="same", padding_mode="zeros", device="numpy")
     assert cancel.get_checker() is throw and state["calls"] == 3
     assert cancel._progress is None  # the node's chunk progress is removed after its run
+
+
+def test_winograd_devices_estimate_3x3_convs_by_their_multiplies():
+    """A device with "winograd" runs 3x3 stride-1 convs with 2.25x fewer multiplies: bigconv's time estimate
+    (which decides whether a conv is cut into cancel chunks) divides by that, for those geometries only."""
+    from types import SimpleNamespace
+    from anydevice.backend.ops.plans import conv2d_geometry
+    plain = SimpleNamespace(caps=SimpleNamespace(fused=frozenset(), macs_per_s=(1e9, 1e10)))
+    wino = SimpleNamespace(caps=SimpleNamespace(fused=frozenset({"winograd"}), macs_per_s=(1e9, 1e10)))
+    g3 = conv2d_geometry((1, 1280, 32, 32), (1280, 1280, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    macs = 32 * 32 * 1280 * 1280 * 9
+    assert bigconv._seconds(plain, macs, g3) == pytest.approx(macs / 1e10)
+    assert bigconv._seconds(wino, macs, g3) == pytest.approx(macs / 1e10 / 2.25)
+    for shape, stride, groups in [((1280, 1280, 3, 3), (2, 2), 1), ((1280, 1280, 1, 1), (1, 1), 1),
+                                  ((1280, 1, 3, 3), (1, 1), 1280)]:
+        g = conv2d_geometry((1, 1280, 32, 32), shape, stride, (1, 1, 1, 1), (1, 1), groups)
+        assert bigconv._seconds(wino, macs, g) == bigconv._seconds(plain, macs, g)
+    assert bigconv._seconds(wino, macs, g3, transposed=True) == bigconv._seconds(plain, macs, g3)

@@ -204,9 +204,59 @@ def test_matmul_packs_a_half_activation_as_stored(family, dtype, mnk, monkeypatc
     monkeypatch.setattr(be, "_run", run)
     if family == "cpu":
         assert not [n for n, x in launched if n == "cast_to_f32" and any(v is a.buffer for v in x)], launched
+        assert "cast_from_f32" not in [n for n, x in launched], launched  # gemm_cpu stored the half result
     assert be._dtype(y) == dtype
     ref = a32.astype(np.float64) @ b32.astype(np.float64)
     got = np.asarray(be.to_numpy(y), np.float64)
     # one rounding to the half dtype of a float32 result
     ulp = np.abs(dtypes.round_to(ref.astype(np.float32), dtype).astype(np.float64) - ref)
     assert (np.abs(got - ref) <= ulp + 1e-6 * np.abs(ref).max() + np.abs(ref) * (2e-3 if dtype == "float16" else 1.6e-2)).all()
+
+
+HALF_CONV_CASES = CONVS + [((1, 40, 17, 19), (48, 40, 3, 3), {"padding": 1}),          # winograd, odd sizes
+                           ((2, 16, 8, 8), (16, 16, 3, 3), {"padding": 1, "padding_mode": "reflect"}),
+                           ((1, 32, 12, 12), (40, 32, 3, 3), {"padding": 1, "inf": True})]  # Winograd's fallback
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+@pytest.mark.parametrize("xs,ws,kw", HALF_CONV_CASES)
+def test_conv2d_reads_a_half_input_as_stored(family, dtype, xs, ws, kw, monkeypatch):
+    """A conv of a half input, weight and bias ("half_conv"): the CPU family's Winograd and im2col paths read
+    the input's 16-bit words (no cast of it is launched) and write the half result themselves; every
+    path gives the float32 conv of the same values rounded once to the input's dtype (1e-6 of the result's
+    largest value for float32 summation order, plus one rounding). An Inf in the input takes Winograd's
+    exact fallback and gives torch's Inf/NaN pattern."""
+    be = FAMILIES[family]
+    assert "half_conv" in be.caps.fused
+    kw = dict(kw)
+    inf = kw.pop("inf", False)
+    rng = np.random.default_rng(sum(xs) + sum(ws) + 1)
+    x32 = dtypes.round_to(rng.standard_normal(xs).astype(np.float32), dtype)
+    if inf:
+        x32[0, 1, 3, 4] = np.inf
+    w32 = dtypes.round_to((rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32), dtype)
+    b32 = dtypes.round_to(rng.standard_normal(ws[0]).astype(np.float32), dtype)
+    x, w, b = (be.to_device(v, dtype=dtype) for v in (x32, w32, b32))
+    launched = []
+    run = be._run
+    monkeypatch.setattr(be, "_run", lambda name, *a, **k: (launched.append((name, a, k.get("params"))), run(name, *a, **k))[1])
+    y = be.conv2d(x, w, b, **kw)
+    monkeypatch.setattr(be, "_run", run)
+    assert be._dtype(y) == dtype
+    names = [n for n, _, _ in launched]
+    if family == "cpu" and not inf and kw.get("padding_mode", "zeros") == "zeros" and ("wino_in" in names or "im2col_pack" in names):
+        assert not [n for n, a, _ in launched if n == "cast_to_f32" and any(v is x.buffer for v in a)], names
+        assert "cast_from_f32" not in names, names  # wino_out / gemm_cpu stored the half result
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x32).double(), torch.from_numpy(w32).double(),
+                                     torch.from_numpy(b32).double(), **kw).numpy() if not kw.get("padding_mode") else \
+        torch.nn.Conv2d(ws[1], ws[0], ws[2], padding=kw["padding"], padding_mode=kw["padding_mode"]).double()._conv_forward(
+            torch.from_numpy(x32).double(), torch.from_numpy(w32).double(), torch.from_numpy(b32).double()).detach().numpy()
+    got = np.asarray(be.to_numpy(y), np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+    ok = np.isfinite(ref)
+    ref, got = ref[ok], got[ok]
+    ulp = np.abs(dtypes.round_to(ref.astype(np.float32), dtype).astype(np.float64) - ref)
+    tol = ulp + 1e-6 * np.abs(ref).max() + np.abs(ref) * (1e-3 if dtype == "float16" else 8e-3)
+    assert (np.abs(got - ref) <= tol).all(), float(np.max(np.abs(got - ref) - tol))

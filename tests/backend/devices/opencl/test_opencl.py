@@ -378,6 +378,67 @@ def test_float16_rounding_equals_torch_on_sampled_bit_patterns(be):
     np.testing.assert_array_equal(np.asarray(be.to_numpy(y)).astype(np.float16), xs.astype(np.float16))
 
 
+_HALF_IO_TEST = """
+#include "half_io.h"
+__kernel void f2h(__global const float *x, __global ushort *h, __global ushort *hv, __global ushort *bv,
+                  __global ushort *bs)
+{
+    const int i = get_global_id(0);
+    h[i] = f32_to_f16(x[i]); bs[i] = f32_to_bf16(x[i]);
+    if (i % 16 == 0) { vstore16(f32_to_f16_16(vload16(0, x + i)), 0, hv + i);
+                       vstore16(f32_to_bf16_16(vload16(0, x + i)), 0, bv + i); }
+}
+__kernel void h2f(__global const ushort *h, __global float *y, __global float *yv)
+{
+    const int i = get_global_id(0);
+    y[i] = ad_f16_to_f32(h[i]);
+    if (i % 16 == 0) vstore16(ad_f16_to_f32_16(convert_uint16(vload16(0, h + i))), 0, yv + i);
+}
+"""
+
+
+@needs_device
+def test_half_io_vector_conversions_equal_the_scalar_ones_and_torch(be):
+    """kernels/half_io.h: the 16-lane conversions the GEMM's half stores (f32_to_f16_16, f32_to_bf16_16) and
+    Winograd's half input transform (ad_f16_to_f32_16) use give the scalar conversions' bits, which are
+    torch's: sampled float32 patterns and edges (rounding, subnormals, overflow, NaN), all 65536 halves."""
+    import pyopencl as cl
+    import torch
+    prog = cl.Program(be.ctx, _HALF_IO_TEST).build(options=["-I", str(ROOT / "kernels")])
+    mf = cl.mem_flags
+    u = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32)
+    edges = [0x7f800000, 0xff800000, 0x47800000, 0x477fefff, 0x477ff000, 0x477fffff, 0x38800000, 0x387fffff,
+             0x33000000, 0x33000001, 0x80000000, 0, 1, 0x3f800000, 0x7fc00000, 0xffc00001]
+    x = np.concatenate([u, np.array(edges, np.uint32)])
+    x = np.concatenate([x, np.zeros(-len(x) % 16, np.uint32)]).view(np.float32)
+    n = len(x)
+    xb = cl.Buffer(be.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
+    outs = [np.empty(n, np.uint16) for _ in range(4)]
+    bufs = [cl.Buffer(be.ctx, mf.WRITE_ONLY, 2 * n) for _ in outs]
+    prog.f2h(be.queue, (n,), None, xb, *bufs)
+    for o, b in zip(outs, bufs):
+        cl.enqueue_copy(be.queue, o, b)
+    h, hv, bv, bs = outs
+    np.testing.assert_array_equal(hv, h)
+    np.testing.assert_array_equal(bv, bs)
+    nan = np.isnan(x)
+    ref = torch.from_numpy(x.copy())
+    np.testing.assert_array_equal(h[~nan], ref.to(torch.float16).numpy()[~nan].view(np.uint16))
+    np.testing.assert_array_equal(bs[~nan], ref.to(torch.bfloat16).view(torch.int16).numpy()[~nan].view(np.uint16))
+    assert np.isnan(h.view(np.float16)[nan].astype(np.float32)).all() and (bs[nan] & 0x7f80 == 0x7f80).all()
+    hall = np.arange(65536, dtype=np.uint16)
+    hb = cl.Buffer(be.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=hall)
+    y, yv = np.empty(65536, np.float32), np.empty(65536, np.float32)
+    yb, yvb = cl.Buffer(be.ctx, mf.WRITE_ONLY, 4 * 65536), cl.Buffer(be.ctx, mf.WRITE_ONLY, 4 * 65536)
+    prog.h2f(be.queue, (65536,), None, hb, yb, yvb)
+    cl.enqueue_copy(be.queue, y, yb)
+    cl.enqueue_copy(be.queue, yv, yvb)
+    np.testing.assert_array_equal(yv.view(np.uint32), y.view(np.uint32))
+    ok = ~np.isnan(hall.view(np.float16))
+    np.testing.assert_array_equal(y[ok].view(np.uint32), hall.view(np.float16)[ok].astype(np.float32).view(np.uint32))
+    assert np.isnan(y[~ok]).all()
+
+
 @needs_device
 def test_gelu_is_accurate_value_by_value(be):
     """gelu = x/2 erfc(-x/sqrt 2) with the prelude's ad_erfc: each value within 1e-5 (relative) of float64
