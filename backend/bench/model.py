@@ -38,7 +38,8 @@ call, from ``compile.report``; ``fallback_ops`` names them), ``uploads`` / ``dow
 ``dtype``, ``weights_mb`` (device-resident weight bytes), ``peak_mb`` (the device's peak during one call:
 the OpenCL pool's live bytes; on NumPy the resident weights plus tracemalloc's peak of the call; None where
 neither counts), ``streamed_mb`` (weight bytes uploaded per call: the weights past the device budget,
-ANYDEVICE_DEVICE_MB) and every timed call (``times_ms``, ``torch_times_ms``).
+ANYDEVICE_DEVICE_MB), ``launches`` (kernels launched per call, where the device counts them: the OpenCL
+backend; fusion shows there) and every timed call (``times_ms``, ``torch_times_ms``).
 ``--quick`` runs narrow models on small inputs (a smoke run: the tests use it), not the real sizes.
 """
 from __future__ import annotations
@@ -124,6 +125,7 @@ class ModelRow(Row):
     weights_mb: float = 0.0         # device-resident weight bytes (uploaded once, at the first call)
     peak_mb: float | None = None    # the device's peak during one call (None: the device does not count)
     streamed_mb: float = 0.0        # weight bytes uploaded per call (past the device budget)
+    launches: float | None = None   # kernels launched per call (None: the device does not count)
     rel_err: float = 0.0            # ours vs PyTorch eager, normwise
     times_ms: list = field(default_factory=list)        # every timed call, ours
     torch_times_ms: list = field(default_factory=list)  # and PyTorch's
@@ -214,6 +216,7 @@ def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3, dt
             weights_mb = adc.report(compiled)["weights_bytes"] / 2**20
             peak = _peak_mb(be, ours, int(weights_mb * 2**20))
             r_before = adc.report(compiled)
+            l_before = be.kernel_launches()
             t0 = time.perf_counter()
             ours()
             one = time.perf_counter() - t0
@@ -228,13 +231,15 @@ def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3, dt
                     call()
                     times.append(time.perf_counter() - t0)
             rep = adc.report(compiled)
+            l_after = be.kernel_launches()
         per = _per_call(rep, r_before)
+        launches = None if l_before is None else (l_after - l_before) / max(rep["calls"] - r_before["calls"], 1)
         mb, mt = statistics.median(tb), statistics.median(tt)
         return ModelRow(be.name, be.device, case.name(quick), mb * 1e3, mt * 1e3, flops / mb / 1e9,
                         flops / mt / 1e9, mt / mb, first * 1e3, len(tb), False, dtype,
                         torch_first_ms=torch_first * 1e3, graphs=int(rep["graphs"]),
                         eager_fallbacks=int(rep["eager_fallbacks"]), weights_mb=weights_mb, peak_mb=peak,
-                        streamed_mb=per.pop("bytes_streamed") / 2**20,
+                        streamed_mb=per.pop("bytes_streamed") / 2**20, launches=launches,
                         rel_err=rel_err, times_ms=[t * 1e3 for t in tb], torch_times_ms=[t * 1e3 for t in tt],
                         **per)
     finally:
@@ -261,6 +266,7 @@ def format_extra(r: ModelRow) -> str:
             f"uploads/call {r.uploads:g} ({r.bytes_up / 2 ** 20:.2f} MiB), downloads/call {r.downloads:g} "
             f"({r.bytes_down / 2 ** 20:.2f} MiB); graphs {r.graphs}; {r.dtype}: weights {r.weights_mb:.1f} MiB, "
             f"peak {'-' if r.peak_mb is None else f'{r.peak_mb:.1f} MiB'}, streamed {r.streamed_mb:.1f} MiB/call; "
+            f"kernels/call {'-' if r.launches is None else f'{r.launches:g}'}; "
             f"rel. err vs eager {r.rel_err:.1e}\n"
             f"    calls (ms): ours {' '.join(f'{t:.0f}' for t in r.times_ms)}; "
             f"torch {' '.join(f'{t:.0f}' for t in r.torch_times_ms)}")

@@ -302,6 +302,11 @@ class Device(abc.ABC):
         """"write_rows": float32 host rows written into ``out`` (an ``_empty`` array) from element ``start``."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'write_rows'")
 
+    def kernel_launches(self) -> int | None:
+        """Kernels this device has launched since it was made (``anydevice bench --model``'s launches per
+        call); None where the device does not count them (default)."""
+        return None
+
     def _memory_peak(self, reset: bool = False) -> int | None:
         """The most bytes this device's arrays held at once since the last ``reset`` (which starts a new
         count from what is held now); None where the device does not count (default)."""

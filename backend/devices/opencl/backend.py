@@ -62,6 +62,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam,
         # float16 / bfloat16 stored as 16-bit words (vload_half/vstore_half are core OpenCL), computed in float32
         self.caps = Capabilities(fused=FUSED | fft, macs_per_s=(4.0e9, _cpu_macs_per_s(dev)), fft_min_taps=577,
                                  storage_dtypes=frozenset(dtypes.FLOATS), quant_formats=frozenset(FORMATS))
+        self._launches = 0
         self.ctx = cl.Context([dev])
         self.queue = cl.CommandQueue(self.ctx, dev)
         self.programs = ProgramCache(self.ctx, dev)
@@ -205,9 +206,13 @@ class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam,
             self._kernels[key] = k
         return k
 
+    def kernel_launches(self) -> int:
+        return self._launches
+
     def _run(self, name, gsize, lsize, *args, params=None):
         if any(g == 0 for g in gsize):
             return
+        self._launches += 1  # (a statistic: an increment lost to a race between threads does not matter)
         with self._lock:  # a Kernel's arguments are shared state
             k = self._kernel(name, params)
             k(self.queue, gsize, lsize, *args)

@@ -155,6 +155,34 @@ def test_bench_model_quick_cli_on_numpy(tmp_path, capsys):
               (model_zoo.sd_vae_decoder(ch=32), model_zoo.compact_upscaler(num_feat=16, num_conv=4))]
     for r, n in zip(rows, params):  # every weight uploaded once, as a constant
         assert r["weights_mb"] * 2 ** 20 >= 4 * n
+        assert r["launches"] is None  # NumPy launches no kernels
+
+
+def test_bench_model_counts_kernel_launches_on_opencl(tmp_path, capsys):
+    """On OpenCL each model row carries the kernels launched per call (the device counts every launch):
+    the quick VAE decoder's GroupNorm + SiLU pairs run as one kernel, so a call launches fewer kernels
+    than with that fusion off."""
+    from anydevice.backend import get_backend
+    try:
+        get_backend("opencl")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"opencl unavailable: {exc}")
+    from anydevice import cli
+    from anydevice.backend.compile import aten_ops
+    out = tmp_path / "l.json"
+    args = ["bench", "--model", "--quick", "--backend", "opencl", "--case", "vae", "--reps", "1", "--dtype", "float32",
+            "--json", str(out)]
+    assert cli.main(args) == 0
+    fused = json.loads(out.read_text())[0]["launches"]
+    assert "kernels/call" in capsys.readouterr().out
+    saved = dict(aten_ops.FUSED_ACTS)
+    aten_ops.FUSED_ACTS.clear()
+    try:
+        assert cli.main(args) == 0
+    finally:
+        aten_ops.FUSED_ACTS.update(saved)
+    unfused = json.loads(out.read_text())[0]["launches"]
+    assert fused == int(fused) and 0 < fused < unfused, (fused, unfused)
 
 
 def test_bench_model_backends_and_case_filter(tmp_path):
