@@ -120,7 +120,7 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
     const int tpi = th * tw;
     int t = t0 + nt * TN;
     int n = t / tpi, r = t - n * tpi, ty = r / tw, tx = r - ty * tw;
-    int inside = 1;
+    int inside = 1, run = 1;  /* run: the 32 patches side by side in one tile row (base[j] = base[0] + 2j) */
     for (int j = 0; j < TN; j++) {
         const int live = nt * TN + j < ntl;
         const int iy = 2 * ty - pt, ix = 2 * tx - pl;
@@ -133,6 +133,7 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
         cok[j] = cm;
         inside &= (rok[j] == 15) & (cm == 15);
         base[j] = live ? n * C * HW + iy * W + ix : 0;
+        run &= base[j] == base[0] + 2 * j;
         if (++tx == tw) { tx = 0; if (++ty == th) { ty = 0; n++; } }
     }
     __global float *dst = Vp + (long)nt * C * TN;
@@ -140,7 +141,15 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
     for (int ci = c0; ci < c1; ci++) {
         const __global xstore_t *xc = x + ci * HW;
         xraw_t d[4][4][TN];  /* as stored (a half input converted 16 lanes at once below) */
-        if (inside) {
+        if (inside && run) {  /* each of the 4 rows read once, contiguously (66 values), then split by column */
+            for (int a = 0; a < 4; a++) {
+                xraw_t rr[2 * TN + 2];
+                const __global xstore_t *rp = xc + base[0] + a * W;
+                for (int k = 0; k < 2 * TN + 2; k++) rr[k] = XRAW(rp, k);
+                for (int b = 0; b < 4; b++)
+                    for (int j = 0; j < TN; j++) d[a][b][j] = rr[2 * j + b];
+            }
+        } else if (inside) {
             for (int a = 0; a < 4; a++)
                 for (int b = 0; b < 4; b++)
                     for (int j = 0; j < TN; j++) d[a][b][j] = XRAW(xc, base[j] + a * W + b);
@@ -205,6 +214,16 @@ __kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
         }
         int t = t0 + g * TN;
         int n = t / tpi, r = t - n * tpi, ty = r / tw, tx = r - ty * tw;
+        if (nvalid == TN && tx + TN <= tw && 2 * (tx + TN) <= OW && 2 * ty + 2 <= OH) {
+            /* 32 tiles side by side, all inside: their two output rows written contiguously (64 values each) */
+            __global ystore_t *yp = y + y_off + ((long)n * Cout + co) * OHW + (long)(2 * ty) * OW + 2 * tx;
+            for (int q = 0; q < 2; q++) {
+                float row[2 * TN];
+                for (int j = 0; j < TN; j++) { row[2 * j] = res[2 * q][j]; row[2 * j + 1] = res[2 * q + 1][j]; }
+                for (int k = 0; k < 2 * TN; k++) STOREY(yp + q * OW, k, row[k]);
+            }
+            continue;
+        }
         for (int j = 0; j < nvalid; j++) {
             const int oy = 2 * ty, ox = 2 * tx;
             __global ystore_t *yp = y + y_off + ((long)n * Cout + co) * OHW + (long)oy * OW + ox;

@@ -214,6 +214,8 @@ def test_matmul_packs_a_half_activation_as_stored(family, dtype, mnk, monkeypatc
 
 
 HALF_CONV_CASES = CONVS + [((1, 40, 17, 19), (48, 40, 3, 3), {"padding": 1}),          # winograd, odd sizes
+                           ((1, 32, 64, 64), (32, 32, 3, 3), {"padding": 1}),          # rows of 32 tiles (runs)
+                           ((2, 32, 66, 71), (40, 32, 3, 3), {"padding": 1}),          # runs and row-crossing groups
                            ((2, 16, 8, 8), (16, 16, 3, 3), {"padding": 1, "padding_mode": "reflect"}),
                            ((1, 32, 12, 12), (40, 32, 3, 3), {"padding": 1, "inf": True})]  # Winograd's fallback
 

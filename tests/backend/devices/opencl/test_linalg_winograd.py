@@ -1,0 +1,40 @@
+"""The CPU family's Winograd F(2x2, 3x3) conv (kernels/winograd_cpu.cl) in float32 against torch in float64:
+the input transform's row runs (32 tiles side by side: each input row read contiguously) and its gathers
+(groups of tiles crossing a row or an image, the border), the output transform's contiguous rows and its
+tile by tile stores (odd output sizes, the last group), with and without padding and bias."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+try:
+    from anydevice.backend.devices import opencl
+    BE = opencl.create("opencl", 0, family="cpu")
+except Exception as exc:  # noqa: BLE001
+    pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
+torch = pytest.importorskip("torch")
+
+CASES = [((1, 32, 64, 64), 32, 1, True),    # tw 32: every group one run
+         ((2, 32, 66, 71), 40, 1, True),    # runs, groups crossing rows and images, odd output width
+         ((1, 48, 130, 64), 32, 0, False),  # no padding: 128x62 outputs
+         ((1, 32, 9, 200), 64, 1, True),    # one tall-thin band of runs, last group partial
+         ((3, 32, 17, 33), 32, 1, True)]    # no run at all (tw 17)
+
+
+@pytest.mark.parametrize("xs,cout,pad,bias", CASES)
+def test_winograd_conv_matches_torch(xs, cout, pad, bias, monkeypatch):
+    rng = np.random.default_rng(sum(xs) + cout)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal((cout, xs[1], 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32) if bias else None
+    launched = []
+    run = BE._run
+    monkeypatch.setattr(BE, "_run", lambda name, *a, **k: (launched.append(name), run(name, *a, **k))[1])
+    y = np.asarray(BE.to_numpy(BE.conv2d(BE.to_device(x), BE.to_device(w), None if b is None else BE.to_device(b),
+                                         1, pad)), np.float64)
+    monkeypatch.setattr(BE, "_run", run)
+    assert "wino_in" in launched and "wino_out" in launched
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                     None if b is None else torch.from_numpy(b).double(), padding=pad).numpy()
+    assert y.shape == ref.shape
+    assert np.abs(y - ref).max() <= 2e-5 * np.abs(ref).max()
