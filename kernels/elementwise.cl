@@ -657,6 +657,27 @@ __kernel void adam_step(__global const float *p, const long p_off, __global cons
     }
 }
 
+/* torch's prelu: y = x > 0 ? x : x * w[c] in one pass (the composite where(x > 0, x, x * w) is three), c = the
+   channel of element i: (i / inner) % C (C 1: one slope). x, w and y stored as HDT. Flat chunks as `unary`;
+   each run of one channel's values reads its slope once. */
+__kernel void prelu_ch(__global const hstore_t *x, const long x_off, __global const hstore_t *w, const long w_off,
+                       __global hstore_t *y, const long y_off, const long n, const long chunk, const long C,
+                       const long inner)
+{
+    const long i0 = (long)get_global_id(0) * chunk;
+    const long i1 = min(n, i0 + chunk);
+    x += x_off; w += w_off; y += y_off;
+    for (long i = i0; i < i1;) {
+        const long q = i / inner;
+        const float s = LDH(w, C == 1 ? 0 : q % C);
+        const long e = min(i1, (q + 1) * inner);
+        for (; i < e; i++) {
+            const float v = LDH(x, i);
+            STH(y, i, v > 0.0f ? v : v * s);
+        }
+    }
+}
+
 /* torch.where with every operand either contiguous of the output's n elements or one element
    (bit 0 / 1 / 2 of `scalars`: c / a / b is one element, read at its offset): where_nd's select
    without its per-element index arithmetic (the relu backward's where(y <= 0, 0, gy)). */

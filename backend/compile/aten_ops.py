@@ -407,11 +407,7 @@ def _logical_or(cx, a, b):
 
 @lower("_prelu_kernel", "prelu")
 def _prelu(cx, x, w):
-    be = cx.be
-    s = be._shape(x)
-    if be._shape(w) != (1,) and len(s) >= 2:
-        w = be.reshape(w, (s[1],) + (1,) * (len(s) - 2))
-    return be.where(be.gt(x, 0.0), x, be.mul(x, w))
+    return cx.be._prelu(x, w)  # one pass where the device has "prelu" (ops/layers.py)
 
 
 # ---- reductions and normalisation ----------------------------------------------------------------

@@ -57,6 +57,7 @@ FUSED_KERNELS = {
     "norm_affine": "_norm_rows_affine: _norm_rows with the norm's per-channel weight and bias (and a compiled "
                    "graph's GroupNorm + SiLU pair's silu) applied in the same pass, in the input's dtype "
                    "(layer_norm, group_norm; ops/layers.py)",
+    "prelu": "_prelu_fused: torch's prelu (a slope per channel) in one pass (ops/layers.py _prelu)",
     "half_conv": "no method: _conv2d takes a float16/bfloat16 input as it is stored (the device converts it "
                  "where a path does not read it so); its result is float32 or the input's dtype",
 }
@@ -293,6 +294,11 @@ class Device(abc.ABC):
         column // inner), then the activation ``act`` (None or "silu"), in one pass, in x's dtype; or None to
         take the composite path."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'norm_affine'")
+
+    def _prelu_fused(self, x, w, C: int, inner: int):
+        """"prelu": x > 0 ? x : x * w[(i // inner) % C] (i the flat index; w (C,) of x's dtype, C 1: one slope)
+        in one pass, in x's dtype; or None to take the composite path."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'prelu'")
 
     def _all_finite(self, x) -> bool:
         """"all_finite": True when x holds no inf and no NaN."""

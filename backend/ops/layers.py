@@ -169,6 +169,19 @@ class LayerOps:
         with "half_norm" takes a half ``x`` as it is stored."""
         return None
 
+    def _prelu(self, x, w):
+        """torch's prelu of native arrays: where(x > 0, x, x * w), ``w`` one slope or one per channel (dim 1);
+        in one pass on a device with "prelu", else the three ops."""
+        s, nw = self._shape(x), math.prod(self._shape(w))
+        C = s[1] if len(s) >= 2 else 1
+        if "prelu" in self.caps.fused and nw in (1, C) and math.prod(s) and self._dtype(x) == self._dtype(w):
+            y = self._prelu_fused(x, self._reshape(w, (nw,)), nw, math.prod(s[2:]))
+            if y is not None:
+                return y
+        if nw != 1 and len(s) >= 2:
+            w = self.reshape(w, (C,) + (1,) * (len(s) - 2))
+        return self.where(self.gt(x, 0.0), x, self.mul(x, w))
+
     def _affine(self, y, w, b):
         y = y if w is None else self._binary("mul", y, w)
         return y if b is None else self._binary("add", y, b)

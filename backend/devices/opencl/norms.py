@@ -1,5 +1,6 @@
 """Row normalisation on OpenCL (kernels/elementwise.cl): layers._normalize fused (``_norm_rows``), and
-with the norm's affine applied in the same pass (``_norm_rows_affine``, capability "norm_affine")."""
+with the norm's affine applied in the same pass (``_norm_rows_affine``, capability "norm_affine"); and
+PReLU in one pass (``_prelu_fused``, capability "prelu")."""
 from __future__ import annotations
 
 
@@ -43,4 +44,18 @@ class CLNorms:
         wb = [a for v in (w, b) for a in ((v.buffer, v.offset) if v is not None else (x.buffer, 0))]
         self._run("norm_rows_aff", (rows,), (1,), x.buffer, x.offset, out.buffer, 0, rows, n, 1.0 / n, eps,
                   *wb, flags, groups, nch // groups, inner, params=self._hdt(dtype))
+        return out
+
+    def _prelu_fused(self, x, w, C, inner):
+        """"prelu": x > 0 ? x : x * w[(i // inner) % C] in one pass (prelu_ch), x's dtype; w of x's dtype
+        (else None: the composite runs)."""
+        dtype = self._dtype(x)
+        if self._dtype(w) != dtype:
+            return None
+        out = self._empty(x.shape, dtype)
+        n = x.size
+        if n:
+            g, l, chunk = self._flat_geometry(n)
+            self._run("prelu_ch", g, l, x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, n, chunk, C, inner,
+                      params=self._hdt(dtype))
         return out

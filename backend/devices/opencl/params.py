@@ -79,5 +79,7 @@ SIGS["adam_step"] = [None, np.int64] * 5 + [None] * 4 + [np.int64, np.int64, np.
     [np.float32] * 5 + [np.int32]
 
 # ---- where with contiguous / one-element operands (kernels/elementwise.cl's where_flat) ------------
+KFILES["prelu_ch"] = ("elementwise.cl", False)
+SIGS["prelu_ch"] = [None, np.int64] * 3 + [np.int64] * 4
 KFILES["where_flat"] = ("elementwise.cl", False)
 SIGS["where_flat"] = [None, np.int64] * 4 + [np.int64, np.int64, np.int32]

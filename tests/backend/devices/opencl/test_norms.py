@@ -65,3 +65,31 @@ def test_norm_affine_keeps_inf_and_nan_and_offsets():
     assert np.array_equal(np.isnan(y), np.isnan(ref))
     ok = ~np.isnan(ref)
     np.testing.assert_allclose(y[ok], ref[ok], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", ["float32"] + list(dtypes.HALF))
+@pytest.mark.parametrize("xs,nw", [((2, 64, 9, 13), 64), ((1, 5, 3), 5), ((3, 7), 7), ((2, 16, 4, 4), 1),
+                                   ((1, 3, 70, 90), 3)])
+def test_prelu_in_one_pass(family, dtype, xs, nw, monkeypatch):
+    """be._prelu (the compiled graphs' prelu): one prelu_ch launch, values as torch's prelu (NaN, Inf and
+    -0.0 included), in the input's dtype (each value rounded once: exact for half inputs)."""
+    be = FAMILIES[family]
+    assert "prelu" in be.caps.fused
+    rng = np.random.default_rng(sum(xs) + nw)
+    x32 = dtypes.round_to(rng.standard_normal(xs).astype(np.float32), dtype)
+    flat = x32.reshape(-1)
+    flat[:4] = [np.nan, -np.inf, np.inf, -0.0]
+    w32 = dtypes.round_to(rng.standard_normal(nw).astype(np.float32), dtype)
+    x, w = be.to_device(x32, dtype=dtype), be.to_device(w32, dtype=dtype)
+    launched = []
+    run = be._run
+    monkeypatch.setattr(be, "_run", lambda name, *a, **k: (launched.append(name), run(name, *a, **k))[1])
+    y = be._prelu(x, w)
+    monkeypatch.setattr(be, "_run", run)
+    assert launched == ["prelu_ch"] and be._dtype(y) == dtype
+    ref = torch.nn.functional.prelu(torch.from_numpy(x32).double(), torch.from_numpy(w32).double()).numpy()
+    got = np.asarray(be.to_numpy(y), np.float64)
+    ref = dtypes.round_to(ref.astype(np.float32), dtype).astype(np.float64)  # x * w rounded once, as torch's
+    np.testing.assert_array_equal(got, ref)
+    assert np.signbit(got.reshape(-1)[3]) == np.signbit(ref.reshape(-1)[3])
