@@ -133,8 +133,8 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
     secs = _seconds(be, macs, g)
     if secs <= cancel.CHUNK_SECONDS or g.N * g.OH <= 1:
         return fn(x, w, bias, stride, pads, dilation, groups)
-    if be._dtype(x) != "float32":  # a half input ("half_conv"): the chunks and their results are float32
-        x = be._cast(x, "float32")
+    if be._dtype(x) != "float32" and "half_conv" not in be.caps.fused:  # (a device whose convs take half
+        x = be._cast(x, "float32")  # inputs also cuts and joins half bands: OpenCL's _band_rows / _band_cat)
     per_image = secs / g.N
     if per_image <= cancel.CHUNK_SECONDS / 2 or g.OH == 1:  # whole images per chunk
         first = max(1, int(cancel.CHUNK_SECONDS / max(per_image, 1e-12))) * g.OH

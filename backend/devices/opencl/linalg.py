@@ -545,20 +545,23 @@ class LinalgOps:
         return not bad[0]
 
     # ---- chunks of long convs (bigconv.chunked): batch and row-band views, concatenation ----------
+    # (a half input stays half: "half_conv" convs take it, and the bands of their results are joined as they are)
     def _band_batch(self, x: CLArray, a: int, b: int) -> CLArray:
         inner = math.prod(x.shape[1:])
-        return CLArray((b - a,) + tuple(x.shape[1:]), x.block, x.offset + a * inner)
+        return self._view(x, (b - a,) + tuple(x.shape[1:]), x.offset + a * inner)
 
     def _band_rows(self, x: CLArray, a: int, b: int) -> CLArray:
         N, C, H, W = x.shape
-        out = self._empty((N, C, b - a, W))
+        out = self._empty((N, C, b - a, W), self._dtype(x))
         self._copy_strided(x, x.offset + a * W, (N * C, b - a, W), (H * W, W, 1), out, 0, ((b - a) * W, W, 1))
         return out
 
     def _band_cat(self, parts, axis: int) -> CLArray:
+        if len({self._dtype(p) for p in parts}) > 1:  # (a band that took a float32 path: all in float32)
+            parts = [self._f32(p) for p in parts]
         shape = list(parts[0].shape)
         shape[axis] = sum(p.shape[axis] for p in parts)
-        out = self._empty(shape)
+        out = self._empty(shape, self._dtype(parts[0]))
         outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
         pos = 0
         for p in parts:

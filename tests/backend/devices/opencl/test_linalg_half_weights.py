@@ -262,3 +262,39 @@ def test_conv2d_reads_a_half_input_as_stored(family, dtype, xs, ws, kw, monkeypa
     ulp = np.abs(dtypes.round_to(ref.astype(np.float32), dtype).astype(np.float64) - ref)
     tol = ulp + 1e-6 * np.abs(ref).max() + np.abs(ref) * (1e-3 if dtype == "float16" else 8e-3)
     assert (np.abs(got - ref) <= tol).all(), float(np.max(np.abs(got - ref) - tol))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_chunked_half_conv_stays_half(family, dtype, n, monkeypatch):
+    """A conv long enough to be cut into cancel chunks (here: a tiny chunk time) with a half input: its row
+    bands and image batches are cut, computed and joined in the input's dtype (no float32 copy of the input,
+    no cast of the result), within one rounding of float64 as the whole conv."""
+    from anydevice.backend.system import cancel
+    be = FAMILIES[family]
+    monkeypatch.setattr(cancel, "CHUNK_SECONDS", 1e-5)
+    rng = np.random.default_rng(n)
+    xs, ws = (n, 32, 40, 36), (32, 32, 3, 3)
+    x32 = dtypes.round_to(rng.standard_normal(xs).astype(np.float32), dtype)
+    w32 = dtypes.round_to((rng.standard_normal(ws) / np.sqrt(288)).astype(np.float32), dtype)
+    b32 = dtypes.round_to(rng.standard_normal(32).astype(np.float32), dtype)
+    x, w, b = (be.to_device(v, dtype=dtype) for v in (x32, w32, b32))
+    launched = []
+    run = be._run
+    monkeypatch.setattr(be, "_run", lambda name, *a, **k: (launched.append((name, a)), run(name, *a, **k))[1])
+    y = be.conv2d(x, w, b, 1, 1)
+    monkeypatch.setattr(be, "_run", run)
+    names = [nm for nm, _ in launched]
+    assert be._dtype(y) == dtype
+    assert names.count("wino_in" if family == "cpu" else "ad_conv_gemm") > 1 or family == "gpu", names  # chunked
+    if family == "cpu":
+        assert "cast_from_f32" not in names and not [nm for nm, a in launched if nm == "cast_to_f32"
+                                                     and any(v is x.buffer for v in a)], names
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x32).double(), torch.from_numpy(w32).double(),
+                                     torch.from_numpy(b32).double(), padding=1).numpy()
+    got = np.asarray(be.to_numpy(y), np.float64)
+    ulp = np.abs(dtypes.round_to(ref.astype(np.float32), dtype).astype(np.float64) - ref)
+    tol = ulp + 1e-6 * np.abs(ref).max() + np.abs(ref) * (1e-3 if dtype == "float16" else 8e-3)
+    assert (np.abs(got - ref) <= tol).all()
