@@ -77,11 +77,14 @@ def _sync(be):
 
 #: Winograd F(2x2, 3x3)'s multiplies per direct multiply-add (a device with "winograd")
 WINOGRAD_MACS = 1 / 2.25
+#: a "winograd" device runs it for 3x3 stride-1 ungrouped convs with at least this many input and output
+#: channels (below it the transforms cost more than the multiplies saved: the OpenCL CPU family's rule)
+WINOGRAD_MIN_CH = 32
 
 
 def _seconds(be, macs: float, g, transposed: bool = False) -> float:
     slow, fast = be.caps.macs_per_s or DEFAULT_MACS_PER_S
-    if not transposed and "winograd" in be.caps.fused and min(g.CinG, g.CoutG) >= 32 \
+    if not transposed and "winograd" in be.caps.fused and min(g.CinG, g.CoutG) >= WINOGRAD_MIN_CH \
             and (g.KH, g.KW, g.sh, g.sw, g.dh, g.dw, g.G) == (3, 3, 1, 1, 1, 1, 1):
         macs *= WINOGRAD_MACS  # (estimated as direct, a 0.12 s conv was cut into row bands, each
         #                         transforming the whole filter again)
@@ -133,8 +136,6 @@ def chunked(be, fn, x, w, bias, stride, pads, dilation, groups):
     secs = _seconds(be, macs, g)
     if secs <= cancel.CHUNK_SECONDS or g.N * g.OH <= 1:
         return fn(x, w, bias, stride, pads, dilation, groups)
-    if be._dtype(x) != "float32" and "half_conv" not in be.caps.fused:  # (a device whose convs take half
-        x = be._cast(x, "float32")  # inputs also cuts and joins half bands: OpenCL's _band_rows / _band_cat)
     per_image = secs / g.N
     if per_image <= cancel.CHUNK_SECONDS / 2 or g.OH == 1:  # whole images per chunk
         first = max(1, int(cancel.CHUNK_SECONDS / max(per_image, 1e-12))) * g.OH

@@ -109,13 +109,12 @@ class LayerOps:
         y = self._norm_affine(self._reshape(x, grouped), 1, eps, w, b, num_groups, math.prod(shape[2:]), act)
         if y is not None:
             return self._out(self._reshape(y, shape), kind, like)
-        if act is not None:  # the two ops, each rounded as its own op
-            return self.unary(act, self._group_norm_act(input, num_groups, weight, bias, eps))
         y = self._reshape(self._normalize(self._reshape(x, grouped), (2,), eps), shape)
         per_channel = (shape[1],) + (1,) * (len(shape) - 2)  # weight and bias scale channels
         w = None if w is None else self._reshape(w, per_channel)
         b = None if b is None else self._reshape(b, per_channel)
-        return self._out(self._affine(y, w, b), kind, like)
+        y = self._out(self._affine(y, w, b), kind, like)
+        return y if act is None else self.unary(act, y)  # the two ops, each rounded as its own op
 
     def rms_norm(self, input, normalized_shape, weight=None, eps=None):
         """torch.nn.functional.rms_norm: x / sqrt(mean(x^2) + eps) * weight; eps None is float32's

@@ -57,10 +57,10 @@ class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam,
             raise RuntimeError(f"kernel family {fam!r} must be cpu or gpu")
         self.family = fam or ("gpu" if _is_gpu(dev) else "cpu")
         self.is_cpu_device = not _is_gpu(dev)
-        fft = frozenset({"fft_conv"}) if self.family == "cpu" and self.is_cpu_device else frozenset()
-        fft |= frozenset({"winograd"}) if self.family == "cpu" else frozenset()
+        cpu = frozenset({"winograd"}) if self.family == "cpu" else frozenset()
+        cpu |= frozenset({"fft_conv"}) if self.family == "cpu" and self.is_cpu_device else frozenset()
         # float16 / bfloat16 stored as 16-bit words (vload_half/vstore_half are core OpenCL), computed in float32
-        self.caps = Capabilities(fused=FUSED | fft, macs_per_s=(4.0e9, _cpu_macs_per_s(dev)), fft_min_taps=577,
+        self.caps = Capabilities(fused=FUSED | cpu, macs_per_s=(4.0e9, _cpu_macs_per_s(dev)), fft_min_taps=577,
                                  storage_dtypes=frozenset(dtypes.FLOATS), quant_formats=frozenset(FORMATS))
         self._launches = 0
         self.ctx = cl.Context([dev])

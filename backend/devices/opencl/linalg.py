@@ -7,13 +7,14 @@ import math
 
 import numpy as np
 
+from ...ops.bigconv import WINOGRAD_MIN_CH
 from ...ops.contract import workspace_budget_bytes
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
 from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchunk_for, operand_layout, plan as plan_tiles,
                                  vec_fits)
 from ...ops.quant import FORMATS
 from .memory import CLArray, CLHalf, CLQuant, _contig_strides
-from .params import (DIRECT_MAX_K, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINO_MIN_CH, WINO_OB,
+from .params import (DIRECT_MAX_K, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINO_OB,
                      _direct_spec)
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
@@ -72,7 +73,6 @@ class LinalgOps:
         if out.size == 0:
             return out
         if K == 0:
-            out = self._empty(shape)
             self._fill(out, 0.0)
             return out
         if self.family == "gpu":  # a quantized operand stays packed (ad_conv_gemm decodes it: WQA / WQB)
@@ -481,7 +481,7 @@ class LinalgOps:
         C = xshape[1]
         K = (C // groups) * KH * KW
         if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
-                and C >= WINO_MIN_CH and Cout >= WINO_MIN_CH \
+                and C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH \
                 and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes():
             return "winograd"
         if K <= DIRECT_MAX_K and OW >= 24:
@@ -544,7 +544,7 @@ class LinalgOps:
         self.cl.enqueue_copy(self.queue, bad, flag.buffer, is_blocking=True)
         return not bad[0]
 
-    # ---- chunks of long convs (bigconv.chunked): batch and row-band views, concatenation ----------
+    # ---- chunks of long convs (bigconv.chunked): batch and row-band views (joined by _cat) ----------
     # (a half input stays half: "half_conv" convs take it, and the bands of their results are joined as they are)
     def _band_batch(self, x: CLArray, a: int, b: int) -> CLArray:
         inner = math.prod(x.shape[1:])
@@ -554,21 +554,6 @@ class LinalgOps:
         N, C, H, W = x.shape
         out = self._empty((N, C, b - a, W), self._dtype(x))
         self._copy_strided(x, x.offset + a * W, (N * C, b - a, W), (H * W, W, 1), out, 0, ((b - a) * W, W, 1))
-        return out
-
-    def _band_cat(self, parts, axis: int) -> CLArray:
-        if len({self._dtype(p) for p in parts}) > 1:  # (a band that took a float32 path: all in float32)
-            parts = [self._f32(p) for p in parts]
-        shape = list(parts[0].shape)
-        shape[axis] = sum(p.shape[axis] for p in parts)
-        out = self._empty(shape, self._dtype(parts[0]))
-        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-        pos = 0
-        for p in parts:
-            k = p.shape[axis]
-            self._copy_strided(p, p.offset, (outer, k * inner), (k * inner, 1), out, pos * inner,
-                               (shape[axis] * inner, 1))
-            pos += k
         return out
 
     def _conv_transpose2d(self, x, w, bias, stride, padding, output_padding, dilation, groups):

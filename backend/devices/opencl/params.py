@@ -30,9 +30,6 @@ PACK_K = 64
 #: CPU family: the most bytes of float32 panels a weight stored in half or quantized is packed to at once
 #: (GEMM, im2col conv and Winograd take its rows or columns in slices: no float32 copy of the whole weight)
 WEIGHT_PANEL_BYTES = 16 << 20
-#: CPU family: Winograd F(2x2,3x3) for 3x3 stride-1 ungrouped convs with at least this many
-#: input and output channels (below it the transforms cost more than the multiplies saved)
-WINO_MIN_CH = 32
 #: CPU family: 32-tile groups one wino_out work item transforms (OB in winograd_cpu.cl)
 WINO_OB = 4
 
