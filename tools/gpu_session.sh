@@ -19,6 +19,14 @@ lib=$(ldconfig -p | grep -o '/[^ ]*libnvidia-opencl.so.1' | head -1)
 [ -z "$lib" ] && lib=$(find / -xdev -name 'libnvidia-opencl.so*' 2>/dev/null | head -1)
 if [ -n "$lib" ]; then mkdir -p /etc/OpenCL/vendors; echo "$lib" > /etc/OpenCL/vendors/nvidia.icd; fi
 T=${T:-}
+# BUDGET (seconds from the start): no step runs past it, so $OUT comes back before the call's limit
+DEADLINE=$(( $(date +%s) + ${BUDGET:-420} ))
+lim() { local left=$(( DEADLINE - $(date +%s) - 5 )); [ "$left" -lt "$1" ] && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
+mbench() {  # mbench NAME LIMIT ARGS...: one `anydevice bench --model` run, JSON and log in $OUT
+  local name=$1 l; l=$(lim "$2"); shift 2
+  echo "--- model bench $name (limit ${l}s): $*"
+  timeout "$l" python3 -m anydevice bench --model "$@" --json "$OUT/model_$name.json" 2>&1 | tee "$OUT/model_$name.log" | tail -25
+}
 for step in "$@"; do
   echo "=================== $step ($(date +%T))"
   case $step in
@@ -76,6 +84,21 @@ PY
       timeout 200 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
         --section LaunchStats --section MemoryWorkloadAnalysis -k regex:ad_conv_gemm --launch-skip 2 -c 2 \
         python3 /tmp/ncu_one.py > "$OUT/ncu.txt" 2>&1; tail -150 "$OUT/ncu.txt" | grep -v "^ *$" | cut -c1-120 ;;
+    unetcuda) mbench unet_cuda 150 --backend cuda --case unet --dtype float32,float16 ;;
+    unetocl) mbench unet_opencl 150 --backend opencl --case unet --dtype float32,float16 ;;
+    unetq) mbench unet_cuda_q 100 --backend cuda --case unet --dtype bfloat16,q8_0 ;;
+    vae) mbench vae 120 --backend cuda --backend opencl --case vae --dtype float32,float16 ;;
+    upscaler) mbench upscaler 60 --backend cuda --backend opencl --case upscaler --dtype float32,float16 ;;
+    ops)
+      timeout "$(lim 100)" python3 -m anydevice bench --backend cuda --backend opencl --case "matmul 4096" --case seed --case "conv 32x512" \
+        --json "$OUT/bench_ops.json" 2>&1 | tee "$OUT/bench_ops.log" | tail -25 ;;
+    modelprof)
+      timeout "$(lim 100)" python3 tools/gpu_model_profile.py --backend cuda --dtype float16 --case unet \
+        > "$OUT/profile_unet_cuda.txt" 2>&1; grep -E "^(=====|---)" "$OUT/profile_unet_cuda.txt"; tail -5 "$OUT/profile_unet_cuda.txt" ;;
+    tests)
+      ANYDEVICE_TEST_BACKENDS=cuda,opencl ANYDEVICE_UNET_DEVICE=cuda timeout "$(lim 200)" python3 -m pytest -v -rfE \
+        --timeout 120 -n ${NPROC:-12} -p no:cacheprovider tests/backend/devices/cuda tests/conformance \
+        tests/backend/compile tests/models 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 ;;
     *) echo "unknown step $step" ;;
   esac
 done

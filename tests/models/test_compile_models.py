@@ -12,7 +12,7 @@ import compile_models as cm
 from compile_models import _fresh_dynamo, ref64, rel  # noqa: F401 (_fresh_dynamo: an autouse fixture)
 from conftest import TARGETS
 
-CHEAP = [t[0] for t in TARGETS if t[0] in ("numpy", "opencl")]
+CHEAP = [t[0] for t in TARGETS if t[0] in ("numpy", "opencl", "cuda")]
 
 
 @pytest.mark.parametrize("device", CHEAP)

@@ -11,6 +11,8 @@ One backend (numpy: no kernel builds), about a minute and a half on two cores.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,7 +23,7 @@ from anydevice.backend.system import versions  # noqa: E402
 from anydevice.backend.bench.model_zoo import sd15_unet  # noqa: E402
 from anydevice.nodes.models import compiled as mn  # noqa: E402
 
-DEVICE = "numpy"
+DEVICE = os.environ.get("ANYDEVICE_UNET_DEVICE", "numpy")  # the GPU session runs it on cuda
 
 
 def rel(a, b) -> float:

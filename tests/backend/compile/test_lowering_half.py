@@ -33,7 +33,7 @@ def _exact(m, x):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("name", ["numpy", "opencl", "cpu"])
+@pytest.mark.parametrize("name", ["numpy", "opencl", "cpu", "cuda"])
 def test_compiled_model_in_half(name, dtype):
     try:
         be = get_backend(name)

@@ -140,7 +140,7 @@ def _backend(name):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("name", ["opencl", "numpy", "cpu"])
+@pytest.mark.parametrize("name", ["opencl", "numpy", "cpu", "cuda"])
 def test_compiled_equals_eager(name, fmt):
     be = _backend(name)
     m = QLinearConv(fmt).eval()

@@ -55,7 +55,7 @@ def _backend(name):
 
 
 @pytest.mark.parametrize("fmt", list(quant.FORMATS))
-@pytest.mark.parametrize("name", ["opencl", "numpy", "cpu"])
+@pytest.mark.parametrize("name", ["opencl", "numpy", "cpu", "cuda"])
 def test_compiled_model_with_quantized_weights_is_exact(name, fmt):
     be = _backend(name)
     m = _LinearHead().eval()
