@@ -7,6 +7,7 @@ cProfile, next to PyTorch eager in the same dtype.
 from __future__ import annotations
 
 import argparse
+import copy
 import cProfile
 import io
 import pstats
@@ -39,7 +40,7 @@ def main() -> int:
             act, wq = _activation_and_weights(be, dtype)
             tdev = be.torch_device()
             tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(act)
-            eager = model.to(tdev, dtype=tdt)
+            eager = copy.deepcopy(model).to(tdev, dtype=tdt)
             xts = [x.to(tdev, dtype=tdt) if tdt is not None and x.is_floating_point() else x.to(tdev) for x in xs]
             compiled = torch.compile(model, backend="anydevice", options={"device": be, "dtype": act, "weights": wq})
             with torch.inference_mode():

@@ -93,12 +93,15 @@ PY
       timeout "$(lim 100)" python3 -m anydevice bench --backend cuda --backend opencl --case "matmul 4096" --case seed --case "conv 32x512" \
         --json "$OUT/bench_ops.json" 2>&1 | tee "$OUT/bench_ops.log" | tail -25 ;;
     modelprof)
-      timeout "$(lim 100)" python3 tools/gpu_model_profile.py --backend cuda --dtype float16 --case unet \
+      timeout "$(lim 100)" python3 tools/gpu_model_profile.py --backend cuda ${PROF_DTYPES:---dtype float16} --case unet \
         > "$OUT/profile_unet_cuda.txt" 2>&1; grep -E "^(=====|---)" "$OUT/profile_unet_cuda.txt"; tail -5 "$OUT/profile_unet_cuda.txt" ;;
     tests)
       ANYDEVICE_TEST_BACKENDS=cuda,opencl ANYDEVICE_UNET_DEVICE=cuda timeout "$(lim 200)" python3 -m pytest -v -rfE \
         --timeout 120 -n ${NPROC:-12} -p no:cacheprovider tests/backend/devices/cuda tests/conformance \
         tests/backend/compile tests/models 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 ;;
+    diag)  # the failures of the last `tests`, with their tracebacks
+      timeout "$(lim 90)" python3 -m pytest -q --tb=short --timeout 60 -n 4 -p no:cacheprovider ${DIAG_TESTS:-} \
+        > "$OUT/diag.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/diag.txt" | tail -20 ;;
     *) echo "unknown step $step" ;;
   esac
 done
