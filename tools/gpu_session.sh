@@ -102,6 +102,8 @@ PY
     diag)  # the failures of the last `tests`, with their tracebacks
       timeout "$(lim 90)" python3 -m pytest -q --tb=short --timeout 60 -n 4 -p no:cacheprovider ${DIAG_TESTS:-} \
         > "$OUT/diag.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/diag.txt" | tail -20 ;;
+    tile)  # tools/gpu_tile_check.py through CUDA and the OpenCL platform named by ANYDEVICE_TEST_OPENCL_PLATFORM
+      timeout "$(lim 90)" python3 tools/gpu_tile_check.py > "$OUT/tile.txt" 2>&1; grep -c " err " "$OUT/tile.txt"; grep -E "device|FAILED| err [0-9.]+e-0[0-5]| err nan| err [0-9.]+e\+" "$OUT/tile.txt" | head -30 ;;
     *) echo "unknown step $step" ;;
   esac
 done

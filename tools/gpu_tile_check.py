@@ -60,7 +60,8 @@ def main():
         print("cuda path unavailable:", exc)
     import test_portable_kernels as t
     run = t.Runner()
-    print("opencl device:", run.queue.device.name)
+    print("opencl device:", run.queue.device.name, "|", run.queue.device.platform.name,
+          run.queue.device.platform.version, "|", run.queue.device.version)
     for name, cfg in VARIANTS.items():
         cfg = {k: v for k, v in cfg.items() if k != "MIN_BLOCKS"}
         for M, N, K, A, B, ref in cases:

@@ -4,6 +4,8 @@ exact, inputs never written, the hypothesis settings.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from hypothesis import HealthCheck, settings
@@ -87,8 +89,8 @@ ATTENTION_SHAPES = [
 
 
 def opencl_device():
-    """(device, context, queue) on PoCL where it is there (else the first OpenCL device); the test is
-    skipped, saying why, without one."""
+    """(device, context, queue) on PoCL where it is there (else the first OpenCL device), or on the
+    platform named like ``ANYDEVICE_TEST_OPENCL_PLATFORM``; the test is skipped, saying why, without one."""
     import pyopencl as cl
     import pytest
     try:
@@ -97,6 +99,11 @@ def opencl_device():
         pytest.skip(f"no OpenCL platform ({exc})")
     if not devs:
         pytest.skip("no OpenCL device")
+    want = os.environ.get("ANYDEVICE_TEST_OPENCL_PLATFORM")  # e.g. "NVIDIA" on a lent GPU machine
+    if want:
+        devs = [d for d in devs if want.lower() in d.platform.name.lower()]
+        if not devs:
+            pytest.skip(f"no OpenCL platform named like ANYDEVICE_TEST_OPENCL_PLATFORM={want!r}")
     pocl = [d for d in devs if "Portable Computing Language" in d.platform.name]
     dev = (pocl or devs)[0]
     ctx = cl.Context([dev])
