@@ -79,7 +79,7 @@ def _sync(be):
 WINOGRAD_MACS = 1 / 2.25
 #: a "winograd" device runs it for 3x3 stride-1 ungrouped convs with at least this many input and output
 #: channels (below it the transforms cost more than the multiplies saved: the OpenCL CPU family's rule)
-WINOGRAD_MIN_CH = 32
+WINOGRAD_MIN_CH = 64
 
 
 def _seconds(be, macs: float, g, transposed: bool = False) -> float:

@@ -14,7 +14,7 @@ from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchu
                                  vec_fits)
 from ...ops.quant import FORMATS
 from .memory import CLArray, CLHalf, CLQuant, _contig_strides
-from .params import (DIRECT_MAX_K, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINO_OB,
+from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINO_OB,
                      _direct_spec)
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
@@ -413,6 +413,7 @@ class LinalgOps:
             else:
                 path = "gemm"
         if path == "direct":
+            x, geo = self._direct_padded(x, geo)
             ncob = -(-CoutG // 8)
             self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),
                       x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
@@ -476,17 +477,35 @@ class LinalgOps:
         z = self._reduce("sum", self._binary("mul", a, 0.0), tuple(range(len(a.shape))), False)
         return bool(np.isfinite(self._to_numpy(z)).all())
 
+    def _direct_padded(self, x, geo):
+        """conv2d_direct loads a tile's 32 input columns with two vector loads where they all lie inside
+        the row, and one by one where the tile crosses the left or right edge (at W = 64 every tile
+        does). Where at most DIRECT_PAD_MAX_TILES tiles span a row, the columns are zero-padded once
+        (pad2d, one pass over x) so that every tile lies inside: (x, geo) with W and pl replaced."""
+        C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, pl, dh, dw = geo
+        ntiles = -(-OW // 32)
+        last = (ntiles - 1) * 32 - pl + 31 + (KW - 1) * dw  # the last tile's last column
+        if sw != 1 or ntiles > DIRECT_PAD_MAX_TILES or (pl == 0 and last < W):
+            return x, geo
+        right = max(0, last + 1 - W)  # columns past W the tiles read
+        Wp = pl + W + right
+        if 4 * x.shape[0] * C * H * Wp > DIRECT_PAD_MAX_BYTES:
+            return x, geo
+        xp = self._pad(x, (0, 0, pl, right), "zeros")
+        return xp, (C, H, Wp, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, 0, dh, dw)
+
     def _conv_path(self, xshape, Cout, KH, KW, stride, dilation, groups, OW) -> str:
         """CPU family: which conv2d path a geometry takes ("winograd", "direct" or "gemm")."""
         C = xshape[1]
         K = (C // groups) * KH * KW
+        direct = K <= DIRECT_MAX_K and OW >= 24
+        if direct and -(-OW // 32) <= DIRECT_PAD_MAX_TILES:
+            return "direct"  # narrow rows, padded (_direct_padded): faster than Winograd up to 64 channels
         if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
                 and C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH \
                 and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes():
             return "winograd"
-        if K <= DIRECT_MAX_K and OW >= 24:
-            return "direct"
-        return "gemm"
+        return "direct" if direct else "gemm"
 
     def _conv2d_winograd(self, x, w, bias, out, pt, pl):
         """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A

@@ -275,10 +275,10 @@ def test_a_chunked_half_conv_stays_half(family, dtype, n, monkeypatch):
     be = FAMILIES[family]
     monkeypatch.setattr(cancel, "CHUNK_SECONDS", 1e-5)
     rng = np.random.default_rng(n)
-    xs, ws = (n, 32, 40, 36), (32, 32, 3, 3)
+    xs, ws = (n, 64, 12, 136), (64, 64, 3, 3)  # (the CPU family's Winograd: 64 channels, rows past 128)
     x32 = dtypes.round_to(rng.standard_normal(xs).astype(np.float32), dtype)
-    w32 = dtypes.round_to((rng.standard_normal(ws) / np.sqrt(288)).astype(np.float32), dtype)
-    b32 = dtypes.round_to(rng.standard_normal(32).astype(np.float32), dtype)
+    w32 = dtypes.round_to((rng.standard_normal(ws) / np.sqrt(576)).astype(np.float32), dtype)
+    b32 = dtypes.round_to(rng.standard_normal(64).astype(np.float32), dtype)
     x, w, b = (be.to_device(v, dtype=dtype) for v in (x32, w32, b32))
     launched = []
     run = be._run

@@ -308,6 +308,11 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((32, 512, 7, 7), (512, 512, 7, 7), {"stride": 2, "padding": 3}, "gemm"),
     ((1, 64, 9, 7), (64, 32, 3, 3), {"groups": 2}, "gemm"),         # grouped: never Winograd
     ((1, 64, 40, 40), (64, 64, 3, 3), {"dilation": 2}, "direct"),
+    ((16, 32, 64, 64), (32, 32, 3, 3), {}, "direct"),               # the denoiser's convs: narrow rows, padded
+    ((2, 64, 64, 64), (64, 64, 3, 3), {}, "direct"),                # (faster than Winograd up to 64 channels)
+    ((1, 32, 256, 256), (32, 32, 3, 3), {}, "direct"),              # under WINOGRAD_MIN_CH channels
+    ((1, 64, 256, 256), (64, 64, 3, 3), {}, "winograd"),            # the compact upscaler's convs
+    ((2, 128, 64, 64), (128, 128, 3, 3), {}, "winograd"),           # K over DIRECT_MAX_K
 ])
 def test_cpu_conv_path_choice(cpu_be, xs, ws, kw, path):
     assert _path(cpu_be, xs, ws, **kw) == path
@@ -330,6 +335,7 @@ def test_winograd_matches_float64(cpu_be, monkeypatch, xs, ws, padding):
     calls = []
     real = cpu_be._conv2d_winograd
     monkeypatch.setattr(cpu_be, "_conv2d_winograd", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(cpu_be, "_conv_path", lambda *a: "winograd")  # the kernels at any channel count
     for bias in (b, None):
         y = cpu_be.to_numpy(cpu_be.conv2d(x, w, bias, padding=padding))
         ref = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
@@ -349,7 +355,7 @@ def test_winograd_chunked_tiles(cpu_be, monkeypatch):
     w = (rng.standard_normal((48, 32, 3, 3)) / 17).astype(np.float32)
     b = rng.uniform(-1, 1, 48).astype(np.float32)
     monkeypatch.setenv("ANYDEVICE_WORKSPACE_MB", "0.5")  # ~64 tiles per chunk, 330 tiles
-    assert _path(cpu_be, x.shape, w.shape) == "winograd"
+    monkeypatch.setattr(cpu_be, "_conv_path", lambda *a: "winograd")
     y = cpu_be.to_numpy(cpu_be.conv2d(x, w, b, padding=1))
     ref = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double(),
                    1, 1).numpy()

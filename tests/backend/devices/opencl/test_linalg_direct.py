@@ -1,0 +1,49 @@
+"""The CPU family's direct conv (kernels/conv_cpu.cl conv2d_direct) on narrow rows: the input's columns
+are zero-padded once (linalg._direct_padded) so that every 32-column tile loads with vectors. Against
+torch in float64, on geometries whose tiles cross the left edge, the right edge or both, and some
+that need no padding."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+try:
+    from anydevice.backend.devices import opencl
+    BE = opencl.create("opencl", 0, family="cpu")
+except Exception as exc:  # noqa: BLE001
+    pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
+torch = pytest.importorskip("torch")
+
+#: (x shape, Cout, kernel, padding, dilation, stride, padded?)
+CASES = [((2, 32, 64, 64), 32, 3, 1, 1, 1, True),    # the training denoiser's convs
+         ((1, 3, 40, 70), 16, 3, 1, 1, 1, True),     # 3 tiles, the last one partial
+         ((1, 8, 30, 97), 8, 5, 2, 1, 1, True),      # 5x5, 4 tiles
+         ((1, 8, 33, 128), 8, 3, 2, 2, 1, True),     # dilation 2
+         ((2, 5, 9, 100), 7, 3, 1, 1, 1, True),      # 4 tiles, odd channel counts (a partial group of 8)
+         ((1, 64, 16, 100), 64, 3, 1, 1, 1, True),   # 64 channels: direct rather than Winograd
+         ((1, 4, 12, 64), 12, 7, 3, 1, 1, True),     # 7x7
+         ((1, 4, 12, 64), 4, 1, 0, 1, 1, False),     # 1x1, no padding: every tile inside already
+         ((1, 6, 60, 60), 6, 3, 1, 1, 2, False),     # stride 2: not padded (one-by-one loads)
+         ((1, 16, 20, 300), 16, 3, 1, 1, 1, False)]  # 10 tiles a row: few cross an edge, not padded
+
+
+@pytest.mark.parametrize("xs,cout,k,pad,dil,stride,padded", CASES)
+def test_direct_conv_on_narrow_rows_matches_torch(xs, cout, k, pad, dil, stride, padded, monkeypatch):
+    rng = np.random.default_rng(sum(xs) + cout + k)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal((cout, xs[1], k, k)) / np.sqrt(k * k * xs[1])).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    x0 = x.copy()
+    xd = BE.to_device(x)
+    launched = []
+    run = BE._run
+    monkeypatch.setattr(BE, "_run", lambda name, *a, **kw: (launched.append(name), run(name, *a, **kw))[1])
+    y = np.asarray(BE.to_numpy(BE.conv2d(xd, BE.to_device(w), BE.to_device(b), stride, pad, dil)), np.float64)
+    monkeypatch.setattr(BE, "_run", run)
+    assert "conv2d_direct" in launched, launched
+    assert ("pad2d" in launched) == padded, launched
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                     torch.from_numpy(b).double(), stride=stride, padding=pad, dilation=dil).numpy()
+    assert y.shape == ref.shape
+    assert float(np.linalg.norm(y - ref) / np.linalg.norm(ref)) <= 1e-6
+    np.testing.assert_array_equal(np.asarray(BE.to_numpy(xd)), x0)  # the input is not changed
