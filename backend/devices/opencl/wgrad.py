@@ -7,7 +7,7 @@ import math  # noqa: F401
 
 import numpy as np  # noqa: F401
 
-from .memory import CLArray, _collapse, _contig_strides  # noqa: F401
+from .memory import CLArray, CLQuant, _collapse, _contig_strides  # noqa: F401
 from .params import F32  # noqa: F401
 
 # ---- conv2d weight gradient (autograd; backend/ops/convgrad.py) ----------------------------------------
@@ -24,7 +24,29 @@ WGRAD_SHIFT_BYTES = 32 << 20
 
 
 class CLWeightGrad:
-    """conv2d's weight gradient in OpenCL kernels (a mixin of OpenCLBackend)."""
+    """conv2d's weight and input gradients in OpenCL kernels (a mixin of OpenCLBackend)."""
+
+    def _conv2d_input_grad(self, gy, w, in_hw, stride, pads, dilation, groups):
+        """CPU family, stride 1, ungrouped: gx = conv2d(gy, w with its taps flipped and its two channel
+        axes swapped, padding d*(k-1) - p), on the forward conv's own paths (the padded direct kernel,
+        Winograd, im2col + GEMM). Measured here 1.2-2.9x faster than the transposed direct kernel
+        (conv_t2d_direct) the shared path takes, e.g. 8.0 against 16.6 ms on 16x32x64x64. The flip is
+        one strided copy of the weight. None elsewhere (ops/convgrad.py's conv_transpose2d path)."""
+        from ...ops import bigconv
+        if self.family != "cpu" or tuple(stride) != (1, 1) or groups != 1 or isinstance(w, CLQuant):
+            return None
+        Cout, Cin, KH, KW = w.shape
+        (dh, dw), (t, b, l, r) = dilation, pads
+        q = (dh * (KH - 1) - t, dh * (KH - 1) - b, dw * (KW - 1) - l, dw * (KW - 1) - r)
+        if min(q) < 0 or gy.shape[1] != Cout:
+            return None  # (a padding past the kernel's reach: the shared path crops)
+        w = self._contiguous(w)
+        khw = KH * KW
+        wf = self._empty((Cin, Cout, KH, KW), self._dtype(w))
+        self._copy_strided(w, w.offset + khw - 1, (Cin, Cout, KH, KW), (khw, Cin * khw, -KW, -1),
+                           wf, 0, (Cout * khw, khw, KW, 1))
+        gx = bigconv.conv2d(self, gy, wf, None, (1, 1), q, (dh, dw), 1)
+        return gx if tuple(gx.shape[2:]) == tuple(in_hw) else None
 
     def _conv2d_weight_grad(self, x, gy, wshape, stride, pads, dilation, groups):
         """CPU family: gW = sum over images of gy[n] (CoutG x OH*OW) . cols[n] (OH*OW x CinG*KH*KW) per
