@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import traceback
+from pathlib import Path
 
 DESCRIPTION = ("Neural-network and tensor ops of the AnyDevice ComfyUI nodes on any device "
                "(CUDA, ROCm, XPU, MPS, OpenCL, NumPy), without ComfyUI.")
@@ -99,6 +100,38 @@ def _cmd_run(args) -> int:
     return run_main(args)
 
 
+def _cmd_warm(args) -> int:
+    """``anydevice warm``: run each workflow once headless into a throwaway folder, so every kernel it
+    uses is built and cached (the pack's binary cache, and PoCL's own code generation cache) before a
+    user's first run. Workflows with nodes only ComfyUI has are skipped, saying so."""
+    import tempfile
+    import time
+    from .backend.system import registry
+    from .nodes.headless.runner import _node_class, load_workflow, run_prompt
+    registry.auto_name()
+    paths = args.workflows or sorted(str(p) for p in (Path(__file__).resolve().parent / "example_workflows" / "api").glob("*.json"))
+    failed = 0
+    t_all = time.perf_counter()
+    for path in paths:
+        name = Path(path).name
+        try:
+            prompt = load_workflow(path)
+            other = sorted({n.get("class_type") for n in prompt.values() if isinstance(n, dict)
+                            and isinstance(n.get("class_type"), str) and _node_class(n["class_type"]) is None})
+            if other:
+                print(f"  {name:<34} skipped (needs ComfyUI: {', '.join(other)})")
+                continue
+            t0 = time.perf_counter()
+            with tempfile.TemporaryDirectory(prefix="anydevice-warm-") as tmp:
+                run_prompt(prompt, output_dir=tmp, workflow_path=path)
+            print(f"  {name:<34} {time.perf_counter() - t0:7.2f} s")
+        except Exception as exc:  # noqa: BLE001 - one line a workflow; the others still warm
+            failed += 1
+            report_error(f"anydevice warm: {name}", exc, getattr(args, "verbose", False))
+    print(f"warm: {len(paths)} workflows in {time.perf_counter() - t_all:.1f} s" + (f", {failed} failed" if failed else ""))
+    return 1 if failed else 0
+
+
 def add_run_arguments(parser) -> None:
     parser.add_argument("workflow", help="API-format workflow JSON (ComfyUI: Workflow > Export (API))")
     parser.add_argument("--input", metavar="IMAGE", default=None,
@@ -118,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anydevice", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and the traceback of an error")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{devices,bench,run}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{devices,bench,run,warm}")
     p = sub.add_parser("devices", parents=[verbose], help="every backend: available, its device, or why not",
                        description="Every backend: available, its device, or the reason it is not; * marks the "
                                    "automatic choice.")
@@ -135,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "SaveImage, PreviewImage, EmptyImage, EmptyLatentImage) without ComfyUI.")
     add_run_arguments(p)
     p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("warm", parents=[verbose], help="build the kernels the bundled workflows use (needs PyTorch)",
+                       description="Run each workflow once headless into a throwaway folder, so that the kernels "
+                                   "it uses are built and cached before the first real run (PoCL's code "
+                                   "generation included). Default: the pack's example_workflows/api/*.json.")
+    p.add_argument("workflows", nargs="*", metavar="WORKFLOW", help="API-format workflow JSON files")
+    p.set_defaults(func=_cmd_warm)
     return parser
 
 

@@ -156,6 +156,25 @@ def test_output_dir_naming_a_file(tmp_path):
     assert one_error(p, "anydevice run").endswith(f"output folder {afile}: is a file, not a folder")
 
 
+def test_warm_builds_into_the_cache_and_skips_comfyui_only_workflows(tmp_path):
+    """`anydevice warm` runs each workflow once (its outputs into a throwaway folder), so its kernels are
+    in the cache afterwards; a workflow with ComfyUI's own nodes is skipped, naming them."""
+    cache = tmp_path / "cache"
+    vae = ROOT / "example_workflows" / "api" / "vae_decode_anydevice.json"
+    p = run_cli("warm", str(WF), str(vae), cwd=tmp_path,
+                env={"ANYDEVICE_CACHE_DIR": str(cache), "ANYDEVICE_SELFCHECK": "0"})
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert any(ln.split()[0] == "color_grading.json" and ln.rstrip().endswith(" s") for ln in lines), p.stdout
+    assert any("vae_decode_anydevice.json" in ln and "skipped (needs ComfyUI: VAEDecode, VAEEncode, VAELoader)" in ln
+               for ln in lines), p.stdout
+    assert lines[-1].startswith("warm: 2 workflows in ")
+    assert list(tmp_path.iterdir()) == [cache]  # nothing written next to the caller
+    from anydevice.backend import list_backends
+    if any(i.name == "opencl" and i.available for i in list_backends()):
+        assert any((cache / "opencl").rglob("*")), "no kernel was cached"
+
+
 def test_run_json_is_alone_on_stdout(tmp_path):
     p = run_cli("run", str(WF), "--output-dir", str(tmp_path), "--json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
