@@ -148,6 +148,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("ANYDEVICE_CUDA_KSPLIT", "", "force the CUDA GEMM/conv kernel's K split (default: chosen per "
             "problem)", _count),
     Setting("ANYDEVICE_TEST_BACKENDS", "", "tests: only these backends (comma list)", _names, dev=True),
+    Setting("ANYDEVICE_TEST_OPENCL_PLATFORM", "", "tests: the portable-kernel tests run on the OpenCL platform "
+            "named like this (default: PoCL where it is there)", _names, dev=True),
+    Setting("ANYDEVICE_UNET_DEVICE", "numpy", "tests: the backend the real-size SD1.5 UNet test runs on",
+            _names, dev=True),
     Setting("ANYDEVICE_BROWSER", "", "tests: `quick` runs the browser tests' workflows on the first frontend "
             "configuration only", _choice("quick", "full"), dev=True),
     Setting("ANYDEVICE_HYPOTHESIS_EXAMPLES", "25", "tests: random cases per op", _count, dev=True),
