@@ -2,7 +2,10 @@
 # One call on a lent GPU machine (the device tool): set-up, then the steps named as arguments.
 #   bash tools/gpu_session.sh env cudatests probe bench full opencl
 # Logs go to $OUT (or ./gpu-out). The pack is made importable as `anydevice` through a link;
-# pyopencl comes from wheels carried in .whl/ (the machine has no registry).
+# pyopencl comes from wheels carried in .whl/ (the machine has no registry; carry=[".whl"]). Make them here with
+#   mkdir -p .whl && cd .whl && pip download --only-binary :all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 pyopencl pytest-timeout pytest-xdist
+#   then delete numpy*, pytest-[0-9]*, pluggy*, packaging*, iniconfig*, pygments* (the machine has its own).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 ANYDEVICE_CACHE_DIR=/tmp/adcache
