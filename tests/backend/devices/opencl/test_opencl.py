@@ -124,7 +124,8 @@ print("READY", time.perf_counter() - t0, be.programs.stats["builds"], be.program
 
 
 def _run_fresh(cache_dir):
-    env = dict(os.environ, ANYDEVICE_CACHE_DIR=str(cache_dir))
+    env = dict(os.environ, ANYDEVICE_CACHE_DIR=str(cache_dir), POCL_CACHE_DIR=str(cache_dir / "pocl"))
+    (cache_dir / "pocl").mkdir(exist_ok=True)
     out = subprocess.run([sys.executable, "-c", _WARM.format(root=ROOT)], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -133,20 +134,43 @@ def _run_fresh(cache_dir):
 
 
 @needs_device
-def test_disk_cache_warm_start(tmp_path):
+def test_disk_cache_warm_start(tmp_path, be):
+    """A second process starts on the caches the first filled: the pack's stored binaries, or (PoCL)
+    PoCL's own kernel cache, whose programs the pack does not store (programs._driver_caches_code)."""
     cold, builds, _, _ = _run_fresh(tmp_path)
     assert builds >= 1
     warm, builds2, hits, t_pkg = _run_fresh(tmp_path)
     print(f"\ncreate + first op in a fresh process: cold cache {cold:.2f} s, warm cache {warm:.3f} s "
           f"(package import before it: {t_pkg:.2f} s)")
-    assert builds2 == 0 and hits >= 2
+    if be.programs.store_binaries:
+        assert builds2 == 0 and hits >= 2
+    else:  # rebuilt from source on PoCL's warm cache; nothing of ours on disk
+        assert hits == 0 and not any((tmp_path / "opencl").rglob("*.bin"))
     assert warm < 2.0  # target <= 1 s; loose because other processes share the CPU
+
+
+@needs_device
+def test_pocl_programs_are_not_stored(monkeypatch, tmp_path, be):
+    """PoCL generates native code kernel by kernel at first launch and caches it itself; its programs'
+    binaries are not fetched (that generates every kernel of the program at once) unless its own cache
+    is off (POCL_KERNEL_CACHE=0)."""
+    monkeypatch.setenv("ANYDEVICE_CACHE_DIR", str(tmp_path))
+    pocl = "Portable Computing Language" in be.dev.platform.name
+    assert ob.ProgramCache(be.ctx, be.dev).store_binaries == (not pocl)
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
+    assert ob.ProgramCache(be.ctx, be.dev).store_binaries
+    monkeypatch.delenv("POCL_KERNEL_CACHE")
+    src = "__kernel void k(__global float *x) { x[get_global_id(0)] = 4.0f; }\n"
+    pc = ob.ProgramCache(be.ctx, be.dev)
+    assert pc.build(src, "") is not None
+    assert pc.path_for(pc.digest(src, "")).exists() == (not pocl)
 
 
 @needs_device
 def test_corrupt_cache_entry_is_rebuilt(monkeypatch, tmp_path, be):
     monkeypatch.setenv("ANYDEVICE_CACHE_DIR", str(tmp_path))
     src = "__kernel void k(__global float *x) { x[get_global_id(0)] = 3.0f; }\n"
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")  # (PoCL's programs are stored only without its own cache)
     pc = ob.ProgramCache(be.ctx, be.dev)
     pc.build(src, "")
     path = pc.path_for(pc.digest(src, ""))
