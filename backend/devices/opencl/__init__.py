@@ -42,10 +42,12 @@ from .programs import ProgramCache
 from ..runtime.binaries import MAGIC as _MAGIC
 
 
-def create(name: str = "opencl", index: int = 0, family: str | None = None) -> OpenCLBackend:
+def create(name: str = "opencl", index: int = 0, family: str | None = None,
+           limits: dict | None = None) -> OpenCLBackend:
     """The OpenCL backend on the ``index``-th usable device (``family``: force the "cpu" or "gpu"
-    kernel family)."""
-    return OpenCLBackend(usable_device(index), index=index, family=family)
+    kernel family; ``limits``: a smaller group size / local memory than the device's, to emulate a
+    small GPU)."""
+    return OpenCLBackend(usable_device(index), index=index, family=family, limits=limits)
 
 
 __all__ = ["OpenCLBackend", "BufferPool", "CLArray", "ProgramCache", "KFILES", "SIGS", "_MAGIC", "_describe",

@@ -56,8 +56,8 @@ class CLAttention:
         hit = cache.get((E, Ev))
         if hit is not None:
             return hit
-        bk = shared_tile(E, Ev, int(self.dev.local_mem_size), GPU_BK)
-        wg = min(GPU_WG, 1 << (max(1, int(self.dev.max_work_group_size)).bit_length() - 1))
+        bk = shared_tile(E, Ev, self.local_bytes, GPU_BK)
+        wg = self._group(GPU_WG)
         while True:
             k = self._kernel("ad_attention", {"E": E, "EV": Ev, "WG": wg, "BK": bk})
             limit = int(k.get_work_group_info(self.cl.kernel_work_group_info.WORK_GROUP_SIZE, self.dev))

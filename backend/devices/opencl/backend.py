@@ -47,7 +47,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam,
     kind = "own"
     native_types = (CLArray, CLHalf, CLQuant)
 
-    def __init__(self, dev, index: int = 0, family: str | None = None):
+    def __init__(self, dev, index: int = 0, family: str | None = None, limits: dict | None = None):
         super().__init__(index)
         cl = _cl()
         self.cl = cl
@@ -67,6 +67,11 @@ class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam,
         self.queue = cl.CommandQueue(self.ctx, dev)
         self.programs = ProgramCache(self.ctx, dev)
         self.compute_units = max(1, int(dev.max_compute_units))
+        # the group size and group-shared memory the GPU family plans within; ``limits`` ({"max_group": n,
+        # "local_bytes": n}) lowers them (the tests emulate a small GPU, e.g. 64 work items and 8 KiB, on PoCL)
+        lim = limits or {}
+        self.max_group = max(1, min(int(dev.max_work_group_size), int(lim.get("max_group", 1 << 30))))
+        self.local_bytes = max(0, min(int(dev.local_mem_size), int(lim.get("local_bytes", 1 << 40))))
         limit = min(int(dev.global_mem_size) // 4, 2 << 30)  # on a CPU device also a share of free RAM
         self.pool = BufferPool(self.ctx, limit, host_ram=self.is_cpu_device)
         self._kernels: dict[tuple, object] = {}
@@ -229,12 +234,18 @@ class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam,
             self._meta_cache[key] = buf
         return buf
 
+    def _group(self, want: int = 256) -> int:
+        """The largest power of two <= ``want`` that the device's group size (``max_group``) allows."""
+        n = max(1, min(want, self.max_group))
+        return 1 << (n.bit_length() - 1)
+
     def _flat_geometry(self, n: int):
         """(global size, local size, chunk) for the flat elementwise kernels."""
         if self.is_cpu_device:
             chunk = max(4096, -(-n // (8 * self.compute_units)))
             return (-(-n // chunk),), (1,), chunk
-        return (-(-n // 256) * 256,), (256,), 1
+        wg = self._group()
+        return (-(-n // wg) * wg,), (wg,), 1
 
     def _contiguous(self, x):
         """x itself: every CLArray is dense in C order (views are offsets into a buffer)."""
@@ -464,7 +475,8 @@ class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam,
         if self.family == "gpu":
             tabs = [self._table_buffer(a) for a in (ri, rw, ci, cw)]
             spec = T if T == S and T <= 4 else 0
-            self._run("ad_window2d", (-(-OW // 64) * 64, min(P * OH, 1 << 24)), (64, 1), xs.buffer, out.buffer,
+            wg = self._group(64)
+            self._run("ad_window2d", (-(-OW // wg) * wg, min(P * OH, 1 << 24)), (wg, 1), xs.buffer, out.buffer,
                       *tabs, P, H, W, OH, OW, T, S, int(mode == "max"), params={"WT": spec, "WS": spec})
             return out
         # CPU family: one output per work item, groups of L x R items (PoCL runs a group as one
@@ -490,7 +502,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam,
     def _window_px(self, x, out, tabs, P, H, W, OH, OW, T, S, m, params):
         """CPU family: ad_window2d_px, one output per work item, in groups of up to 64 along a row
         (PoCL runs a group's items as one vectorised loop)."""
-        L = min(64, 1 << max(0, (OW - 1).bit_length()))
+        L = min(self._group(64), 1 << max(0, (OW - 1).bit_length()))
         self._run("ad_window2d_px", (-(-OW // L) * L, OH, P), (L, 1, 1), x.buffer, out.buffer,
                   *tabs, P, H, W, OH, OW, T, S, m, params=params)
 

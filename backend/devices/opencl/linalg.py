@@ -19,6 +19,11 @@ from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, H
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
 GEMM_TILES, CONV_TILES = [_O_L, _O_S], [_O_M, _O_S]
+#: GPU family, for devices whose group size or local memory the tiles above exceed (256 work items,
+#: 17-26 KiB double-buffered): 64x32 tiles of 128 work items (13 or 6.5 KiB), 32x32 tiles of 64 (4.5 KiB)
+SMALL_GPU_TILES = [dict(TILE_M=64, TILE_N=32, TILE_K=16, WPT_M=4, WPT_N=4),
+                   dict(TILE_M=64, TILE_N=32, TILE_K=8, WPT_M=4, WPT_N=4),
+                   dict(TILE_M=32, TILE_N=32, TILE_K=8, WPT_M=4, WPT_N=4)]
 #: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
 #: is short, so one tile a work item spent more on PoCL's per-group cost than on the product)
 ATT_NL = 8
@@ -292,7 +297,7 @@ class LinalgOps:
         with the tile and K split the shared plan picks; a split writes a workspace that
         ad_splitk_reduce sums in order into ``out`` (+ bias). A or B may be a CLQuant (built with
         WQA / WQB: decoded in the tile loads, its scales passed last)."""
-        cands = GEMM_TILES if op == "gemm" else CONV_TILES
+        cands = self._fitting_tiles(GEMM_TILES if op == "gemm" else CONV_TILES)
         cfg, ks = plan_tiles(cands, M, N, Z, K, self.compute_units)
         qa, qb = isinstance(a[0], CLQuant), isinstance(b[0], CLQuant)
         mode = dict(mode, VEC_A=int(bool(vec_a) and vec_fits(cfg, "A") and not qa),
@@ -308,10 +313,28 @@ class LinalgOps:
         self._run("ad_conv_gemm", gsz, lsz, M, N, K, A.buffer, sam, sak, a_bs, B.buffer, sbk, sbn, b_bs,
                   ws.buffer, ldc, c_bs, bbuf, hb, *conv, ks, kchunk, *self._wq(A), *self._wq(B), params=macros)
         if ks > 1:
-            n = Z * M * N
-            self._run("ad_splitk_reduce", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
+            n, wg = Z * M * N, self._group()
+            self._run("ad_splitk_reduce", (min(-(-n // wg), 8 * self.compute_units) * wg,), (wg,),
                       ws.buffer, out.buffer, bbuf, hb, ks, Z, M, N, ldc, c_bs, *layout, params=macros)
         return out
+
+    def _fitting_tiles(self, cands: list) -> list:
+        """The tiles of ``cands`` whose group (threads) and double-buffered shared tiles fit the device
+        (``max_group``, ``local_bytes``); where none does, the first of SMALL_GPU_TILES that fits."""
+        def fits(c):
+            pad = c.get("SMEM_PAD", 4)
+            shared = 4 * 2 * c["TILE_K"] * (c["TILE_M"] + pad + c["TILE_N"] + pad)
+            threads = (c["TILE_M"] // c["WPT_M"]) * (c["TILE_N"] // c["WPT_N"])
+            return threads <= self.max_group and shared <= self.local_bytes
+        ok = [c for c in cands if fits(c)]
+        if ok:
+            return ok
+        small = [c for c in SMALL_GPU_TILES if fits(c)]
+        if not small:
+            raise RuntimeError(f"OpenCL device {self.device}: a work group of {self.max_group} items and "
+                               f"{self.local_bytes} bytes of local memory fit no GEMM tile (the smallest "
+                               "needs 64 items and 4.5 KiB)")
+        return small[:1]
 
     def _gpu_conv(self, x, w, bias, out, g, transposed: int, direct: bool = False):
         """conv2d / conv_transpose2d with the CUDA backend's kernels: misc_cuda.cu's direct kernel
@@ -322,11 +345,11 @@ class LinalgOps:
             # few output channels per group: the weight is tiny (at most 4 rows a group), so the direct
             # kernel reads a quantized one dequantized (float32, for this op only)
             w = self._f32(w)
-            n = out.size
-            self._run("ad_direct_conv", (min(-(-n // 256), 8 * self.compute_units) * 256,), (256,),
+            n, wg = out.size, self._group()
+            self._run("ad_direct_conv", (min(-(-n // wg), 8 * self.compute_units) * wg,), (wg,),
                       x.buffer, w.buffer, bias.buffer if bias is not None else out.buffer, int(bias is not None),
                       out.buffer, g.N, g.C, g.H, g.W, g.Cout, g.CinG, g.CoutG, g.KH, g.KW, g.OH, g.OW,
-                      g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, transposed, params={"BLOCK": 256})
+                      g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, transposed, params={"BLOCK": wg})
             return out
         M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
         if transposed:  # weights re-laid out as (G, CoutG, CinG*KH*KW)

@@ -15,7 +15,7 @@ class CLNorms:
         if rows < self.compute_units and n > 65536:  # too few rows to fill the device
             return None
         if self.family != "cpu":  # GPU family: a work group of 256 a row (norm_rows_wg)
-            if self.dev.max_work_group_size < 256:
+            if self.max_group < 256:
                 return None
             out = self._empty((rows, n))
             self._run("norm_rows_wg", (rows * 256,), (256,), x.buffer, x.offset, out.buffer, 0, rows, n,

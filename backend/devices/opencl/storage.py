@@ -87,7 +87,8 @@ class CLStorage:
         n = out.size
         if n:
             sb, wq_k = (w.scale.buffer, w.rowlen) if w.scale is not None else (w.buffer, 0)
-            self._run("ad_dequant", (min(-(-n // 256), 4096) * 256,), (256,), w.buffer, out.buffer, n, sb, wq_k,
+            wg = self._group()
+            self._run("ad_dequant", (min(-(-n // wg), 4096) * wg,), (wg,), w.buffer, out.buffer, n, sb, wq_k,
                       params={"WQ": FORMATS[w.fmt].code})
         return out
 
