@@ -505,3 +505,31 @@ def test_half_weight_loads_are_exact_for_all_65536_patterns(be):
     y = np.empty(h.size, np.float32)
     cl.enqueue_copy(be.queue, y, by, is_blocking=True)
     np.testing.assert_array_equal(y.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+# ---- reductions (kernels/elementwise.cl reduce_ori) ------------------------------------------------
+@needs_device
+@pytest.mark.parametrize("shape,dims", [((16, 32, 64, 64), (0, 2, 3)), ((7, 1000), (1,)), ((3, 65), (1,)),
+                                        ((5, 63), (1,)), ((2, 3, 4099), (2,))])
+def test_row_sums_are_compensated(be, shape, dims):
+    """Contiguous rows of 64 or more are summed sixteen lanes at a time, each lane compensated, and the
+    lanes folded compensated: as exact as the scalar chains on ill-conditioned rows (large values that
+    cancel, small ones that remain), against float64; Inf and NaN propagate as in torch."""
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[..., ::2] *= 1e6  # big values...
+    x[..., 1::2] = -x[..., ::2][..., : x[..., 1::2].shape[-1]] + rng.standard_normal(x[..., 1::2].shape).astype(np.float32)
+    y = np.asarray(be.to_numpy(be.sum(be.to_device(x), dims)), np.float64)
+    ref = x.astype(np.float64).sum(axis=dims)
+    # compensated: within a few roundings of the result, plus eps^2 of the magnitudes summed (a plain float32
+    # sum of these rows is off by about eps * sum |x|, 1e6 times more)
+    tol = 4 * 2.0**-24 * np.abs(ref) + 2.0**-40 * np.abs(x.astype(np.float64)).sum(axis=dims)
+    assert (np.abs(y - ref) <= tol).all(), float(np.max(np.abs(y - ref) / tol))
+    if x.shape[-1] >= 64:
+        z = x.copy()
+        z.reshape(-1, x.shape[-1])[0, 5] = np.inf
+        z.reshape(-1, x.shape[-1])[-1, 7] = np.nan
+        got = np.asarray(be.to_numpy(be.sum(be.to_device(z), (len(shape) - 1,))))
+        ref2 = z.astype(np.float64).sum(axis=-1)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref2))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(ref2))
