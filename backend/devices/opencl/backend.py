@@ -19,6 +19,7 @@ from .attention import CLAttention
 from ..runtime.kernel_source import kernel_source
 from ..runtime import JsonStore
 from .device import _checks, _cl, _cpu_macs_per_s, _describe, _device_key, _is_gpu, _record_check, cache_root
+from .gpu_linalg import CLGpuLinalg
 from .linalg import LinalgOps
 from .w8a8 import CLW8A8
 from .memory import BufferPool, CLArray, CLHalf, CLQuant, _collapse, _contig_strides
@@ -38,7 +39,7 @@ FUSED = frozenset({"adam_step", "conv_weight_grad", "conv_input_grad", "all_fini
                    "prelu", "w8a8"})
 
 
-class OpenCLBackend(CLStorage, LinalgOps, CLNorms, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
+class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM
     and conv in linalg.py, the weight gradient in wgrad.py, the fused Adam step in adam.py, the fused
     attention in attention.py."""
