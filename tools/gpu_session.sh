@@ -110,3 +110,8 @@ PY
     *) echo "unknown step $step" ;;
   esac
 done
+# the device tool brings back at most 8 files from $OUT: more are packed into one archive
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 7 ]; then
+  (cd "$OUT" && tar czf /tmp/gpu-out.tgz --remove-files $(find . -maxdepth 1 -type f -printf '%P\n') && mv /tmp/gpu-out.tgz out.tgz)
+  echo "packed \$OUT into out.tgz (tar xzf it where the files come back)"
+fi
