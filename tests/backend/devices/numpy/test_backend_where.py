@@ -1,0 +1,45 @@
+"""The NumPy device's where() on large arrays (backend/devices/numpy/backend.py ``_bitselect``): a bit
+select on the values' uint32 views, bit-identical to np.where (NaN payloads, signed zeros, Inf),
+with broadcasting and the zero operand of relu's gradient."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anydevice.backend.devices.numpy.backend import WHERE_BITSELECT_MIN, _bitselect
+from anydevice.backend import get_backend
+
+
+def _special(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    f = x.reshape(-1)
+    f[::7], f[3::11], f[5::13], f[1::17], f[2::19] = np.nan, np.inf, -np.inf, -0.0, 0.0
+    f[4::23] = np.float32(1e-45)  # a subnormal
+    return x
+
+
+@pytest.mark.parametrize("cs,as_,bs", [((4, 32, 32, 32),) * 3, ((4, 32, 32, 32), (), (4, 32, 32, 32)),
+                                       ((4, 1, 64, 64), (32, 1, 1), (4, 32, 64, 64)), ((300000,), (300000,), ()),
+                                       ((4, 70000), (1, 70000), (4, 1))])
+def test_bit_select_equals_np_where_bit_for_bit(cs, as_, bs):
+    rng = np.random.default_rng(len(cs) + len(as_) + len(bs))
+    c = _special(rng, cs)
+    b = _special(rng, bs) if bs else np.float32(-0.0)
+    for a in ((_special(rng, as_) if as_ else np.float32(1.5)), np.float32(0), np.float32(-0.0), 2.5):
+        ref = np.asarray(np.where(c != 0, a, b), dtype=np.float32)
+        assert ref.size >= WHERE_BITSELECT_MIN
+        got = _bitselect(c, a, b, ref.shape)
+        assert got.dtype == np.float32 and got.shape == ref.shape
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+def test_backend_where_takes_it_and_leaves_its_inputs():
+    be = get_backend("numpy")
+    rng = np.random.default_rng(3)
+    y, g = _special(rng, (8, 16, 32, 32)), _special(rng, (8, 16, 32, 32))
+    y0, g0 = y.copy(), g.copy()
+    got = np.asarray(be.to_numpy(be.where(be.le(be.to_device(y), 0.0), 0.0, be.to_device(g))))
+    ref = np.where(y <= 0, np.float32(0), g).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    np.testing.assert_array_equal(y.view(np.uint32), y0.view(np.uint32))
+    np.testing.assert_array_equal(g.view(np.uint32), g0.view(np.uint32))
