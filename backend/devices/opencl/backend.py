@@ -41,8 +41,8 @@ FUSED = frozenset({"adam_step", "conv_weight_grad", "conv_input_grad", "all_fini
 
 class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM
-    and conv in linalg.py, the weight gradient in wgrad.py, the fused Adam step in adam.py, the fused
-    attention in attention.py."""
+    and conv in linalg.py (GPU family: gpu_linalg.py), conv gradients in wgrad.py, the fused Adam
+    step in adam.py, the fused attention in attention.py."""
 
     name = "opencl"
     kind = "own"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...ops.quant import FORMATS
 from ..runtime.conv_gemm import (_O_L, _O_M, _O_S, _mode_macros, conv_args, kchunk_for, operand_layout,
-                                 plan as plan_tiles, vec_fits)
+                                 plan as plan_tiles, tile_shared_bytes, tile_threads, vec_fits)
 from .memory import CLArray, CLQuant, _contig_strides
 
 #: GPU family: the CUDA kernel's tiles (measured on an H100), GEMMs and convolutions
@@ -89,10 +89,7 @@ class CLGpuLinalg:
         """The tiles of ``cands`` whose group (threads) and double-buffered shared tiles fit the device
         (``max_group``, ``local_bytes``); where none does, the first of SMALL_GPU_TILES that fits."""
         def fits(c):
-            pad = c.get("SMEM_PAD", 4)
-            shared = 4 * 2 * c["TILE_K"] * (c["TILE_M"] + pad + c["TILE_N"] + pad)
-            threads = (c["TILE_M"] // c["WPT_M"]) * (c["TILE_N"] // c["WPT_N"])
-            return threads <= self.max_group and shared <= self.local_bytes
+            return tile_threads(c) <= self.max_group and tile_shared_bytes(c) <= self.local_bytes
         ok = [c for c in cands if fits(c)]
         if ok:
             return ok

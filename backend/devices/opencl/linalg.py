@@ -1,6 +1,6 @@
 """The OpenCL backend's GEMM and convolutions (CPU family: packed GEMM, direct, im2col, Winograd;
-GPU family: kernels/conv_gemm_cuda.cu and misc_cuda.cu's direct conv, the CUDA backend's kernels
-built as OpenCL C), as a mixin of OpenCLBackend."""
+GPU family: the dispatch here, the launches of the CUDA backend's kernels built as OpenCL C in
+gpu_linalg.py), as a mixin of OpenCLBackend."""
 from __future__ import annotations
 
 import math

@@ -106,6 +106,18 @@ def kchunk_for(K: int, ksplit: int, cfg: dict) -> tuple[int, int]:
     return (_cdiv(K, kchunk) if K else 1), max(kchunk, cfg["TILE_K"])
 
 
+def tile_threads(cfg: dict) -> int:
+    """Work items (threads) of one group of ``cfg``'s tile."""
+    return (cfg["TILE_M"] // cfg["WPT_M"]) * (cfg["TILE_N"] // cfg["WPT_N"])
+
+
+def tile_shared_bytes(cfg: dict) -> int:
+    """Group-shared bytes of ``cfg``'s tile: the double-buffered As and Bs tiles of the kernel, each row
+    padded by SMEM_PAD floats (the kernel's default 4)."""
+    pad = cfg.get("SMEM_PAD", 4)
+    return 4 * 2 * cfg["TILE_K"] * (cfg["TILE_M"] + pad + cfg["TILE_N"] + pad)
+
+
 def plan(cands: list, M: int, N: int, Z: int, K: int, units: int, forced: int | None = None) -> tuple[dict, int]:
     """(tile, K slices) with the least modelled time on ``units`` compute units (SMs): waves of
     groups (groups per unit from the tile's registers) x one group's FMAs / the tile's measured
@@ -115,7 +127,7 @@ def plan(cands: list, M: int, N: int, Z: int, K: int, units: int, forced: int | 
     for cfg in cands:
         tm, tn, tk = cfg["TILE_M"], cfg["TILE_N"], cfg["TILE_K"]
         blocks = _cdiv(M, tm) * _cdiv(N, tn) * Z
-        threads = (tm // cfg["WPT_M"]) * (tn // cfg["WPT_N"])
+        threads = tile_threads(cfg)
         one = cfg.get("KP", 1) == 0
         acc = (1 if one else 2) * cfg["WPT_M"] * cfg["WPT_N"]
         regs = min(255, acc + (56 if one else 64))  # accumulators + operands, as compiled
