@@ -90,6 +90,11 @@ PY
     unetcuda) mbench unet_cuda 150 --backend cuda --case unet --dtype float32,float16 ;;
     unetocl) mbench unet_opencl 150 --backend opencl --case unet --dtype float32,float16 ;;
     unetq) mbench unet_cuda_q 100 --backend cuda --case unet --dtype bfloat16,q8_0 ;;
+    vaecuda) mbench vae_cuda 90 --backend cuda --case vae --dtype float32,float16 ;;
+    replay)  # compiled graphs recorded and replayed as CUDA graphs (compile/replay.py), and the compile tests on cuda
+      ANYDEVICE_TEST_BACKENDS=cuda timeout "$(lim 150)" python3 -m pytest -q -rfEs --tb=short --timeout 120 -p no:cacheprovider \
+        tests/backend/compile/test_replay.py tests/backend/compile/test_lowering_half.py tests/backend/compile/test_compile.py \
+        -k "cuda or replay or Replay" 2>&1 | tee "$OUT/replay.log" | tail -30 ;;
     vae) mbench vae 120 --backend cuda --backend opencl --case vae --dtype float32,float16 ;;
     upscaler) mbench upscaler 60 --backend cuda --backend opencl --case upscaler --dtype float32,float16 ;;
     ops)

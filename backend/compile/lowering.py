@@ -33,7 +33,7 @@ import numpy as np
 
 from ..system import cancel
 from ..system.errors import AnyDeviceError
-from . import aten_ops, quant_ops
+from . import aten_ops, quant_ops, replay
 from .weights import (FLOAT8, Weights, _is_transpose, device_nbytes, float8_chains, float8_upload, quant_selection,
                       quantized_upload, version_of)
 from . import report as _report
@@ -98,6 +98,15 @@ class Dev:
         self.a = a
 
 
+class Pending:
+    """An output of a graph being recorded: its device array ``a`` (read after the graph ran) and traced
+    ``meta``; ``a`` None: ``meta`` is a folded host value (cloned per call)."""
+    __slots__ = ("a", "meta")
+
+    def __init__(self, a, meta):
+        self.a, self.meta = a, meta
+
+
 class _Ctx:
     __slots__ = ("be", "node", "out", "used", "op_name", "owner", "act")
 
@@ -160,6 +169,7 @@ class Lowered:
     """A traced ATen graph, run on ``be``. Called boxed (one list of the graph's inputs)."""
 
     _boxed_call = True
+    is_cancel_or_oom = staticmethod(is_cancel_or_oom)
 
     def __init__(self, gm, be, static=(), *, owner_ids=(), codes=(), name="graph", dtype=None, weights=None):
         torch = _torch()
@@ -264,6 +274,7 @@ class Lowered:
                     idx.update(range(16))
             self.used[n] = idx
         self.calls = 0
+        self.replays = replay.Replays.make(self)
         GRAPHS.append(weakref.ref(self))
         _report.ANY_COMPILED[0] = True
 
@@ -330,19 +341,37 @@ class Lowered:
         self.count.add("calls")
         _runs.n = getattr(_runs, "n", 0) + 1
         torch = _torch()
+        vkeys = {}
+        for i in self.static_idx:
+            if isinstance(args[i], torch.Tensor):
+                vkeys[self.placeholders[i]] = version_of(args[i])
+        if self.replays is not None:  # a recorded device graph of this signature (compile/replay.py)
+            out = self.replays.call(self, args, vkeys)
+            if out is not None:
+                return out
+        return self._run(args, vkeys)
+
+    def _run(self, args, vkeys, inputs=None, pending=False, pins=None):
+        """The graph interpreted op by op. ``inputs``: device arrays of input nodes (uploaded already);
+        ``pending``: the outputs' device arrays are returned unread (``Pending``: a graph being recorded);
+        ``pins``: a dict that collects the weights' and constants' device arrays the ops read."""
+        torch = _torch()
         be, kind = self.be, self.kind
         env = {}
-        vkeys = {}
         for i, n in enumerate(self.placeholders):
             env[n] = args[i]
-            if i in self.static_idx and isinstance(args[i], torch.Tensor):
-                vkeys[n] = version_of(args[i])
         if self.const_nodes:
             self._fold(env, vkeys)
-        uploaded: dict = {}
+        uploaded: dict = dict(inputs or {})
         downloaded: dict = {}
 
         def dev(x):
+            a = dev_(x)
+            if pins is not None and kind.get(x) in ("static", "const"):
+                pins[id(a)] = a
+            return a
+
+        def dev_(x):
             """The native array of node x (uploaded once per call where it is a host tensor)."""
             if x in self._fold_dev:  # a folded constant on the device (its host value may be gone)
                 return self._fold_dev[x]
@@ -400,7 +429,7 @@ class Lowered:
                 if k in ("static", "input", "sym", "const"):
                     pass
                 elif k == "output":
-                    return self._outputs(n, env, host, dev)
+                    return self._outputs(n, env, host, pending)
                 elif k == "py":
                     args_, kwargs_ = _map((n.args, n.kwargs), lambda x: env[x] if x in env else self._fold_host.get(x))
                     env[n] = n.target(*args_, **kwargs_)
@@ -476,17 +505,31 @@ class Lowered:
         args, kwargs = _map((n.args, n.kwargs), host)
         return n.target(*args, **kwargs)
 
-    def _outputs(self, n, env, host, dev):
+    def _outputs(self, n, env, host, pending=False):
         torch = _torch()
 
         def out(x):
             v = env[x] if x in env else self._fold_host.get(x)
             if isinstance(v, Dev):
-                return host(x)
+                return Pending(v.a, _meta(x)) if pending else host(x)
             if isinstance(v, torch.Tensor) and self.kind.get(x) == "const":
-                return v.clone()  # a folded value: the caller may write into what it gets
+                return Pending(None, v) if pending else v.clone()  # a folded value: the caller may write into it
+            if pending and isinstance(v, torch.Tensor):
+                raise AnyDeviceRunError("anydevice compile", "output", x.name,
+                                        "is a host tensor of this call: the graph is not recorded")
             return v
         return list(_map(n.args[0], out))
+
+    def collect(self, outs):
+        """A recorded graph's outputs (``_run(pending=True)``) read back: device arrays downloaded, folded
+        values cloned."""
+        def one(v):
+            if isinstance(v, Pending):
+                return v.meta.clone() if v.a is None else self._download(v.a, v.meta)
+            if isinstance(v, (list, tuple)):
+                return type(v)(one(y) for y in v)
+            return v
+        return [one(v) for v in outs]
 
     # ---- constant folding ----------------------------------------------------------------------
     def _fold(self, env, vkeys):

@@ -36,10 +36,14 @@ class Stats:
         self.calls = 0
         self.eager_fallbacks = 0
         self.folded = 0
+        #: device graphs recorded, and calls served by replaying one (compile/replay.py)
+        self.recorded = 0
+        self.replayed = 0
 
     def as_dict(self) -> dict:
         return {"fallbacks": dict(self.fallbacks), "transfers": dict(self.transfers), "graphs": self.graphs,
-                "calls": self.calls, "eager_fallbacks": self.eager_fallbacks, "folded": self.folded}
+                "calls": self.calls, "eager_fallbacks": self.eager_fallbacks, "folded": self.folded,
+                "recorded": self.recorded, "replayed": self.replayed}
 
 
 #: whether any graph was compiled for the backend in this process (set by lowering.Lowered): only
@@ -94,6 +98,8 @@ def merge(stats_list) -> dict:
         out.calls += s.calls
         out.eager_fallbacks += s.eager_fallbacks
         out.folded += s.folded
+        out.recorded += s.recorded
+        out.replayed += s.replayed
     return out.as_dict()
 
 

@@ -46,6 +46,13 @@ def version_of(t):
     return tensor_version(t)
 
 
+def _drop(entries: dict, gen: list, tid: int, ref) -> None:
+    """A weight was garbage-collected: its device copy goes (when the entry is still that weight's)."""
+    if entries.get(tid, [None])[0] is ref:
+        entries.pop(tid, None)
+        gen[0] += 1
+
+
 class Weights:
     """The device copies of a backend's weights, by tensor identity + version.
 
@@ -71,6 +78,13 @@ class Weights:
         # id(t) -> [weak ref to t, its version (and whether quantized), device array, bytes]
         self._entries: dict[int, list] = {}
         self.uploads = 0
+        #: raised whenever a device copy is dropped or replaced (a recorded graph that read one is stale)
+        self._gen = [0]
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever a kept device copy is dropped or replaced (compile/replay.py)."""
+        return self._gen[0]
 
     def get(self, t, vkey=None, count: Counting | None = None, quantize: bool = False):
         """``t``'s device copy; ``quantize``: a weight only a matmul or conv reads (``Lowered.quant_nodes``),
@@ -100,8 +114,9 @@ class Weights:
         if count is not None:
             count.transfer("constants", size)
         tid = id(t)
-        ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries: d.pop(tid, None)
-                          if d.get(tid, [None])[0] is _r else None)
+        ref = weakref.ref(t, lambda _r, tid=tid, d=self._entries, g=self._gen: _drop(d, g, tid, _r))
+        if e is not None:
+            self._gen[0] += 1
         self._entries[tid] = [ref, vkey, a, size]
         return a
 
@@ -135,6 +150,7 @@ class Weights:
 
     def clear(self) -> None:
         """Forget every device copy (the next call uploads again)."""
+        self._gen[0] += 1
         self._entries.clear()
 
     def __len__(self) -> int:

@@ -58,6 +58,8 @@ FUSED_KERNELS = {
                    "graph's GroupNorm + SiLU pair's silu) applied in the same pass, in the input's dtype "
                    "(layer_norm, group_norm; ops/layers.py)",
     "prelu": "_prelu_fused: torch's prelu (a slope per channel) in one pass (ops/layers.py _prelu)",
+    "graph_replay": "_capture, _launch_graph, _copy_into, _graph_valid: a compiled graph's device work captured once "
+                    "(a CUDA graph) and replayed by later calls of the same signature (compile/replay.py)",
     "half_conv": "no method: _conv2d takes a float16/bfloat16 input as it is stored (the device converts it "
                  "where a path does not read it so); its result is float32 or the input's dtype",
 }
@@ -299,6 +301,23 @@ class Device(abc.ABC):
         """"prelu": x > 0 ? x : x * w[(i // inner) % C] (i the flat index; w (C,) of x's dtype, C 1: one slope)
         in one pass, in x's dtype; or None to take the composite path."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'prelu'")
+
+    def _capture(self, fn):
+        """"graph_replay": (graph, fn()): fn's device work recorded, not run, into a graph of its own memory
+        (its results live there); raises where fn transfers, synchronises or cannot be recorded."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'graph_replay'")
+
+    def _launch_graph(self, graph) -> None:
+        """"graph_replay": run a ``_capture``d graph once more (queued, on the device's current stream)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'graph_replay'")
+
+    def _copy_into(self, dst, src) -> None:
+        """"graph_replay": write ``src``'s values into ``dst`` (same shape and dtype; queued)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'graph_replay'")
+
+    def _graph_valid(self, graph) -> bool:
+        """"graph_replay": whether a captured graph may still run (False after the device let its memory go)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'graph_replay'")
 
     def _all_finite(self, x) -> bool:
         """"all_finite": True when x holds no inf and no NaN."""

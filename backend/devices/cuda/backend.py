@@ -19,6 +19,7 @@ from ...ops.plans import conv2d_geometry
 from ..runtime import JsonStore, cache_dir, pack_args
 from .attention import CudaAttention
 from .device import _cupy, _describe
+from .graphs import CudaGraphs
 from .linalg import CudaLinalg
 from .w8a8 import CudaW8A8
 from .tiles import BLOCK, CACHE_NAME, DEQUANT, MISC, _cdiv, _size_class, _tiles_for, build_options, kernel_source
@@ -35,11 +36,11 @@ class CudaQuant(DeviceQuant):
         self.data = data
 
 
-class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
+class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, Backend):
     kind = "own"
     # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32;
     # quantized weights kept packed (CudaQuant) and decoded by the GEMM / conv kernel's tile loads
-    caps = Capabilities(fused=frozenset({"all_finite", "attention", "w8a8"}), storage_dtypes=frozenset(dtypes.FLOATS),
+    caps = Capabilities(fused=frozenset({"all_finite", "attention", "w8a8", "graph_replay"}), storage_dtypes=frozenset(dtypes.FLOATS),
                         quant_formats=frozenset(FORMATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):
@@ -77,9 +78,12 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
 
     # ---- device / stream context ----------------------------------------------------------
     def _enter(self):
-        """Make this device current and CuPy's current stream PyTorch's current stream."""
+        """Make this device current and CuPy's current stream PyTorch's current stream (the capturing
+        stream while this thread records a CUDA graph: graphs.py)."""
         cp = self.cp
         cp.cuda.Device(self.index).use()
+        if self._capture_state is not None and self._capturing():
+            return
         torch = sys.modules.get("torch")
         if torch is None:
             return
@@ -104,10 +108,12 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
         return super()._inputs(op, optional, **arrays)
 
     def synchronize(self):
+        self._no_capture("a synchronisation")
         self.cp.cuda.Device(self.index).synchronize()
 
     def free_memory(self):
         """Give CuPy's pooled blocks back to the driver (e.g. when ComfyUI unloads models)."""
+        self._graph_epoch += 1  # recorded graphs let their pools go (compile/replay.py drops them)
         with self.cp.cuda.Device(self.index):
             self.cp.get_default_memory_pool().free_all_blocks()
 
@@ -124,6 +130,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
 
     # ---- conversion / layout ----------------------------------------------------------------
     def _from_numpy(self, a, dtype="float32"):
+        self._no_capture("an upload")
         self._enter()
         if dtype != "float32":  # rounded on the host, uploaded as 16-bit words
             return self.cp.asarray(np.asarray(dtypes.host_store(np.asarray(a, np.float32), dtype)).view(
@@ -132,6 +139,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
 
     def _from_quant(self, q):
         """A host QTensor's bytes (and scales) uploaded as they are: the kernels decode them."""
+        self._no_capture("an upload")
         self._enter()
         data = self.cp.asarray(np.ascontiguousarray(q.data))
         scale = None if q.scale is None else self.cp.asarray(q.scale, dtype=self.cp.float32)
@@ -154,6 +162,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
         return self._null(), 0
 
     def _to_numpy(self, x):
+        self._no_capture("a download")
         self._enter()
         a = self.cp.asnumpy(x)
         if a.dtype == np.float16:
@@ -185,6 +194,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
         if dtype != "float32":  # float32 on the GPU first, then rounded there
             return self._cast(self._from_torch(t), dtype)
         torch = sys.modules["torch"]
+        self._no_capture("an upload")
         t = t.detach()
         if t.device.type != "cuda":
             return self._from_numpy(t.to(torch.float32).numpy())
@@ -201,6 +211,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
 
     def _to_torch(self, x, like):
         torch = sys.modules["torch"]
+        self._no_capture("a download")
         if like.device.type == "cuda":
             self._enter()
             t = torch.from_dlpack(self._contig(x))
@@ -249,6 +260,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
 
     def _all_finite(self, x) -> bool:
         """No Inf or NaN in ``x`` (one CuPy reduction)."""
+        self._no_capture("a device-to-host read")
         return bool(self.cp.isfinite(x).all())
 
     def _empty(self, shape, dtype="float32"):
@@ -303,6 +315,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, Backend):
         key = (self.index, a.dtype.str, a.shape, a.tobytes())
         arr = cache.get(key)
         if arr is None:
+            self._no_capture("an upload")
             if len(cache) > 256:
                 cache.clear()
             arr = self.cp.asarray(np.ascontiguousarray(a))

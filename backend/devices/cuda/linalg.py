@@ -250,7 +250,7 @@ class CudaLinalg:
                 return self._replay(rec, w, x, y, self._null() if bias is None else bias, y)
         # a transposed conv with an Inf/NaN weight and stride > 1: the direct kernel, which keeps it
         # off the outputs its taps skip (torch scatters products; the GEMM multiplies it by zeros)
-        nonfinite = transposed and (g.sh > 1 or g.sw > 1) and not bool(self.cp.isfinite(w).all())
+        nonfinite = transposed and (g.sh > 1 or g.sw > 1) and not self._all_finite(w)
         if g.CoutG <= DIRECT_MAX_COUT_G or nonfinite:
             return self._direct(x, w, bias, y, g, transposed=transposed)
         family = self._family("conv_transpose2d" if transposed else "conv2d")
