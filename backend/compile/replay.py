@@ -32,6 +32,22 @@ def _torch():
     return torch
 
 
+def _draws(torch, n) -> bool:
+    """Whether node ``n`` draws random numbers (a replay would repeat them): a seeded op, but for
+    attention without dropout (torch tags every SDPA op seeded for its dropout)."""
+    t = n.target
+    if not (isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags):
+        return False
+    if "attention" not in t.__name__:
+        return True
+    names = [a.name for a in t._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    i = names.index("dropout_p")
+    p = n.kwargs.get("dropout_p", n.args[i] if len(n.args) > i else 0.0)
+    return not isinstance(p, (int, float)) or p != 0
+
+
 class _Record:
     __slots__ = ("graph", "inputs", "outs", "pins", "generation")
 
@@ -65,10 +81,10 @@ class Replays:
             return "ANYDEVICE_GRAPHS=0"
         torch = _torch()
         for n in lw.nodes:
+            if _draws(torch, n):
+                return f"{n.target} draws random numbers"
             if lw.kind[n] == "host":
                 return f"{n.target} runs on the host"
-            if isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags:
-                return f"{n.target} draws random numbers"
         return ""
 
     def key(self, lw, args, vkeys):
