@@ -42,7 +42,12 @@
  *         TILE_K; 0: one accumulator, half the registers, for tiles whose K slices the host keeps
  *         at most SINGLE_CHAIN long), WARP_N (FP32 branch: a warp's lanes laid out WARP_N along n
  *         by 32/WARP_N along m; 0: the group's rows, 16 or 32 along n), MIN_BLOCKS (CUDA: __launch_bounds__ minimum groups per SM),
- *         WQA / WQB (a quantized operand, below).
+ *         WQA / WQB (a quantized operand, below), HALF_IO / C_HALF (half operands, below).
+ * Half operands (CUDA, sm_80+: -DHALF_IO=1 float16, 2 bfloat16): A and B are 16-bit buffers of that kind,
+ * staged and kept in group-shared memory as they are (row-major [m][k] and [n][k] tiles, k contiguous) and
+ * multiplied by mma.sync.m16n8k16 in FP32 accumulators (the tensor-core branch below); C_HALF=1 writes C
+ * (and ad_splitk_reduce's C) rounded to the same 16-bit kind, else float32. The bias stays float32.
+ * No VEC_A / VEC_B, no quantized operand, no TF32 with it; TILE_K a multiple of 16.
  * Quantized operands (-DWQA=code / -DWQB=code, the formats' codes of backend/ops/quant.py FORMATS and
  * kernels/quant_decode.h): that operand's buffer is the weight's packed bytes, and each element is
  * decoded where the tile loader reads it, qd_load(bytes, flat index, wscale, wq_k), the flat index into
@@ -108,6 +113,18 @@
 #ifndef WQA
 #define WQA 0
 #endif
+#ifndef HALF_IO
+#define HALF_IO 0
+#endif
+#ifndef C_HALF
+#define C_HALF 0
+#endif
+#if HALF_IO && (!defined(ANYDEVICE_CUDA) || VEC_A || VEC_B || WQA || WQB || USE_TF32)
+#error "ad_conv_gemm: HALF_IO is CUDA's tensor-core branch: no VEC_A / VEC_B, quantized operand or TF32"
+#endif
+#if C_HALF && !HALF_IO
+#error "ad_conv_gemm: C_HALF needs HALF_IO (C takes the operands' 16-bit kind)"
+#endif
 #ifndef WQB
 #define WQB 0
 #endif
@@ -124,16 +141,28 @@
 #define WQ (WQA ? WQA : WQB)
 #include "quant_decode.h"
 #endif
-/* element types of the A and B buffers: floats, or a quantized operand's bytes */
+/* element types of the A and B buffers: floats, a quantized operand's bytes, or 16-bit halves (HALF_IO);
+ * R_T: a staged value in registers (the halves' bits, kept as they are, under HALF_IO) */
 #if WQA
 #define A_T unsigned char
+#elif HALF_IO
+#define A_T unsigned short
 #else
 #define A_T float
 #endif
 #if WQB
 #define B_T unsigned char
+#elif HALF_IO
+#define B_T unsigned short
 #else
 #define B_T float
+#endif
+#if HALF_IO
+#define R_T unsigned short
+#define R_ZERO ((unsigned short)0)
+#else
+#define R_T float
+#define R_ZERO 0.0f
 #endif
 #if (WPT_M % 4 == 0) && (WPT_N % 4 == 0)
 #define VEC_SMEM 1
@@ -200,14 +229,62 @@
 #define B_POS(i, tid, bk, bn) { bn = (tid) % TILE_N; bk = (tid) / TILE_N + (i) * (NT / TILE_N); }
 #endif
 
-#if defined(ANYDEVICE_CUDA) && USE_TF32
-/* ================= tensor-core branch: TF32 mma.sync.m16n8k8, FP32 accumulate ============= */
-#if (TILE_K % 8) || (WPT_M % 2) || (WPT_N % 2) || (TM % 8) || (TN % 4)
-#error "ad_conv_gemm TF32: needs TILE_K % 8 == 0, even WPT_M/WPT_N, TM % 8 == 0, TN % 4 == 0"
+#if defined(ANYDEVICE_CUDA) && (USE_TF32 || HALF_IO)
+#define AD_MMA 1
+#else
+#define AD_MMA 0
+#endif
+#if AD_MMA
+/* ======= tensor-core branch: TF32 mma.sync.m16n8k8 or f16/bf16 m16n8k16, FP32 accumulate ======= */
+#if (TILE_K % (HALF_IO ? 16 : 8)) || (WPT_M % 2) || (WPT_N % 2) || (TM % 8) || (TN % 4)
+#error "ad_conv_gemm mma: needs TILE_K % 8 (TF32) or % 16 (HALF_IO) == 0, even WPT_M/WPT_N, TM % 8 == 0, TN % 4 == 0"
 #endif
 #define MI (WPT_M / 2)                /* m16 tiles per warp */
 #define NI (WPT_N / 2)                /* n8 tiles per warp */
 #define WGN (TN / 4)                  /* warps along n */
+#endif
+#if HALF_IO
+#if HALF_IO == 2
+#define HMMA_T "bf16"
+DEVICE_FN float ad_h2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+DEVICE_FN unsigned short ad_f2h(float f)
+{
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#else
+#define HMMA_T "f16"
+DEVICE_FN float ad_h2f(unsigned short h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+DEVICE_FN unsigned short ad_f2h(float f)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+DEVICE_FN void ad_mma_h(float* d, const unsigned int* a, const unsigned int* b)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32." HMMA_T "." HMMA_T ".f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* the 32 bits of two consecutive k of a [row][k] half tile */
+#define H2_AT(tile, row, k) (*(const unsigned int*)&(tile)[row][k])
+#endif
+#if C_HALF  /* C written as the operands' 16-bit kind (a split's workspace stays float32) */
+#define C_STORE(C, idx, v) (((GLOBAL unsigned short*)(C))[idx] = ad_f2h(v))
+#else
+#define C_STORE(C, idx, v) ((C)[idx] = (v))
+#endif
+#if defined(ANYDEVICE_CUDA) && USE_TF32
 
 DEVICE_FN unsigned int ad_to_tf32(float x)
 {
@@ -239,8 +316,17 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
                          const GLOBAL float* RESTRICT wscaleA, const OFF_T wq_kA,
                          const GLOBAL float* RESTRICT wscaleB, const OFF_T wq_kB)
 {
+#if HALF_IO  /* [row][k]: a fragment's two consecutive k are one 32-bit word */
+    LOCAL ALIGN16 unsigned short As[2][TILE_M][TILE_K + SMEM_PAD];
+    LOCAL ALIGN16 unsigned short Bs[2][TILE_N][TILE_K + SMEM_PAD];
+#define A_SH(buf, k, m) As[buf][m][k]
+#define B_SH(buf, k, n) Bs[buf][n][k]
+#else
     LOCAL ALIGN16 float As[2][TILE_K][TILE_M + SMEM_PAD];
     LOCAL ALIGN16 float Bs[2][TILE_K][TILE_N + SMEM_PAD];
+#define A_SH(buf, k, m) As[buf][k][m]
+#define B_SH(buf, k, n) Bs[buf][k][n]
+#endif
     const int tid = LID1 * TN + LID0;
     const int m0 = GRP1 * TILE_M;
     const int n0 = GRP0 * TILE_N;
@@ -280,7 +366,7 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
     const int ih0 = poh * sh - ph;
     const int iw0 = (pq - poh * OW) * sw - pw;
 #endif
-    const GLOBAL float* xb = B + ((OFF_T)pimg * Cin + (OFF_T)z * Cg) * H * W;
+    const GLOBAL B_T* xb = B + ((OFF_T)pimg * Cin + (OFF_T)z * Cg) * H * W;
     /* the k of each of this thread's B loads, as (channel, kernel row, kernel column): divided
      * out once here, then advanced by TILE_K per step with two carries (no divisions) */
     int gc[B_LOADS], gr[B_LOADS], gs[B_LOADS];
@@ -305,7 +391,7 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
     }
 #endif
 
-    float ra[A_LOADS], rb[B_LOADS];
+    R_T ra[A_LOADS], rb[B_LOADS];
 /* vector i of a thread's staged loads: r[4i..4i+3] = the 16 bytes at ptr, or zeros when !ok */
 #define LOAD4_INTO(r, i, ok, ptr)                                                              \
     {                                                                                           \
@@ -325,8 +411,8 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #else
 #define A_AT(i) int am, ak; A_POS(i, tid, am, ak);
 #define LOAD_A(k0) EACH_STAGED(A_LOADS, A_AT(i), \
-    ra[i] = (m0 + am < M && (k0) + ak < kend) ? A_ELEM((OFF_T)(m0 + am) * sam + (OFF_T)((k0) + ak) * sak) : 0.0f;)
-#define STORE_A(buf) EACH_STAGED(A_LOADS, A_AT(i), As[buf][ak][am] = ra[i];)
+    ra[i] = (m0 + am < M && (k0) + ak < kend) ? (R_T)A_ELEM((OFF_T)(m0 + am) * sam + (OFF_T)((k0) + ak) * sak) : R_ZERO;)
+#define STORE_A(buf) EACH_STAGED(A_LOADS, A_AT(i), A_SH(buf, ak, am) = ra[i];)
 #endif
 #if VEC_B
 #define B_AT(i) const int v_ = tid + (i) * NT; const int bn = (v_ % (TILE_N / 4)) * 4; const int bk = v_ / (TILE_N / 4);
@@ -337,7 +423,7 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #else
 #define B_AT(i) int bk, bn; B_POS(i, tid, bk, bn);
 #define LOAD_BT(k0) EACH_STAGED(B_LOADS, B_AT(i), LOAD_B(i, (k0) + bk, bn))
-#define STORE_B(buf) EACH_STAGED(B_LOADS, B_AT(i), Bs[buf][bk][bn] = rb[i];)
+#define STORE_B(buf) EACH_STAGED(B_LOADS, B_AT(i), B_SH(buf, bk, bn) = rb[i];)
 #endif
 #define LOAD_TILES(k0) LOAD_A(k0) LOAD_BT(k0)
 #define STORE_TILES(buf) STORE_A(buf) STORE_B(buf)
@@ -345,12 +431,12 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #define LOAD_B(i, gk, bn)                                                                      \
     {                                                                                           \
         const int gn = n0 + (bn);                                                               \
-        rb[i] = ((gk) < kend && gn < N) ? B_ELEM((OFF_T)(gk) * sbk + (OFF_T)gn * sbn) : 0.0f; \
+        rb[i] = ((gk) < kend && gn < N) ? (R_T)B_ELEM((OFF_T)(gk) * sbk + (OFF_T)gn * sbn) : R_ZERO; \
     }
 #else
 #define LOAD_B(i, gk, bn)                                                                      \
     {                                                                                           \
-        float v = 0.0f;                                                                         \
+        R_T v = R_ZERO;                                                                         \
         if (pvalid && (gk) < kend) {                                                            \
             const int c = gc[i];                                                                \
             GATHER_HW(gr[i], gs[i])                                                             \
@@ -378,7 +464,7 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #endif
 #endif
 
-#if defined(ANYDEVICE_CUDA) && USE_TF32
+#if AD_MMA
     const int lane = tid & 31;
     const int warp = tid >> 5;
     const int wm0 = (warp / WGN) * (16 * MI);
@@ -431,7 +517,30 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #endif
             LOAD_TILES(k0 + TILE_K)
         }
-#if defined(ANYDEVICE_CUDA) && USE_TF32
+#if HALF_IO
+#pragma unroll
+        for (int kk = 0; kk < TILE_K; kk += 16) {
+            unsigned int af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; i++) {
+                const int mr = wm0 + i * 16 + gq;
+                af[i][0] = H2_AT(As[cur], mr, kk + tq * 2);
+                af[i][1] = H2_AT(As[cur], mr + 8, kk + tq * 2);
+                af[i][2] = H2_AT(As[cur], mr, kk + tq * 2 + 8);
+                af[i][3] = H2_AT(As[cur], mr + 8, kk + tq * 2 + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < NI; j++) {
+                const int nc = wn0 + j * 8 + gq;
+                bf[j][0] = H2_AT(Bs[cur], nc, kk + tq * 2);
+                bf[j][1] = H2_AT(Bs[cur], nc, kk + tq * 2 + 8);
+            }
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int j = 0; j < NI; j++) ad_mma_h(acc[i][j], af[i], bf[j]);
+        }
+#elif AD_MMA
 #pragma unroll
         for (int kk = 0; kk < TILE_K; kk += 8) {
             unsigned int af[MI][4], bf[NI][2];
@@ -499,7 +608,7 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
     }
 
     /* ---- epilogue: C(m, n) (+ bias), or this k slice's partial sums ---- */
-#if defined(ANYDEVICE_CUDA) && USE_TF32
+#if AD_MMA
 #define OUT_M(i, e) (m0 + wm0 + (i) * 16 + gq + ((e) >> 1) * 8)
 #define OUT_N(j, e) (n0 + wn0 + (j) * 8 + tq * 2 + ((e) & 1))
 #define ACC(i, j, e) acc[i][j][e]
@@ -537,12 +646,12 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
                     continue;
                 }
 #if IS_GEMM
-                C[(OFF_T)z * sc_batch + (OFF_T)gm * ldc + gn] = ACC(i, j, e);
+                C_STORE(C, (OFF_T)z * sc_batch + (OFF_T)gm * ldc + gn, ACC(i, j, e));
 #else
                 const int img = gn / OHW;
                 const int q = gn - img * OHW;
                 const int co = z * M + gm;
-                C[((OFF_T)img * Cout + co) * OHW + q] = ACC(i, j, e) + (has_bias ? bias[co] : 0.0f);
+                C_STORE(C, ((OFF_T)img * Cout + co) * OHW + q, ACC(i, j, e) + (has_bias ? bias[co] : 0.0f));
 #endif
             }
 }
@@ -568,12 +677,12 @@ KERNEL void ad_splitk_reduce(const GLOBAL float* RESTRICT ws, GLOBAL float* REST
         float s = 0.0f;
         for (int k = 0; k < ksplit; k++) s += src[(OFF_T)k * MN];
         if (is_gemm) {
-            C[zz * sc_batch + (OFF_T)m * ldc + n] = s;
+            C_STORE(C, zz * sc_batch + (OFF_T)m * ldc + n, s);
         } else {
             const int img = n / OHW;
             const int q = n - img * OHW;
             const OFF_T co = zz * M + m;
-            C[((OFF_T)img * Cout + co) * OHW + q] = s + (has_bias ? bias[co] : 0.0f);
+            C_STORE(C, ((OFF_T)img * Cout + co) * OHW + q, s + (has_bias ? bias[co] : 0.0f));
         }
     }
 }

@@ -40,7 +40,10 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, Backend):
     kind = "own"
     # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32;
     # quantized weights kept packed (CudaQuant) and decoded by the GEMM / conv kernel's tile loads
-    caps = Capabilities(fused=frozenset({"all_finite", "attention", "w8a8", "graph_replay"}), storage_dtypes=frozenset(dtypes.FLOATS),
+    # half weights and GEMM / conv operands are read as stored: two of one dtype run on the f16/bf16 tensor
+    # cores (sm_80+: the "half" tiles; a conv writes its result in their dtype), others as float32
+    caps = Capabilities(fused=frozenset({"all_finite", "attention", "w8a8", "graph_replay", "half_weights",
+                                         "half_gemm", "half_conv"}), storage_dtypes=frozenset(dtypes.FLOATS),
                         quant_formats=frozenset(FORMATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):

@@ -21,6 +21,17 @@ class CudaLinalg:
         """tf32 (when allowed and the GPU has TF32 tensor cores), else the FP32 kernel."""
         return "tf32" if self.tf32 and self._tiles.get("tf32") else "own"
 
+    def _half_pair(self, a, b) -> int:
+        """HALF_IO of two operands both float16 (1) or both bfloat16 (2) on a GPU with half tensor-core
+        tiles; 0 otherwise (then any half operand is computed as float32: ``_float_pair``)."""
+        da, db = self._dtype(a), self._dtype(b)
+        if da != db or da == "float32" or not self._tiles.get("half"):
+            return 0
+        return 1 if da == "float16" else 2
+
+    def _float_pair(self, a, b):
+        return self._cast(a, "float32"), self._cast(b, "float32")
+
     def _cands(self, family: str, op: str, M: int, N: int, Z: int) -> list:
         """Candidate tiles of the own kernel for an op: a tune() winner alone, else the table's."""
         tuned = self._tuned.get(f"{family}:{op}:{_size_class(M, N, Z)}")
@@ -141,6 +152,8 @@ class CudaLinalg:
         B = max(Ba, Bb)
         if B * M * N == 0 or K == 0:
             return cp.zeros((B, M, N), dtype=cp.float32)
+        if not self._half_pair(a, b):
+            a, b = self._float_pair(a, b)
         if Bb == 1 and Ba > 1 and a.flags.c_contiguous:  # one GEMM with the batch folded into M
             y = self._gemm(a.reshape(1, Ba * M, K), b)
             return y.reshape(B, M, N)
@@ -152,10 +165,13 @@ class CudaLinalg:
         Ba, M, K = a.shape
         Bb, _, N = b.shape
         B = max(Ba, Bb)
-        family = family or self._family("gemm")
+        half = self._half_pair(a, b)
+        if not half:
+            a, b = self._float_pair(a, b)
+        family = family or ("half" if half else self._family("gemm"))
         record = None
         if cfg is None and ksplit is None:
-            record = ("gemm", family, a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15)
+            record = ("gemm", family, half, a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15)
             rec = self._launch_cache.get(record)
             if rec is not None:
                 c = self._empty((B, M, N))
@@ -170,9 +186,11 @@ class CudaLinalg:
             cfg, ks = self._plan(self._cands(family, "gemm", M, N, B), M, N, B, K)
             ksplit = ksplit or ks
         ta, tb = int(sa[2] != 1), int(sb[2] != 1)
-        vec_a = int(not ta and vec_fits(cfg, "A") and _vec_ok(a, sa[1], a_bs, K))
-        vec_b = int(not tb and vec_fits(cfg, "B") and _vec_ok(b, sb[1], b_bs, N))
+        vec_a = int(not half and not ta and vec_fits(cfg, "A") and _vec_ok(a, sa[1], a_bs, K))
+        vec_b = int(not half and not tb and vec_fits(cfg, "B") and _vec_ok(b, sb[1], b_bs, N))
         macros = {**cfg, **_mode_macros(dict(IS_GEMM=1, TRANS_A=ta, TRANS_B=tb, VEC_A=vec_a, VEC_B=vec_b))}
+        if half:
+            macros["HALF_IO"] = half
         return self._own_launch(macros, cfg, M, N, K, B,
                                 lambda z: (a[z:] if Ba > 1 else a, sa[1], sa[2], a_bs),
                                 lambda z: (b[z:] if Bb > 1 else b, sb[1], sb[2], b_bs),
@@ -239,13 +257,18 @@ class CudaLinalg:
                 if y.size == 0:
                     return y
                 return self._own_conv(x, w, bias, y, g, transposed=0, family=self._family("conv2d"))
-        x, w = self._contig(x), self._contig(w)
+        # two half operands of one dtype: the tensor cores, the result in their dtype ("half_conv")
+        half = 0 if transposed or g.CoutG <= DIRECT_MAX_COUT_G else self._half_pair(x, w)
+        if half:
+            x, w = self.cp.ascontiguousarray(x), self.cp.ascontiguousarray(w)
+        else:
+            x, w = self._contig(x), self._contig(w)  # (float32: a half operand is converted)
         bias = None if bias is None else self._contig(bias)
-        y = self._empty((g.N, g.Cout, g.OH, g.OW))
+        y = self._empty((g.N, g.Cout, g.OH, g.OW), self._dtype(x) if half else "float32")
         if y.size == 0:
             return y
         if not transposed:  # a conv of this signature ran before: replay its launch
-            rec = self._launch_cache.get(("conv", g, self.tf32, bias is None, w.data.ptr & 15))
+            rec = self._launch_cache.get(("conv", g, self.tf32, half, bias is None, w.data.ptr & 15))
             if rec is not None:
                 return self._replay(rec, w, x, y, self._null() if bias is None else bias, y)
         # a transposed conv with an Inf/NaN weight and stride > 1: the direct kernel, which keeps it
@@ -258,7 +281,7 @@ class CudaLinalg:
             G, C, CoutG, KH, KW = g.G, g.C, g.CoutG, g.KH, g.KW
             w = self.cp.ascontiguousarray(
                 w.reshape(G, C // G, CoutG, KH * KW).transpose(0, 2, 1, 3)).reshape(g.Cout, C // G, KH, KW)
-        return self._own_conv(x, w, bias, y, g, transposed=transposed, family=family)
+        return self._own_conv(x, w, bias, y, g, transposed=transposed, family="half" if half else family, half=half)
 
     def _direct(self, x, w, bias, y, g, transposed):
         fn = self._misc("ad_direct_conv")
@@ -269,13 +292,14 @@ class CudaLinalg:
         self._launch_1d(fn, y.size, args)
         return y
 
-    def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None):
+    def _own_conv(self, x, w, bias, y, g, transposed, family, cfg=None, ksplit=None, half=0):
+        """``half``: x, w and y are float16 (1) or bfloat16 (2) arrays (the "half" tiles: HALF_IO, C_HALF)."""
         M, Ntot, K = g.CoutG, g.N * g.OH * g.OW, g.CinG * g.KH * g.KW
         G = g.G
         quant = isinstance(w, DeviceQuant)
         record = None
         if cfg is None and ksplit is None and not transposed and not quant:
-            record = ("conv", g, self.tf32, bias is None, w.data.ptr & 15)
+            record = ("conv", g, self.tf32, half, bias is None, w.data.ptr & 15)
         if cfg is None:
             op = "conv_transpose2d" if transposed else "conv2d"
             cfg, ks = self._plan(self._cands(family, op, M, Ntot, G), M, Ntot, G, K)
@@ -288,8 +312,10 @@ class CudaLinalg:
                 macros, cfg, M, Ntot, K, G, lambda g0: (w.data, K, 1, M * K), lambda g0: (x, 0, 0, 0),
                 lambda g0: (y, 0, 0, self._null() if bias is None else bias), bias, conv_args(g), y, (0, P, g.Cout),
                 ksplit or self._ksplit(cfg, M, Ntot, G, K), wq=(*self._wq(w), self._null(), 0))
-        vec_a = int(vec_fits(cfg, "A") and K % 4 == 0 and (M * K) % 4 == 0 and w.data.ptr % 16 == 0)
+        vec_a = int(not half and vec_fits(cfg, "A") and K % 4 == 0 and (M * K) % 4 == 0 and w.data.ptr % 16 == 0)
         macros = {**cfg, **_mode_macros(dict(mode, VEC_A=vec_a))}
+        if half:
+            macros.update(HALF_IO=half, C_HALF=1)
         HW, P = g.H * g.W, g.OH * g.OW
         ks = ksplit or self._ksplit(cfg, M, Ntot, G, K)
         conv = conv_args(g)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ...ops.contract import UNARY_KERNEL_CODES
 from ...ops.quant import FORMATS
-from ..runtime.conv_gemm import (MAX_KSPLIT, MIN_KSLICE, OWN_MODES, QUANT_MODES, TILE_EFFICIENCY, quant_mode, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X,  # noqa: F401
+from ..runtime.conv_gemm import (HALF_MODES, _H_L, _H_M, _H_S, MAX_KSPLIT, MIN_KSLICE, OWN_MODES, QUANT_MODES, TILE_EFFICIENCY, quant_mode, _O_L, _O_M, _O_S, _O_W, _O_W16, _O_WW, _O_X,  # noqa: F401
                                  _T_L, _T_M, _T_S, SINGLE_CHAIN, _cdiv, plan, _mode_macros, mode_fits, operand_layout, vec_fits)
 from ..runtime.attention import shared_tile
 from ..runtime import w8a8 as _w8a8
@@ -36,15 +36,17 @@ STATIC_SMEM = 48 * 1024
 # picks tile and K split per problem (unless tune() stored a winner). The CI compile check builds
 # every configuration listed here (and fails on register spills).
 #: arch ("sm_80", ...; "default" for any other) -> family -> candidate configs. "own" serves
-#: GEMMs, "own_conv" convolutions (both FP32); "tf32" both, when TF32 is allowed.
+#: GEMMs, "own_conv" convolutions (both FP32); "tf32" both, when TF32 is allowed; "half" both, for
+#: float16 / bfloat16 operands (f16/bf16 tensor cores, sm_80+; elsewhere they are computed as float32).
+_HALF = [_H_L, _H_M, _H_S]
 TILES = {
-    "default": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": []},
+    "default": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [], "half": []},
     "sm_80": {"own": [_O_L, _O_S, _O_X], "own_conv": [_O_M, _O_S],
-              "tf32": [_T_L, _T_M, _T_S]},
-    "sm_86": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
-    "sm_89": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S]},
+              "tf32": [_T_L, _T_M, _T_S], "half": _HALF},
+    "sm_86": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S], "half": _HALF},
+    "sm_89": {"own": [_O_L, _O_S], "own_conv": [_O_M, _O_S], "tf32": [_T_M, _T_S], "half": _HALF},
     "sm_90": {"own": [_O_L, _O_S, _O_WW], "own_conv": [_O_M, _O_S],
-              "tf32": [_T_L, _T_M, _T_S]},
+              "tf32": [_T_L, _T_M, _T_S], "half": _HALF},
 }
 #: unary op codes of misc_cuda.cu
 UNARY_CODES = UNARY_KERNEL_CODES
@@ -78,6 +80,10 @@ def shipped_configs() -> dict[str, list[dict]]:
                         qm = quant_mode(mode, fmt.code)
                         if mode["IS_GEMM"] in kinds and mode_fits(cfg, qm):
                             add(OWN_GEMM[0], {**cfg, **_mode_macros(qm)})
+        for cfg in table.get("half", []):  # float16 (HALF_IO=1) and bfloat16 (2) operands
+            for mode in HALF_MODES:
+                for kind in (1, 2):
+                    add(OWN_GEMM[0], {**cfg, **mode, "HALF_IO": kind})
     add(MISC, {"BLOCK": BLOCK})
     for fmt in FORMATS.values():
         add(DEQUANT[0], {"WQ": fmt.code})
@@ -116,12 +122,13 @@ def _size_class(M, N, Z) -> str:
 def _strided(cp, x):
     """(array, element strides) with the inner two strides usable by the kernel: one of the two
     inner dims must have unit stride (it picks the matching load layout); else a copy."""
-    st = [s // 4 for s in x.strides]
-    ok = all(s >= 0 for s in st) and all(s % 4 == 0 for s in x.strides) and max(st) < 2**31
+    isz = x.itemsize
+    st = [s // isz for s in x.strides]
+    ok = all(s >= 0 for s in st) and all(s % isz == 0 for s in x.strides) and max(st) < 2**31
     usable, st[1], st[2] = operand_layout(x.shape[1], x.shape[2], st[1], st[2])
     if not (ok and usable):
         x = cp.ascontiguousarray(x)
-        st = [s // 4 for s in x.strides]
+        st = [s // isz for s in x.strides]
         _, st[1], st[2] = operand_layout(x.shape[1], x.shape[2], st[1], st[2])
     return x, st
 

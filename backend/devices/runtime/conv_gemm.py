@@ -22,6 +22,12 @@ _O_WW = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, KP=0, MIN_BLOC
 _T_L = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, SMEM_PAD=8, USE_TF32=1)
 _T_M = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
 _T_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4, SMEM_PAD=8, USE_TF32=1)
+# half operands on the tensor cores (CUDA, HALF_IO: 1 float16 / 2 bfloat16, set per call; f16/bf16
+# mma.sync.m16n8k16): the TF32 tiles' warp layout, TILE_K 16, rows of 16 + 8 halves (conflict-free
+# fragment reads). Not measured yet (first build 2026-11-28).
+_H_L = dict(TILE_M=128, TILE_N=128, TILE_K=16, WPT_M=8, WPT_N=8, SMEM_PAD=8, HALF_IO=1)
+_H_M = dict(TILE_M=128, TILE_N=64, TILE_K=16, WPT_M=8, WPT_N=4, SMEM_PAD=8, HALF_IO=1)
+_H_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4, SMEM_PAD=8, HALF_IO=1)
 
 #: relative FMA throughput of a thread tile (WPT_M, WPT_N, one accumulator) against 8x4 with two,
 #: from the H100 sweep
@@ -42,6 +48,11 @@ OWN_MODES = (
     dict(IS_GEMM=0, CONV_TRANSPOSED=0), dict(IS_GEMM=0, CONV_TRANSPOSED=1),
     dict(IS_GEMM=0, CONV_TRANSPOSED=0, VEC_A=1), dict(IS_GEMM=0, CONV_TRANSPOSED=1, VEC_A=1),
 )
+#: the modes half operands run in (HALF_IO): a conv writes its result in their dtype (C_HALF), a GEMM in
+#: float32 (its caller adds a bias and rounds once); no 16-byte loads
+HALF_MODES = (dict(IS_GEMM=0, CONV_TRANSPOSED=0, C_HALF=1),
+              dict(IS_GEMM=1, TRANS_A=0, TRANS_B=0), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=0),
+              dict(IS_GEMM=1, TRANS_A=0, TRANS_B=1), dict(IS_GEMM=1, TRANS_A=1, TRANS_B=1))
 #: the modes a quantized weight runs in (``quant_mode`` adds its format: WQB / WQA): linear's
 #: B = W^T (TRANS_B; A the activations, contiguous, with or without 16-byte loads) and conv2d's A
 #: (no 16-byte loads: decoded element by element)
@@ -113,8 +124,10 @@ def tile_threads(cfg: dict) -> int:
 
 def tile_shared_bytes(cfg: dict) -> int:
     """Group-shared bytes of ``cfg``'s tile: the double-buffered As and Bs tiles of the kernel, each row
-    padded by SMEM_PAD floats (the kernel's default 4)."""
+    padded by SMEM_PAD floats (the kernel's default 4); half tiles (HALF_IO): [row][k] halves."""
     pad = cfg.get("SMEM_PAD", 4)
+    if cfg.get("HALF_IO"):
+        return 2 * 2 * (cfg["TILE_M"] + cfg["TILE_N"]) * (cfg["TILE_K"] + pad)
     return 4 * 2 * cfg["TILE_K"] * (cfg["TILE_M"] + pad + cfg["TILE_N"] + pad)
 
 

@@ -1,0 +1,103 @@
+"""Half operands on the CUDA backend's tensor cores (ad_conv_gemm's HALF_IO branch: f16 / bf16
+mma.sync.m16n8k16, FP32 accumulators): convs and GEMMs of two float16 or two bfloat16 arrays, against
+PyTorch in float64 on the same (half) values.
+
+Bounds: the products of two halves are exact in FP32, their sum over K rounds at most K times
+(|error| <= K 2^-24 sum|x||w|, the worst case), and a conv's result is rounded once to the half dtype
+(one ulp allowed): per element |y - ref| <= ulp(ref) + K 2^-24 sum|x||w|; and over the whole result, the
+relative (Frobenius) error is at most one ulp of the dtype at 1 for a conv, 2e-6 for a GEMM's float32
+result (FP32's own figure at K = 4096 is 1.1e-6); a wrong fragment layout is off by O(1)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anydevice.backend.devices import cuda as cuda_backend
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+_PROBE = cuda_backend.probe("cuda")
+needs_gpu = pytest.mark.skipif(not _PROBE["available"], reason=f"cuda backend unavailable: {_PROBE['reason']}")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# (N, Cin, H, W, Cout, k, stride, pad, groups): SD1.5's shapes, odd sizes, K not a multiple of 16, splits
+CONVS = [(1, 320, 16, 16, 320, 3, 1, 1, 1), (1, 4, 64, 64, 320, 3, 1, 1, 1), (2, 640, 8, 8, 1280, 1, 1, 0, 1),
+         (1, 1280, 8, 8, 1280, 3, 1, 1, 1), (1, 320, 32, 32, 320, 3, 2, 1, 1), (3, 37, 13, 11, 45, 3, 1, 1, 1),
+         (2, 64, 9, 9, 96, 5, 2, 2, 2), (1, 512, 7, 7, 512, 7, 2, 3, 1), (1, 24, 6, 6, 130, 1, 1, 0, 1)]
+GEMMS = [(1, 4096, 320, 320), (1, 77, 768, 320), (2, 1024, 40, 1024), (1, 33, 17, 65), (1, 512, 4608, 64)]
+
+
+@pytest.fixture(scope="module")
+def be():
+    if not _PROBE["available"]:
+        pytest.skip(f"cuda backend unavailable: {_PROBE['reason']}")
+    b = cuda_backend.create("cuda", 0)
+    if not b._tiles.get("half"):
+        pytest.skip(f"{b.device}: no half tensor-core tiles (sm_80 or newer)")
+    return b
+
+
+def _check(y, ref, mag, tdt, K, rel=None):
+    ulp = torch.finfo(tdt).eps  # the spacing at 1: ulp(r) <= eps * |r|
+    err = (y.double() - ref).abs()
+    bound = ulp * ref.abs() + K * 2.0**-24 * mag + 1e-30
+    bad = err > bound
+    assert not bool(bad.any()), f"{int(bad.sum())} of {bad.numel()} beyond the bound; worst " \
+        f"{float((err / bound).max()):.3g} x"
+    assert float(err.norm() / ref.norm()) <= (rel or ulp)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("shape", CONVS, ids=lambda s: "x".join(map(str, s)))
+def test_half_conv_on_the_tensor_cores(be, shape, dtype):
+    N, C, H, W, Co, k, s, p, G = shape
+    tdt = DTYPES[dtype]
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(N, C, H, W, generator=g).to(tdt)
+    w = (torch.randn(Co, C // G, k, k, generator=g) / (C * k * k / G) ** 0.5).to(tdt)
+    b = torch.randn(Co, generator=g).to(tdt)
+    xd, wd, bd = (be.to_device(t.float(), "test", "x", dtype=dtype) for t in (x, w, b))
+    y = be.conv2d(xd, wd, bd, stride=s, padding=p, groups=G)
+    assert be._dtype(y) == dtype  # written in the operands' dtype: no float32 result, no cast pass
+    got = torch.from_numpy(be.to_numpy(y))
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), stride=s, padding=p, groups=G)
+    mag = torch.nn.functional.conv2d(x.double().abs(), w.double().abs(), b.double().abs(), stride=s, padding=p,
+                                     groups=G)
+    _check(got, ref, mag, tdt, C // G * k * k)
+    np.testing.assert_array_equal(be.to_numpy(xd), x.float().numpy())  # the input is unchanged
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("shape", GEMMS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True)])
+def test_half_matmul_on_the_tensor_cores(be, shape, trans, dtype):
+    B, M, K, N = shape
+    tdt = DTYPES[dtype]
+    g = torch.Generator().manual_seed(M * 7 + N)
+    a = torch.randn(B, K, M, generator=g).transpose(1, 2) if trans[0] else torch.randn(B, M, K, generator=g)
+    b = torch.randn(B, N, K, generator=g).transpose(1, 2) if trans[1] else torch.randn(B, K, N, generator=g)
+    a, b = a.to(tdt), b.to(tdt)
+    ad = be.to_device(a.float().contiguous(), "test", "a", dtype=dtype)
+    bd = be.to_device(b.float().contiguous(), "test", "b", dtype=dtype)
+    if trans[0]:
+        ad = be.to_device(a.transpose(1, 2).float().contiguous(), "test", "a", dtype=dtype).transpose(0, 2, 1)
+    if trans[1]:
+        bd = be.to_device(b.transpose(1, 2).float().contiguous(), "test", "b", dtype=dtype).transpose(0, 2, 1)
+    y = be._gemm(ad, bd)
+    got = torch.from_numpy(be.to_numpy(y))
+    ref = a.double() @ b.double()
+    _check(got, ref, a.double().abs() @ b.double().abs(), torch.float32, K, rel=2e-6)
+
+
+@needs_gpu
+def test_a_half_and_a_float_operand_compute_as_float32(be):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 32, 10, 10, generator=g)
+    w = torch.randn(48, 32, 3, 3, generator=g).half()
+    xd = be.to_device(x, "test", "x")
+    wd = be.to_device(w.float(), "test", "w", dtype="float16")
+    y = be.conv2d(xd, wd, padding=1)
+    assert be._dtype(y) == "float32"
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+    assert float((torch.from_numpy(be.to_numpy(y)).double() - ref).norm() / ref.norm()) < 1e-6
