@@ -95,6 +95,10 @@ PY
       ANYDEVICE_TEST_BACKENDS=cuda timeout "$(lim 150)" python3 -m pytest -q -rfEs --tb=short --timeout 120 -p no:cacheprovider \
         tests/backend/compile/test_replay.py tests/backend/compile/test_lowering_half.py tests/backend/compile/test_compile.py \
         -k "cuda or replay or Replay" 2>&1 | tee "$OUT/replay.log" | tail -30 ;;
+    half)  # half operands on the tensor cores (test_cuda_half.py) and the recorded graphs (test_replay.py)
+      ANYDEVICE_TEST_BACKENDS=cuda timeout "$(lim 150)" python3 -m pytest -q -rfEs --tb=short --timeout 120 -n 4 -p no:cacheprovider \
+        tests/backend/devices/cuda/test_cuda_half.py tests/backend/compile/test_replay.py tests/backend/compile/test_lowering_half.py \
+        2>&1 | tee "$OUT/half.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -30 ;;
     vae) mbench vae 120 --backend cuda --backend opencl --case vae --dtype float32,float16 ;;
     upscaler) mbench upscaler 60 --backend cuda --backend opencl --case upscaler --dtype float32,float16 ;;
     ops)
