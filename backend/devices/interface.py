@@ -60,6 +60,8 @@ FUSED_KERNELS = {
     "prelu": "_prelu_fused: torch's prelu (a slope per channel) in one pass (ops/layers.py _prelu)",
     "graph_replay": "_capture, _launch_graph, _copy_into, _graph_valid: a compiled graph's device work captured once "
                     "(a CUDA graph) and replayed by later calls of the same signature (compile/replay.py)",
+    "half_attention": "no method: _attention_fused takes the key and value (kt, v) of a half model's attention as "
+                      "they are stored (scaled_dot_product_attention keeps them half; its result is float32)",
     "half_conv": "no method: _conv2d takes a float16/bfloat16 input as it is stored (the device converts it "
                  "where a path does not read it so); its result is float32 or the input's dtype",
 }

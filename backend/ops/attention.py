@@ -72,8 +72,9 @@ class AttentionOps:
         enable_gqa: key/value heads (dim -3) are repeated to the query's. dropout_p must be 0."""
         op = "scaled_dot_product_attention"
         bool_mask = _is_bool(attn_mask)
+        # half keys and values stay half where the fused kernel reads them ("half_attention")
         kind, like, q, k, v, m = self._inputs(op, ("attn_mask",), query=query, key=key, value=value,
-                                              attn_mask=attn_mask)
+                                              attn_mask=attn_mask, _half=("key", "value"), _cap="half_attention")
         plan = attention_plan(op, self._shape(q), self._shape(k), self._shape(v),
                               None if m is None else self._shape(m), dropout_p, is_causal, scale, enable_gqa)
         self._check_size(op, plan.out_shape)

@@ -10,7 +10,7 @@ from ...ops import dtypes
 from ...system.config import workspace_budget_bytes
 from ..runtime import pack_args
 from ..runtime.attention import attention_args, attention_layout, fused_block_rows, shared_tile
-from .tiles import ATT_BK, ATT_WG, ATTENTION, STATIC_SMEM
+from .tiles import ATT_BK, ATT_MMA_BKV, ATT_MMA_MAX_DIM, ATT_WG, ATTENTION, ATTENTION_MMA, STATIC_SMEM
 
 
 class CudaAttention:
@@ -21,14 +21,24 @@ class CudaAttention:
         """Query rows per ``_attention_rows`` block: the workspace budget alone (no scores kept)."""
         return fused_block_rows(plan, workspace_budget_bytes())
 
-    def _att_operand(self, x, keep: int):
-        """``x`` as a contiguous float32 array, its zero-stride (broadcast) dims before the last ``keep``
+    def _att_operand(self, x, keep: int, dtype=dtypes.FLOAT32):
+        """``x`` as a contiguous array of ``dtype``, its zero-stride (broadcast) dims before the last ``keep``
         taken once (size 1: the kernel's batch strides broadcast them again)."""
-        if self._dtype(x) != dtypes.FLOAT32:
-            x = self._cast(x, dtypes.FLOAT32)
+        if self._dtype(x) != dtype:
+            x = self._cast(x, dtype)
         idx = tuple(slice(0, 1) if st == 0 and n > 1 and d < x.ndim - keep else slice(None)
                     for d, (n, st) in enumerate(zip(x.shape, x.strides)))
-        return self._contig(x[idx] if idx else x)
+        x = x[idx] if idx else x
+        return self._contig(x) if dtype == dtypes.FLOAT32 else self.cp.ascontiguousarray(x)
+
+    def _att_half(self, q, kt, v, E: int, Ev: int) -> int:
+        """HK of the tensor-core kernel for these operands: 1 (float16) / 2 (bfloat16) where kt and v are
+        both stored so ("half_attention": a half model's attention) on a GPU with half tiles, the head
+        dims within ATT_MMA_MAX_DIM; 0: ad_attention in float32."""
+        dk, dv = self._dtype(kt), self._dtype(v)
+        if dk != dv or dk == dtypes.FLOAT32 or not self._tiles.get("half") or max(E, Ev) > ATT_MMA_MAX_DIM:
+            return 0
+        return 1 if dk == dtypes.FLOAT16 else 2
 
     def _attention_fused(self, q, kt, v, mask, scale, causal, row0=0):
         """q (..., L, E), kt = k^T (..., E, S), v (..., S, Ev) (batch dims broadcast), mask None or
@@ -38,13 +48,26 @@ class CudaAttention:
         if full is None:
             return None
         self._enter()
-        q, kt, v = self._att_operand(q, 2), self._att_operand(kt, 2), self._att_operand(v, 2)
+        hk = self._att_half(q, kt, v, full.E, full.Ev)
+        if hk:  # the tensor cores: kt and v as stored, q too where it has their dtype (else float32)
+            half = self._dtype(kt)
+            qh = int(self._dtype(q) == half)
+            q = self._att_operand(q, 2, half if qh else dtypes.FLOAT32)
+            kt, v = self._att_operand(kt, 2, half), self._att_operand(v, 2, half)
+        else:
+            q, kt, v = self._att_operand(q, 2), self._att_operand(kt, 2), self._att_operand(v, 2)
         mask = None if mask is None else self._att_operand(mask, 0)
         lay = attention_layout(q.shape, kt.shape, v.shape, None if mask is None else mask.shape, bat=full.bat)
         if lay is None:
             return None
         y = self._empty(lay.bat + (lay.L, lay.Ev))
         if y.size == 0:
+            return y
+        if hk:
+            fn = self._function(ATTENTION_MMA[0], ATTENTION_MMA[1], {"E": lay.E, "EV": lay.Ev, "HK": hk, "QH": qh, "KH": 1,
+                                                                     "VH": 1, "BKV": ATT_MMA_BKV})
+            fn((lay.B * -(-lay.L // 64),), (128,),
+               pack_args(ATTENTION_MMA[1], attention_args(lay, q, kt, v, mask, y, scale, causal, row0)))
             return y
         wg, bk = self._att_geometry(lay.E, lay.Ev)
         fn = self._function(ATTENTION[0], ATTENTION[1], {"E": lay.E, "EV": lay.Ev, "WG": wg, "BK": bk})

@@ -43,7 +43,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, Backend):
     # half weights and GEMM / conv operands are read as stored: two of one dtype run on the f16/bf16 tensor
     # cores (sm_80+: the "half" tiles; a conv writes its result in their dtype), others as float32
     caps = Capabilities(fused=frozenset({"all_finite", "attention", "w8a8", "graph_replay", "half_weights",
-                                         "half_gemm", "half_conv"}), storage_dtypes=frozenset(dtypes.FLOATS),
+                                         "half_gemm", "half_conv", "half_attention"}), storage_dtypes=frozenset(dtypes.FLOATS),
                         quant_formats=frozenset(FORMATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):

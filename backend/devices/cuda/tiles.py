@@ -26,6 +26,10 @@ DEQUANT = ("dequant.cu", "ad_dequant")
 #: first (within the device's threads per block, the built kernel's limit and shared memory)
 ATTENTION = ("attention.cu", "ad_attention")
 ATT_WG, ATT_BK = 64, 32
+#: the tensor-core attention (kernels/attention_mma.cu) for half kt and v: file, kernel, keys a tile, and the
+#: largest head dims it takes (its registers: q fragments, scores, output accumulators)
+ATTENTION_MMA = ("attention_mma.cu", "ad_attention_mma")
+ATT_MMA_BKV, ATT_MMA_MAX_DIM = 64, 160
 #: head dims (E = Ev) whose attention builds the compile check covers (SD1.5 40/80/160, SDXL 64, Flux 128)
 ATT_HEAD_DIMS = (40, 64, 80, 128, 160)
 #: static shared memory a block may declare (CUDA's 48 KiB; the device's own limit applies if less)
@@ -91,6 +95,11 @@ def shipped_configs() -> dict[str, list[dict]]:
         add("window.cu", {"BLOCK": BLOCK, "WT": spec, "WS": spec})
     for d in ATT_HEAD_DIMS:
         add(ATTENTION[0], {"E": d, "EV": d, "WG": ATT_WG, "BK": shared_tile(d, d, STATIC_SMEM, ATT_BK)})
+    for d in ATT_HEAD_DIMS:  # half kt / v on the tensor cores: float16 / bfloat16, q float32 or half
+        if d <= ATT_MMA_MAX_DIM:
+            for hk in (1, 2):
+                for qh in (0, 1):
+                    add(ATTENTION_MMA[0], {"E": d, "EV": d, "HK": hk, "QH": qh, "KH": 1, "VH": 1, "BKV": ATT_MMA_BKV})
     add(_w8a8.FILE, dict(_w8a8.MACROS))  # W8A8 linear (the one build)
     return out
 

@@ -101,3 +101,40 @@ def test_a_half_and_a_float_operand_compute_as_float32(be):
     assert be._dtype(y) == "float32"
     ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
     assert float((torch.from_numpy(be.to_numpy(y)).double() - ref).norm() / ref.norm()) < 1e-6
+
+
+# (batch, heads, L, S, E, mask, causal): SD1.5's head dims 40 / 80 / 160 (self- and cross-attention),
+# SDXL's 64; odd L and S (a partial tile of query rows and of keys)
+ATTENTION = [(1, 8, 256, 256, 40, None, False), (2, 8, 130, 77, 40, None, False), (1, 10, 64, 64, 64, None, False),
+             (1, 5, 100, 77, 80, "full", False), (1, 2, 96, 96, 160, "row", False), (1, 4, 70, 70, 64, None, True)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("case", ATTENTION, ids=lambda c: "-".join(map(str, c)))
+def test_half_attention_on_the_tensor_cores(be, case, dtype, monkeypatch):
+    """softmax(q k^T s + mask) v of half q, k and v (scaled_dot_product_attention): the tensor-core kernel
+    (attention_mma.cu) runs; against float64 on the same half values within a few ulps of the dtype (the
+    scaled q and the probabilities are rounded to it, as FlashAttention rounds them)."""
+    B, H, L, S, E, mask, causal = case
+    tdt = DTYPES[dtype]
+    g = torch.Generator().manual_seed(L * S + E)
+    q, k, v = (torch.randn(B, H, n, E, generator=g).to(tdt) for n in (L, S, S))
+    m = None
+    if mask == "full":
+        m = torch.randn(L, S, generator=g) * 2
+    elif mask == "row":
+        m = torch.where(torch.rand(1, S, generator=g) < 0.2, float("-inf"), 0.0)
+    nat = [be.to_device(t.float(), "test", "x", dtype=dtype) for t in (q, k, v)]
+    built, function = [], be._function
+    monkeypatch.setattr(be, "_function", lambda f, k_, mac: built.append(k_) or function(f, k_, mac))
+    y = be.scaled_dot_product_attention(*nat, attn_mask=None if m is None else be.to_device(m, "test", "m"),
+                                        is_causal=causal)
+    assert "ad_attention_mma" in built and "ad_attention" not in built, built
+    got = torch.from_numpy(be.to_numpy(y)).double()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                           attn_mask=None if m is None else m.double(),
+                                                           is_causal=causal)
+    eps = torch.finfo(tdt).eps
+    assert float((got - ref).norm() / ref.norm()) <= 4 * eps
+    assert float((got - ref).abs().max()) <= 16 * eps * float(ref.abs().max())
