@@ -20,6 +20,7 @@ from ..runtime import JsonStore, cache_dir, pack_args
 from .attention import CudaAttention
 from .device import _cupy, _describe
 from .graphs import CudaGraphs
+from .norms import CudaNorms
 from .linalg import CudaLinalg
 from .w8a8 import CudaW8A8
 from .tiles import BLOCK, CACHE_NAME, DEQUANT, MISC, _cdiv, _size_class, _tiles_for, build_options, kernel_source
@@ -36,14 +37,15 @@ class CudaQuant(DeviceQuant):
         self.data = data
 
 
-class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, Backend):
+class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Backend):
     kind = "own"
     # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32;
     # quantized weights kept packed (CudaQuant) and decoded by the GEMM / conv kernel's tile loads
     # half weights and GEMM / conv operands are read as stored: two of one dtype run on the f16/bf16 tensor
     # cores (sm_80+: the "half" tiles; a conv writes its result in their dtype), others as float32
     caps = Capabilities(fused=frozenset({"all_finite", "attention", "w8a8", "graph_replay", "half_weights",
-                                         "half_gemm", "half_conv", "half_attention"}), storage_dtypes=frozenset(dtypes.FLOATS),
+                                         "half_gemm", "half_conv", "half_attention", "norm_affine",
+                                         "half_norm"}), storage_dtypes=frozenset(dtypes.FLOATS),
                         quant_formats=frozenset(FORMATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):

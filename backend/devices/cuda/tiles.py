@@ -100,6 +100,8 @@ def shipped_configs() -> dict[str, list[dict]]:
             for hk in (1, 2):
                 for qh in (0, 1):
                     add(ATTENTION_MMA[0], {"E": d, "EV": d, "HK": hk, "QH": qh, "KH": 1, "VH": 1, "BKV": ATT_MMA_BKV})
+    for xt in (0, 1, 2):  # the fused row norm (norms.py), float32 / float16 / bfloat16
+        add("norm_cuda.cu", {"XT": xt, "NB": 512})
     add(_w8a8.FILE, dict(_w8a8.MACROS))  # W8A8 linear (the one build)
     return out
 

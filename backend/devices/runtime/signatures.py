@@ -84,6 +84,7 @@ KERNELS: dict[str, KernelSig] = {
     "w8a8_gemm_cpu": _s("w8a8_cpu.cl", "b b b b b i b i i i"),
     # fused attention, the GPU family (OpenCL and CUDA) in the portable subset (kernels/attention.cu): att_cpu's arguments
     "ad_attention": _s("attention.cu", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
+    "ad_norm_rows_affine": _s("norm_cuda.cu", "b b b b", "i i i i i i", "f"),
     "ad_attention_mma": _s("attention_mma.cu", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
 }
 

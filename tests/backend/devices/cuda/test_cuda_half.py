@@ -138,3 +138,40 @@ def test_half_attention_on_the_tensor_cores(be, case, dtype, monkeypatch):
     eps = torch.finfo(tdt).eps
     assert float((got - ref).norm() / ref.norm()) <= 4 * eps
     assert float((got - ref).abs().max()) <= 16 * eps * float(ref.abs().max())
+
+
+NORMS = [("group", (2, 64, 9, 9), 8, "silu"), ("group", (1, 320, 32, 32), 32, None), ("layer", (3, 77, 320), None, None),
+         ("group", (1, 12, 5, 7), 3, None)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", *DTYPES])
+@pytest.mark.parametrize("case", NORMS, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-{c[3]}")
+def test_fused_norm_in_the_stored_dtype(be, case, dtype, monkeypatch):
+    """group_norm (+ silu: a compiled graph's GroupNorm + SiLU pair) and layer_norm in one launch
+    (norm_cuda.cu), read and written in the stored dtype: within one rounding of the dtype of float64 on the
+    same values (float32: 1e-5 relative)."""
+    kind, shape, groups, act = case
+    tdt = DTYPES.get(dtype, torch.float32)
+    g = torch.Generator().manual_seed(len(shape) + shape[1])
+    x = (torch.randn(*shape, generator=g) * 3 + 1).to(tdt)
+    C = shape[1] if kind == "group" else shape[-1]
+    w, b = (torch.randn(C, generator=g).to(tdt) for _ in range(2))
+    xd, wd, bd = (be.to_device(t.float(), "test", "x", dtype=dtype) for t in (x, w, b))
+    built, function = [], be._function
+    monkeypatch.setattr(be, "_function", lambda f, k_, mac: built.append(k_) or function(f, k_, mac))
+    if kind == "group":
+        y = be._group_norm_act(xd, groups, wd, bd, 1e-5, act)
+        ref = torch.nn.functional.group_norm(x.double(), groups, w.double(), b.double(), 1e-5)
+        ref = torch.nn.functional.silu(ref) if act else ref
+    else:
+        y = be.layer_norm(xd, (C,), wd, bd, 1e-5)
+        ref = torch.nn.functional.layer_norm(x.double(), (C,), w.double(), b.double(), 1e-5)
+    assert built == ["ad_norm_rows_affine"], built
+    assert be._dtype(y) == dtype
+    got = torch.from_numpy(be.to_numpy(y)).double()
+    if dtype == "float32":
+        assert float((got - ref).norm() / ref.norm()) < 1e-5
+    else:
+        eps = torch.finfo(tdt).eps
+        assert bool(((got - ref).abs() <= eps * ref.abs() + 1e-5 * float(ref.abs().max())).all())

@@ -1,0 +1,95 @@
+/* The CUDA backend's fused row norm with its affine ("norm_affine", backend/devices/cuda/norms.py):
+   each row of the contiguous (rows, n) x normalised, (x - mean) / sqrt(biased var + eps) (two passes
+   over the row, as ops/layers.py's composite), then * w[ch] + b[ch] with ch = (row % groups) * cpg +
+   column / inner (layer_norm: groups 1, inner 1; group_norm: the group's channels), then silu where
+   flags & 4, written in x's dtype (rounded once). flags: 1 w given, 2 b given.
+   XT: 0 float32, 1 float16, 2 bfloat16 (x, w, b and y all of it; sums in float32). One block of NB threads
+   a row: per-thread partial sums, then the warps' shuffles and one shared slot per warp.
+   Launch: groups (rows), group size (NB). */
+#include "elementwise_math.h"
+#ifndef XT
+#define XT 0
+#endif
+#ifndef NB
+#define NB 512
+#endif
+#if NB % 32 || NB > 1024
+#error "ad_norm_rows_affine: NB a multiple of 32, at most 1024"
+#endif
+#if XT == 2
+#define X_T unsigned short
+DEVICE_FN float nr_ld(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+DEVICE_FN unsigned short nr_st(float f)
+{
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#elif XT == 1
+#define X_T unsigned short
+DEVICE_FN float nr_ld(unsigned short h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+DEVICE_FN unsigned short nr_st(float f)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#else
+#define X_T float
+DEVICE_FN float nr_ld(float v) { return v; }
+DEVICE_FN float nr_st(float v) { return v; }
+#endif
+
+/* the sum of every thread's v (all threads get it; red: NB / 32 + 1 floats) */
+DEVICE_FN float nr_block_sum(float v, float* red)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = LID0 >> 5, lane = LID0 & 31;
+    if (lane == 0) red[w] = v;
+    BARRIER();
+    if (w == 0) {
+        float t = lane < NB / 32 ? red[lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (lane == 0) red[NB / 32] = t;
+    }
+    BARRIER();
+    const float t = red[NB / 32];
+    BARRIER();  /* red is free for the next sum */
+    return t;
+}
+
+KERNEL __launch_bounds__(NB) void ad_norm_rows_affine(const GLOBAL X_T* RESTRICT x, GLOBAL X_T* RESTRICT y,
+                                                      const GLOBAL X_T* RESTRICT w, const GLOBAL X_T* RESTRICT b,
+                                                      const int flags, const int rows, const int n, const int groups,
+                                                      const int cpg, const int inner, const float eps)
+{
+    LOCAL float red[NB / 32 + 1];
+    const int row = GRP0;
+    if (row >= rows) return;
+    const GLOBAL X_T* xr = x + (OFF_T)row * n;
+    GLOBAL X_T* yr = y + (OFF_T)row * n;
+    float s = 0.0f;
+    for (int i = LID0; i < n; i += NB) s += nr_ld(xr[i]);
+    const float mean = nr_block_sum(s, red) / (float)n;
+    float q = 0.0f;
+    for (int i = LID0; i < n; i += NB) {
+        const float d = nr_ld(xr[i]) - mean;
+        q = FMA(d, d, q);
+    }
+    const float var = nr_block_sum(q, red) / (float)n;
+    const float rstd = 1.0f / AD_SQRT(var + eps);
+    const int ch0 = (row % groups) * cpg;
+    for (int i = LID0; i < n; i += NB) {
+        float v = (nr_ld(xr[i]) - mean) * rstd;
+        const int ch = ch0 + i / inner;
+        if (flags & 1) v *= nr_ld(w[ch]);
+        if (flags & 2) v += nr_ld(b[ch]);
+        if (flags & 4) v = ad_mul_sigmoid(v, v);
+        yr[i] = nr_st(v);
+    }
+}
