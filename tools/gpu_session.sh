@@ -108,7 +108,7 @@ PY
       timeout "$(lim 100)" python3 tools/gpu_model_profile.py --backend cuda ${PROF_DTYPES:---dtype float16} --case unet \
         > "$OUT/profile_unet_cuda.txt" 2>&1; grep -E "^(=====|---)" "$OUT/profile_unet_cuda.txt"; tail -5 "$OUT/profile_unet_cuda.txt" ;;
     tests)
-      ANYDEVICE_TEST_OPENCL_PLATFORM=${ANYDEVICE_TEST_OPENCL_PLATFORM:-NVIDIA} ANYDEVICE_TEST_BACKENDS=cuda,opencl ANYDEVICE_UNET_DEVICE=cuda timeout "$(lim 200)" python3 -m pytest -v -rfE \
+      ANYDEVICE_TEST_OPENCL_PLATFORM=${ANYDEVICE_TEST_OPENCL_PLATFORM:-NVIDIA} ANYDEVICE_TEST_BACKENDS=${TESTS_BACKENDS:-cuda,opencl} ANYDEVICE_UNET_DEVICE=cuda timeout "$(lim 200)" python3 -m pytest -v -rfE \
         --timeout 120 -n ${NPROC:-12} -p no:cacheprovider tests/backend/devices/cuda tests/conformance \
         tests/backend/compile tests/models 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 ;;
     diag)  # the failures of the last `tests`, with their tracebacks
