@@ -3,8 +3,10 @@
    over the row, as ops/layers.py's composite), then * w[ch] + b[ch] with ch = (row % groups) * cpg +
    column / inner (layer_norm: groups 1, inner 1; group_norm: the group's channels), then silu where
    flags & 4, written in x's dtype (rounded once). flags: 1 w given, 2 b given.
-   XT: 0 float32, 1 float16, 2 bfloat16 (x, w, b and y all of it; sums in float32). One block of NB threads
-   a row: per-thread partial sums, then the warps' shuffles and one shared slot per warp.
+   XT: 0 float32, 1 float16, 2 bfloat16 (x, w, b and y all of it). The sums are float64 (the composite's
+   reductions are: a group of nearly equal values loses its small deviations to a float32 sum's rounding of
+   the mean), the deviations and the result float32. One block of NB threads a row: per-thread partial sums,
+   then the warps' shuffles and one shared slot per warp.
    Launch: groups (rows), group size (NB). */
 #include "elementwise_math.h"
 #ifndef XT
@@ -45,20 +47,20 @@ DEVICE_FN float nr_ld(float v) { return v; }
 DEVICE_FN float nr_st(float v) { return v; }
 #endif
 
-/* the sum of every thread's v (all threads get it; red: NB / 32 + 1 floats) */
-DEVICE_FN float nr_block_sum(float v, float* red)
+/* the sum of every thread's v (all threads get it; red: NB / 32 + 1 doubles) */
+DEVICE_FN double nr_block_sum(double v, double* red)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     const int w = LID0 >> 5, lane = LID0 & 31;
     if (lane == 0) red[w] = v;
     BARRIER();
     if (w == 0) {
-        float t = lane < NB / 32 ? red[lane] : 0.0f;
+        double t = lane < NB / 32 ? red[lane] : 0.0;
         for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
         if (lane == 0) red[NB / 32] = t;
     }
     BARRIER();
-    const float t = red[NB / 32];
+    const double t = red[NB / 32];
     BARRIER();  /* red is free for the next sum */
     return t;
 }
@@ -68,20 +70,20 @@ KERNEL __launch_bounds__(NB) void ad_norm_rows_affine(const GLOBAL X_T* RESTRICT
                                                       const int flags, const int rows, const int n, const int groups,
                                                       const int cpg, const int inner, const float eps)
 {
-    LOCAL float red[NB / 32 + 1];
+    LOCAL double red[NB / 32 + 1];
     const int row = GRP0;
     if (row >= rows) return;
     const GLOBAL X_T* xr = x + (OFF_T)row * n;
     GLOBAL X_T* yr = y + (OFF_T)row * n;
-    float s = 0.0f;
-    for (int i = LID0; i < n; i += NB) s += nr_ld(xr[i]);
-    const float mean = nr_block_sum(s, red) / (float)n;
-    float q = 0.0f;
+    double s = 0.0;
+    for (int i = LID0; i < n; i += NB) s += (double)nr_ld(xr[i]);
+    const float mean = (float)(nr_block_sum(s, red) / (double)n);
+    double q = 0.0;
     for (int i = LID0; i < n; i += NB) {
         const float d = nr_ld(xr[i]) - mean;
-        q = FMA(d, d, q);
+        q += (double)(d * d);
     }
-    const float var = nr_block_sum(q, red) / (float)n;
+    const float var = (float)(nr_block_sum(q, red) / (double)n);
     const float rstd = 1.0f / AD_SQRT(var + eps);
     const int ch0 = (row % groups) * cpg;
     for (int i = LID0; i < n; i += NB) {

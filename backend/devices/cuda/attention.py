@@ -31,12 +31,14 @@ class CudaAttention:
         x = x[idx] if idx else x
         return self._contig(x) if dtype == dtypes.FLOAT32 else self.cp.ascontiguousarray(x)
 
-    def _att_half(self, q, kt, v, E: int, Ev: int) -> int:
+    def _att_half(self, q, kt, v, E: int, Ev: int, mask=None) -> int:
         """HK of the tensor-core kernel for these operands: 1 (float16) / 2 (bfloat16) where kt and v are
         both stored so ("half_attention": a half model's attention) on a GPU with half tiles, the head
-        dims within ATT_MMA_MAX_DIM; 0: ad_attention in float32."""
+        dims within ATT_MMA_MAX_DIM and no mask (the kernel's mask path has not run on a GPU yet: a masked
+        attention keeps the float32 kernel); 0: ad_attention in float32."""
         dk, dv = self._dtype(kt), self._dtype(v)
-        if dk != dv or dk == dtypes.FLOAT32 or not self._tiles.get("half") or max(E, Ev) > ATT_MMA_MAX_DIM:
+        if dk != dv or dk == dtypes.FLOAT32 or not self._tiles.get("half") or max(E, Ev) > ATT_MMA_MAX_DIM \
+                or mask is not None:
             return 0
         return 1 if dk == dtypes.FLOAT16 else 2
 
@@ -48,7 +50,7 @@ class CudaAttention:
         if full is None:
             return None
         self._enter()
-        hk = self._att_half(q, kt, v, full.E, full.Ev)
+        hk = self._att_half(q, kt, v, full.E, full.Ev, mask)
         if hk:  # the tensor cores: kt and v as stored, q too where it has their dtype (else float32)
             half = self._dtype(kt)
             qh = int(self._dtype(q) == half)

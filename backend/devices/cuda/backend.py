@@ -279,7 +279,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Ba
 
     def _contig(self, x):
         """``x`` as a contiguous float32 array (a float16 / bfloat16 one converted)."""
-        if x.dtype == self.cp.uint16:  # bfloat16 bits: by value, not as integers
+        if str(x.dtype) == "uint16":  # bfloat16 bits: by value, not as integers
             x = self._cast(x, dtypes.FLOAT32)
         y = self.cp.ascontiguousarray(x, dtype=self.cp.float32)
         return y if y.shape == x.shape else y.reshape(x.shape)  # CuPy makes 0-d arrays 1-d
