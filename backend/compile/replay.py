@@ -122,14 +122,20 @@ class Replays:
         return self._record(lw, key, args, vkeys)
 
     def _uploads(self, lw, args):
-        """[(argument index, device array, stored dtype)] of the call's tensor inputs."""
+        """[(argument index, device array, stored dtype)] of the call's tensor inputs, each in an array of
+        the recording's own (an upload may be a view of the caller's tensor: a CUDA tensor through DLPack,
+        whose memory the caller reuses; later calls copy their inputs into these arrays)."""
         torch = _torch()
+        be = lw.be
         out = []
         for i, n in enumerate(lw.placeholders):
             v = args[i]
             if lw.kind[n] == "input" and isinstance(v, torch.Tensor) and n not in lw.packed_nodes:
                 dtype = lw.weights.store(v)
-                out.append((i, lw.be.to_device(v, "compile", n.name, dtype=dtype), dtype))
+                a = be.to_device(v, "compile", n.name, dtype=dtype)
+                own = be._empty(be._shape(a), be._dtype(a))
+                be._copy_into(own, a)
+                out.append((i, own, dtype))
                 lw.count.transfer("uploads", lw.weights.itemsize(v) * v.numel())
         return out
 

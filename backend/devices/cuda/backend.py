@@ -118,7 +118,7 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Ba
 
     def free_memory(self):
         """Give CuPy's pooled blocks back to the driver (e.g. when ComfyUI unloads models)."""
-        self._graph_epoch += 1  # recorded graphs let their pools go (compile/replay.py drops them)
+        self._retire_graphs()  # recorded graphs run no more and let their pools go (graphs.py)
         with self.cp.cuda.Device(self.index):
             self.cp.get_default_memory_pool().free_all_blocks()
 

@@ -10,6 +10,7 @@ runs the work eagerly. ``free_memory`` (ComfyUI unloading models) retires every 
 from __future__ import annotations
 
 import threading
+import weakref
 
 
 class CaptureBreak(RuntimeError):
@@ -18,7 +19,7 @@ class CaptureBreak(RuntimeError):
 
 class _Captured:
     """A recorded graph, the pool its arrays live in, the stream it was recorded on and its epoch."""
-    __slots__ = ("graph", "pool", "stream", "epoch")
+    __slots__ = ("graph", "pool", "stream", "epoch", "__weakref__")
 
     def __init__(self, graph, pool, stream, epoch):
         self.graph, self.pool, self.stream, self.epoch = graph, pool, stream, epoch
@@ -40,6 +41,13 @@ class CudaGraphs:
         """Refuse ``what`` (a host transfer, a synchronisation) while this thread records a graph."""
         if self._capturing():
             raise CaptureBreak(f"{what} cannot be recorded into a CUDA graph")
+
+    def _retire_graphs(self) -> None:
+        """No recorded graph runs again, and their pools' free blocks (the intermediates) go back to the
+        driver now (free_memory: ComfyUI asking for memory); a recording's outputs stay until it is dropped."""
+        self._graph_epoch += 1
+        for cap in list(self.__dict__.get("_captures", ())):
+            cap.pool.free_all_blocks()
 
     def _capture(self, fn):
         cp = self.cp
@@ -66,7 +74,9 @@ class CudaGraphs:
                 graph = stream.end_capture()
             finally:
                 self._capture_state = None
-        return _Captured(graph, pool, stream, self._graph_epoch), result
+        cap = _Captured(graph, pool, stream, self._graph_epoch)
+        self.__dict__.setdefault("_captures", weakref.WeakSet()).add(cap)
+        return cap, result
 
     def _launch_graph(self, cap) -> None:
         self._enter()
