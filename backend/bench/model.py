@@ -39,7 +39,9 @@ call, from ``compile.report``; ``fallback_ops`` names them), ``uploads`` / ``dow
 the OpenCL pool's live bytes; on NumPy the resident weights plus tracemalloc's peak of the call; None where
 neither counts), ``streamed_mb`` (weight bytes uploaded per call: the weights past the device budget,
 ANYDEVICE_DEVICE_MB), ``launches`` (kernels launched per call, where the device counts them: the OpenCL
-backend; fusion shows there) and every timed call (``times_ms``, ``torch_times_ms``).
+backend; fusion shows there), ``moved_mb`` (MiB the device ops read and wrote per call: each op's device
+operands and result, report.COUNT_MOVED), ``replayed`` (the share of calls a recorded device graph served)
+and every timed call (``times_ms``, ``torch_times_ms``).
 ``--quick`` runs narrow models on small inputs (a smoke run: the tests use it), not the real sizes.
 """
 from __future__ import annotations
@@ -126,6 +128,8 @@ class ModelRow(Row):
     peak_mb: float | None = None    # the device's peak during one call (None: the device does not count)
     streamed_mb: float = 0.0        # weight bytes uploaded per call (past the device budget)
     launches: float | None = None   # kernels launched per call (None: the device does not count)
+    moved_mb: float = 0.0           # MiB the device ops read and wrote per call (their operands and results)
+    replayed: float = 0.0           # share of the calls served by a recorded device graph (compile/replay.py)
     rel_err: float = 0.0            # ours vs PyTorch eager, normwise
     times_ms: list = field(default_factory=list)        # every timed call, ours
     torch_times_ms: list = field(default_factory=list)  # and PyTorch's
@@ -215,11 +219,18 @@ def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3, dt
             del y, ye, ref
             weights_mb = adc.report(compiled)["weights_bytes"] / 2**20
             peak = _peak_mb(be, ours, int(weights_mb * 2**20))
+            from ..compile.report import COUNT_MOVED
+            m_before = adc.report(compiled)["moved"]
+            COUNT_MOVED[0] = True  # this call counts the bytes its ops move (untimed: a few us an op)
+            try:
+                t0 = time.perf_counter()
+                ours()
+                one = time.perf_counter() - t0
+            finally:
+                COUNT_MOVED[0] = False
+            moved_mb = (adc.report(compiled)["moved"] - m_before) / 2**20
             r_before = adc.report(compiled)
             l_before = be.kernel_launches()
-            t0 = time.perf_counter()
-            ours()
-            one = time.perf_counter() - t0
             if one < 2.0:  # cheap enough: settle both sides once more
                 theirs()
                 ours()
@@ -233,6 +244,9 @@ def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3, dt
             rep = adc.report(compiled)
             l_after = be.kernel_launches()
         per = _per_call(rep, r_before)
+        ncalls = max(rep["calls"] - r_before["calls"], 1)
+        per["moved_mb"] = moved_mb
+        per["replayed"] = (rep["replayed"] - r_before["replayed"]) / ncalls
         launches = None if l_before is None else (l_after - l_before) / max(rep["calls"] - r_before["calls"], 1)
         mb, mt = statistics.median(tb), statistics.median(tt)
         return ModelRow(be.name, be.device, case.name(quick), mb * 1e3, mt * 1e3, flops / mb / 1e9,
@@ -266,7 +280,8 @@ def format_extra(r: ModelRow) -> str:
             f"uploads/call {r.uploads:g} ({r.bytes_up / 2 ** 20:.2f} MiB), downloads/call {r.downloads:g} "
             f"({r.bytes_down / 2 ** 20:.2f} MiB); graphs {r.graphs}; {r.dtype}: weights {r.weights_mb:.1f} MiB, "
             f"peak {'-' if r.peak_mb is None else f'{r.peak_mb:.1f} MiB'}, streamed {r.streamed_mb:.1f} MiB/call; "
-            f"kernels/call {'-' if r.launches is None else f'{r.launches:g}'}; "
+            f"kernels/call {'-' if r.launches is None else f'{r.launches:g}'}; moved {r.moved_mb:.0f} MiB/call"
+            f"{f' (replayed {r.replayed:.0%})' if r.replayed else ''}; "
             f"rel. err vs eager {r.rel_err:.1e}\n"
             f"    calls (ms): ours {' '.join(f'{t:.0f}' for t in r.times_ms)}; "
             f"torch {' '.join(f'{t:.0f}' for t in r.torch_times_ms)}")

@@ -486,8 +486,22 @@ class Lowered:
             raise AnyDeviceRunError(f"anydevice compile: {n.target} (node {n.name}) on {self.be.name}",
                                     None, None, str(e)) from e
         if isinstance(res, tuple):
-            return tuple(None if r is None else Dev(self._round(r)) for r in res)
-        return Dev(self._round(res))
+            res = tuple(None if r is None else self._round(r) for r in res)
+            if _report.COUNT_MOVED[0]:
+                self.count.add("moved", self._nbytes((args, kwargs, res)))
+            return tuple(None if r is None else Dev(r) for r in res)
+        res = self._round(res)
+        if _report.COUNT_MOVED[0]:
+            self.count.add("moved", self._nbytes((args, kwargs, res)))
+        return Dev(res)
+
+    def _nbytes(self, x) -> int:
+        """Device bytes of the native arrays in ``x`` (nested lists, tuples and dicts)."""
+        if isinstance(x, (list, tuple)):
+            return sum(self._nbytes(y) for y in x)
+        if isinstance(x, dict):
+            return sum(self._nbytes(y) for y in x.values())
+        return device_nbytes(self.be, x) if isinstance(x, self.be.native_types) else 0
 
     @property
     def folded_bytes(self) -> int:

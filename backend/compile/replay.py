@@ -49,10 +49,11 @@ def _draws(torch, n) -> bool:
 
 
 class _Record:
-    __slots__ = ("graph", "inputs", "outs", "pins", "generation")
+    __slots__ = ("graph", "inputs", "outs", "pins", "generation", "moved")
 
-    def __init__(self, graph, inputs, outs, pins, generation):
+    def __init__(self, graph, inputs, outs, pins, generation, moved):
         self.graph, self.inputs, self.outs, self.pins, self.generation = graph, inputs, outs, pins, generation
+        self.moved = moved  # the bytes its ops read and write (report.COUNT_MOVED), added per replay
 
 
 class Replays:
@@ -144,6 +145,7 @@ class Replays:
         inputs = self._uploads(lw, args)
         pins: dict = {}
         generation = lw.weights.generation
+        moved = lw.stats.moved
         try:
             graph, outs = be._capture(lambda: lw._run(
                 args, vkeys, inputs={lw.placeholders[i]: a for i, a, _ in inputs}, pending=True, pins=pins))
@@ -157,7 +159,7 @@ class Replays:
             return None
         if lw.weights.generation != generation:  # an upload inside replaced a weight: record again later
             return None
-        rec = _Record(graph, inputs, outs, list(pins.values()), generation)
+        rec = _Record(graph, inputs, outs, list(pins.values()), generation, lw.stats.moved - moved)
         while len(self.records) >= MAX_RECORDS:
             self.records.pop(next(iter(self.records)))
         self.records[key] = rec
@@ -174,6 +176,8 @@ class Replays:
             be._copy_into(a, be.to_device(v, "compile", "input", dtype=dtype))
             lw.count.transfer("uploads", lw.weights.itemsize(v) * v.numel())
         be._launch_graph(rec.graph)
+        if rec.moved:
+            lw.count.add("moved", rec.moved)
         self.replayed += 1
         lw.count.add("replayed")
         return lw.collect(rec.outs)

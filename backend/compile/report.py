@@ -39,13 +39,18 @@ class Stats:
         #: device graphs recorded, and calls served by replaying one (compile/replay.py)
         self.recorded = 0
         self.replayed = 0
+        #: bytes the device ops read and wrote (their device operands and results; counted while COUNT_MOVED)
+        self.moved = 0
 
     def as_dict(self) -> dict:
         return {"fallbacks": dict(self.fallbacks), "transfers": dict(self.transfers), "graphs": self.graphs,
                 "calls": self.calls, "eager_fallbacks": self.eager_fallbacks, "folded": self.folded,
-                "recorded": self.recorded, "replayed": self.replayed}
+                "recorded": self.recorded, "replayed": self.replayed, "moved": self.moved}
 
 
+#: count the bytes each device op reads and writes (Stats.moved; ``anydevice bench --model`` turns it on:
+#: a few microseconds an op, not paid otherwise)
+COUNT_MOVED = [False]
 #: whether any graph was compiled for the backend in this process (set by lowering.Lowered): only
 #: then is a recompile-limit warning ours to count
 ANY_COMPILED = [False]
@@ -100,6 +105,7 @@ def merge(stats_list) -> dict:
         out.folded += s.folded
         out.recorded += s.recorded
         out.replayed += s.replayed
+        out.moved += s.moved
     return out.as_dict()
 
 

@@ -151,6 +151,9 @@ def test_bench_model_quick_cli_on_numpy(tmp_path, capsys):
         assert r["uploads"] == 1 and r["bytes_up"] == 4 * math.prod(xin)    # the input, once per call
         assert r["downloads"] == 1 and r["bytes_down"] == 4 * math.prod(yout)
         assert r["rel_err"] <= 1e-5
+        # every op reads its input and writes its result: at least the input, the output and one of them
+        # again per op; NumPy records no device graphs
+        assert r["moved_mb"] * 2**20 > 4 * (math.prod(xin) + 2 * math.prod(yout)) and r["replayed"] == 0
     params = [sum(p.numel() for p in m.parameters()) for m in
               (model_zoo.sd_vae_decoder(ch=32), model_zoo.compact_upscaler(num_feat=16, num_conv=4))]
     for r, n in zip(rows, params):  # every weight uploaded once, as a constant
