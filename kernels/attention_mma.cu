@@ -46,35 +46,11 @@
 #define ATT_NEG_INF (-1.0f / 0.0f)
 #define ATT_BOFF(b, so, si) ((OFF_T)((b) / bi) * (so) + (OFF_T)((b) % bi) * (si))
 
-#if HK == 2
-#define HMMA_T "bf16"
-DEVICE_FN unsigned short att_f2h(float f)
-{
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-#else
-#define HMMA_T "f16"
-DEVICE_FN unsigned short att_f2h(float f)
-{
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-#endif
+#include "half_cuda.h"
 /* two values as one f16x2 / bf16x2 word, lo in the low half */
 DEVICE_FN unsigned int att_pack(float lo, float hi)
 {
-    return (unsigned int)att_f2h(lo) | ((unsigned int)att_f2h(hi) << 16);
-}
-DEVICE_FN void att_mma(float* d, const unsigned int* a, unsigned int b0, unsigned int b1)
-{
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32." HMMA_T "." HMMA_T ".f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    return (unsigned int)AD_F2H(HK, lo) | ((unsigned int)AD_F2H(HK, hi) << 16);
 }
 /* one operand element as HK bits: a 16-bit buffer's as they are, a float's rounded */
 #if QH
@@ -82,21 +58,21 @@ DEVICE_FN void att_mma(float* d, const unsigned int* a, unsigned int b0, unsigne
 #define Q_BITS(x) (x)
 #else
 #define Q_T float
-#define Q_BITS(x) att_f2h(x)
+#define Q_BITS(x) AD_F2H(HK, x)
 #endif
 #if KH
 #define K_T unsigned short
 #define K_BITS(x) (x)
 #else
 #define K_T float
-#define K_BITS(x) att_f2h(x)
+#define K_BITS(x) AD_F2H(HK, x)
 #endif
 #if VH
 #define V_T unsigned short
 #define V_BITS(x) (x)
 #else
 #define V_T float
-#define V_BITS(x) att_f2h(x)
+#define V_BITS(x) AD_F2H(HK, x)
 #endif
 #define H2(tile, r, c) (*(const unsigned int*)&(tile)[r][c])
 
@@ -161,7 +137,7 @@ KERNEL __launch_bounds__(128) void ad_attention_mma(
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
             for (int ks = 0; ks < EP / 16; ks++)
-                att_mma(s[j], qa[ks], H2(Ks, j * 8 + gq, ks * 16 + tq * 2), H2(Ks, j * 8 + gq, ks * 16 + tq * 2 + 8));
+                AD_MMA_H(HK, s[j], qa[ks], H2(Ks, j * 8 + gq, ks * 16 + tq * 2), H2(Ks, j * 8 + gq, ks * 16 + tq * 2 + 8));
         }
         /* scale, mask, causal and the keys past S; the tile's row max */
         float bm[2] = {ATT_NEG_INF, ATT_NEG_INF};
@@ -210,7 +186,7 @@ KERNEL __launch_bounds__(128) void ad_attention_mma(
             pa[3] = att_pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
 #pragma unroll
             for (int j = 0; j < NO; j++)
-                att_mma(o[j], pa, H2(Vs, j * 8 + gq, ks * 16 + tq * 2), H2(Vs, j * 8 + gq, ks * 16 + tq * 2 + 8));
+                AD_MMA_H(HK, o[j], pa, H2(Vs, j * 8 + gq, ks * 16 + tq * 2), H2(Vs, j * 8 + gq, ks * 16 + tq * 2 + 8));
         }
     }
     /* the row sums over the quad; rows whose scores were all -inf have l = 0: zeros (ad_attention's rule) */

@@ -244,43 +244,12 @@
 #define WGN (TN / 4)                  /* warps along n */
 #endif
 #if HALF_IO
-#if HALF_IO == 2
-#define HMMA_T "bf16"
-DEVICE_FN float ad_h2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
-DEVICE_FN unsigned short ad_f2h(float f)
-{
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-#else
-#define HMMA_T "f16"
-DEVICE_FN float ad_h2f(unsigned short h)
-{
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-DEVICE_FN unsigned short ad_f2h(float f)
-{
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-#endif
-DEVICE_FN void ad_mma_h(float* d, const unsigned int* a, const unsigned int* b)
-{
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32." HMMA_T "." HMMA_T ".f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+#include "half_cuda.h"
 /* the 32 bits of two consecutive k of a [row][k] half tile */
 #define H2_AT(tile, row, k) (*(const unsigned int*)&(tile)[row][k])
 #endif
 #if C_HALF  /* C written as the operands' 16-bit kind (a split's workspace stays float32) */
-#define C_STORE(C, idx, v) (((GLOBAL unsigned short*)(C))[idx] = ad_f2h(v))
+#define C_STORE(C, idx, v) (((GLOBAL unsigned short*)(C))[idx] = AD_F2H(HALF_IO, v))
 #else
 #define C_STORE(C, idx, v) ((C)[idx] = (v))
 #endif
@@ -538,7 +507,7 @@ KERNEL AD_BOUNDS void ad_conv_gemm(const int M, const int N, const int K,
 #pragma unroll
             for (int i = 0; i < MI; i++)
 #pragma unroll
-                for (int j = 0; j < NI; j++) ad_mma_h(acc[i][j], af[i], bf[j]);
+                for (int j = 0; j < NI; j++) AD_MMA_H(HALF_IO, acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
 #elif AD_MMA
 #pragma unroll

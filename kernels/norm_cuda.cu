@@ -18,33 +18,15 @@
 #if NB % 32 || NB > 1024
 #error "ad_norm_rows_affine: NB a multiple of 32, at most 1024"
 #endif
-#if XT == 2
+#if XT
+#include "half_cuda.h"
 #define X_T unsigned short
-DEVICE_FN float nr_ld(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
-DEVICE_FN unsigned short nr_st(float f)
-{
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-#elif XT == 1
-#define X_T unsigned short
-DEVICE_FN float nr_ld(unsigned short h)
-{
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-DEVICE_FN unsigned short nr_st(float f)
-{
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
+#define nr_ld(h) AD_H2F(XT, h)
+#define nr_st(f) AD_F2H(XT, f)
 #else
 #define X_T float
-DEVICE_FN float nr_ld(float v) { return v; }
-DEVICE_FN float nr_st(float v) { return v; }
+#define nr_ld(v) (v)
+#define nr_st(v) (v)
 #endif
 
 /* the sum of every thread's v (all threads get it; red: NB / 32 + 1 doubles) */
