@@ -46,7 +46,6 @@
 #endif
 #define NV (EV / VW)
 
-#define ATT_BOFF(b, so, si) ((long)((b) / bi) * (so) + (long)((b) % bi) * (si))
 /* max of a float16's lanes by a tree of compare-selects (a NaN lane may or may not win: a row
    with a NaN score gives NaN either way, through its exp or through the max) */
 #define ATT_VMAX(a, b) select(a, b, (b) > (a))

@@ -24,10 +24,8 @@
 
 /* no API's spelling of inf / FLT_MAX / fmax / isfinite: C99 constant expressions and compares */
 #define ATT_INF (1.0f / 0.0f)
-#define ATT_FLT_MAX 3.402823466e+38f
 #define ATT_MAX(a, b) ((b) > (a) ? (b) : (a))  /* a NaN b loses (as fmax); a is never NaN here */
 #define ATT_FINITE(x) (AD_FABS(x) <= ATT_FLT_MAX)
-#define ATT_BOFF(b, so, si) ((OFF_T)((b) / bi) * (so) + (OFF_T)((b) % bi) * (si))
 
 KERNEL void ad_attention(const GLOBAL float *RESTRICT q, const OFF_T q_off, const OFF_T q_so, const OFF_T q_si,
                          const GLOBAL float *RESTRICT kt, const OFF_T k_off, const OFF_T k_so, const OFF_T k_si,

@@ -42,9 +42,7 @@
 #error "ad_attention_mma: BKV must be a multiple of 16"
 #endif
 
-#define ATT_FLT_MAX 3.402823466e+38f
 #define ATT_NEG_INF (-1.0f / 0.0f)
-#define ATT_BOFF(b, so, si) ((OFF_T)((b) / bi) * (so) + (OFF_T)((b) % bi) * (si))
 
 #include "half_cuda.h"
 /* two values as one f16x2 / bf16x2 word, lo in the low half */
