@@ -133,6 +133,10 @@ def _describe_case(op, shapes, kw) -> str:
     return f"{op} " + " ".join(parts)
 
 
+#: seconds the self-check waits at most for the backend's warm-up thread (Device._warm_in_background)
+WARM_JOIN_S = 30.0
+
+
 def run_cases(backend, tolerance: float = TOLERANCE) -> tuple[bool, str]:
     """Run CASES on ``backend`` against the float64 reference: (passed, reason of the first failure)."""
     rng = np.random.default_rng(20240607)
@@ -224,7 +228,11 @@ def verdict(backend, info, module, impl_name: str, index: int = 0, run: bool = T
         tf32 = bool(backend.tf32)
         counts = backend.transfers()
         t0 = time.perf_counter()
+        warm = getattr(backend, "_warm_in_background", None)  # kernels built meanwhile (opencl/warm.py)
+        warming = warm() if warm is not None else None
         ok, reason = run_cases(backend, TOLERANCE_TF32 if tf32 else TOLERANCE)
+        if warming is not None:
+            warming.join(WARM_JOIN_S)
         seconds = time.perf_counter() - t0
         _uncount(backend, counts)
         entry = dict(want, ok=ok, reason=reason, seconds=round(seconds, 3), when=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -29,6 +29,7 @@ from .params import (BINARY_CODES, DEFAULT_TUNE, F32, HALF_CODES, KERNEL_DIR, KF
 from .programs import ProgramCache
 from .wgrad import CLWeightGrad
 from .norms import CLNorms
+from .warm import CLWarm
 
 log = logging.getLogger("anydevice")
 
@@ -39,10 +40,9 @@ FUSED = frozenset({"adam_step", "conv_weight_grad", "conv_input_grad", "all_fini
                    "prelu", "w8a8"})
 
 
-class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLW8A8, CLWeightGrad, CLAdam, CLAttention, Backend):
-    """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM
-    and conv in linalg.py (GPU family: gpu_linalg.py), conv gradients in wgrad.py, the fused Adam
-    step in adam.py, the fused attention in attention.py."""
+class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLW8A8, CLWeightGrad, CLAdam, CLAttention, CLWarm, Backend):
+    """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM and conv in
+    linalg.py (GPU family: gpu_linalg.py), conv gradients in wgrad.py, Adam in adam.py, attention in attention.py."""
 
     name = "opencl"
     kind = "own"
@@ -65,7 +65,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLW8A8, CLWeight
                                  storage_dtypes=frozenset(dtypes.FLOATS), quant_formats=frozenset(FORMATS))
         self._launches = 0
         self.ctx = cl.Context([dev])
-        self.queue = cl.CommandQueue(self.ctx, dev)
+        self._main_queue = cl.CommandQueue(self.ctx, dev)  # (``queue``: warm.py)
         self.programs = ProgramCache(self.ctx, dev)
         self.compute_units = max(1, int(dev.max_compute_units))
         # the group size and group-shared memory the GPU family plans within; ``limits`` ({"max_group": n,
@@ -218,7 +218,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLW8A8, CLWeight
     def _run(self, name, gsize, lsize, *args, params=None):
         if any(g == 0 for g in gsize):
             return
-        self._launches += 1  # (a statistic: an increment lost to a race between threads does not matter)
+        self._launches += self._counted()  # (a statistic: an increment lost to a race does not matter)
         with self._lock:  # a Kernel's arguments are shared state
             k = self._kernel(name, params)
             k(self.queue, gsize, lsize, *args)

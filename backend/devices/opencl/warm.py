@@ -1,0 +1,67 @@
+"""First use on a CPU device, as a mixin of the OpenCL backend: PoCL generates a kernel's code at its first
+launch (about 0.3 s each on this project's machine, in its worker threads), so while the self-check runs on
+one core, a thread launches the common flat kernels (elementwise, reductions, selects) once on a tiny array
+on a command queue of its own, and their code is ready when the first workflow asks (the self-check joins
+it: nothing of it runs once the backend is handed out). Its launches are not counted (``kernel_launches``)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+log = logging.getLogger("anydevice")
+
+#: the ops whose kernels the warm thread launches (name, args builder): what nearly every workflow runs
+WARM_OPS = (
+    ("unary", lambda be, x: be.sqrt(x)), ("binary", lambda be, x: be.add(x, x)),
+    ("binary scalar", lambda be, x: be.pow(x, 2.0)), ("reduce all", lambda be, x: be.max(x, None, keepdim=True)),
+    ("reduce min", lambda be, x: be.min(x, None, keepdim=True)), ("reduce dim", lambda be, x: be.mean(x, 1, keepdim=True)),
+    ("broadcast", lambda be, x: be.div(be.sub(x, be.sum(x, 0, keepdim=True)), 2.0)),
+    ("clamp", lambda be, x: be.clamp(x, 0.0, 1.0)), ("where", lambda be, x: be.where(be.gt(x, 0.5), x, x)),
+    ("permute", lambda be, x: be.permute(x, (1, 0))),
+)
+
+
+class CLWarm:
+    """The launch queue (``queue``: the warm thread's own there) and the background warm-up of OpenCLBackend."""
+
+    @property
+    def queue(self):
+        """The command queue a launch or copy goes to: this thread's warm-up queue, else the backend's."""
+        tls = self.__dict__.get("_warm_tls")
+        q = getattr(tls, "queue", None) if tls is not None else None
+        return q if q is not None else self._main_queue
+
+    def _counted(self) -> int:
+        """1 for a launch ``kernel_launches`` counts (any but the warm thread's), else 0."""
+        tls = self.__dict__.get("_warm_tls")
+        return 0 if tls is not None and getattr(tls, "queue", None) is not None else 1
+
+    def _warm_in_background(self):
+        """On a CPU device (PoCL): the started warm-up thread (the caller joins it), else None."""
+        if not self.is_cpu_device or self.family != "cpu":
+            return None
+        self.__dict__.setdefault("_warm_tls", threading.local())
+        t = threading.Thread(target=self._warm_flat, name="anydevice-opencl-warm", daemon=True)
+        t.start()
+        return t
+
+    def _warm_flat(self) -> None:
+        tls = self._warm_tls
+        t0 = time.perf_counter()
+        try:
+            tls.queue = self.cl.CommandQueue(self.ctx, self.dev)
+            x = self.to_device(np.linspace(0.0, 1.0, 8, dtype=np.float32).reshape(2, 4), "warm", "x")
+            for name, op in WARM_OPS:
+                try:
+                    op(self, x)
+                except Exception as exc:  # noqa: BLE001 - a warm-up is best effort; the op says it again in use
+                    log.debug("anydevice: opencl warm-up of %s failed: %s", name, exc)
+            tls.queue.finish()
+        except Exception as exc:  # noqa: BLE001
+            log.debug("anydevice: opencl warm-up stopped: %s", exc)
+        finally:
+            tls.queue = None
+        log.debug("anydevice: opencl warm-up of %d ops took %.2f s", len(WARM_OPS), time.perf_counter() - t0)

@@ -1,0 +1,63 @@
+"""The OpenCL backend's warm-up (backend/devices/opencl/warm.py): on a CPU device a thread launches the
+common flat kernels once on a queue of its own while the self-check runs, so PoCL has generated their code
+when the first workflow asks. Its launches and transfers are nobody's; the ops it ran give what they gave
+before; the self-check joins it; a GPU-family backend starts none."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+try:
+    from anydevice.backend.devices import opencl
+    _BE = opencl.create("opencl", 0)
+except Exception as exc:  # noqa: BLE001
+    pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
+
+from anydevice.backend.devices.opencl import warm
+from anydevice.backend.system import selfcheck
+
+
+def _cpu():
+    be = opencl.create("opencl", 0)
+    if not (be.is_cpu_device and be.family == "cpu"):
+        pytest.skip(f"{be.device}: the warm-up is for CPU devices (PoCL)")
+    return be
+
+
+def test_the_warm_thread_builds_the_flat_kernels_uncounted():
+    be = _cpu()
+    launches, counts = be.kernel_launches(), be.transfers()
+    t = be._warm_in_background()
+    assert isinstance(t, threading.Thread) and t.daemon
+    t.join(selfcheck.WARM_JOIN_S)
+    assert not t.is_alive()
+    assert be.kernel_launches() == launches  # the warm thread's launches are no user's
+    built = {k[0] for k in be._kernels}
+    assert {"unary"} <= built and len(built) >= 5, built
+    assert be.queue is be._main_queue  # this thread launches on the backend's queue
+    selfcheck._uncount(be, counts)
+    assert be.transfers() == counts
+    x = np.linspace(-1.0, 2.0, 24, dtype=np.float32).reshape(4, 6)
+    np.testing.assert_array_equal(be.to_numpy(be.sqrt(np.abs(x))), np.sqrt(np.abs(x)))
+    np.testing.assert_array_equal(be.to_numpy(be.clamp(x, 0.0, 1.0)), np.clip(x, 0.0, 1.0))
+    np.testing.assert_allclose(be.to_numpy(be.max(x, None, keepdim=True)), x.max(keepdims=True).reshape(1, 1))
+
+
+def test_every_warm_op_runs_and_gives_the_numpy_result():
+    """WARM_OPS on the backend against NumPy's values (a warm-up op that fails would be logged and skipped:
+    here none may)."""
+    be = _cpu()
+    x = np.linspace(0.0, 1.0, 8, dtype=np.float32).reshape(2, 4)
+    want = {"unary": np.sqrt(x), "binary": x + x, "binary scalar": x ** 2, "reduce all": x.max(keepdims=True),
+            "reduce min": x.min(keepdims=True), "reduce dim": x.mean(1, keepdims=True),
+            "broadcast": (x - x.sum(0, keepdims=True)) / 2, "clamp": np.clip(x, 0, 1), "where": x, "permute": x.T}
+    assert [n for n, _ in warm.WARM_OPS] == list(want)
+    for name, op in warm.WARM_OPS:
+        np.testing.assert_allclose(be.to_numpy(op(be, be.to_device(x))), want[name], rtol=1e-6, err_msg=name)
+
+
+def test_the_gpu_family_starts_no_warm_thread():
+    be = opencl.create("opencl", 0, family="gpu")
+    assert be._warm_in_background() is None
