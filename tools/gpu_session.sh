@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (the device tool): set-up, then the steps named as arguments.
 #   bash tools/gpu_session.sh env cudatests probe bench full opencl
+# The second H200 session's full check (about 6 minutes; docs/GPU_H200.md):
+#   BUDGET=405 TESTS_BACKENDS=cuda bash tools/gpu_session.sh half unetcuda modelprof tests vaecuda
 # Logs go to $OUT (or ./gpu-out). The pack is made importable as `anydevice` through a link;
 # pyopencl comes from wheels carried in .whl/ (the machine has no registry; carry=[".whl"]). Make them here with
 #   mkdir -p .whl && cd .whl && pip download --only-binary :all: --python-version 3.12 --implementation cp \
