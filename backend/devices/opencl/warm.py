@@ -27,23 +27,28 @@ WARM_OPS = (
 class CLWarm:
     """The launch queue (``queue``: the warm thread's own there) and the background warm-up of OpenCLBackend."""
 
+    #: the warm thread's thread-local (its ``queue``) while a warm-up runs; None otherwise (the fast path)
+    _warm_tls = None
+
     @property
     def queue(self):
         """The command queue a launch or copy goes to: this thread's warm-up queue, else the backend's."""
-        tls = self.__dict__.get("_warm_tls")
-        q = getattr(tls, "queue", None) if tls is not None else None
-        return q if q is not None else self._main_queue
+        tls = self._warm_tls
+        if tls is None:
+            return self._main_queue
+        q = getattr(tls, "queue", None)
+        return self._main_queue if q is None else q
 
     def _counted(self) -> int:
         """1 for a launch ``kernel_launches`` counts (any but the warm thread's), else 0."""
-        tls = self.__dict__.get("_warm_tls")
-        return 0 if tls is not None and getattr(tls, "queue", None) is not None else 1
+        tls = self._warm_tls
+        return 1 if tls is None or getattr(tls, "queue", None) is None else 0
 
     def _warm_in_background(self):
         """On a CPU device (PoCL): the started warm-up thread (the caller joins it), else None."""
-        if not self.is_cpu_device or self.family != "cpu":
+        if not self.is_cpu_device or self.family != "cpu" or self._warm_tls is not None:
             return None
-        self.__dict__.setdefault("_warm_tls", threading.local())
+        self._warm_tls = threading.local()
         t = threading.Thread(target=self._warm_flat, name="anydevice-opencl-warm", daemon=True)
         t.start()
         return t
@@ -64,4 +69,5 @@ class CLWarm:
             log.debug("anydevice: opencl warm-up stopped: %s", exc)
         finally:
             tls.queue = None
+            self._warm_tls = None  # the other threads' launches take the fast path again
         log.debug("anydevice: opencl warm-up of %d ops took %.2f s", len(WARM_OPS), time.perf_counter() - t0)
