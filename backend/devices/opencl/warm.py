@@ -1,6 +1,7 @@
 """First use on a CPU device, as a mixin of the OpenCL backend: PoCL generates a kernel's code at its first
 launch (about 0.3 s each on this project's machine, in its worker threads), so while the self-check runs on
-one core, a thread launches the common flat kernels (elementwise, reductions, selects) once on a tiny array
+one core, a thread launches the common flat kernels (elementwise, reductions, selects) and the 3x3 direct
+conv once on a tiny array
 on a command queue of its own, and their code is ready when the first workflow asks (the self-check joins
 it: nothing of it runs once the backend is handed out). Its launches are not counted (``kernel_launches``)."""
 from __future__ import annotations
@@ -13,6 +14,12 @@ import numpy as np
 
 log = logging.getLogger("anydevice")
 
+def _conv3x3(be, width: int):
+    """A depthwise 3x3 conv (2 channels of 4 x ``width``, a box of 1/8, padding 1)."""
+    img = np.linspace(0.0, 1.0, 8 * width, dtype=np.float32).reshape(1, 2, 4, width)
+    return be.conv2d(be.to_device(img), be.to_device(np.full((2, 1, 3, 3), 0.125, np.float32)), padding=1, groups=2)
+
+
 #: the ops whose kernels the warm thread launches (name, args builder): what nearly every workflow runs
 WARM_OPS = (
     ("unary", lambda be, x: be.sqrt(x)), ("binary", lambda be, x: be.add(x, x)),
@@ -21,6 +28,9 @@ WARM_OPS = (
     ("broadcast", lambda be, x: be.div(be.sub(x, be.sum(x, 0, keepdim=True)), 2.0)),
     ("clamp", lambda be, x: be.clamp(x, 0.0, 1.0)), ("where", lambda be, x: be.where(be.gt(x, 0.5), x, x)),
     ("permute", lambda be, x: be.permute(x, (1, 0))),
+    # the direct conv's 3x3 stride-1 build (blur, sharpen, edge filters and small 3x3 layers take it: rows
+    # of 24 values or more), on wide rows and on narrow ones (zero-padded first: opencl/linalg.py _conv_path)
+    ("conv 3x3", lambda be, x: _conv3x3(be, 160)), ("conv 3x3 narrow", lambda be, x: _conv3x3(be, 32)),
 )
 
 

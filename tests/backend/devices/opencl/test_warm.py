@@ -45,6 +45,13 @@ def test_the_warm_thread_builds_the_flat_kernels_uncounted():
     np.testing.assert_allclose(be.to_numpy(be.max(x, None, keepdim=True)), x.max(keepdims=True).reshape(1, 1))
 
 
+def _conv3x3(width):
+    """A warm conv's result (2 channels of 4 x width, each its own 3x3 box of 1/8, zero padding), by NumPy."""
+    img = np.linspace(0.0, 1.0, 8 * width, dtype=np.float32).astype(np.float64).reshape(1, 2, 4, width)
+    p = np.pad(img, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    return sum(p[:, :, i:i + 4, j:j + width] for i in range(3) for j in range(3)) * 0.125
+
+
 def test_every_warm_op_runs_and_gives_the_numpy_result():
     """WARM_OPS on the backend against NumPy's values (a warm-up op that fails would be logged and skipped:
     here none may)."""
@@ -52,10 +59,12 @@ def test_every_warm_op_runs_and_gives_the_numpy_result():
     x = np.linspace(0.0, 1.0, 8, dtype=np.float32).reshape(2, 4)
     want = {"unary": np.sqrt(x), "binary": x + x, "binary scalar": x ** 2, "reduce all": x.max(keepdims=True),
             "reduce min": x.min(keepdims=True), "reduce dim": x.mean(1, keepdims=True),
-            "broadcast": (x - x.sum(0, keepdims=True)) / 2, "clamp": np.clip(x, 0, 1), "where": x, "permute": x.T}
+            "broadcast": (x - x.sum(0, keepdims=True)) / 2, "clamp": np.clip(x, 0, 1), "where": x, "permute": x.T,
+            "conv 3x3": _conv3x3(160), "conv 3x3 narrow": _conv3x3(32)}
     assert [n for n, _ in warm.WARM_OPS] == list(want)
     for name, op in warm.WARM_OPS:
-        np.testing.assert_allclose(be.to_numpy(op(be, be.to_device(x))), want[name], rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(be.to_numpy(op(be, be.to_device(x))), want[name], rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
 
 
 def test_the_gpu_family_starts_no_warm_thread():
