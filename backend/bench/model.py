@@ -247,7 +247,7 @@ def bench_model_case(be, case: ModelCase, quick: bool = False, reps: int = 3, dt
         ncalls = max(rep["calls"] - r_before["calls"], 1)
         per["moved_mb"] = moved_mb
         per["replayed"] = (rep["replayed"] - r_before["replayed"]) / ncalls
-        launches = None if l_before is None else (l_after - l_before) / max(rep["calls"] - r_before["calls"], 1)
+        launches = None if l_before is None else (l_after - l_before) / ncalls
         mb, mt = statistics.median(tb), statistics.median(tt)
         return ModelRow(be.name, be.device, case.name(quick), mb * 1e3, mt * 1e3, flops / mb / 1e9,
                         flops / mt / 1e9, mt / mb, first * 1e3, len(tb), False, dtype,

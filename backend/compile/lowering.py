@@ -402,8 +402,7 @@ class Lowered:
                                                          dtype=self.weights.store(v))
                     self.count.transfer("constants", self.weights.itemsize(v) * v.numel())
             else:
-                a = be.to_device(v, "compile", x.name, dtype=self.weights.store(v))
-                self.count.transfer("uploads", self.weights.itemsize(v) * v.numel())
+                a = self.upload_input(v, x.name)
             uploaded[x] = a
             return a
 
@@ -457,6 +456,12 @@ class Lowered:
                 downloaded.pop(x, None)
         raise AssertionError("graph without output")
 
+    def upload_input(self, v, name: str):
+        """A call's host input ``v`` on the device, stored as the graph's dtype (counted as an upload)."""
+        a = self.be.to_device(v, "compile", name, dtype=self.weights.store(v))
+        self.count.transfer("uploads", self.weights.itemsize(v) * v.numel())
+        return a
+
     def _download(self, a, meta):
         torch = _torch()
         arr = self.be.to_numpy(a)
@@ -485,15 +490,11 @@ class Lowered:
         except AnyDeviceError as e:
             raise AnyDeviceRunError(f"anydevice compile: {n.target} (node {n.name}) on {self.be.name}",
                                     None, None, str(e)) from e
-        if isinstance(res, tuple):
-            res = tuple(None if r is None else self._round(r) for r in res)
-            if _report.COUNT_MOVED[0]:
-                self.count.add("moved", self._nbytes((args, kwargs, res)))
-            return tuple(None if r is None else Dev(r) for r in res)
-        res = self._round(res)
+        multi = isinstance(res, tuple)
+        res = tuple(None if r is None else self._round(r) for r in res) if multi else self._round(res)
         if _report.COUNT_MOVED[0]:
             self.count.add("moved", self._nbytes((args, kwargs, res)))
-        return Dev(res)
+        return tuple(None if r is None else Dev(r) for r in res) if multi else Dev(res)
 
     def _nbytes(self, x) -> int:
         """Device bytes of the native arrays in ``x`` (nested lists, tuples and dicts)."""

@@ -63,7 +63,6 @@ class Replays:
         self.records: dict = {}
         self.seen: set = set()
         self.failures = 0
-        self.replayed = 0
         #: why the last recording failed ("" when none did)
         self.reason = ""
 
@@ -123,21 +122,19 @@ class Replays:
         return self._record(lw, key, args, vkeys)
 
     def _uploads(self, lw, args):
-        """[(argument index, device array, stored dtype)] of the call's tensor inputs, each in an array of
-        the recording's own (an upload may be a view of the caller's tensor: a CUDA tensor through DLPack,
-        whose memory the caller reuses; later calls copy their inputs into these arrays)."""
+        """[(argument index, device array)] of the call's tensor inputs, each in an array of the recording's
+        own (an upload may be a view of the caller's tensor: a CUDA tensor through DLPack, whose memory the
+        caller reuses; later calls copy their inputs into these arrays)."""
         torch = _torch()
         be = lw.be
         out = []
         for i, n in enumerate(lw.placeholders):
             v = args[i]
             if lw.kind[n] == "input" and isinstance(v, torch.Tensor) and n not in lw.packed_nodes:
-                dtype = lw.weights.store(v)
-                a = be.to_device(v, "compile", n.name, dtype=dtype)
+                a = lw.upload_input(v, n.name)
                 own = be._empty(be._shape(a), be._dtype(a))
                 be._copy_into(own, a)
-                out.append((i, own, dtype))
-                lw.count.transfer("uploads", lw.weights.itemsize(v) * v.numel())
+                out.append((i, own))
         return out
 
     def _record(self, lw, key, args, vkeys):
@@ -148,7 +145,7 @@ class Replays:
         moved = lw.stats.moved
         try:
             graph, outs = be._capture(lambda: lw._run(
-                args, vkeys, inputs={lw.placeholders[i]: a for i, a, _ in inputs}, pending=True, pins=pins))
+                args, vkeys, inputs={lw.placeholders[i]: a for i, a in inputs}, pending=True, pins=pins))
         except Exception as exc:  # noqa: BLE001 - run eagerly (a real error is raised there again)
             if lw.is_cancel_or_oom(exc):
                 raise
@@ -171,13 +168,10 @@ class Replays:
         from ..system import cancel
         cancel.check()
         be = lw.be
-        for i, a, dtype in rec.inputs:
-            v = args[i]
-            be._copy_into(a, be.to_device(v, "compile", "input", dtype=dtype))
-            lw.count.transfer("uploads", lw.weights.itemsize(v) * v.numel())
+        for i, a in rec.inputs:
+            be._copy_into(a, lw.upload_input(args[i], lw.placeholders[i].name))
         be._launch_graph(rec.graph)
         if rec.moved:
             lw.count.add("moved", rec.moved)
-        self.replayed += 1
         lw.count.add("replayed")
         return lw.collect(rec.outs)

@@ -1,9 +1,9 @@
 """First use on a CPU device, as a mixin of the OpenCL backend: PoCL generates a kernel's code at its first
 launch (about 0.3 s each on this project's machine, in its worker threads), so while the self-check runs on
 one core, a thread launches the common flat kernels (elementwise, reductions, selects) and the 3x3 direct
-conv once on a tiny array
-on a command queue of its own, and their code is ready when the first workflow asks (the self-check joins
-it: nothing of it runs once the backend is handed out). Its launches are not counted (``kernel_launches``)."""
+conv once on a tiny array on a command queue of its own, and their code is ready when the first workflow
+asks (the self-check joins it: nothing of it runs once the backend is handed out). Its launches are not
+counted (``kernel_launches``)."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 log = logging.getLogger("anydevice")
+
 
 def _conv3x3(be, width: int):
     """A depthwise 3x3 conv (2 channels of 4 x ``width``, a box of 1/8, padding 1)."""
