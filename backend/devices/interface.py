@@ -57,6 +57,12 @@ FUSED_KERNELS = {
     "norm_affine": "_norm_rows_affine: _norm_rows with the norm's per-channel weight and bias (and a compiled "
                    "graph's GroupNorm + SiLU pair's silu) applied in the same pass, in the input's dtype "
                    "(layer_norm, group_norm; ops/layers.py)",
+    "batch_norm": "_batch_norm_train, _batch_norm_grad: batch_norm in training mode (the batch's statistics, "
+                  "torch's running statistics update) and its backward, each in one pass over a channel "
+                  "(ops/layers.py, learn/autograd/rules_layers.py)",
+    "cross_entropy": "_cross_entropy_rows, _cross_entropy_grad: cross_entropy with class-index targets (no class "
+                     "weights, no label smoothing) and its backward, each in one pass over the positions "
+                     "(ops/layers.py, learn/autograd/rules_math.py)",
     "prelu": "_prelu_fused: torch's prelu (a slope per channel) in one pass (ops/layers.py _prelu)",
     "graph_replay": "_capture, _launch_graph, _copy_into, _graph_valid: a compiled graph's device work captured once "
                     "(a CUDA graph) and replayed by later calls of the same signature (compile/replay.py)",
@@ -298,6 +304,28 @@ class Device(abc.ABC):
         column // inner), then the activation ``act`` (None or "silu"), in one pass, in x's dtype; or None to
         take the composite path."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'norm_affine'")
+
+    def _batch_norm_train(self, x, w, b, rm, rv, momentum: float, eps: float):
+        """"batch_norm": batch_norm in training mode of the float32 (N, C, L) ``x`` -> (y of x's shape, new
+        running mean, new running var), the last two None when ``rm`` or ``rv`` is None (w, b, rm, rv: None or
+        flat (C,) float32; the update as torch's, the variance unbiased); or None to take the composite."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'batch_norm'")
+
+    def _batch_norm_grad(self, gy, x, w, eps: float, need_input: bool):
+        """"batch_norm": the backward of ``_batch_norm_train`` for dL/dy ``gy`` (x's shape) -> (dL/dx, or None
+        unless ``need_input``; dL/dw (C,); dL/db (C,)); or None to take the composite."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'batch_norm'")
+
+    def _cross_entropy_rows(self, x, t, ignore_index: int):
+        """"cross_entropy": -log_softmax(x)[t] at each position of the float32 (N, C, L) ``x`` (the classes along
+        C) -> (N * L,), 0 where the host int64 class index ``t`` (N * L,) is ignore_index; or None (the
+        composite runs)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'cross_entropy'")
+
+    def _cross_entropy_grad(self, x, t, ignore_index: int, gy, per_position: bool, den: float):
+        """"cross_entropy": dL/dx (x's shape) of ``_cross_entropy_rows`` for dL/dloss ``gy`` (one value, or
+        (N * L,) with ``per_position``) divided by ``den``; or None (the composite runs)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'cross_entropy'")
 
     def _prelu_fused(self, x, w, C: int, inner: int):
         """"prelu": x > 0 ? x : x * w[(i // inner) % C] (i the flat index; w (C,) of x's dtype, C 1: one slope)

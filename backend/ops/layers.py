@@ -205,6 +205,13 @@ class LayerOps:
         self._check_size(op, shape)
         per = (shape[1],) + (1,) * (len(shape) - 2)
         col = (lambda v: None if v is None else self._reshape(v, per))
+        fused = self._batch_norm_fused(shape, x, w, b, rm if return_stats else None, rv, momentum, eps) \
+            if training else None
+        if fused is not None:
+            y, rm, rv = fused
+            if not return_stats:
+                return self._out(y, kind, like)
+            return tuple(None if v is None else self._out(v, kind, like) for v in (y, rm, rv))
         if training:
             dims = (0,) + tuple(range(2, len(shape)))
             m = self._reduce("mean", x, dims, True)
@@ -230,6 +237,34 @@ class LayerOps:
             rm = None if rm is None else self._binary("mul", rm, 1.0)  # copies: never an input
             rv = None if rv is None else self._binary("mul", rv, 1.0)
         return tuple(None if v is None else self._out(v, kind, like) for v in (y, rm, rv))
+
+    def _batch_norm_fused(self, shape, x, w, b, rm, rv, momentum, eps):
+        """batch_norm in training mode in one pass on a device with "batch_norm": (y, new rm, new rv), the
+        last two None without rm (or rv); None where the device has none or declines (the composite runs)."""
+        if "batch_norm" not in self.caps.fused or not math.prod(shape) or (rm is None) != (rv is None):
+            return None
+        N, C, L = shape[0], shape[1], math.prod(shape[2:])
+        r = self._batch_norm_train(self._reshape(x, (N, C, L)), w, b, rm, rv, momentum, eps)
+        if r is None:
+            return None
+        y, rm, rv = r
+        return self._reshape(y, shape), rm, rv
+
+    def _cross_entropy_fused(self, x, t, cd, ignore_index, reduction):
+        """cross_entropy of class indices ``t`` (host int64), no class weights or smoothing, in one pass on a
+        device with "cross_entropy" (then a sum for "sum" and "mean": the mean divides by the number of
+        targets not ignored, as torch's); None where the device has none or declines."""
+        shape = self._shape(x)
+        if "cross_entropy" not in self.caps.fused or not math.prod(shape):
+            return None
+        N, C, L = math.prod(shape[:cd]), shape[cd], math.prod(shape[cd + 1:])
+        loss = self._cross_entropy_rows(self._reshape(x, (N, C, L)), np.asarray(t).reshape(-1), ignore_index)
+        if loss is None or reduction == "none":
+            return loss if loss is None else self._reshape(loss, shape[:cd] + shape[cd + 1:])
+        total = self._reduce("sum", loss, (0,), False)
+        if reduction == "sum":
+            return total
+        return self._binary("div", total, float(np.count_nonzero(np.asarray(t) != ignore_index)))
 
     # ---- dropout --------------------------------------------------------------------------
     def dropout(self, input, p=0.5, training=True, inplace=False, *, seed=None):
@@ -347,6 +382,10 @@ class LayerOps:
         cd = class_dim(op, shape)
         C = shape[cd]
         self._check_size(op, shape)
+        if t is not None and w is None and eps == 0:
+            loss = self._cross_entropy_fused(x, t, cd, int(ignore_index), reduction)
+            if loss is not None:
+                return self._out(loss, kind, like)
         logp = self._log_softmax(x, cd)
         classes = (C,) + (1,) * (len(shape) - cd - 1)
         if t is None:

@@ -17,6 +17,8 @@ from ...system import threads
 from ...ops import dtypes
 from ...ops.contract import Backend, Capabilities
 from .adam import NumpyAdam
+from .norms import NumpyNorms
+from .losses import NumpyLosses
 from .common import F32, _parallel, _quiet, _split
 from .conv import NumpyConv
 from .gradients import NumpyGradients
@@ -66,14 +68,15 @@ def create(name: str = "numpy", index: int = 0) -> "NumpyBackend":
     return NumpyBackend(index)
 
 
-class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, Backend):
+class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, NumpyNorms, NumpyLosses, Backend):
     """The op contract in plain NumPy on the CPU: the primitives here, convolutions in conv.py,
-    their gradients in gradients.py, the fused Adam step in adam.py."""
+    their gradients in gradients.py, the fused Adam step in adam.py, the fused batch norm in norms.py, cross entropy in losses.py."""
 
     name = "numpy"
     kind = "own"
     native_types = (np.ndarray,)
-    caps = Capabilities(fused=frozenset({"adam_step", "conv_weight_grad", "conv_input_grad", "fft_conv"}),
+    caps = Capabilities(fused=frozenset({"adam_step", "conv_weight_grad", "conv_input_grad", "fft_conv", "batch_norm",
+                                         "cross_entropy"}),
                         macs_per_s=(1.0e9, 2e10), fft_min_taps=120,
                         storage_dtypes=frozenset(dtypes.FLOATS))  # float16 as itself, bfloat16 as dtypes.BF16
 

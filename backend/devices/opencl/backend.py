@@ -24,23 +24,19 @@ from .linalg import LinalgOps
 from .w8a8 import CLW8A8
 from .memory import BufferPool, CLArray, CLHalf, CLQuant, _collapse, _contig_strides
 from .storage import CLStorage
-from .params import (BINARY_CODES, DEFAULT_TUNE, F32, HALF_CODES, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS,
-                     TUNE_BUDGET_S)
+from .params import (BINARY_CODES, DEFAULT_TUNE, F32, FUSED, HALF_CODES, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC,
+                     SIGS, TUNE_BUDGET_S)
 from .programs import ProgramCache
 from .wgrad import CLWeightGrad
 from .norms import CLNorms
+from .losses import CLLosses
 from .warm import CLWarm
 
 log = logging.getLogger("anydevice")
 
 
-#: the OpenCL device's optional kernels (the CPU kernel family adds "winograd", on a CPU device "fft_conv" too)
-FUSED = frozenset({"adam_step", "conv_weight_grad", "conv_input_grad", "all_finite", "write_rows", "attention", "half_weights",
-                   "half_elementwise", "half_movement", "half_norm", "half_gemm", "half_conv", "norm_affine",
-                   "prelu", "w8a8"})
-
-
-class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLW8A8, CLWeightGrad, CLAdam, CLAttention, CLWarm, Backend):
+class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8, CLWeightGrad, CLAdam, CLAttention, CLWarm,
+                    Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM and conv in
     linalg.py (GPU family: gpu_linalg.py), conv gradients in wgrad.py, Adam in adam.py, attention in attention.py."""
 

@@ -14,6 +14,11 @@ KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels"
 F32 = np.float32
 TUNE_BUDGET_S = 10.0
 
+#: the OpenCL device's optional kernels (the CPU kernel family adds "winograd", on a CPU device "fft_conv" too)
+FUSED = frozenset({"adam_step", "conv_weight_grad", "conv_input_grad", "all_finite", "write_rows", "attention",
+                   "half_weights", "half_elementwise", "half_movement", "half_norm", "half_gemm", "half_conv",
+                   "norm_affine", "prelu", "w8a8", "batch_norm", "cross_entropy"})
+
 UNARY_CODES = UNARY_KERNEL_CODES
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "minimum": 5, "maximum": 6,
                 "eq": 7, "ne": 8, "lt": 9, "le": 10, "gt": 11, "ge": 12}
@@ -86,3 +91,15 @@ KFILES["prelu_ch"] = ("elementwise.cl", False)
 SIGS["prelu_ch"] = [None, np.int64] * 3 + [np.int64] * 4
 KFILES["where_flat"] = ("elementwise.cl", False)
 SIGS["where_flat"] = [None, np.int64] * 4 + [np.int64, np.int64, np.int32]
+
+# ---- batch norm in training mode, fused (kernels/batchnorm.cl; norms.py) ---------------------------------
+KFILES["bn_train"] = ("batchnorm.cl", False)
+SIGS["bn_train"] = [None, np.int64] * 7 + [np.int64] * 3 + [np.float32] * 5 + [np.int32]
+KFILES["bn_grad"] = ("batchnorm.cl", False)
+SIGS["bn_grad"] = [None, np.int64] * 5 + [np.int64] * 3 + [np.float32] * 2 + [np.int32]
+
+# ---- cross entropy with class-index targets, fused (kernels/loss.cl; losses.py) ---------------------------
+KFILES["ce_rows"] = ("loss.cl", False)
+SIGS["ce_rows"] = [None, np.int64, None, None, np.int64] + [np.int64] * 4
+KFILES["ce_grad"] = ("loss.cl", False)
+SIGS["ce_grad"] = [None, np.int64, None, None, np.int64, np.int32, np.float32, None, np.int64] + [np.int64] * 4

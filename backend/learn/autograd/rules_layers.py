@@ -287,9 +287,15 @@ def _batch_norm(ctx, gy):
     shape = _shape(be, x)
     if math.prod(shape) == 0:
         return {"input": _zeros(be, shape)}
+    needs = ctx.needs
+    if ctx["training"] and "batch_norm" in be.caps.fused:  # one pass a channel (devices/interface.py)
+        N, C, L = shape[0], shape[1], math.prod(shape[2:])
+        r = be._batch_norm_grad(be._reshape(gy, (N, C, L)), be._reshape(x, (N, C, L)), w, eps,
+                                bool(needs.get("input")))
+        if r is not None:
+            return {"input": None if r[0] is None else be._reshape(r[0], shape), "weight": r[1], "bias": r[2]}
     per = (shape[1],) + (1,) * (len(shape) - 2)
     chan = (0,) + tuple(range(2, len(shape)))
-    needs = ctx.needs
     out = {"bias": _sum_dims(be, gy, chan) if needs.get("bias") else None}
     wc = None if w is None else be.reshape(w, per)
     if ctx["training"]:

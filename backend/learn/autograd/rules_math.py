@@ -571,11 +571,20 @@ def _cross_entropy(ctx, gy):
     shape = _shape(be, x)
     cd = 0 if len(shape) == 1 else 1
     C = shape[cd]
+    t = be._class_indices("cross_entropy", ctx["target"])
+    if t is not None and w is None and eps == 0 and "cross_entropy" in be.caps.fused and _numel(shape):
+        _no_weight_grad(ctx, "cross_entropy")  # one pass (devices/interface.py)
+        t = np.asarray(t).reshape(-1)
+        ig = int(ctx["ignore_index"])
+        den = float(np.count_nonzero(t != ig)) if red == "mean" else 1.0
+        N, L = math.prod(shape[:cd]), math.prod(shape[cd + 1:])
+        gx = be._cross_entropy_grad(be._reshape(x, (N, C, L)), t, ig, gy, red == "none", den)
+        if gx is not None:
+            return {"input": be._reshape(gx, shape)}
     logp = be.log_softmax(x, dim=cd)
     classes = (C,) + (1,) * (len(shape) - cd - 1)
     wcls = None if w is None else be.reshape(w, classes)
     out = {}
-    t = be._class_indices("cross_entropy", ctx["target"])
     if t is None:  # class probabilities
         tp = ctx["target"]
         tps = be.add(be.mul(tp, 1.0 - eps), eps / C) if eps > 0 else tp

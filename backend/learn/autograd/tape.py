@@ -47,6 +47,11 @@ RULES: dict[str, Callable] = {}
 NON_DIFFERENTIABLE: set[str] = {"eq", "ne", "lt", "le", "gt", "ge", "compare"}
 
 
+#: multi-output ops whose rule follows the first output's gradient only (batch_norm's updated running
+#: statistics carry none): the rule gets that gradient alone, and nothing flows without it
+FIRST_ONLY = frozenset({"batch_norm"})
+
+
 def rule(*ops: str):
     """Register a backward rule for one or more contract ops (by ``Backend`` method name)."""
     def deco(fn):
@@ -400,6 +405,10 @@ def backward(outputs: list[Var], gradients=None, inputs: list[Var] | None = None
         if all(g is None for g in gys):
             continue
         if node.n_out == 1:
+            gy = gys[0]
+        elif node.op in FIRST_ONLY:  # the other outputs carry no gradient: no zeros made for them
+            if gys[0] is None:
+                continue
             gy = gys[0]
         else:  # unused outputs of a multi-output op get zeros where a rule needs them
             gy = [g if g is not None or s is None else _zeros(be, s) for g, s in zip(gys, node.out_shapes)]
