@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,6 +76,10 @@ _layer_shape, _where, _settings_text, _layer_from_dict, _check_in_shape, _check_
 __all__ = ["Network", "layer_seed", "normalize_layer", "param_names", "LAYER_TYPES", "LAYERS", "ACTIVATION_PARAMS",
            "POOL_KINDS", "UPSAMPLE_MODES", "FORMAT", "MAX_DEPTH", "MAX_LAYERS", "MAX_SPEC_CHARS", "MAX_JSON_DEPTH",
            "MAX_INT", "MAX_FLOAT"]
+
+
+#: Network -> {(input shape, parameter shapes): the layers' output shapes} of shapes() that passed
+_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 # ---- the value ----------------------------------------------------------------------------------
@@ -124,6 +129,11 @@ class Network:
         """Each layer's output shape for input ``in_shape``; AnyDeviceError naming the layer (its
         index and type) where a layer does not take its input."""
         in_shape = check_in_shape(in_shape)
+        key = (in_shape, None if self.params is None else
+               tuple((k, getattr(v, "shape", None)) for k, v in self.params.items()))
+        memo = _SHAPES.setdefault(self, {})
+        if key in memo:  # checked before (a training step asks each step)
+            return list(memo[key])
         out = []
         s = in_shape
         for i, layer in enumerate(self.layers):
@@ -133,6 +143,9 @@ class Network:
         _check_outputs(self.layers, (1,) + in_shape[1:] if in_shape[0] > 1 else in_shape)
         if self.params is not None:
             self._check_fits(in_shape)
+        if len(memo) > 16:
+            memo.clear()
+        memo[key] = tuple(out)
         return out
 
     def _check_fits(self, in_shape):

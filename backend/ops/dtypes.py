@@ -38,6 +38,24 @@ def name(dtype) -> str:
     by the caller (this returns their own name)."""
     if isinstance(dtype, str):
         return {"half": FLOAT16, "float": FLOAT32, "bf16": BFLOAT16}.get(dtype, dtype)
+    try:
+        return _NAMES[dtype]
+    except (KeyError, TypeError):
+        pass
+    n = _name(dtype)
+    if len(_NAMES) < 256:
+        try:
+            _NAMES[dtype] = n
+        except TypeError:  # unhashable
+            pass
+    return n
+
+
+#: dtype object -> its contract name (NumPy's dtype.name takes microseconds; every op asks)
+_NAMES: dict = {}
+
+
+def _name(dtype) -> str:
     text = str(dtype)
     if text.startswith("torch."):
         return text[6:].replace("half", FLOAT16).replace("bfloat16", BFLOAT16)

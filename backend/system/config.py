@@ -170,17 +170,31 @@ def raw(name: str, environ=None) -> str:
     return (os.environ if environ is None else environ).get(name, "").strip()
 
 
+#: (name, text) -> the parsed value, for values that cannot be changed by their user (the ops read
+#: settings on every call: ANYDEVICE_MAX_TENSOR_MB by each size check)
+_PARSED: dict = {}
+_IMMUTABLE = (int, float, str, bool, tuple, frozenset, type(None))
+
+
 def get(name: str, environ=None):
     """The parsed value of a setting, its default when unset or empty (None where the default
     is computed by its user). Raises ConfigError naming the variable and the value."""
     setting = SETTINGS[name]
     text = raw(name, environ)
+    key = (name, text)
+    hit = _PARSED.get(key, _PARSED)
+    if hit is not _PARSED:
+        return hit
     if not text:
         text = setting.default
         if not text:
+            _PARSED[key] = None
             return None
     try:
-        return setting.parse(text)
+        value = setting.parse(text)
+        if isinstance(value, _IMMUTABLE) and len(_PARSED) < 4096:
+            _PARSED[key] = value
+        return value
     except ValueError as exc:
         reason = str(exc) + (f" (default {setting.default})" if setting.default else "")
         raise ConfigError(name, raw(name, environ), reason) from None
