@@ -205,7 +205,8 @@ class LayerOps:
         self._check_size(op, shape)
         per = (shape[1],) + (1,) * (len(shape) - 2)
         col = (lambda v: None if v is None else self._reshape(v, per))
-        fused = self._batch_norm_fused(shape, x, w, b, rm if return_stats else None, rv, momentum, eps) \
+        fused = self._batch_norm_fused(shape, x, w, b, rm if return_stats else None, rv if return_stats else None,
+                                       momentum, eps) \
             if training else None
         if fused is not None:
             y, rm, rv = fused
