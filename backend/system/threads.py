@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import threading
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 
 log = logging.getLogger("anydevice")
 
@@ -67,45 +67,52 @@ def pool() -> ThreadPoolExecutor:
 def run_parallel(fn, tasks) -> None:
     """Run fn(task) for every task on the pool (inline when there is one task or one thread).
 
+    The calling thread takes tasks too, beside num_threads() - 1 pool threads (it would only wait
+    otherwise: one handoff less per call, and no more threads than CPUs).
+
     The first exception a task raises (a cancel: ``cancel.check()`` in the task) is raised here as
     soon as the tasks already running have stopped: tasks not started are dropped, and running ones
     end at their next ``cancel.check()`` (it raises ``cancel.Abandoned`` in them once a sibling has
     raised: ComfyUI's interrupt check clears its flag when it raises, so they would not see it).
     Nothing is locked while a task runs or checks."""
     tasks = list(tasks)
-    if len(tasks) <= 1 or num_threads() == 1:
+    n = num_threads()
+    if len(tasks) <= 1 or n == 1:
         for t in tasks:
             fn(t)
         return
     from . import cancel
     failed = threading.Event()
+    taken = threading.Lock()  # held only to take the next task
+    nxt = [0]
+    errors: list = []  # (task index, exception)
 
-    def one(t):
-        if failed.is_set():
-            return
-        with cancel.abandon_on(failed):
-            try:
-                fn(t)
-            except BaseException:
-                failed.set()
-                raise
+    def drain():
+        while not failed.is_set():
+            with taken:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(tasks):
+                return
+            with cancel.abandon_on(failed):
+                try:
+                    fn(tasks[i])
+                except BaseException as exc:  # noqa: BLE001 - raised below, in task order
+                    errors.append((i, exc))
+                    failed.set()
+                    return
 
-    futures = [pool().submit(one, t) for t in tasks]
-    done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-    if pending:  # a task raised: drop the tasks not started, wait for the running ones to stop
-        for f in pending:
-            f.cancel()
-        wait(pending)
-    first = None
-    for f in futures:  # the first failure in task order, other than a sibling's Abandoned
-        if f.cancelled() or f.exception() is None:
-            continue
-        exc = f.exception()
-        if not isinstance(exc, cancel.Abandoned):
-            raise exc
-        first = first or exc
-    if first is not None:
-        raise first
+    helpers = [pool().submit(drain) for _ in range(min(n, len(tasks)) - 1)]
+    drain()
+    for f in helpers:  # a helper not started yet has nothing left to take (or the run failed)
+        f.cancel()
+    wait([f for f in helpers if not f.cancelled()])
+    if errors:  # the first failure in task order, other than a sibling's Abandoned
+        errors.sort(key=lambda e: e[0])
+        for _, exc in errors:
+            if not isinstance(exc, cancel.Abandoned):
+                raise exc
+        raise errors[0][1]
 
 
 def _blas_controllers():
