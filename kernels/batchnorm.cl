@@ -12,11 +12,24 @@
 #define BN_LS 1
 #endif
 
-/* compensated (Kahan) accumulation of v into s, with c the running compensation */
+/* compensated (Kahan) accumulation of v into s, with c the running compensation (scalars or float16 lanes) */
 #define BN_KADD(s, c, v) { const float y_ = (v) - (c); const float t_ = (s) + y_; (c) = (t_ - (s)) - y_; (s) = t_; }
-/* body run for each value of channel c (i its flat index) by this work item */
-#define BN_FOR(body) for (long n_ = 0; n_ < N; n_++) { const long r_ = (n_ * C + c) * L; \
-                         for (long l_ = lid; l_ < L; l_ += BN_LS) { const long i = r_ + l_; body } }
+#define BN_KADD16(s, c, v) { const float16 y_ = (v) - (c); const float16 t_ = (s) + y_; (c) = (t_ - (s)) - y_; (s) = t_; }
+/* each row of channel c (its L values contiguous): VB on 16 values from index i (vload16 / vstore16), for
+   this work item's runs of 16, then SB on each of the row's last L % 16 values it owns (index i) */
+#define BN_LOOP(VB, SB) for (long n_ = 0; n_ < N; n_++) { const long r_ = (n_ * C + c) * L; \
+        for (long q_ = lid; q_ < L / 16; q_ += BN_LS) { const long i = r_ + 16 * q_; VB } \
+        for (long l_ = (L / 16) * 16 + lid; l_ < L; l_ += BN_LS) { const long i = r_ + l_; SB } }
+
+/* the compensated lanes (s - c) and scalar (ss - sc) sums added up, lane by lane in order */
+inline float bn_total(const float16 s, const float16 c, const float ss, const float sc)
+{
+    float t[16];
+    vstore16(s - c, 0, t);
+    float r = ss - sc;
+    for (int j = 0; j < 16; j++) r += t[j];
+    return r;
+}
 
 /* the sum of every work item's v, returned to each item of the group */
 inline float bn_gsum(float v, __local float *sh)
@@ -42,13 +55,16 @@ inline void bn_stats(const __global float *x, const long N, const long C, const 
                      float *prs)
 {
     const long lid = (long)get_local_id(0);
-    float s = 0.0f, k = 0.0f;
-    BN_FOR(BN_KADD(s, k, x[i]))
-    const float a = bn_gsum(s - k, sh) * inv_n;
-    float s1 = 0.0f, k1 = 0.0f, q = 0.0f, kq = 0.0f;
-    BN_FOR({ const float d = x[i] - a; BN_KADD(s1, k1, d) BN_KADD(q, kq, d * d) })
-    const float b = bn_gsum(s1 - k1, sh) * inv_n;
-    float v = bn_gsum(q - kq, sh) * inv_n - b * b;
+    float16 s = 0.0f, k = 0.0f;
+    float ss = 0.0f, ks = 0.0f;
+    BN_LOOP(BN_KADD16(s, k, vload16(0, x + i)), BN_KADD(ss, ks, x[i]))
+    const float a = bn_gsum(bn_total(s, k, ss, ks), sh) * inv_n;
+    float16 s1 = 0.0f, k1 = 0.0f, q = 0.0f, kq = 0.0f;
+    float ss1 = 0.0f, ks1 = 0.0f, sq = 0.0f, kqs = 0.0f;
+    BN_LOOP({ const float16 d = vload16(0, x + i) - a; BN_KADD16(s1, k1, d) BN_KADD16(q, kq, d * d) },
+            { const float d = x[i] - a; BN_KADD(ss1, ks1, d) BN_KADD(sq, kqs, d * d) })
+    const float b = bn_gsum(bn_total(s1, k1, ss1, ks1), sh) * inv_n;
+    float v = bn_gsum(bn_total(q, kq, sq, kqs), sh) * inv_n - b * b;
     v = v < 0.0f ? 0.0f : v;  /* >= 0 but for rounding; NaN stays NaN */
     *pa = a;
     *pb = b;
@@ -73,12 +89,10 @@ __kernel void bn_train(__global const float *x, const long x_off, __global float
     y += y_off;
     float a, b, v, rs;
     bn_stats(x, N, C, L, c, inv_n, eps, sh, &a, &b, &v, &rs);
+    /* without w (bias): a product by 1 (an addition of 0) changes no value, Inf and NaN included */
     const float wc = (flags & 1) ? w[w_off + c] : 1.0f, bc = (flags & 2) ? bias[b_off + c] : 0.0f;
-    if (flags & 3) {
-        BN_FOR({ float t = ((x[i] - a) - b) * rs; if (flags & 1) t = t * wc; if (flags & 2) t = t + bc; y[i] = t; })
-    } else {
-        BN_FOR(y[i] = ((x[i] - a) - b) * rs;)
-    }
+    BN_LOOP(vstore16((((vload16(0, x + i) - a) - b) * rs) * wc + bc, 0, y + i);,
+            y[i] = (((x[i] - a) - b) * rs) * wc + bc;)
     if ((flags & 4) && lid == 0) {
         st[st_off + c] = rm[rm_off + c] * om + (a + b) * mom;
         st[st_off + C + c] = rv[rv_off + c] * om + (v * unbias) * mom;
@@ -100,10 +114,13 @@ __kernel void bn_grad(__global const float *gy, const long gy_off, __global cons
     gy += gy_off;
     float a, b, v, rs;
     bn_stats(x, N, C, L, c, inv_n, eps, sh, &a, &b, &v, &rs);
+    float16 g16 = 0.0f, kg16 = 0.0f, x16 = 0.0f, kx16 = 0.0f;
     float sg = 0.0f, kg = 0.0f, sx = 0.0f, kx = 0.0f;
-    BN_FOR({ const float g = gy[i]; BN_KADD(sg, kg, g) BN_KADD(sx, kx, g * (((x[i] - a) - b) * rs)) })
-    sg = bn_gsum(sg - kg, sh);
-    sx = bn_gsum(sx - kx, sh);
+    BN_LOOP({ const float16 g = vload16(0, gy + i); BN_KADD16(g16, kg16, g)
+              BN_KADD16(x16, kx16, g * (((vload16(0, x + i) - a) - b) * rs)) },
+            { const float g = gy[i]; BN_KADD(sg, kg, g) BN_KADD(sx, kx, g * (((x[i] - a) - b) * rs)) })
+    sg = bn_gsum(bn_total(g16, kg16, sg, kg), sh);
+    sx = bn_gsum(bn_total(x16, kx16, sx, kx), sh);
     if (lid == 0) {
         gwb[gwb_off + c] = sx;
         gwb[gwb_off + C + c] = sg;
@@ -111,6 +128,7 @@ __kernel void bn_grad(__global const float *gy, const long gy_off, __global cons
     if (flags & 2) {
         gx += gx_off;
         const float sc = ((flags & 1) ? w[w_off + c] : 1.0f) * rs, mg = sg * inv_n, mx = sx * inv_n;
-        BN_FOR({ const float xh = ((x[i] - a) - b) * rs; gx[i] = sc * ((gy[i] - mg) - xh * mx); })
+        BN_LOOP(vstore16(sc * ((vload16(0, gy + i) - mg) - (((vload16(0, x + i) - a) - b) * rs) * mx), 0, gx + i);,
+                gx[i] = sc * ((gy[i] - mg) - (((x[i] - a) - b) * rs) * mx);)
     }
 }
