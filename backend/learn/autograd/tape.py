@@ -203,6 +203,54 @@ def _signature(be, op: str) -> inspect.Signature:
     return sig
 
 
+class _Binder:
+    """An op's arguments bound to its parameter names, as ``Signature.bind`` + ``apply_defaults`` (which
+    cost ~10 us an op): for signatures of plain parameters only (no ``*args`` / ``**kwargs``); anything
+    unusual (a missing or unknown argument) is left to ``Signature.bind``, which raises its own error."""
+    __slots__ = ("sig", "names", "defaults", "npos")
+
+    def __init__(self, sig: inspect.Signature):
+        ps = list(sig.parameters.values())
+        self.sig = sig
+        self.names = tuple(p.name for p in ps)
+        self.defaults = {p.name: p.default for p in ps if p.default is not inspect.Parameter.empty}
+        self.npos = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in ps)
+
+    def bind(self, args, kwargs) -> dict | None:
+        """{name: value} in the signature's order, or None (then Signature.bind decides)."""
+        if len(args) > self.npos:
+            return None
+        got = dict(zip(self.names, args))
+        for k, v in kwargs.items():
+            if k in got or k not in self.names:
+                return None
+            got[k] = v
+        out = {}
+        for n in self.names:
+            if n in got:
+                out[n] = got[n]
+            elif n in self.defaults:
+                out[n] = self.defaults[n]
+            else:
+                return None
+        return out
+
+
+def _binder(be, op: str):
+    """The op's _Binder, or None where its signature has ``*args`` / ``**kwargs`` (view, expand...)."""
+    key = (type(be), op)
+    b = _BINDERS.get(key, _BINDERS)
+    if b is _BINDERS:
+        sig = _signature(be, op)
+        plain = all(p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+                    for p in sig.parameters.values())
+        b = _BINDERS[key] = _Binder(sig) if plain else None
+    return b
+
+
+_BINDERS: dict = {}
+
+
 def _tensorish(be, v) -> bool:
     """A floating-point array argument, uploaded once so a backward rule can reuse it. Integer
     arrays (class indices) are left as given: the op reads them itself."""
@@ -226,16 +274,20 @@ def apply(op: str, /, *args, be=None, **kwargs):
     be = be or _backend_of(args, kwargs)
     if be is None:
         raise AnyDeviceError("autograd", "inputs", op, "no Var among the inputs: pass be=")
+    binder = _binder(be, op)
+    arguments = None if binder is None else binder.bind(args, kwargs)
     sig = _signature(be, op)
-    try:
-        bound = sig.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise AnyDeviceError(op, "arguments", f"{len(args)} positional, {sorted(kwargs)}", str(exc)) from None
-    bound.apply_defaults()
+    if arguments is None:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise AnyDeviceError(op, "arguments", f"{len(args)} positional, {sorted(kwargs)}", str(exc)) from None
+        bound.apply_defaults()
+        arguments = bound.arguments
     natives: dict = {}
     parents = []
     needs: dict = {}
-    for name, v in bound.arguments.items():
+    for name, v in arguments.items():
         if isinstance(v, Var):
             if v.be is not be:
                 raise AnyDeviceError(op, name, v, f"is on backend {v.be.name}, the op runs on {be.name}")
@@ -268,6 +320,8 @@ def apply(op: str, /, *args, be=None, **kwargs):
     if record and op in PLANNED:  # the forward's plan goes to the backward rule (ctx.extra["plan"])
         with planning(be):
             out, plan = _call(getattr(be, PLANNED[op]), sig, natives)
+    elif binder is not None:  # plain parameters: by name
+        out = getattr(be, op)(**natives)
     else:
         out = _call(getattr(be, op), sig, natives)
     if record and op not in RULES:
