@@ -6,7 +6,7 @@
                       Launch: global (ceil(K/PK), ceil(ncols/32), G), local (1,1,1).
    conv2d_direct    : direct conv for small CinG*KH*KW. A work item computes 8 output channels x 32
                       output columns of one output row. Launch: global (ceil(OW/32), OH,
-                      N*G*ceil(CoutG/8)), local (1,1,1).
+                      N*G*ceil(CoutG/8)), local (1,1,1). Exact for Inf/NaN weights too (wflag).
    conv_t2d_direct  : transposed conv, phase-decomposed: outputs ow = r + sw*j of one phase r
                       read contiguous input runs. Launch: global (ceil(ceil(OW/sw)/32), OH*sw,
                       N*G*ceil(CoutG/8)), local (1,1,1).
@@ -145,10 +145,13 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
                             const int C, const int H, const int W, const int CoutG, const int CinG,
                             const int KH, const int KW, const int G, const int OH, const int OW,
                             const int sh, const int sw, const int pt, const int pl, const int dh, const int dw,
-                            const int ncob)
+                            const int ncob, __global const float *wflag)
 {
     const int ow0 = get_global_id(0) * TN, oh = get_global_id(1), z = get_global_id(2);
     if (ow0 >= OW || oh >= OH) return;
+    /* wflag[0]: sum(w * 0), NaN iff w holds an Inf or NaN (computed on the device: no read-back). Then the
+       rows of zero padding are multiplied too, as torch's im2col does (Inf * 0 = NaN); else skipped */
+    const int wbad = isnan(wflag[0]);
     const int cob = z % ncob, ng = z / ncob, g = ng % G, n = ng / G;
     const int co0 = cob * 8, nco = min(8, CoutG - co0);
     const int KHW = KH_ * KW_;
@@ -161,9 +164,16 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
     for (int ci = 0; ci < CinG; ci++) {
         for (int kh = 0; kh < KH_; kh++) {
             const int ih = oh * SH_ - pt + kh * DH_;
-            if (ih < 0 || ih >= H) continue;
-            const __global float *row = xb + ((long)ci * H + ih) * W;
             const __global wstore_t *wp = wb + ci * KHW + kh * KW_;
+            if (ih < 0 || ih >= H) {
+                if (wbad) {
+                    const float16 z0 = 0.0f;
+                    for (int kw = 0; kw < KW_; kw++) FMA8(wp + kw, ws, z0, z0)
+                    taps += KW_;
+                }
+                continue;
+            }
+            const __global float *row = xb + ((long)ci * H + ih) * W;
             for (int kw = 0; kw < KW_; kw++) {
                 float16 v0, v1;
                 load32(row, ow0 * SW_ - pl + kw * DW_, SW_, W, &v0, &v1);

@@ -4,6 +4,7 @@ gpu_linalg.py), as a mixin of OpenCLBackend."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from ...ops.bigconv import WINOGRAD_MIN_CH
 from ...ops.contract import workspace_budget_bytes
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
 from ...ops.quant import FORMATS
-from .memory import CLArray, CLHalf, CLQuant
+from .memory import CLArray, CLHalf, CLQuant, _Block
 from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINO_OB,
                      _direct_spec)
 
@@ -319,8 +320,8 @@ class LinalgOps:
             path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
             if path == "direct" and isinstance(x, CLHalf):  # (the GEMM path reads and writes half)
                 x, out = self._f32(x), self._empty(out.shape)
-        if path == "direct" and (isinstance(w, CLQuant) or not self._all_finite(self._f32(w))):
-            path = "gemm"  # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); im2col does too
+        if path == "direct" and isinstance(w, CLQuant):
+            path = "gemm"
         if path == "direct" and isinstance(w, CLHalf):
             # the direct kernel reads each weight once per output tile: a half weight converted once
             # (a float32 panel of at most WEIGHT_PANEL_BYTES, as the GEMM paths unpack), else the GEMM path
@@ -331,8 +332,11 @@ class LinalgOps:
         if path == "direct":
             x, geo = self._direct_padded(x, geo)
             ncob = -(-CoutG // 8)
+            # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); the kernel does too where
+            # the flag (computed on the device, no read-back) says so
+            flag = self._finite_flag(w)
             self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),
-                      x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
+                      x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob, flag.buffer,
                       params={**_direct_spec(KH, KW, sh, sw, dh, dw), **self._wdt(w)})
             return out
         # im2col into packed panels + GEMM, in column chunks that fit the workspace budget
@@ -387,6 +391,20 @@ class LinalgOps:
         part = self._empty((G, mc))
         self._copy_strided(bias, bias.offset + m0, (G, mc), (CoutG, 1), part, 0, (mc, 1))
         return part
+
+    def _finite_flag(self, w):
+        """A one-element device array: sum(w * 0), 0 where ``w`` (float32 or half) is finite, NaN where it holds
+        an Inf or NaN; kept per pooled buffer while it lives (no op writes into an array it did not make; a
+        buffer on the caller's host memory is checked at every call: its owner may write it)."""
+        pooled = isinstance(w.block, _Block)
+        flags = self.__dict__.setdefault("_finite_flags", weakref.WeakKeyDictionary()).setdefault(w.block, {}) \
+            if pooled else {}
+        key = (w.offset, w.size, self._dtype(w))
+        f = flags.get(key)
+        if f is None:
+            z = self._binary("mul", self._f32(w), 0.0)
+            f = flags[key] = self._reduce("sum", z, tuple(range(len(w.shape))), False)
+        return f
 
     def _all_finite(self, a) -> bool:
         """No Inf or NaN in ``a``: sum(a * 0) is 0, or NaN when there is one (one scalar read back)."""

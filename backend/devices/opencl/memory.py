@@ -44,7 +44,7 @@ log = logging.getLogger("anydevice")
 
 class _Block:
     """One pooled buffer; goes back to the pool when the last array referencing it is dropped."""
-    __slots__ = ("buf", "nbytes", "pool")
+    __slots__ = ("buf", "nbytes", "pool", "__weakref__")
 
     def __init__(self, buf, nbytes, pool):
         self.buf, self.nbytes, self.pool = buf, nbytes, pool

@@ -60,7 +60,7 @@ KERNELS: dict[str, KernelSig] = {
     "pack_b": _s("gemm_cpu.cl", "i i b l i i l b b l"),
     "gemm_cpu": _s("gemm_cpu.cl", "i i i b l b l b l i l b i i i l i"),
     "im2col_pack": _s("conv_cpu.cl", "b l b", "i" * 16),
-    "conv2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17),
+    "conv2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17, "b"),
     "conv_t2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17),
     "wino_filter": _s("winograd_cpu.cl", "b l b i i b b l"),
     "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b"),
