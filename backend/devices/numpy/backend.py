@@ -19,7 +19,7 @@ from ...ops.contract import Backend, Capabilities
 from .adam import NumpyAdam
 from .norms import NumpyNorms
 from .losses import NumpyLosses
-from .common import F32, _parallel, _quiet, _split
+from .common import F32, _parallel, _quiet, _split, zero_pad
 from .conv import NumpyConv
 from .gradients import NumpyGradients
 
@@ -166,6 +166,8 @@ class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, NumpyNorms, NumpyLosses
     # ---- convolution ------------------------------------------------------------------------
     def _pad(self, x, pads, mode):
         t, b, l, r = pads
+        if mode == "zeros" and type(x) is np.ndarray and x.dtype == F32 and min(pads) >= 0 and x.ndim >= 2:
+            return zero_pad(x, t, b, l, r)
         np_mode = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[mode]
         width = [(0, 0)] * (x.ndim - 2) + [(t, b), (l, r)]
         return np.pad(x, width, mode=np_mode)

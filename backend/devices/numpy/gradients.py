@@ -8,7 +8,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...system import threads
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry  # noqa: F401
 from . import common
-from .common import F32, _parallel, _quiet, _split  # noqa: F401
+from .common import F32, _parallel, _quiet, _split, zero_pad  # noqa: F401
 from .conv import _tap_sum, _tap_tasks  # noqa: F401
 
 
@@ -156,7 +156,7 @@ class NumpyGradients:
         b2 = max(0, (KH - 1) * dh + (OH - 1) * sh + 1 - H - t)
         r2 = max(0, (KW - 1) * dw + (OW - 1) * sw + 1 - W - l)
         if t or b2 or l or r2:
-            x = np.pad(x, [(0, 0), (0, 0), (t, b2), (l, r2)])
+            x = zero_pad(x, t, b2, l, r2) if x.dtype == F32 else np.pad(x, [(0, 0), (0, 0), (t, b2), (l, r2)])
         sN, sC, sH, sW = x.strides
         nt = threads.num_threads()
         if Cg == 1 and Coutg == 1:  # depthwise: per channel and tap, sum over (n, oh, ow) of gy * tap
