@@ -98,6 +98,8 @@ class BufferPool:
     IDLE_S = 10.0
     #: the idle timer's shortest delay
     MIN_DELAY_S = 0.05
+    #: seconds ``bound`` keeps its reading of the host's free RAM (every allocation asks)
+    BOUND_TTL_S = 0.05
 
     def __init__(self, ctx, limit_bytes: int, host_ram: bool = False):
         self.ctx = ctx
@@ -116,6 +118,7 @@ class BufferPool:
         self.last_use = time.monotonic()
         self._timer = None
         self._timer_due = 0.0  # when the armed timer fires (time.monotonic)
+        self._bound = None  # (time.monotonic, bound) of the last reading
 
     @property
     def pooled(self) -> int:
@@ -162,11 +165,18 @@ class BufferPool:
         return -(-nbytes // step) * step
 
     def bound(self) -> int:
-        """The most the pool may keep now (reads the host's free RAM: never with the lock held)."""
+        """The most the pool may keep now (reads the host's free RAM: never with the lock held; the reading
+        is kept BOUND_TTL_S, as memstat keeps its own)."""
         if not self.host_ram:
             return self.limit
+        now = time.monotonic()
+        hit = self._bound
+        if hit is not None and now - hit[0] < self.BOUND_TTL_S:
+            return hit[1]
         from ...system.memstat import free_bytes
-        return min(self.limit, int(free_bytes(None)[0] * self.HOST_SHARE))
+        b = min(self.limit, int(free_bytes(None)[0] * self.HOST_SHARE))
+        self._bound = (now, b)
+        return b
 
     def alloc(self, nbytes: int) -> _Block:
         size = self.bucket(nbytes)
@@ -342,7 +352,7 @@ class _Dense:
     ITEM = 4
 
     def __init__(self, shape, block: _Block, offset: int = 0):
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple(map(int, shape))
         self.block = block
         self.offset = int(offset)
         self.size = math.prod(self.shape)

@@ -43,10 +43,10 @@ class CLStorage:
         return CLArray(a.shape, block, 0)
 
     def _empty(self, shape, dtype="float32"):
-        shape = tuple(int(s) for s in shape)
+        n = max(1, math.prod(shape))
         if dtype != "float32":
-            return CLHalf(shape, self.pool.alloc(2 * max(1, math.prod(shape))), dtype)
-        return CLArray(shape, self.pool.alloc(4 * max(1, math.prod(shape))), 0)
+            return CLHalf(shape, self.pool.alloc(2 * n), dtype)
+        return CLArray(shape, self.pool.alloc(4 * n), 0)
 
     def _from_numpy(self, a, dtype="float32"):
         if dtype != "float32":  # rounded on the host, uploaded as 16-bit words: half the bytes
