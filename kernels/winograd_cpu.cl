@@ -121,9 +121,11 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
     int t = t0 + nt * TN;
     int n = t / tpi, r = t - n * tpi, ty = r / tw, tx = r - ty * tw;
     int inside = 1, run = 1;  /* run: the 32 patches side by side in one tile row (base[j] = base[0] + 2j) */
+    int ix0 = 0;  /* the first patch's first column (a run crossing the image's left or right edge) */
     for (int j = 0; j < TN; j++) {
         const int live = nt * TN + j < ntl;
         const int iy = 2 * ty - pt, ix = 2 * tx - pl;
+        if (j == 0) ix0 = ix;
         int rm = 0, cm = 0;
         for (int a = 0; a < 4; a++) {
             rm |= ((uint)(iy + a) < (uint)H) << a;
@@ -146,6 +148,19 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
                 xraw_t rr[2 * TN + 2];
                 const __global xstore_t *rp = xc + base[0] + a * W;
                 for (int k = 0; k < 2 * TN + 2; k++) rr[k] = XRAW(rp, k);
+                for (int b = 0; b < 4; b++)
+                    for (int j = 0; j < TN; j++) d[a][b][j] = rr[2 * j + b];
+            }
+        } else if (run) {  /* a run at the image's edge: its rows read once, columns outside as zeros */
+            for (int a = 0; a < 4; a++) {
+                xraw_t rr[2 * TN + 2];
+                if ((rok[0] >> a) & 1) {
+                    const __global xstore_t *rp = xc + base[0] + a * W;
+                    for (int k = 0; k < 2 * TN + 2; k++)
+                        rr[k] = (uint)(ix0 + k) < (uint)W ? XRAW(rp, k) : (xraw_t)0;
+                } else {
+                    for (int k = 0; k < 2 * TN + 2; k++) rr[k] = (xraw_t)0;
+                }
                 for (int b = 0; b < 4; b++)
                     for (int j = 0; j < TN; j++) d[a][b][j] = rr[2 * j + b];
             }
