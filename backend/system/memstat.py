@@ -134,10 +134,15 @@ def free_bytes(be=None, want: int = 0) -> tuple[int, str]:
     return free, where
 
 
+#: counts forget() calls: a cache built on these readings (the OpenCL pool's bound) reads again after one
+FORGOTTEN = [0]
+
+
 def forget() -> None:
     """Drop the cached readings (after memory was freed, and in tests)."""
     with _lock:
         _cache.clear()
+        FORGOTTEN[0] += 1
 
 
 def default_tensor_limit(be=None, want: int = 0) -> tuple[int, int, str]:

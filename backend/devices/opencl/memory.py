@@ -118,7 +118,7 @@ class BufferPool:
         self.last_use = time.monotonic()
         self._timer = None
         self._timer_due = 0.0  # when the armed timer fires (time.monotonic)
-        self._bound = None  # (time.monotonic, bound) of the last reading
+        self._bound = None  # (time.monotonic, bound, memstat.FORGOTTEN) of the last reading
 
     @property
     def pooled(self) -> int:
@@ -169,13 +169,13 @@ class BufferPool:
         is kept BOUND_TTL_S, as memstat keeps its own)."""
         if not self.host_ram:
             return self.limit
+        from ...system import memstat
         now = time.monotonic()
         hit = self._bound
-        if hit is not None and now - hit[0] < self.BOUND_TTL_S:
+        if hit is not None and now - hit[0] < self.BOUND_TTL_S and hit[2] == memstat.FORGOTTEN[0]:
             return hit[1]
-        from ...system.memstat import free_bytes
-        b = min(self.limit, int(free_bytes(None)[0] * self.HOST_SHARE))
-        self._bound = (now, b)
+        b = min(self.limit, int(memstat.free_bytes(None)[0] * self.HOST_SHARE))
+        self._bound = (now, b, memstat.FORGOTTEN[0])
         return b
 
     def alloc(self, nbytes: int) -> _Block:
