@@ -345,7 +345,7 @@ class LinalgOps:
         per_col = 4 * K * G
         chunk = max(32, (workspace_budget_bytes() // max(1, per_col)) // 32 * 32)
         chunk = min(chunk, -(-total // 32) * 32)
-        params = self.tunables("gemm_cpu.cl", self._shape_class(CoutG, chunk, K))
+        params = self._rows_fit(self._shape_class(CoutG, chunk, K), CoutG)
         mr, msub = params["MR"], params["MSUB"]
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
@@ -444,8 +444,9 @@ class LinalgOps:
     def _rows_fit(self, shape_class: str, M: int) -> dict:
         """gemm_cpu's tunables for a product of M rows: the stored tuning of its shape class where there is one;
         else the defaults, but MR 8 where M (at most 128) is a multiple of 8 and not of 12, so that no panel row
-        is padding (MR 12 computes 72 rows for 64). Measured on the compact upscaler's 64-channel Winograd
-        convs (AVX-512 EPYC, same process): 577 ms with MR 12 x MSUB 4, 540 with 8 x 4, 522 with 8 x 8."""
+        is padding (MR 12 computes 72 rows for 64, 48 for 32). Measured (AVX-512 EPYC, same process, MR 12 x 4
+        against the fit): the compact upscaler's 64-channel Winograd convs 577 -> 522 ms (8 x 8; 8 x 4: 540), the
+        residual denoiser's training step (32 channels: conv GEMMs, weight gradients) 158 -> 147 ms."""
         params = self.tunables("gemm_cpu.cl", shape_class)
         if not self._tune.get(f"gemm_cpu.cl:{shape_class}") and M <= 128 and M % 8 == 0 and M % 12:
             params = dict(params, MR=8, MSUB=8 if M >= 64 else 4)

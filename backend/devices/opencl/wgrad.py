@@ -73,7 +73,7 @@ class CLWeightGrad:
             gw = self._wgrad_shifted(x, gy, wshape, dilation, pads, groups)
             if gw is not None:
                 return gw
-        params = self.tunables("gemm_cpu.cl", self._shape_class(CoutG, Kw, min(P, 4096)))
+        params = self._rows_fit(self._shape_class(CoutG, Kw, min(P, 4096)), CoutG)
         mr, msub = params["MR"], params["MSUB"]
         mt, ntl = -(-CoutG // mr), -(-Kw // 32)
         per_pos = 4 * G * (ntl * 32 + mt * mr)  # packed bytes per output position of one image
@@ -157,7 +157,7 @@ class CLWeightGrad:
         align = max(1, int(self.dev.mem_base_addr_align) // 8)
         if (4 * 32) % align:
             return None
-        params = self.tunables("gemm_cpu.cl", self._shape_class(CoutG, min(CinG, 32), min(Kg, 4096)))
+        params = self._rows_fit(self._shape_class(CoutG, min(CinG, 32), min(Kg, 4096)), CoutG)
         mr, msub = params["MR"], params["MSUB"]
         mt, ntl = -(-CoutG // mr), -(-CinG // 32)
         per_img = 4 * G * (ntl * Q * 32 + mt * mr * Kg)
