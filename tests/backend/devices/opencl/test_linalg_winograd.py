@@ -39,3 +39,20 @@ def test_winograd_conv_matches_torch(xs, cout, pad, bias, monkeypatch):
                                      None if b is None else torch.from_numpy(b).double(), padding=pad).numpy()
     assert y.shape == ref.shape
     assert np.abs(y - ref).max() <= 2e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("M,want", [(64, (8, 8)), (32, (8, 4)), (40, (8, 4)), (128, (8, 8)), (48, None), (24, None),
+                                    (256, None), (30, None)])
+def test_rows_fit_takes_mr_8_where_no_row_is_padding(M, want):
+    sc = BE._shape_class(M, 1024, 64)
+    saved = BE._tune.pop(f"gemm_cpu.cl:{sc}", None)
+    try:
+        p = BE._rows_fit(sc, M)
+        default = BE.tunables("gemm_cpu.cl", sc)
+        assert (p["MR"], p["MSUB"]) == (want if want is not None else (default["MR"], default["MSUB"]))
+        BE._tune[f"gemm_cpu.cl:{sc}"] = {"MR": 14, "MSUB": 2}  # a stored tuning wins
+        assert (BE._rows_fit(sc, M)["MR"], BE._rows_fit(sc, M)["MSUB"]) == (14, 2)
+    finally:
+        BE._tune.pop(f"gemm_cpu.cl:{sc}", None)
+        if saved is not None:
+            BE._tune[f"gemm_cpu.cl:{sc}"] = saved
