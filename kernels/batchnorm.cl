@@ -89,7 +89,7 @@ __kernel void bn_train(__global const float *x, const long x_off, __global float
     y += y_off;
     float a, b, v, rs;
     bn_stats(x, N, C, L, c, inv_n, eps, sh, &a, &b, &v, &rs);
-    /* without w (bias): a product by 1 (an addition of 0) changes no value, Inf and NaN included */
+    /* without w (bias): a product by 1 (a sum with 0) changes no value, Inf and NaN included (but -0 + 0 = +0) */
     const float wc = (flags & 1) ? w[w_off + c] : 1.0f, bc = (flags & 2) ? bias[b_off + c] : 0.0f;
     BN_LOOP(vstore16((((vload16(0, x + i) - a) - b) * rs) * wc + bc, 0, y + i);,
             y[i] = (((x[i] - a) - b) * rs) * wc + bc;)

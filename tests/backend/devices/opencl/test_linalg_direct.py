@@ -49,6 +49,21 @@ def test_direct_conv_on_narrow_rows_matches_torch(xs, cout, k, pad, dil, stride,
     np.testing.assert_array_equal(np.asarray(BE.to_numpy(xd)), x0)  # the input is not changed
 
 
+def _launching(fn):
+    """(fn(), the kernels it launched)."""
+    launched = []
+    run = BE._run
+
+    def spy(name, *a, **k):
+        launched.append(name)
+        return run(name, *a, **k)
+    BE._run = spy
+    try:
+        return fn(), launched
+    finally:
+        BE._run = run
+
+
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
 @pytest.mark.parametrize("row", [0, 2])  # a weight row that meets the top (0) or bottom (2) padding rows
 def test_nonfinite_weight_meets_the_padding_rows_as_torch(bad, row):
@@ -58,17 +73,7 @@ def test_nonfinite_weight_meets_the_padding_rows_as_torch(bad, row):
     x = rng.standard_normal((1, 4, 10, 40)).astype(np.float32)
     w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
     w[2, 1, row, 1] = bad
-    launched = []
-    run = BE._run
-
-    def spy(name, *a, **k):
-        launched.append(name)
-        return run(name, *a, **k)
-    BE._run = spy
-    try:
-        y = BE.to_numpy(BE.conv2d(BE.to_device(x), BE.to_device(w), None, 1, 1))
-    finally:
-        BE._run = run
+    y, launched = _launching(lambda: BE.to_numpy(BE.conv2d(BE.to_device(x), BE.to_device(w), None, 1, 1)))
     assert "conv2d_direct" in launched
     ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1).numpy()
     assert (np.isnan(y) == np.isnan(ref)).all() and (np.isinf(y) == np.isinf(ref)).all()
@@ -80,18 +85,7 @@ def test_the_finite_flag_is_made_once_per_weight_buffer():
     rng = np.random.default_rng(8)
     x = BE.to_device(rng.standard_normal((1, 4, 10, 40)).astype(np.float32))
     w = BE.to_device(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
-    launched = []
-    run = BE._run
-
-    def spy(name, *a, **k):
-        launched.append(name)
-        return run(name, *a, **k)
-    BE._run = spy
-    try:
-        a = BE.to_numpy(BE.conv2d(x, w, None, 1, 1))
-        first = len(launched)
-        b = BE.to_numpy(BE.conv2d(x, w, None, 1, 1))
-    finally:
-        BE._run = run
-    assert len(launched) - first < first  # the second call makes no flag
+    a, first = _launching(lambda: BE.to_numpy(BE.conv2d(x, w, None, 1, 1)))
+    b, second = _launching(lambda: BE.to_numpy(BE.conv2d(x, w, None, 1, 1)))
+    assert len(second) < len(first)  # the second call makes no flag
     np.testing.assert_array_equal(a, b)
