@@ -15,7 +15,8 @@
                  (tiles past the end zero). Input rows/columns outside the image read as zero, so
                  padding and odd output sizes need no padded copy.
                  Launch: global (ceil(C/PK), ceil(ntl/32)), local (1, 1).
-   wino_out    : M (16, Cout, ldm) (columns = tiles t0 ..) -> y (N, Cout, OH, OW) + bias.
+   wino_out    : M (16, Cout, ldm) (columns = tiles t0 ..) -> y (N, Cout, OH, OW) + bias (then a PReLU
+                 with has_slope).
                  A work item does OB consecutive 32-tile groups of one output channel.
                  Launch: global (ceil(ceil(ntl/32)/OB), Cout), local (1, 1).
    wino_in reads x and wino_out writes y as stored (build options XDT / YDT, half_io.h): a float16 or
@@ -194,12 +195,16 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
 __kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
                        __global ystore_t *y, const long y_off, __global const float *bias, const int has_bias,
                        const int Cout, const int OH, const int OW, const int th, const int tw,
-                       const int t0, const int ntl)
+                       const int t0, const int ntl, __global const float *slope, const long s_off,
+                       const int has_slope)
 {
     const int co = get_global_id(1);
     const int g0 = get_global_id(0) * OB;
     const int ngroups = (ntl + TN - 1) / TN;
     const float bv = has_bias ? bias[co] : 0.0f;
+    /* a PReLU after the bias (compile: a conv whose one reader is a PReLU): v > 0 ? v : v * slope[co] */
+    const float sl = has_slope ? slope[s_off + co] : 1.0f;
+#define WPRELU(v) (has_slope ? select((v) * sl, (v), isgreater((v), (float16)0.0f)) : (v))
     const int tpi = th * tw;
     const long OHW = (long)OH * OW;
     for (int g = g0; g < min(ngroups, g0 + OB); g++) {
@@ -222,10 +227,10 @@ __kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
                 r0[b] = m[0][b] + m[1][b] + m[2][b];
                 r1[b] = m[1][b] - m[2][b] - m[3][b];
             }
-            vstore16(r0[0] + r0[1] + r0[2] + bv, 0, res[0] + 16 * h);
-            vstore16(r0[1] - r0[2] - r0[3] + bv, 0, res[1] + 16 * h);
-            vstore16(r1[0] + r1[1] + r1[2] + bv, 0, res[2] + 16 * h);
-            vstore16(r1[1] - r1[2] - r1[3] + bv, 0, res[3] + 16 * h);
+            vstore16(WPRELU(r0[0] + r0[1] + r0[2] + bv), 0, res[0] + 16 * h);
+            vstore16(WPRELU(r0[1] - r0[2] - r0[3] + bv), 0, res[1] + 16 * h);
+            vstore16(WPRELU(r1[0] + r1[1] + r1[2] + bv), 0, res[2] + 16 * h);
+            vstore16(WPRELU(r1[1] - r1[2] - r1[3] + bv), 0, res[3] + 16 * h);
         }
         int t = t0 + g * TN;
         int n = t / tpi, r = t - n * tpi, ty = r / tw, tx = r - ty * tw;

@@ -277,14 +277,18 @@ def _convolution(cx, x, w, b, stride, padding, dilation, transposed, output_padd
         w = be.reshape(w, sw[:-1] + (1, sw[-1]))
         stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
         output_padding = [0] + output_padding
+    slope = cx.act[1] if isinstance(cx.act, tuple) and cx.act[0] == "prelu" else None
     if transposed:
         y = be.conv_transpose2d(x, w, b, stride, padding, output_padding, int(groups), dilation)
+    elif slope is not None and nd == 2 and "conv_prelu" in be.caps.fused:
+        y = be._conv2d_prelu(x, w, b, stride, padding, dilation, int(groups), slope)  # PReLU in the conv's pass
+        slope = None
     else:
         y = be.conv2d(x, w, b, stride, padding, dilation, int(groups))
     if nd == 1:
         s = be._shape(y)
         y = be.reshape(y, s[:-2] + (s[-1],))
-    return y
+    return y if slope is None else be._prelu(y, slope)  # (Lowered._fused_acts: the PReLU node aliases this)
 
 
 # ---- elementwise ---------------------------------------------------------------------------------

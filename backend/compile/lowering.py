@@ -283,11 +283,23 @@ class Lowered:
         """({group_norm node: activation}, {activation node: the norm's result node}): a native_group_norm
         whose result (getitem 0, its mean and rstd unread) has one reader, an activation in
         aten_ops.FUSED_ACTS, runs both (the norm's lowering reads Lowered.act); the activation node
-        then only takes the norm's result ("alias")."""
+        then only takes the norm's result ("alias"). Likewise a convolution whose one reader is a PReLU
+        of a weight (act ("prelu", the weight's node): compact upscalers' conv + PReLU pairs)."""
         aten = _torch().ops.aten
         acts = {getattr(aten, name).default: name for name in aten_ops.FUSED_ACTS}
         act, alias = {}, {}
+        prelu = aten._prelu_kernel.default
         for n in nodes:
+            if kind.get(n) == "lower" and n.target is aten.convolution.default:
+                # a conv whose only reader is a PReLU of a weight: the conv's lowering applies it (cx.act)
+                got = users.get(n, [])
+                if len(got) == 1 and kind.get(got[0]) == "lower" and got[0].target is prelu \
+                        and got[0].args[0] is n and len(got[0].args) == 2 and not got[0].kwargs \
+                        and kind.get(got[0].args[1]) in ("static", "const"):
+                    act[n] = ("prelu", got[0].args[1])
+                    alias[got[0]] = n
+                    kind[got[0]] = "alias"
+                continue
             if kind.get(n) != "lower" or n.target is not aten.native_group_norm.default:
                 continue
             got = users.get(n, [])
@@ -482,6 +494,8 @@ class Lowered:
         cx = _Ctx()
         cx.be, cx.node, cx.out, cx.used, cx.op_name, cx.owner = self.be, n, _meta(n), self.used[n], str(n.target), self
         cx.act = self.act.get(n)
+        if isinstance(cx.act, tuple):  # (activation, its weight's node): the weight's value
+            cx.act = (cx.act[0], _map(cx.act[1], dev))
         args, kwargs = _map((n.args, n.kwargs), dev)
         try:
             res = fn(cx, *args, **kwargs)

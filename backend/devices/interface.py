@@ -63,6 +63,8 @@ FUSED_KERNELS = {
     "cross_entropy": "_cross_entropy_rows, _cross_entropy_grad: cross_entropy with class-index targets (no class "
                      "weights, no label smoothing) and its backward, each in one pass over the positions "
                      "(ops/layers.py, learn/autograd/rules_math.py)",
+    "conv_prelu": "_conv2d_prelu: a compiled graph's conv2d whose one reader is a PReLU, the PReLU applied in the "
+                  "conv's own pass where its path allows (compile/aten_ops.py)",
     "prelu": "_prelu_fused: torch's prelu (a slope per channel) in one pass (ops/layers.py _prelu)",
     "graph_replay": "_capture, _launch_graph, _copy_into, _graph_valid: a compiled graph's device work captured once "
                     "(a CUDA graph) and replayed by later calls of the same signature (compile/replay.py)",
@@ -326,6 +328,11 @@ class Device(abc.ABC):
         """"cross_entropy": dL/dx (x's shape) of ``_cross_entropy_rows`` for dL/dloss ``gy`` (one value, or
         (N * L,) with ``per_position``) divided by ``den``; or None (the composite runs)."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'cross_entropy'")
+
+    def _conv2d_prelu(self, x, w, b, stride, padding, dilation, groups: int, slope):
+        """"conv_prelu": prelu(conv2d(x, w, b, stride, padding, dilation, groups), slope) of native arrays, the
+        PReLU inside the conv's pass where it can be (the result as the two ops give it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'conv_prelu'")
 
     def _prelu_fused(self, x, w, C: int, inner: int):
         """"prelu": x > 0 ? x : x * w[(i // inner) % C] (i the flat index; w (C,) of x's dtype, C 1: one slope)

@@ -301,6 +301,16 @@ class LinalgOps:
         return out, bias, hb, (bias.buffer if hb else out.buffer)
 
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        slope = self._conv_epilogue(w, bias)
+        done = [False]
+        out = self._conv2d_paths(x, w, bias, stride, pads, dilation, groups, slope, done)
+        if slope is not None and not done[0]:
+            out = self._prelu(out, slope)
+        return out
+
+    def _conv2d_paths(self, x, w, bias, stride, pads, dilation, groups, slope=None, done=None):
+        """conv2d on the CPU family's paths (or the GPU family's); ``slope``: a PReLU the Winograd output
+        transform applies (then done[0] is set)."""
         g = conv2d_geometry(x.shape, w.shape, stride, pads, dilation, groups)
         N, C, H, W, Cout, CinG, CoutG, KH, KW, OH, OW, sh, sw, pt, pb, pl, pr, dh, dw, G = g
         K = CinG * KH * KW
@@ -314,7 +324,9 @@ class LinalgOps:
             return out
         if path == "gpu":
             return self._gpu_conv(x, w if isinstance(w, CLQuant) else self._f32(w), bias, out, g, 0)
-        if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl):
+        if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl,
+                                                         slope if isinstance(out, CLArray) else None):
+            done[0] = slope is not None and isinstance(out, CLArray)
             return out
         if path == "winograd":  # Inf/NaN: Winograd's transforms mix a tile (Inf - Inf = NaN)
             path = "direct" if K <= DIRECT_MAX_K and OW >= 24 else "gemm"
@@ -456,7 +468,7 @@ class LinalgOps:
             params = dict(params, MR=8, MSUB=8 if M >= 64 else 4)
         return params
 
-    def _conv2d_winograd(self, x, w, bias, out, pt, pl):
+    def _conv2d_winograd(self, x, w, bias, out, pt, pl, slope=None):
         """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
         panels, input transform straight into packed-B panels (tile chunks within the workspace
         budget), 16 batched gemm_cpu products, output transform adding the bias.
@@ -506,7 +518,7 @@ class LinalgOps:
                 del Up
                 self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
                           out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
-                          params={**wparams, **self._xdt(out, "YDT")})
+                          *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT")})
                 del Mb
         bad = np.zeros(1, np.int32)
         self.cl.enqueue_copy(self.queue, bad, flag.buffer, is_blocking=True)

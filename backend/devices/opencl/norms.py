@@ -1,10 +1,15 @@
 """Row normalisation on OpenCL (kernels/elementwise.cl): layers._normalize fused (``_norm_rows``), and
 with the norm's affine applied in the same pass (``_norm_rows_affine``, capability "norm_affine"); and
 PReLU in one pass (``_prelu_fused``, capability "prelu"); batch norm in training mode, forward and backward
-in one launch each (``_batch_norm_train``, ``_batch_norm_grad``, capability "batch_norm"; kernels/batchnorm.cl)."""
+in one launch each (``_batch_norm_train``, ``_batch_norm_grad``, capability "batch_norm"; kernels/batchnorm.cl);
+a conv2d's PReLU in its Winograd output transform (``_conv2d_prelu``, capability "conv_prelu")."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+
+from .memory import CLArray
 
 
 class CLNorms:
@@ -104,3 +109,38 @@ class CLNorms:
                   *((gx.buffer, gx.offset) if need_input else (gwb.buffer, 0)), gwb.buffer, gwb.offset,
                   N, C, L, float(np.float32(1.0) / np.float32(n)), eps, flags, params={"BN_LS": ls})
         return gx, self._view(gwb, (C,), gwb.offset), self._view(gwb, (C,), gwb.offset + C)
+
+    # ---- conv2d + PReLU (capability "conv_prelu"; compile/aten_ops.py's convolution lowering) --------------
+    def _conv2d_prelu(self, x, w, b, stride, padding, dilation, groups, slope):
+        """prelu(conv2d(x, w, b, ...), slope) with the PReLU in the Winograd output transform where the conv
+        takes that path (kernels/winograd_cpu.cl wino_out), else a pass after it. The slope is handed to this
+        thread's ``_conv2d`` calls of this weight and bias (bigconv's chunks of the output); a call on another
+        weight or bias (a conv computed in parts, a bias added afterwards) leaves it to the pass after."""
+        tls = self.__dict__.setdefault("_conv_ep", threading.local())
+        used = [False]
+        fits = isinstance(slope, CLArray) and isinstance(w, CLArray) and slope.size in (1, w.shape[0]) \
+            and getattr(tls, "ep", None) is None
+        if fits:
+            tls.ep = (slope, w, b, used)
+        try:
+            y = self.conv2d(x, w, b, stride, padding, dilation, groups)
+        finally:
+            if fits:
+                tls.ep = None
+        return y if used[0] else self._prelu(y, slope)
+
+    def _conv_epilogue(self, w, bias):
+        """The PReLU slope a ``_conv2d_prelu`` of this thread set for this very weight and bias (marked used),
+        as a (Cout,) array; else None."""
+        tls = self.__dict__.get("_conv_ep")
+        ep = getattr(tls, "ep", None) if tls is not None else None
+        if ep is None or w is not ep[1] or bias is not ep[2]:
+            return None
+        ep[3][0] = True
+        slope = ep[0]
+        return slope if slope.size == w.shape[0] else self._binary("mul", self._expand(slope, (w.shape[0],)), 1.0)
+
+    @staticmethod
+    def _slope_args(slope, c0: int, dummy):
+        """wino_out's PReLU arguments: the slope buffer from output channel c0, and whether to apply it."""
+        return (slope.buffer, slope.offset + c0, 1) if slope is not None else (dummy, 0, 0)

@@ -64,7 +64,7 @@ KERNELS: dict[str, KernelSig] = {
     "conv_t2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17),
     "wino_filter": _s("winograd_cpu.cl", "b l b i i b b l"),
     "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b"),
-    "wino_out": _s("winograd_cpu.cl", "b i l b l b i", "i" * 7),
+    "wino_out": _s("winograd_cpu.cl", "b i l b l b i", "i" * 7, "b l i"),
     # GPU kernels: the CUDA backend's, also built as OpenCL C for the OpenCL GPU family
     "ad_conv_gemm": _s("conv_gemm_cuda.cu", "i i i b i i l b i i l b i l b i", "i" * 15, "i i", "b l b l"),
     "ad_splitk_reduce": _s("conv_gemm_cuda.cu", "b b b i i i i i i l i i i"),

@@ -1,7 +1,8 @@
 """The interpreter's fusion of a GroupNorm with the SiLU that alone reads it (Lowered._fused_acts): on a
 device with "norm_affine" both run as one kernel (the activation before the one rounding); a norm whose
-result has another reader, or a device without the capability, runs the two ops. Values against eager
-float64 on every backend."""
+result has another reader, or a device without the capability, runs the two ops. Likewise a conv whose one
+reader is a PReLU ("conv_prelu": the OpenCL CPU family's Winograd output transform applies it). Values
+against eager float64 on every backend."""
 from __future__ import annotations
 
 import copy
@@ -94,3 +95,60 @@ def test_group_norm_act_kernel(family, dtype, monkeypatch):
         rtol = {"float32": 0.0, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype] * (1 if family == "cpu" else 4)
         assert (np.abs(got - ref) <= np.abs(ref) * rtol + 3e-6 * np.abs(ref).max()).all(), \
             float(np.max(np.abs(got - ref)))
+
+
+class _ConvPReLU(torch.nn.Module):
+    """conv -> PReLU (the compact upscaler's body); ``tap`` also reads the conv's result."""
+
+    def __init__(self, cin, cout, slopes, tap, bias=True):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(cin, cout, 3, padding=1, bias=bias)
+        self.act = torch.nn.PReLU(num_parameters=slopes)
+        self.tap = tap
+
+    def forward(self, x):
+        h = self.conv(x)
+        y = self.act(h)
+        return y + h if self.tap else y
+
+
+#: (in, out channels, image side, PReLU slopes, tap, bias): 64 -> 64 on 256-wide rows takes Winograd on the
+#: OpenCL CPU family (the PReLU in its output transform), 8 -> 8 the direct kernel (the PReLU after it)
+CONV_PRELU = [(64, 64, 256, 64, False, True), (64, 64, 256, 1, False, False), (64, 64, 256, 64, True, True),
+              (8, 8, 40, 8, False, True)]
+
+
+@pytest.mark.parametrize("cin,cout,side,slopes,tap,bias", CONV_PRELU)
+@pytest.mark.parametrize("name", ["opencl", "numpy"])
+def test_conv_prelu_fused_where_the_conv_allows(name, cin, cout, side, slopes, tap, bias):
+    try:
+        be = get_backend(name)
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"backend {name} unavailable: {exc}")
+    torch.manual_seed(5)
+    m = _ConvPReLU(cin, cout, slopes, tap, bias).eval()
+    with torch.no_grad():
+        m.act.weight.uniform_(-0.5, 0.5)  # negative slopes too
+    x = torch.randn(1, cin, side // 4, side, generator=torch.Generator().manual_seed(2))
+    if cin == 8:  # (a NaN in a Winograd conv's input sends it to the exact direct path: the PReLU after)
+        x[0, 0, 0, :3] = float("nan")
+    with torch.no_grad():
+        exact = copy.deepcopy(m).double()(x.double())
+    compiled = C.compile_module(m, be)
+    launched = []
+    run = getattr(type(be), "_run", None)
+    if run is not None:
+        type(be)._run = lambda self, k, *a, **kw: (launched.append(k), run(self, k, *a, **kw))[1]
+    try:
+        with torch.no_grad():
+            y = compiled(x)
+    finally:
+        if run is not None:
+            type(be)._run = run
+    nan = torch.isnan(exact)
+    assert torch.equal(torch.isnan(y), nan)
+    assert float((y.double()[~nan] - exact[~nan]).norm() / exact[~nan].norm()) < 2e-6
+    if name == "opencl" and be.family == "cpu" and cin == 64 and not tap:
+        assert "wino_out" in launched and "prelu_ch" not in launched  # the PReLU in the output transform
+    if name == "opencl" and (tap or cin == 8):
+        assert "prelu_ch" in launched  # a conv result read twice, or a direct conv: the PReLU's own pass
