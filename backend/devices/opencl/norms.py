@@ -118,8 +118,8 @@ class CLNorms:
         weight or bias (a conv computed in parts, a bias added afterwards) leaves it to the pass after."""
         tls = self.__dict__.setdefault("_conv_ep", threading.local())
         used = [False]
-        fits = isinstance(slope, CLArray) and isinstance(w, CLArray) and slope.size in (1, w.shape[0]) \
-            and getattr(tls, "ep", None) is None
+        fits = all(isinstance(v, CLArray) for v in (x, w, slope)) and slope.size in (1, w.shape[0]) \
+            and getattr(tls, "ep", None) is None  # float32 (a half model's convs: the PReLU after them)
         if fits:
             tls.ep = (slope, w, b, used)
         try:

@@ -152,3 +152,22 @@ def test_conv_prelu_fused_where_the_conv_allows(name, cin, cout, side, slopes, t
         assert "wino_out" in launched and "prelu_ch" not in launched  # the PReLU in the output transform
     if name == "opencl" and (tap or cin == 8):
         assert "prelu_ch" in launched  # a conv result read twice, or a direct conv: the PReLU's own pass
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_conv_prelu_in_a_half_model(dtype):
+    """A model stored in half: the conv (half_conv) and its PReLU as the two ops give them, rounded once each."""
+    try:
+        be = get_backend("opencl")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"backend opencl unavailable: {exc}")
+    torch.manual_seed(6)
+    m = _ConvPReLU(64, 64, 64, False).eval()
+    with torch.no_grad():
+        m.act.weight.uniform_(-0.5, 0.5)
+    x = torch.randn(1, 64, 32, 160, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        exact = copy.deepcopy(m).double()(x.double())
+        y = C.compile_module(m, be, dtype=dtype)(x)
+    assert y.dtype == torch.float32 and y.shape == exact.shape  # returned in the traced dtype
+    assert float((y.double() - exact).norm() / exact.norm()) < (5e-3 if dtype == "float16" else 3e-2)
