@@ -32,13 +32,10 @@ class NumpyLosses:
         if x.dtype != F32 or gy.dtype != F32:
             return None
         N, C, L = x.shape
-        with np.errstate(all="ignore"):
-            p = np.exp(_log_softmax_rows(x))
         keep = t != ignore_index
-        rows = np.arange(len(t))
-        p[rows, np.where(keep, t, 0)] -= keep.astype(F32)
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # Inf and NaN follow IEEE, as the composite's
+            p = np.exp(_log_softmax_rows(x))
+            p[np.arange(len(t)), np.where(keep, t, 0)] -= keep.astype(F32)
             g = (gy.reshape(-1) if per_position else gy.reshape(1)) / F32(den)
-        with np.errstate(all="ignore"):
             p *= np.where(keep, g, F32(0.0))[:, None]
         return p.reshape(N, C) if L == 1 else np.ascontiguousarray(np.moveaxis(p.reshape(N, L, C), 2, 1))

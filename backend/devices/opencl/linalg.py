@@ -414,14 +414,16 @@ class LinalgOps:
         key = (w.offset, w.size, self._dtype(w))
         f = flags.get(key)
         if f is None:
-            z = self._binary("mul", self._f32(w), 0.0)
-            f = flags[key] = self._reduce("sum", z, tuple(range(len(w.shape))), False)
+            f = flags[key] = self._nan_sum(self._f32(w))
         return f
 
+    def _nan_sum(self, a):
+        """sum(a * 0) as a 0-d device array: 0 where ``a`` is finite, NaN where it holds an Inf or NaN."""
+        return self._reduce("sum", self._binary("mul", a, 0.0), tuple(range(len(a.shape))), False)
+
     def _all_finite(self, a) -> bool:
-        """No Inf or NaN in ``a``: sum(a * 0) is 0, or NaN when there is one (one scalar read back)."""
-        z = self._reduce("sum", self._binary("mul", a, 0.0), tuple(range(len(a.shape))), False)
-        return bool(np.isfinite(self._to_numpy(z)).all())
+        """No Inf or NaN in ``a`` (``_nan_sum``, one scalar read back)."""
+        return bool(np.isfinite(self._to_numpy(self._nan_sum(a))).all())
 
     def _direct_padded(self, x, geo):
         """conv2d_direct loads a tile's 32 input columns with two vector loads where they all lie inside

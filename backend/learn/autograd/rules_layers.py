@@ -280,9 +280,7 @@ def _batch_norm(ctx, gy):
     """Gradients of y for input, weight, bias (training: through the batch statistics); in
     evaluation mode also for float running_mean / running_var that require them. With
     return_stats=True only y's gradient is followed (the updated statistics carry none)."""
-    be, x, w = ctx.be, ctx["input"], ctx["weight"]
-    if isinstance(gy, (list, tuple)):
-        gy = gy[0]
+    be, x, w = ctx.be, ctx["input"], ctx["weight"]  # gy: y's gradient alone (tape.FIRST_ONLY)
     eps = float(ctx["eps"])
     shape = _shape(be, x)
     if math.prod(shape) == 0:

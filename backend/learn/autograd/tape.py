@@ -207,11 +207,10 @@ class _Binder:
     """An op's arguments bound to its parameter names, as ``Signature.bind`` + ``apply_defaults`` (which
     cost ~10 us an op): for signatures of plain parameters only (no ``*args`` / ``**kwargs``); anything
     unusual (a missing or unknown argument) is left to ``Signature.bind``, which raises its own error."""
-    __slots__ = ("sig", "names", "defaults", "npos")
+    __slots__ = ("names", "defaults", "npos")
 
     def __init__(self, sig: inspect.Signature):
         ps = list(sig.parameters.values())
-        self.sig = sig
         self.names = tuple(p.name for p in ps)
         self.defaults = {p.name: p.default for p in ps if p.default is not inspect.Parameter.empty}
         self.npos = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in ps)
