@@ -11,7 +11,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...system import threads
 from ...system.config import workspace_budget_bytes
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
-from . import common
+from . import common, smallconv
 from .common import F32, _parallel, _quiet, _split  # noqa: F401
 
 
@@ -19,6 +19,8 @@ class NumpyConv:
     """conv2d and conv_transpose2d on the host (a mixin of NumpyBackend)."""
 
     def _conv2d(self, x, w, bias, stride, pads, dilation, groups):
+        if smallconv.takes(x.shape, w.shape, stride, pads, dilation, groups, x, w):
+            return _quiet(smallconv.conv2d, x, w, bias, stride, pads, dilation)
         x, stride, pads, dilation = _gather_windows(x, w.shape, stride, pads, dilation)
         if any(pads):
             x = self._pad(x, pads, "zeros")

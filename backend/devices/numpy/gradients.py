@@ -7,7 +7,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...system import threads
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry  # noqa: F401
-from . import common
+from . import common, smallconv
 from .common import F32, _parallel, _quiet, _split, zero_pad  # noqa: F401
 from .conv import _tap_sum, _tap_tasks  # noqa: F401
 
@@ -142,6 +142,8 @@ class NumpyGradients:
         common.CHUNK_BYTES of columns), one single-threaded BLAS GEMM per chunk into the task's own float32
         accumulator, the thread pool over chunks, the accumulators summed in float64 at the end.
         Depthwise (one in and one out channel per group): the products of each tap summed directly."""
+        if smallconv.takes(x.shape, wshape, stride, pads, dilation, groups, x, gy):
+            return _quiet(smallconv.weight_grad, x, gy, wshape, stride, pads, dilation)
         x = np.ascontiguousarray(x)
         gy = np.ascontiguousarray(gy)
         N, C, H, W = x.shape
@@ -221,6 +223,8 @@ class NumpyGradients:
         that tap; each tap is one BLAS GEMM (CinG x CoutG) @ view accumulated into the block (in L2),
         blocks of rows of every image and group on the thread pool; the padding columns are dropped at
         the end. None for strided convs (the caller's conv_transpose2d path)."""
+        if smallconv.takes((gy.shape[0], w.shape[1]) + tuple(in_hw), w.shape, stride, pads, dilation, groups, gy, w):
+            return _quiet(smallconv.input_grad, gy, w, in_hw, stride, pads, dilation)
         if tuple(stride) != (1, 1):
             return _conv2d_input_grad_col2im(gy, w, in_hw, stride, pads, dilation, groups)
         gy = np.ascontiguousarray(gy)

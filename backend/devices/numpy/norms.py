@@ -9,14 +9,28 @@ import numpy as np
 from .common import F32
 
 
+_ONES: dict = {}
+
+
+def _csum(v):
+    """Per-channel sums (C,) of the float32 (N, C, L) ``v``: a ones-vector GEMV over the batch (BLAS's
+    blocked FMA sums: 4-10x faster than ``sum(axis=(0, 2))``'s strided walk here, and closer to the
+    float64 sum), then pairwise along L."""
+    N, C, L = v.shape
+    ones = _ONES.get(N)
+    if ones is None:
+        ones = _ONES[N] = np.ones(N, F32) if len(_ONES) < 64 else np.ones(N, F32)
+    return (ones @ v.reshape(N, C * L)).reshape(C, L).sum(axis=1)
+
+
 def _stats(x, eps: float):
     """(d, mean, var, rs): d = (x - a) - b, the composite's centred x (a the mean, b the correction), mean =
     a + b, var the biased variance and rs = 1 / sqrt(var + eps), per channel of the (N, C, L) x, as (1, C, 1)
     float32."""
     inv_n = F32(1.0) / F32(x.shape[0] * x.shape[2])
-    a = x.sum(axis=(0, 2), keepdims=True, dtype=F32) * inv_n
+    a = (_csum(x) * inv_n).reshape(1, -1, 1)
     d = x - a
-    b = d.sum(axis=(0, 2), keepdims=True, dtype=F32) * inv_n
+    b = (_csum(d) * inv_n).reshape(1, -1, 1)
     d -= b
     var = np.einsum("ncl,ncl->c", d, d, dtype=F32).reshape(1, -1, 1) * inv_n
     return d, a + b, var, F32(1.0) / np.sqrt(var + F32(eps))
@@ -38,9 +52,7 @@ class NumpyNorms:
             return None
         N, C, L = x.shape
         d, mean, var, rs = _stats(x, eps)
-        y = np.multiply(d, rs, out=d)
-        if w is not None:
-            y *= w.reshape(1, C, 1)
+        y = np.multiply(d, rs if w is None else rs * w.reshape(1, C, 1), out=d)
         if b is not None:
             y += b.reshape(1, C, 1)
         if rm is None or rv is None:
@@ -56,14 +68,14 @@ class NumpyNorms:
             return None
         N, C, L = x.shape
         d, _, _, rs = _stats(x, eps)
-        xhat = np.multiply(d, rs, out=d)
-        gb = gy.sum(axis=(0, 2), dtype=F32)
-        gw = np.einsum("ncl,ncl->c", gy, xhat, dtype=F32)
+        gb = _csum(gy)
+        gw = np.einsum("ncl,ncl->c", gy, d, dtype=F32) * rs.reshape(C)  # sum of gy * xhat
         if not need_input:
             return None, gw, gb
+        # gx = (gy - gb / n - xhat * gw / n) * sc with xhat = d * rs: gy * sc + d * k1 + k0 per channel
         inv_n = F32(1.0) / F32(N * L)
         sc = rs if w is None else rs * w.reshape(1, C, 1)
-        gx = gy - (gb * inv_n).reshape(1, C, 1)
-        gx -= xhat * (gw * inv_n).reshape(1, C, 1)
-        gx *= sc
+        gx = gy * sc
+        gx += np.multiply(d, (-inv_n) * gw.reshape(1, C, 1) * rs * sc, out=d)
+        gx += (-inv_n) * gb.reshape(1, C, 1) * sc
         return gx, gw, gb
