@@ -89,24 +89,22 @@ def _data(case: TrainCase, rng):
 
 
 def _our_step(be, case, net, x, t):
-    """A closure running one training step on ``be`` (state kept across calls)."""
+    """A closure running one training step on ``be`` (state kept across calls): train()'s step
+    (learn/replay.py's TrainStep: recorded at the second step and replayed on a device with "replay"),
+    the batch uploaded and the loss read back at each step, as train() does."""
     from ..learn import optim
-    from ..learn.autograd import Var, apply
+    from ..learn.autograd import apply
+    from ..learn.replay import TrainStep
     pvars = net.param_vars(be)
     opt = optim.make("adam", list(pvars.values()), lr=case.lr)
-    xd = Var(be, be.to_device(x))
-    td = t if case.loss == "cross_entropy" else Var(be, be.to_device(t))
-    state = {"buffers": {k: be.to_device(v) for k, v in net.buffers.items()}}
     op = "cross_entropy" if case.loss == "cross_entropy" else "mse_loss"
+    ts = TrainStep(be, net, pvars, opt, {k: be.to_device(v) for k, v in net.buffers.items()},
+                   lambda y, tb: apply(op, y, tb, be=be))
 
     def step():
-        y, state["buffers"] = net.forward(be, xd, training=True, params=pvars, buffers=state["buffers"],
-                                          return_buffers=True)
-        loss = apply(op, y, td, be=be)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        ts(x, t)
         be.synchronize()
+    step.train_step = ts
     return step
 
 

@@ -312,14 +312,23 @@ class Adam(Optimizer):
             bias_correction1 = 1 - beta1 ** step
             step_size = lr / bias_correction1
             bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
+            neg_step = -step_size
+            rec = be.recording() if "replay" in be.caps.fused else None
+            if rec is not None:  # a recorded step (learn/replay.py): the step count moves on at each replay
+                rec.on_replay(lambda s=state: s.__setitem__("step", s["step"] + 1.0))
+                bias_correction2_sqrt = rec.cell(lambda s=state: (1 - beta2 ** s["step"]) ** 0.5)
+                neg_step = rec.cell(lambda s=state: -(lr / (1 - beta1 ** s["step"])))
             vmax = state["max_exp_avg_sq"] if group["amsgrad"] else None
             lerp_form = abs(w) >= 0.5
             p, m, v, vmax = fused(param, grad, m, v, vmax, float(w - _F32(1.0)) if lerp_form else float(w),
-                                  lerp_form, beta2, 1.0 - beta2, bias_correction2_sqrt, eps, -step_size)
+                                  lerp_form, beta2, 1.0 - beta2, bias_correction2_sqrt, eps, neg_step)
             state["exp_avg"], state["exp_avg_sq"] = m, v
             if vmax is not None:
                 state["max_exp_avg_sq"] = vmax
             return p
+        rec = be.recording() if "replay" in be.caps.fused else None
+        if rec is not None:
+            rec.fail("Adam's unfused update (its bias corrections change every step)")
         diff = be.sub(grad, m)
         if abs(w) < 0.5:
             m = be.add(m, be.mul(diff, float(w)))

@@ -49,6 +49,7 @@ from ..system import cancel
 from ..system.errors import AnyDeviceError
 from .network import Network, layer_seed
 from .optim import OPTIMIZERS, learning_rate
+from .replay import TrainStep
 
 log = logging.getLogger("anydevice")
 
@@ -298,7 +299,6 @@ def train(network: Network, inputs, targets, *, be, loss: str = "mse", optimizer
     x_all, t_all, full, steps, epochs = _check(network, inputs, targets, be, loss, optimizer, lr, weight_decay, steps,
                                                epochs, batch_size, seed, in_shape, loss_params)
     from . import optim
-    from .autograd import Var
 
     net = network
     if net.params is None or net.in_shape is None:
@@ -311,38 +311,32 @@ def train(network: Network, inputs, targets, *, be, loss: str = "mse", optimizer
     total = plan_steps(x_all.shape[0], batch_size, steps, epochs)
     plan = iter_batches(x_all.shape[0], batch_size, seed, steps, epochs)  # lazily: one epoch at a time
     losses: list[float] = []
-    good = ({k: pvars[k].data for k in names}, dict(buffers))  # weights the last finite loss was computed with
     stopped = None
     done = 0
-    for step, idx in enumerate(plan, 1):
-        cancel.check()
-        xb = Var(be, x_all[idx], name="inputs")
-        tb = t_all[idx]
-        if tb.dtype.kind == "f":
-            tb = Var(be, tb, name="targets")
-        pred, new_buffers = net.forward(be, xb, training=True, seed=layer_seed(seed, f"step {step}"), params=pvars,
-                                        buffers=buffers, return_buffers=True)
-        lv = _loss(be, loss, pred, tb, loss_params)
-        value = lv.item()
-        if not math.isfinite(value):
-            what = "NaN" if math.isnan(value) else "Inf"
-            stopped = (f"loss became {what} at step {step}: returned the weights of step {step - 1}" if step > 1
-                       else f"loss became {what} at step 1: returned the initial weights")
-            log.warning("AnyDevice train: %s", stopped)
-            break
-        good = ({k: pvars[k].data for k in names}, dict(buffers))
-        opt.zero_grad()
-        lv.backward()
-        opt.step()
-        buffers = new_buffers
-        losses.append(value)
-        done = step
-        if on_step is not None:
-            on_step(step, total, value)
-    if stopped is None:
-        good = ({k: pvars[k].data for k in names}, buffers)
-    params = {k: np.asarray(be.to_numpy(good[0][k]), np.float32) for k in names}
-    bufs = {k: np.asarray(be.to_numpy(v), np.float32) for k, v in good[1].items()}
+    # a step with a non-finite loss changes nothing (replay.py); its weights may hold what made it non-finite
+    ts = TrainStep(be, net, pvars, opt, buffers, lambda pred, tb: _loss(be, loss, pred, tb, loss_params),
+                   int((loss_params or {}).get("ignore_index", -100)))
+    try:
+        for step, idx in enumerate(plan, 1):
+            cancel.check()
+            value = ts(x_all[idx], t_all[idx], seed=layer_seed(seed, f"step {step}"))
+            if not math.isfinite(value):
+                what = "NaN" if math.isnan(value) else "Inf"
+                stopped = (f"loss became {what} at step {step}: returned the weights of step {step - 1}" if step > 1
+                           else f"loss became {what} at step 1: returned the initial weights")
+                log.warning("AnyDevice train: %s", stopped)
+                good = ts.previous()  # the weights step - 1 computed its finite loss with
+                break
+            losses.append(value)
+            done = step
+            if on_step is not None:
+                on_step(step, total, value)
+        if stopped is None:
+            good = ts.current()
+        params = {k: np.asarray(be.to_numpy(good[0][k]), np.float32) for k in names}
+        bufs = {k: np.asarray(be.to_numpy(v), np.float32) for k, v in good[1].items()}
+    finally:
+        ts.close()
     result = net.with_params(params, bufs)
     return TrainResult(result, losses, losses[-1] if losses else float("nan"), done, stopped)
 

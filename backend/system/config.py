@@ -145,9 +145,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "(GEMM and convs against a float64 reference; verdict cached per device, driver and kernels)", _flag),
     Setting("ANYDEVICE_ALLOW_TF32", "0", "`1`: TF32 tensor cores for GEMM/conv (faster, not FP32-exact) on "
             "the CUDA backends", _flag),
-    Setting("ANYDEVICE_GRAPHS", "1", "`0`: compiled models run op by op at every call; by default a device with "
-            "graph replay (CUDA) records a graph's launches at the second call of a signature and replays them",
-            _flag),
+    Setting("ANYDEVICE_GRAPHS", "1", "`0`: compiled models and training steps run op by op at every call; by "
+            "default a device with graph replay (CUDA) records a graph's launches at the second call of a "
+            "signature and replays them, and OpenCL replays recorded training steps", _flag),
     Setting("ANYDEVICE_CUDA_KSPLIT", "", "force the CUDA GEMM/conv kernel's K split (default: chosen per "
             "problem)", _count),
     Setting("ANYDEVICE_TEST_BACKENDS", "", "tests: only these backends (comma list)", _names, dev=True),

@@ -30,13 +30,14 @@ from .programs import ProgramCache
 from .wgrad import CLWeightGrad
 from .norms import CLNorms
 from .losses import CLLosses
+from .replay import CLReplay
 from .warm import CLWarm
 
 log = logging.getLogger("anydevice")
 
 
 class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8, CLWeightGrad, CLAdam, CLAttention, CLWarm,
-                    Backend):
+                    CLReplay, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM and conv in
     linalg.py (GPU family: gpu_linalg.py), conv gradients in wgrad.py, Adam in adam.py, attention in attention.py."""
 
@@ -217,7 +218,8 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
         self._launches += self._counted()  # (a statistic: an increment lost to a race does not matter)
         with self._lock:  # a Kernel's arguments are shared state
             k = self._kernel(name, params)
-            k(self.queue, gsize, lsize, *args)
+            rec = self._rec
+            k(self.queue, gsize, lsize, *(args if rec is None else rec.launch(k, name, gsize, lsize, args)))
 
     def _meta(self, values) -> object:
         key = tuple(int(v) for v in values)
@@ -250,7 +252,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
 
     def _write_rows(self, out, start, rows):
         """Host float32 rows written into ``out`` from its element ``start`` (one blocking copy)."""
-        self.cl.enqueue_copy(self.queue, out.buffer, rows, dst_offset=4 * (out.offset + start), is_blocking=True)
+        self._q_upload(out.buffer, np.ascontiguousarray(rows, F32), 4 * (out.offset + start))
 
     def _shape(self, x):
         return x.shape
@@ -273,8 +275,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
         item = src.ITEM
         shape2, (s2, d2) = _collapse(shape, sstr, dstr)
         if len(shape2) == 1 and s2[0] == 1 and d2[0] == 1:
-            self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, byte_count=item * n,
-                                 src_offset=item * s_off, dst_offset=item * d_off)
+            self._q_copy(dst.buffer, src.buffer, byte_count=item * n, src_offset=item * s_off, dst_offset=item * d_off)
             return
         meta = self._meta((len(shape2),) + shape2 + s2 + d2)
         g, l, chunk = self._flat_geometry(n)
@@ -331,7 +332,7 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
 
     def _fill(self, out: CLArray, value: float = 0.0):
         if out.size:
-            self.cl.enqueue_fill_buffer(self.queue, out.buffer, np.float32(value), 4 * out.offset, 4 * out.size)
+            self._q_fill(out.buffer, np.float32(value), 4 * out.offset, 4 * out.size)
 
     # ---- elementwise ------------------------------------------------------------------------
     @staticmethod

@@ -422,8 +422,13 @@ class LinalgOps:
         return self._reduce("sum", self._binary("mul", a, 0.0), tuple(range(len(a.shape))), False)
 
     def _all_finite(self, a) -> bool:
-        """No Inf or NaN in ``a`` (``_nan_sum``, one scalar read back)."""
-        return bool(np.isfinite(self._to_numpy(self._nan_sum(a))).all())
+        """No Inf or NaN in ``a`` (``_nan_sum``, one scalar read back; while recording, a guard instead)."""
+        s = self._nan_sum(a)
+        rec = self.recording()
+        if rec is not None:
+            rec.guard_finite(s)
+            return True
+        return bool(np.isfinite(self._to_numpy(s)).all())
 
     def _direct_padded(self, x, geo):
         """conv2d_direct loads a tile's 32 input columns with two vector loads where they all lie inside
@@ -488,7 +493,7 @@ class LinalgOps:
         wparams = dict(params, PK=PACK_K, OB=WINO_OB)
         cpu_l = (1, 1)
         flag = self._empty((1,))
-        self.cl.enqueue_fill_buffer(self.queue, flag.buffer, np.int32(0), 0, 4)
+        self._q_fill(flag.buffer, np.int32(0), 0, 4)
         hb = int(bias is not None)
         bbuf = bias.buffer if hb else out.buffer
         # output channels in slices where the weight is stored compressed (U is 16/9 of it in float32)
@@ -523,7 +528,7 @@ class LinalgOps:
                           *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT")})
                 del Mb
         bad = np.zeros(1, np.int32)
-        self.cl.enqueue_copy(self.queue, bad, flag.buffer, is_blocking=True)
+        self._q_read(bad, flag.buffer)
         return not bad[0]
 
     # ---- chunks of long convs (bigconv.chunked): batch and row-band views (joined by _cat) ----------

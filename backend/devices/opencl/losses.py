@@ -13,6 +13,10 @@ class CLLosses:
         command: a blocking upload would wait for every queued kernel first)."""
         cl = self.cl
         t = np.ascontiguousarray(t, dtype=np.int64)
+        if self.recording() is not None:  # a recorded upload (replayed from the step's new targets)
+            block = self.pool.alloc(max(8, t.nbytes))
+            self._q_upload(block.buf, t)
+            return block.buf
         return cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=t)
 
     def _cross_entropy_rows(self, x, t, ignore_index: int):

@@ -119,6 +119,8 @@ class BufferPool:
         self._timer = None
         self._timer_due = 0.0  # when the armed timer fires (time.monotonic)
         self._bound = None  # (time.monotonic, bound, memstat.FORGOTTEN) of the last reading
+        self.pinned: dict = {}  # id(buffer) -> buffer: kept by a recording (replay.py) when dropped
+        self.kept: list = []  # (buffer, size) dropped while pinned: still live, never pooled
 
     @property
     def pooled(self) -> int:
@@ -248,12 +250,31 @@ class BufferPool:
                 buf, size = self.returned.popleft()
             except IndexError:
                 return spare
+            if self.pinned and id(buf) in self.pinned:
+                self.kept.append((buf, size))  # a recording replays into it: never handed out again
+                continue
             self._live -= size
             if self._pooled + size <= bound:
                 self.free.setdefault(size, []).append(buf)
                 self._pooled += size
             else:
                 spare.append(buf)
+
+    def pin(self, buf) -> None:
+        """``buf`` (live: an array holds it) stays with the recording that touched it when dropped: it is
+        kept out of the free lists until ``unpin``."""
+        with self.lock:
+            self.pinned[id(buf)] = buf
+
+    def unpin(self, bufs) -> None:
+        """Stop pinning ``bufs``; those dropped meanwhile come back as dropped blocks do."""
+        with self.lock:
+            for b in bufs:
+                self.pinned.pop(id(b), None)
+            back = [bs for bs in self.kept if id(bs[0]) not in self.pinned]
+            self.kept = [bs for bs in self.kept if id(bs[0]) in self.pinned]
+        self.returned.extend(back)
+        self._drain()
 
     def _evict(self, nbytes: int) -> list:
         """(lock held) Take at least ``nbytes`` of pooled buffers out (the largest first), to release."""

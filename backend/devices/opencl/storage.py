@@ -55,18 +55,18 @@ class CLStorage:
             a = np.asarray(a, dtype=F32, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
         out = self._empty(a.shape, dtype)
         if a.size:
-            self.cl.enqueue_copy(self.queue, out.buffer, a, is_blocking=True)
+            self._q_upload(out.buffer, a)
         return out
 
     def _to_numpy(self, x):
         if isinstance(x, CLHalf):  # 16-bit words down, float32 on the host
             bits = np.empty(x.shape, np.uint16)
             if bits.size:
-                self.cl.enqueue_copy(self.queue, bits, x.buffer, src_offset=2 * x.offset, is_blocking=True)
+                self._q_read(bits, x.buffer, 2 * x.offset)
             return dtypes.from_bf16(bits) if x.dtype == dtypes.BFLOAT16 else bits.view(np.float16).astype(F32)
         out = np.empty(x.shape, F32)
         if out.size:
-            self.cl.enqueue_copy(self.queue, out, x.buffer, src_offset=4 * x.offset, is_blocking=True)
+            self._q_read(out, x.buffer, 4 * x.offset)
         return out
 
     def _dtype(self, x):
@@ -77,7 +77,7 @@ class CLStorage:
         data = np.ascontiguousarray(q.data)
         block = self.pool.alloc(max(4, data.size))
         if data.size:
-            self.cl.enqueue_copy(self.queue, block.buf, data, is_blocking=True)
+            self._q_upload(block.buf, data)
         scale = None if q.scale is None else self._from_numpy(q.scale)
         return CLQuant(q.fmt, q.shape, block, data.size, scale, q.rowlen)
 

@@ -1,0 +1,239 @@
+"""One training step (forward, loss, backward, optimizer), run op by op or replayed from recorded launches.
+
+``train()`` and ``anydevice bench --train`` take their steps through ``TrainStep``. On a backend with
+"replay" (OpenCL: backend/devices/opencl/replay.py) the steps RECORD_AT and RECORD_AT + 1 are recorded in
+two pieces, the forward with the loss, and the backward with the optimizer's update; if both steps queued
+the same kernels with the same scalars and uploads (``Recording.signature``: nothing in them was made from
+the step's data but the uploaded batch), the later steps replay the second recording
+without running the Python of the ops (the digits CNN's step on PoCL: ~100 ops of Python, two thirds of
+its time). Between the pieces the loss is read, as in the eager step: a non-finite loss leaves the
+weights as they were (the backward piece is not run).
+
+The state the step reads and replaces (parameters, the optimizer's moments, batch norm's running
+statistics) is copied back into the arrays it read at the end of each replay, so the Python objects
+always hold the current state. Each replay uploads the new batch into the recorded input buffers.
+
+Not replayed (op by op instead, and logged at debug level): networks with dropout (a replay would repeat
+its mask), batches of another shape (the last, short one), class targets holding the loss's
+ignore_index (the mean's count would change), a recording that read data back to the host or hit a
+path that depends on the values (``Recording.reason``), and everything with ANYDEVICE_GRAPHS=0. A
+replay whose data-dependent check fails (non-finite weights on a strided transposed conv) ends the
+replaying: the following steps run op by op.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from ..system import config
+
+log = logging.getLogger("anydevice")
+
+#: the step recorded (the first builds and tunes kernels and creates the optimizer's state)
+RECORD_AT = 2
+#: layer types whose output changes from step to step for the same input (never replayed)
+STOCHASTIC = frozenset({"dropout"})
+
+
+def _stochastic(layers) -> bool:
+    for layer in layers:
+        if layer.get("type") in STOCHASTIC and float(layer.get("p", 0.5)) > 0:
+            return True
+        if isinstance(layer.get("body"), list) and _stochastic(layer["body"]):
+            return True
+    return False
+
+
+class TrainStep:
+    """Training steps of ``net`` with parameters ``pvars`` (name -> Var), optimizer ``opt`` and running
+    statistics ``buffers`` (name -> device array; ``self.buffers`` holds the current ones) on ``be``;
+    ``loss_fn(pred, target)`` is the loss Var; class targets equal to ``ignore_index`` are never replayed."""
+
+    def __init__(self, be, net, pvars: dict, opt, buffers: dict, loss_fn, ignore_index: int = -100):
+        self.be, self.net, self.pvars, self.opt, self.loss_fn = be, net, pvars, opt, loss_fn
+        self.buffers = dict(buffers)
+        self.ignore_index = ignore_index
+        self.n = 0
+        self.fwd = self.bwd = self.loss = self.first = None
+        self.off = None
+        self._prev = self._state()  # the state before the last update (train() returns it after a NaN)
+        if "replay" not in be.caps.fused:
+            self.off = f"{be.name} has no launch replay"
+        elif not config.get("ANYDEVICE_GRAPHS"):
+            self.off = "ANYDEVICE_GRAPHS=0"
+        elif _stochastic(net.layers):
+            self.off = "the network has dropout"
+
+    @property
+    def replaying(self) -> bool:
+        return self.fwd is not None
+
+    def __call__(self, x, t, seed=None) -> float:
+        """One step on inputs ``x`` and targets ``t`` (host arrays): the loss value. A non-finite loss
+        leaves the parameters, the optimizer's state and the buffers as they were."""
+        self.n += 1
+        inputs = {"inputs": np.ascontiguousarray(x, np.float32), "targets": np.ascontiguousarray(t)}
+        ok_batch = t.dtype.kind == "f" or not bool(np.any(np.asarray(t) == self.ignore_index))
+        if self.fwd is not None:
+            if ok_batch and self.fwd.matches(inputs):
+                return self._replayed(inputs)
+        elif self.off is None and ok_batch and self.n >= RECORD_AT:
+            return self._recorded(inputs, seed)
+        return self._eager(inputs, seed)
+
+    # ---- op by op -------------------------------------------------------------------------------
+    def _forward(self, inputs, seed):
+        from .autograd import Var
+        be = self.be
+        xb = Var(be, inputs["inputs"], name="inputs")
+        t = inputs["targets"]
+        tb = Var(be, t, name="targets") if t.dtype.kind == "f" else t
+        pred, new_buffers = self.net.forward(be, xb, training=True, seed=seed, params=self.pvars,
+                                             buffers=self.buffers, return_buffers=True)
+        return self.loss_fn(pred, tb), new_buffers
+
+    def _update(self, lv):
+        self.opt.zero_grad()
+        lv.backward()
+        self.opt.step()
+
+    def _eager(self, inputs, seed) -> float:
+        lv, new_buffers = self._forward(inputs, seed)
+        value = lv.item()
+        if math.isfinite(value):
+            if self.fwd is not None:  # while replaying: the state stays in the arrays the recordings read
+                for k, b in zip(self._backup, self._in):
+                    if k is not b:
+                        self.be._assign(k, b)
+                self._prev = self._backup
+            else:
+                self._prev = self._state()
+            self._update(lv)
+            self.buffers = new_buffers
+            if self.fwd is not None:
+                for b, a in zip(self._in, self._state()):
+                    if a is not b:
+                        self.be._assign(b, a)
+                self._restore(self._in)
+        return value
+
+    # ---- recorded, replayed ---------------------------------------------------------------------
+    def _state(self) -> list:
+        """The device arrays of the state a step replaces, in a fixed order."""
+        out = [self.pvars[k].data for k in self.pvars]
+        for st in self.opt.state.values():
+            out += [st.get(k) for k in self.opt.BUFFERS]
+        return out + [self.buffers[k] for k in sorted(self.buffers)]
+
+    def _restore(self, arrays) -> None:
+        """The Python objects back on ``arrays`` (``_state``'s order)."""
+        it = iter(arrays)
+        for k in self.pvars:
+            self.pvars[k].data = next(it)
+        for st in self.opt.state.values():
+            for k in self.opt.BUFFERS:
+                a = next(it)
+                if a is not None:
+                    st[k] = a
+        self.buffers = {k: next(it) for k in sorted(self.buffers)}
+
+    def _give_up(self, why: str) -> None:
+        for rec in (self.fwd, self.bwd):
+            if rec is not None:
+                rec.close()
+        self.fwd = self.bwd = self.loss = None
+        self._drop_first(why)
+
+    def _recorded(self, inputs, seed) -> float:
+        """A step run op by op and recorded. The first recording is kept to compare: the second, one step
+        later, is replayed only if it queued the same kernels with the same scalars and uploads (so none
+        of them came from the step's data), else the steps go on op by op."""
+        be = self.be
+        before = self._state()
+        with be.record(inputs) as fwd:
+            lv, new_buffers = self._forward(inputs, seed)
+        value = lv.item()
+        if not math.isfinite(value) or not fwd.ok or "inputs" not in fwd.bound:
+            fwd.close()
+            if math.isfinite(value):
+                self._prev = before
+                self._update(lv)
+                self.buffers = new_buffers
+                self._drop_first(fwd.reason or "the inputs were not uploaded inside the step")
+            return value
+        self._prev = before
+        with be.record(inputs) as bwd:
+            self._update(lv)
+        self.buffers = new_buffers
+        after = self._state()
+        pairs = [(b, a) for b, a in zip(before, after) if a is not b]
+        first, self.first = self.first, None
+        why = bwd.reason if not bwd.ok else None
+        if why is None and (len(before) != len(after) or any(
+                b is None or a is None or be._shape(a) != be._shape(b) or be._dtype(a) != be._dtype(b)
+                for b, a in pairs)):
+            why = "the step's state changed its layout"
+        if why is None and first is None:
+            self.first = (fwd, bwd)  # compared with the next step's recording
+            return value
+        if why is None and (first[0].signature() != fwd.signature() or first[1].signature() != bwd.signature()):
+            why = "two recorded steps differ (scalars or uploads made from the step's data)"
+        for rec in (first or ()):
+            rec.close()
+        if why is not None:
+            fwd.close()
+            bwd.close()
+            self._drop_first(why)
+            return value
+        # the state a step starts from into arrays of its own (``previous``), and the new state into the
+        # arrays the recording reads: now, and before and after each replay of the update
+        backup = [be._empty(be._shape(b), be._dtype(b)) for b, _ in pairs]
+        for (b, _), k in zip(pairs, backup):
+            bwd.carry(k, b, first=True)
+        for b, a in pairs:
+            bwd.carry(b, a)
+        self._prev = list(before)
+        for (b, _), k in zip(pairs, backup):
+            self._prev[next(i for i, x in enumerate(before) if x is b)] = k
+        self._in, self._backup = list(before), list(self._prev)
+        self._restore(before)
+        self.fwd, self.bwd, self.loss = fwd, bwd, lv.data
+        return value
+
+    def _drop_first(self, why: str) -> None:
+        self.off = why
+        log.debug("AnyDevice train: training steps run op by op (%s)", why)
+        if self.first is not None:
+            for rec in self.first:
+                rec.close()
+            self.first = None
+
+    def _replayed(self, inputs) -> float:
+        be = self.be
+        self.fwd.replay(inputs)
+        value = float(np.asarray(be.to_numpy(self.loss)).reshape(-1)[0])
+        if not math.isfinite(value):
+            return value
+        self.bwd.replay(inputs)
+        if (self.fwd.guards or self.bwd.guards) and not (self.fwd.guards_pass() and self.bwd.guards_pass()):
+            self._give_up("a data-dependent check failed in a replay (non-finite weights)")
+        return value
+
+    def _named(self, arrays) -> tuple[dict, dict]:
+        names = sorted(self.buffers)
+        tail = list(arrays[len(arrays) - len(names):]) if names else []
+        return dict(zip(self.pvars, arrays)), dict(zip(names, tail))
+
+    def current(self) -> tuple[dict, dict]:
+        """(parameters, buffers) as device arrays, name -> array: the state now."""
+        return self._named(self._state())
+
+    def previous(self) -> tuple[dict, dict]:
+        """(parameters, buffers) before the last update: those the last finite loss was computed with."""
+        return self._named(self._prev)
+
+    def close(self) -> None:
+        """Drop the recordings (their buffers go back to the pool); later steps run op by op."""
+        self._give_up("closed")

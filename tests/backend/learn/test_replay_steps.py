@@ -1,0 +1,121 @@
+"""Training steps replayed from recorded launches (backend/learn/replay.py) on OpenCL: the same losses,
+weights, optimizer state and running statistics as the steps run op by op, on changing batches; what is
+never replayed."""
+import math
+
+import numpy as np
+import pytest
+
+from anydevice.backend.learn import optim
+from anydevice.backend.learn.autograd import apply
+from anydevice.backend.learn.network import Network
+from anydevice.backend.learn.replay import TrainStep
+
+
+@pytest.fixture(scope="module")
+def cl():
+    try:
+        from anydevice.backend import get_backend
+        return get_backend("opencl")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no OpenCL device: {exc}")
+
+
+def _digits(p_drop=0.0):
+    net = (Network.empty()
+           .add("conv2d", out_channels=8, kernel_size=3, padding=1).add("batch_norm").add("activation", name="relu")
+           .add("conv2d", out_channels=16, kernel_size=3, stride=2, padding=1).add("batch_norm")
+           .add("activation", name="relu").add("flatten"))
+    if p_drop:
+        net = net.add("dropout", p=p_drop)
+    return net.add("linear", out_features=10)
+
+
+def _steps(be, net, batches, replay: bool, opt="adam", loss="cross_entropy"):
+    pvars = net.param_vars(be, requires_grad=True)
+    o = optim.make(opt, list(pvars.values()), lr=1e-2, **({"momentum": 0.9} if opt == "sgd" else {}))
+    ts = TrainStep(be, net, pvars, o, {k: be.to_device(v) for k, v in net.buffers.items()},
+                   lambda y, t: apply(loss, y, t, be=be))
+    if not replay:
+        ts.off = "op by op (test)"
+    losses = [ts(x, t, seed=i) for i, (x, t) in enumerate(batches)]
+    state = {k: be.to_numpy(v.data) for k, v in pvars.items()}
+    state.update({k: be.to_numpy(v) for k, v in ts.buffers.items()})
+    moments = [be.to_numpy(st[k]) for st in o.state.values() for k in o.BUFFERS if st.get(k) is not None]
+    replayed = ts.replaying
+    ts.close()
+    return losses, state, moments, replayed
+
+
+def _batches(n, bs=16, last=None, seed=0):
+    rng = np.random.default_rng(seed)
+    out = [(rng.standard_normal((bs, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, bs)) for _ in range(n)]
+    if last:
+        out.append((rng.standard_normal((last, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, last)))
+    return out
+
+
+@pytest.mark.parametrize("opt", ["adam", "sgd"])
+def test_replayed_steps_match_the_steps_run_op_by_op(cl, opt):
+    net = _digits().initialized((16, 1, 8, 8), seed=0)
+    batches = _batches(9, last=5)
+    batches.insert(6, batches.pop())  # a short batch between replays runs op by op (into the replayed state)
+    ref = _steps(cl, net, batches, False, opt)
+    got = _steps(cl, net, batches, True, opt)
+    assert got[3] is True and ref[3] is False
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+    for k in ref[1]:
+        np.testing.assert_allclose(got[1][k], ref[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for a, b in zip(got[2], ref[2]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_float_targets_replay_too(cl):
+    net = (Network.empty().add("conv2d", out_channels=4, kernel_size=3, padding=1).add("activation", name="relu")
+           .add("conv2d", out_channels=1, kernel_size=3, padding=1)).initialized((4, 1, 8, 8), seed=1)
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((4, 1, 8, 8)).astype(np.float32),
+                rng.standard_normal((4, 1, 8, 8)).astype(np.float32)) for _ in range(6)]
+    ref = _steps(cl, net, batches, False, loss="mse_loss")
+    got = _steps(cl, net, batches, True, loss="mse_loss")
+    assert got[3]
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+    for k in ref[1]:
+        np.testing.assert_allclose(got[1][k], ref[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_what_is_never_replayed(cl):
+    from anydevice.backend import get_backend
+    net = _digits(0.25).initialized((16, 1, 8, 8), seed=0)
+    pv = net.param_vars(cl, requires_grad=True)
+    ts = TrainStep(cl, net, pv, optim.make("adam", list(pv.values()), lr=1e-3), {}, lambda y, t: y)
+    assert ts.off == "the network has dropout"
+    npb = get_backend("numpy")
+    pv = _digits().initialized((16, 1, 8, 8), seed=0).param_vars(npb, requires_grad=True)
+    assert "no launch replay" in TrainStep(npb, net, pv, optim.make("adam", list(pv.values()), lr=1e-3), {},
+                                           lambda y, t: y).off
+    # class targets holding ignore_index: those steps run op by op (the mean's count would change)
+    net = _digits().initialized((16, 1, 8, 8), seed=0)
+    batches = _batches(5)
+    batches[4][1][3] = -100
+    ref = _steps(cl, net, batches, False)
+    got = _steps(cl, net, batches, True)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+
+
+def test_a_non_finite_loss_in_a_replay_changes_nothing(cl):
+    net = _digits().initialized((16, 1, 8, 8), seed=0)
+    pvars = net.param_vars(cl, requires_grad=True)
+    o = optim.make("adam", list(pvars.values()), lr=1e-2)
+    ts = TrainStep(cl, net, pvars, o, {k: cl.to_device(v) for k, v in net.buffers.items()},
+                   lambda y, t: apply("cross_entropy", y, t, be=cl))
+    for x, t in _batches(4):
+        assert math.isfinite(ts(x, t))
+    assert ts.replaying
+    before = {k: cl.to_numpy(v.data) for k, v in pvars.items()}
+    x, t = _batches(1, seed=5)[0]
+    x[0, 0, 0, 0] = np.nan
+    assert math.isnan(ts(x, t))
+    for k, v in pvars.items():
+        np.testing.assert_array_equal(cl.to_numpy(v.data), before[k])
+    ts.close()
