@@ -10,8 +10,11 @@ its time). Between the pieces the loss is read, as in the eager step: a non-fini
 weights as they were (the backward piece is not run).
 
 The state the step reads and replaces (parameters, the optimizer's moments, batch norm's running
-statistics) is copied back into the arrays it read at the end of each replay, so the Python objects
-always hold the current state. Each replay uploads the new batch into the recorded input buffers.
+statistics) lives in two sets of arrays, the recorded step's input and output: the replays alternate
+between the recording and its twin on exchanged buffers (``Recording.swapped``), and the Python objects
+follow the current set. (Where the state's arrays do not pair up buffer for buffer, the new state is
+copied back into the arrays the recording reads after each replay instead.) Each replay uploads the new
+batch into the recorded input buffers.
 
 Not replayed (op by op instead, and logged at debug level): networks with dropout (a replay would repeat
 its mask), batches of another shape (the last, short one), class targets holding the loss's
@@ -57,6 +60,7 @@ class TrainStep:
         self.ignore_index = ignore_index
         self.n = 0
         self.fwd = self.bwd = self.loss = self.first = None
+        self.variants, self._sets, self._cur = [], None, 0
         self.off = None
         self._prev = self._state()  # the state before the last update (train() returns it after a NaN)
         if "replay" not in be.caps.fused:
@@ -102,21 +106,32 @@ class TrainStep:
     def _eager(self, inputs, seed) -> float:
         lv, new_buffers = self._forward(inputs, seed)
         value = lv.item()
-        if math.isfinite(value):
-            if self.fwd is not None:  # while replaying: the state stays in the arrays the recordings read
-                for k, b in zip(self._backup, self._in):
-                    if k is not b:
-                        self.be._assign(k, b)
-                self._prev = self._backup
-            else:
-                self._prev = self._state()
+        if not math.isfinite(value):
+            return value
+        if self.fwd is None:
+            self._prev = self._state()
             self._update(lv)
             self.buffers = new_buffers
-            if self.fwd is not None:
-                for b, a in zip(self._in, self._state()):
-                    if a is not b:
-                        self.be._assign(b, a)
-                self._restore(self._in)
+            return value
+        # while replaying: the new state goes into the arrays the recordings read
+        be = self.be
+        if self._sets is not None:
+            be._forget_values([a.block for a in self._sets[0] + self._sets[1] if a is not None])
+            src, dst = self._sets[self._cur], self._sets[self._cur ^ 1]
+        else:
+            for k, b in zip(self._backup, self._in):
+                if k is not b:
+                    be._assign(k, b)
+            src, dst = self._backup, self._in
+        self._prev = src
+        self._update(lv)
+        self.buffers = new_buffers
+        for b, a in zip(dst, self._state()):
+            if a is not b:
+                be._assign(b, a)
+        if self._sets is not None:
+            self._cur ^= 1
+        self._restore(dst)
         return value
 
     # ---- recorded, replayed ---------------------------------------------------------------------
@@ -140,9 +155,10 @@ class TrainStep:
         self.buffers = {k: next(it) for k in sorted(self.buffers)}
 
     def _give_up(self, why: str) -> None:
-        for rec in (self.fwd, self.bwd):
-            if rec is not None:
+        for pair in self.variants:
+            for rec in pair:
                 rec.close()
+        self.variants, self._sets = [], None
         self.fwd = self.bwd = self.loss = None
         self._drop_first(why)
 
@@ -187,8 +203,17 @@ class TrainStep:
             bwd.close()
             self._drop_first(why)
             return value
-        # the state a step starts from into arrays of its own (``previous``), and the new state into the
-        # arrays the recording reads: now, and before and after each replay of the update
+        self.fwd, self.bwd, self.loss = fwd, bwd, lv.data
+        mapping = be._pair_buffers(pairs, [b for b, a in zip(before, after) if a is b])
+        if mapping is not None:
+            # two sets of state arrays, the step's input and its output: the replays alternate between the
+            # recording and its twin on exchanged buffers, so nothing is copied
+            self.variants = [(fwd, bwd), (fwd.swapped(mapping), bwd.swapped(mapping))]
+            self._sets, self._cur, self._prev = [list(before), list(after)], 1, list(before)
+            return value
+        # else the state a step starts from into arrays of its own (``previous``), and the new state into
+        # the arrays the recording reads: now, and before and after each replay of the update
+        self.variants, self._sets = [(fwd, bwd)], None
         backup = [be._empty(be._shape(b), be._dtype(b)) for b, _ in pairs]
         for (b, _), k in zip(pairs, backup):
             bwd.carry(k, b, first=True)
@@ -199,7 +224,6 @@ class TrainStep:
             self._prev[next(i for i, x in enumerate(before) if x is b)] = k
         self._in, self._backup = list(before), list(self._prev)
         self._restore(before)
-        self.fwd, self.bwd, self.loss = fwd, bwd, lv.data
         return value
 
     def _drop_first(self, why: str) -> None:
@@ -212,12 +236,17 @@ class TrainStep:
 
     def _replayed(self, inputs) -> float:
         be = self.be
-        self.fwd.replay(inputs)
+        fwd, bwd = self.variants[self._cur if self._sets is not None else 0]
+        fwd.replay(inputs)
         value = float(np.asarray(be.to_numpy(self.loss)).reshape(-1)[0])
         if not math.isfinite(value):
             return value
-        self.bwd.replay(inputs)
-        if (self.fwd.guards or self.bwd.guards) and not (self.fwd.guards_pass() and self.bwd.guards_pass()):
+        bwd.replay(inputs)
+        if self._sets is not None:  # the state is now in the other set
+            self._prev = self._sets[self._cur]
+            self._cur ^= 1
+            self._restore(self._sets[self._cur])
+        if (fwd.guards or bwd.guards) and not (fwd.guards_pass() and bwd.guards_pass()):
             self._give_up("a data-dependent check failed in a replay (non-finite weights)")
         return value
 

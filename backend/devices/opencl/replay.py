@@ -132,6 +132,28 @@ class Recording:
         self.be.cl.enqueue_copy(self.be.queue, dst.buffer, src.buffer, **kw)
         self.be._forget_values([dst.block])
 
+    def swapped(self, mapping: dict) -> "Recording":
+        """This recording with buffers exchanged (``mapping``: id(buffer) -> buffer, both ways): the same
+        commands on the other one of two sets of state arrays (learn/replay.py alternates the two instead
+        of copying the new state back). Shares the cells, hooks and guards; this one keeps the pins."""
+        cl = self.be.cl
+        sub = lambda b: mapping.get(id(b), b)  # noqa: E731
+        twin = object.__new__(Recording)
+        twin.__dict__.update(self.__dict__)
+        twin.pinned, twin._prepared, twin._keep, twin.written = {}, None, [], []
+        acts = []
+        for act in self.actions:
+            kind = act[0]
+            if kind == "k":
+                args = tuple(sub(a) if isinstance(a, cl.MemoryObjectHolder) else a for a in act[5])
+                acts.append(act[:5] + (args,) + act[6:])
+            elif kind == "c":
+                acts.append((kind, sub(act[1]), sub(act[2]), act[3]))
+            else:
+                acts.append((kind, sub(act[1])) + act[2:])
+        twin.actions = acts
+        return twin
+
     def signature(self) -> list:
         """What the recorded commands would do, without the buffers they do it to: kernels, sizes and scalar
         arguments, the uploads' data (or input names), copies' and fills' sizes. Two recordings of one piece
@@ -264,6 +286,21 @@ class CLReplay:
         """The open recording when the calling thread is the one recording (else None)."""
         rec = self._rec
         return rec if rec is not None and rec.thread == threading.get_ident() else None
+
+    @staticmethod
+    def _pair_buffers(pairs, unchanged) -> dict | None:
+        """id(buffer) -> buffer exchanging the buffers of the arrays in ``pairs`` ((a, b): a step's input and
+        output state arrays) both ways, or None where they do not pair up buffer for buffer (other offsets,
+        a buffer in two pairs of buffers or under an ``unchanged`` array)."""
+        m: dict = {}
+        for b, a in pairs:
+            bb, ab = b.buffer, a.buffer
+            if b.offset != a.offset or bb is ab or m.get(id(bb), ab) is not ab or m.get(id(ab), bb) is not bb:
+                return None
+            m[id(bb)], m[id(ab)] = ab, bb
+        if any(u is not None and id(u.buffer) in m for u in unchanged):
+            return None
+        return m
 
     def _assign(self, dst, src) -> None:
         """Array ``src`` copied into ``dst`` (same size): only for state a recording replays into
