@@ -7,7 +7,9 @@
    wgrad_pack_b: B[b][k][j] = x[b-th plane block][ci][oh*sh + kh*dh - pt][ow*sw + kw*dw - pl] (zero
    outside x) for positions k = p0 .. p0 + np - 1 ((oh, ow) of the output, row-major) and columns
    j = (ci, kh, kw), packed as gemm_cpu's Bp: [b][ceil(Kw/32)][np][32], zero padded.
-   x is contiguous (N, G*CinG, H, W): batch b starts at x_off + b * CinG * H * W.
+   x is contiguous (N, G*CinG, H, W): batch b starts at x_off + b * CinG * H * W. P > 0 (one group,
+   small images): the positions k run over every image, P = OH * OW of them per image (image
+   k / P), so one product sums over the whole batch; P = 0: the positions of one image per batch.
    Launch: global (ceil(np/PK), ceil(Kw/32), batches), local (1, 1, 1).
 */
 #define TN 32
@@ -18,16 +20,18 @@
 __kernel void wgrad_pack_b(__global const float *x, const long x_off, __global float *Bp,
                            const int H, const int W, const int CinG, const int KH, const int KW, const int OW,
                            const int sh, const int sw, const int pt, const int pl, const int dh, const int dw,
-                           const int p0, const int np)
+                           const int p0, const int np, const int OH, const int P)
 {
     const int kb = get_global_id(0) * PK, nt = get_global_id(1), b = get_global_id(2);
     if (kb >= np) return;
     const int ke = min(np, kb + PK);
     const int KHW = KH * KW, Kw = CinG * KHW;
     const int ntiles = (Kw + TN - 1) / TN;
+    const long img = (long)CinG * H * W;
     __global float *dst = Bp + ((long)b * ntiles + nt) * (long)np * TN + (long)kb * TN;
-    const __global float *xb = x + x_off + (long)b * CinG * H * W;
-    const int p = p0 + kb;
+    int p = p0 + kb, n = 0;
+    if (P > 0) { n = p / P; p -= n * P; }  /* positions of every image in one row (one batch) */
+    const __global float *xb = x + x_off + ((long)b + n) * img;
     const int oh0 = p / OW, ow0 = p - oh0 * OW;
     /* one column at a time: its reads walk along rows of x (contiguous for stride 1) */
     for (int j = 0; j < TN; j++) {
@@ -44,7 +48,10 @@ __kernel void wgrad_pack_b(__global const float *x, const long x_off, __global f
         for (int k = kb; k < ke; k++, d += TN) {
             const int ih = oh * sh + offh, iw = ow * sw + offw;
             *d = ((uint)ih < (uint)H && (uint)iw < (uint)W) ? xc[(long)ih * W + iw] : 0.0f;
-            if (++ow == OW) { ow = 0; oh++; }
+            if (++ow == OW) {
+                ow = 0;
+                if (++oh == OH && P > 0) { oh = 0; xc += img; }  /* the next image */
+            }
         }
     }
 }
@@ -78,5 +85,43 @@ __kernel void wgrad_pack_x(__global const float *x, const long x_off, __global f
             for (int j = 0; j < TN; j++) dst[j] = 0.0f;
         }
         if (++c == Wq) { c = 0; r++; }
+    }
+}
+
+/* col2im_gather (strided conv2d input gradients, one group): gx[nn][c][h][w] = the sum over the taps
+   (kh, kw) that reach (h, w), i.e. th = h + pt - kh*dh and tw = w + pl - kw*dw divisible by the stride
+   with oh = th / sh < OH and ow = tw / sw < OW, of cols[(c*KH + kh)*KW + kw][(nn*OH + oh)*OW + ow], where
+   cols = w^T . gy (C*KH*KW x N*OH*OW, one GEMM): only the products torch's transposed conv scatters are
+   summed (an Inf weight reaches the inputs its taps reach, nothing else). n = N*C*H*W outputs, chunk
+   per work item. Launch: global (ceil(n / chunk)), local (1) on the CPU family. */
+__kernel void col2im_gather(__global const float *cols, const long c_off, __global float *gx, const long gx_off,
+                            const int C, const int H, const int W, const int KH, const int KW,
+                            const int OH, const int OW, const int sh, const int sw, const int pt, const int pl,
+                            const int dh, const int dw, const long n, const int chunk)
+{
+    const long e0 = (long)get_global_id(0) * chunk;
+    const long e1 = min(n, e0 + chunk);
+    const long P = n / ((long)C * H * W) * OH * OW;
+    for (long e = e0; e < e1; e++) {
+        long r = e;
+        const int w = (int)(r % W); r /= W;
+        const int h = (int)(r % H); r /= H;
+        const int c = (int)(r % C);
+        const long nn = r / C;
+        float acc = 0.0f;
+        for (int kh = 0; kh < KH; kh++) {
+            const int th = h + pt - kh * dh;
+            if (th < 0 || th % sh) continue;
+            const int oh = th / sh;
+            if (oh >= OH) continue;
+            for (int kw = 0; kw < KW; kw++) {
+                const int tw = w + pl - kw * dw;
+                if (tw < 0 || tw % sw) continue;
+                const int ow = tw / sw;
+                if (ow >= OW) continue;
+                acc += cols[c_off + ((long)(c * KH + kh) * KW + kw) * P + (nn * OH + oh) * OW + ow];
+            }
+        }
+        gx[gx_off + e] = acc;
     }
 }

@@ -68,6 +68,9 @@ FUSED_KERNELS = {
     "prelu": "_prelu_fused: torch's prelu (a slope per channel) in one pass (ops/layers.py _prelu)",
     "graph_replay": "_capture, _launch_graph, _copy_into, _graph_valid: a compiled graph's device work captured once "
                     "(a CUDA graph) and replayed by later calls of the same signature (compile/replay.py)",
+    "replay": "record, recording, _pair_buffers, _assign, _forget_values: the commands a piece of host code "
+              "queues, recorded while it runs and enqueued again from prepared arguments without it (training "
+              "steps: learn/replay.py; devices/opencl/replay.py)",
     "half_attention": "no method: _attention_fused takes the key and value (kt, v) of a half model's attention as "
                       "they are stored (scaled_dot_product_attention keeps them half; its result is float32)",
     "half_conv": "no method: _conv2d takes a float16/bfloat16 input as it is stored (the device converts it "
@@ -355,6 +358,15 @@ class Device(abc.ABC):
     def _graph_valid(self, graph) -> bool:
         """"graph_replay": whether a captured graph may still run (False after the device let its memory go)."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'graph_replay'")
+
+    def record(self, inputs: dict | None = None):
+        """"replay": a context manager yielding a recording of the commands its block queues (``inputs``:
+        name -> host array the block uploads; ``replay(inputs)`` uploads new ones in their place)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'replay'")
+
+    def recording(self):
+        """"replay": the recording open on the calling thread, or None."""
+        return None
 
     def _all_finite(self, x) -> bool:
         """"all_finite": True when x holds no inf and no NaN."""

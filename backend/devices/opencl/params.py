@@ -77,7 +77,9 @@ def _direct_spec(KH, KW, sh, sw, dh, dw) -> dict:
 # ---- conv2d weight gradient (backend/ops/convgrad.py, kernels/conv_grad_cpu.cl) -------------------------
 #: registered here (not in the shared runtime table): an OpenCL-only packing kernel
 KFILES["wgrad_pack_b"] = ("conv_grad_cpu.cl", False)
-SIGS["wgrad_pack_b"] = [None, np.int64, None] + [np.int32] * 14
+SIGS["wgrad_pack_b"] = [None, np.int64, None] + [np.int32] * 16
+KFILES["col2im_gather"] = ("conv_grad_cpu.cl", False)
+SIGS["col2im_gather"] = [None, np.int64, None, np.int64] + [np.int32] * 13 + [np.int64, np.int32]
 KFILES["wgrad_pack_x"] = ("conv_grad_cpu.cl", False)
 SIGS["wgrad_pack_x"] = [None, np.int64, None] + [np.int32] * 8
 

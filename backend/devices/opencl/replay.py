@@ -32,6 +32,9 @@ from .params import SIGS
 
 #: the most guards one recording keeps (each is a read-back after the replay)
 MAX_GUARDS = 8
+#: the most buffer bytes one recording pins (what a replay writes stays allocated while it lives): a
+#: piece of work touching more is not recorded (its buffers go back to the pool when it is closed)
+MAX_PINNED_BYTES = 1 << 30
 
 
 class Cell:
@@ -58,6 +61,7 @@ class Recording:
         self.guards: list = []
         self.written: list = []  # blocks of the arrays ``carry`` writes
         self.pinned: dict = {}
+        self.pinned_bytes = 0
         self.ok, self.reason = True, None
         self._prepared = None
         self._keep = []  # host arrays of the last replay's uploads (until its commands are done)
@@ -71,6 +75,9 @@ class Recording:
         if id(buf) not in self.pinned:
             self.pinned[id(buf)] = buf
             self.be.pool.pin(buf)
+            self.pinned_bytes += buf.size
+            if self.pinned_bytes > MAX_PINNED_BYTES:
+                self.fail(f"it touches more than {MAX_PINNED_BYTES >> 20} MiB of buffers")
 
     def _mine(self) -> bool:
         if threading.get_ident() != self.thread:

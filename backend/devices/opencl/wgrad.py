@@ -21,6 +21,12 @@ WGRAD_SHIFT_MIN_CIN = 16
 WGRAD_SHIFT_MIN_COLS = 4 << 20
 #: bytes of packed operands one step of _wgrad_shifted holds
 WGRAD_SHIFT_BYTES = 32 << 20
+#: strided input gradients (one group) whose columns (Cin*KH*KW x N*OH*OW) hold at most this many floats
+#: take _input_grad_col2im (beyond: the shared conv_transpose2d path)
+COL2IM_MAX_COLS = 1 << 22
+#: one-group convs with fewer output positions per image than this sum over the whole batch in each
+#: product (_wgrad_batch_rows) instead of one product per image summed after
+WGRAD_MULTI_MAX_P = 256
 
 
 class CLWeightGrad:
@@ -31,10 +37,13 @@ class CLWeightGrad:
         axes swapped, padding d*(k-1) - p), on the forward conv's own paths (the padded direct kernel,
         Winograd, im2col + GEMM). Measured here 1.2-2.9x faster than the transposed direct kernel
         (conv_t2d_direct) the shared path takes, e.g. 8.0 against 16.6 ms on 16x32x64x64. The flip is
-        one strided copy of the weight. None elsewhere (ops/convgrad.py's conv_transpose2d path)."""
+        one strided copy of the weight. Strided: ``_input_grad_col2im``. None elsewhere (grouped, the GPU
+        family: ops/convgrad.py's conv_transpose2d path)."""
         from ...ops import bigconv
-        if self.family != "cpu" or tuple(stride) != (1, 1) or groups != 1 or isinstance(w, CLQuant):
+        if self.family != "cpu" or groups != 1 or isinstance(w, CLQuant):
             return None
+        if tuple(stride) != (1, 1):
+            return self._input_grad_col2im(gy, w, in_hw, stride, pads, dilation)
         Cout, Cin, KH, KW = w.shape
         (dh, dw), (t, b, l, r) = dilation, pads
         q = (dh * (KH - 1) - t, dh * (KH - 1) - b, dw * (KW - 1) - l, dw * (KW - 1) - r)
@@ -47,6 +56,31 @@ class CLWeightGrad:
                            wf, 0, (Cout * khw, khw, KW, 1))
         gx = bigconv.conv2d(self, gy, wf, None, (1, 1), q, (dh, dw), 1)
         return gx if tuple(gx.shape[2:]) == tuple(in_hw) else None
+
+    def _input_grad_col2im(self, gy, w, in_hw, stride, pads, dilation):
+        """Strided, one group, columns of at most COL2IM_MAX_COLS floats: cols = w^T . gy (one GEMM over
+        every image's positions: gy with its two leading axes swapped) then col2im_gather, each input
+        summing the columns of the taps that reach it. The digits CNN's stride-2 input gradient: 0.8 ms
+        in conv_t2d_direct (whose phases leave most lanes idle at 4 output columns), ~0.2 ms so; and
+        no finiteness read-back (the shared path checks the weight for Inf/NaN first)."""
+        N, Cout, OH, OW = gy.shape
+        _, Cin, KH, KW = w.shape
+        H, W = in_hw
+        ckk, cols_n = Cin * KH * KW, N * OH * OW
+        if ckk * cols_n > COL2IM_MAX_COLS or self._dtype(gy) != "float32" or N * Cin * H * W == 0:
+            return None
+        (sh, sw), (dh, dw), (t, _, l, _) = stride, dilation, pads
+        w = self._f32(self._contiguous(w))
+        gyt = self._permute(gy, (1, 0, 2, 3))  # (Cout, N, OH, OW)
+        cols = self._gemm(ckk, cols_n, Cout, 1, w, w.offset, 1, ckk, 0, gyt, gyt.offset, cols_n, 1, 0,
+                          out_shape=(ckk, cols_n))
+        del gyt
+        gx = self._empty((N, Cin, H, W))
+        n = N * Cin * H * W
+        g, lsz, chunk = self._flat_geometry(n)
+        self._run("col2im_gather", g, lsz, cols.buffer, cols.offset, gx.buffer, gx.offset, Cin, H, W, KH, KW,
+                  OH, OW, sh, sw, t, l, dh, dw, n, chunk)
+        return gx
 
     def _conv2d_weight_grad(self, x, gy, wshape, stride, pads, dilation, groups):
         """CPU family: gW = sum over images of gy[n] (CoutG x OH*OW) . cols[n] (OH*OW x CinG*KH*KW) per
@@ -73,10 +107,13 @@ class CLWeightGrad:
             gw = self._wgrad_shifted(x, gy, wshape, dilation, pads, groups)
             if gw is not None:
                 return gw
-        params = self._rows_fit(self._shape_class(CoutG, Kw, min(P, 4096)), CoutG)
+        multi = G == 1 and N > 1 and P < WGRAD_MULTI_MAX_P
+        params = self._rows_fit(self._shape_class(CoutG, Kw, min(N * P if multi else P, 4096)), CoutG)
         mr, msub = params["MR"], params["MSUB"]
         mt, ntl = -(-CoutG // mr), -(-Kw // 32)
         per_pos = 4 * G * (ntl * 32 + mt * mr)  # packed bytes per output position of one image
+        if multi:
+            return self._wgrad_batch_rows(x, gy, wshape, stride, dilation, pads, params, per_pos)
         npos = min(P, max(PACK_K, WGRAD_CHUNK_BYTES // per_pos // PACK_K * PACK_K))
         nimg = max(1, min(N, WGRAD_CHUNK_BYTES // (per_pos * npos))) if npos == P else 1
         steps = [(n0, min(N, n0 + nimg) - n0, p0, min(npos, P - p0)) for n0 in range(0, N, nimg)
@@ -94,7 +131,7 @@ class CLWeightGrad:
                       P, 1, CoutG * P, Ap.buffer, Ap.buffer, 0, params=params)
             Bp = self._empty((bb, ntl * 32 * npp))
             self._run("wgrad_pack_b", (kb, ntl, bb), cpu_l, x.buffer, x.offset + n0 * C * H * W, Bp.buffer,
-                      H, W, CinG, KH, KW, OW, sh, sw, t, l, dh, dw, p0, npp)
+                      H, W, CinG, KH, KW, OW, sh, sw, t, l, dh, dw, p0, npp, OH, 0)
             self._run("gemm_cpu", (-(-CoutG // (mr * msub)), ntl, bb), cpu_l,
                       CoutG, Kw, npp, Ap.buffer, mt * mr * npp, Bp.buffer, ntl * 32 * npp,
                       part.buffer, slot * Cout * Kw, Kw, CoutG * Kw, part.buffer, 0, 0, 1 << 30, 0, 0, params=params)
@@ -103,6 +140,39 @@ class CLWeightGrad:
         gw = self._reduce("sum", part, (0,), False) if slots > 1 else part
         return self._reshape(gw, (Cout, CinG, KH, KW))
 
+
+    def _wgrad_batch_rows(self, x, gy, wshape, stride, dilation, pads, params, per_pos):
+        """One group, small images (P = OH*OW < WGRAD_MULTI_MAX_P): the positions of every image in one
+        row, gW = gy^T (Cout x N*P, gy with its two leading axes swapped) . cols (N*P x Cin*KH*KW), so each
+        product sums over the batch (the per-image products of the general path had K = P: 16 for the
+        digits CNN's stride-2 conv, a 64-way partial sum after them). Steps of positions as there."""
+        from .params import PACK_K
+        N, C, H, W = x.shape
+        Cout, CinG, KH, KW = wshape
+        OH, OW = gy.shape[2:]
+        P, Kw, total = OH * OW, CinG * KH * KW, N * OH * OW
+        (sh, sw), (dh, dw), (t, _, l, _) = stride, dilation, pads
+        mr, msub = params["MR"], params["MSUB"]
+        mt, ntl = -(-Cout // mr), -(-Kw // 32)
+        npos = min(total, max(PACK_K, WGRAD_CHUNK_BYTES // per_pos // PACK_K * PACK_K))
+        steps = [(p0, min(npos, total - p0)) for p0 in range(0, total, npos)]
+        gyt = self._permute(gy, (1, 0, 2, 3))  # (Cout, N, OH, OW)
+        part = self._empty((len(steps), Cout * Kw))
+        cpu_l = (1, 1, 1)
+        for i, (p0, npp) in enumerate(steps):
+            kb = -(-npp // PACK_K)
+            Ap = self._empty((1, mt * mr * npp))
+            self._run("pack_a", (kb, mt, 1), cpu_l, Cout, npp, gyt.buffer, gyt.offset + p0, total, 1, Cout * total,
+                      Ap.buffer, Ap.buffer, 0, params=params)
+            Bp = self._empty((1, ntl * 32 * npp))
+            self._run("wgrad_pack_b", (kb, ntl, 1), cpu_l, x.buffer, x.offset, Bp.buffer,
+                      H, W, CinG, KH, KW, OW, sh, sw, t, l, dh, dw, p0, npp, OH, P)
+            self._run("gemm_cpu", (-(-Cout // (mr * msub)), ntl, 1), cpu_l,
+                      Cout, Kw, npp, Ap.buffer, mt * mr * npp, Bp.buffer, ntl * 32 * npp,
+                      part.buffer, i * Cout * Kw, Kw, Cout * Kw, part.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+            del Ap, Bp
+        gw = self._reduce("sum", part, (0,), False) if len(steps) > 1 else part
+        return self._reshape(gw, (Cout, CinG, KH, KW))
 
     def _wgrad_depthwise(self, x, gy, wshape, dilation, pads):
         """Depthwise stride-1 weight gradient (a GEMM would be 1 x 9 per image and channel): x and gy

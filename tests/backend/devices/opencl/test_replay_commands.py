@@ -103,3 +103,12 @@ def test_one_recording_at_a_time(be):
         with pytest.raises(RuntimeError, match="already open"):
             with be.record():
                 pass
+
+
+def test_a_recording_past_its_pinned_bytes_is_spoilt(be, monkeypatch):
+    from backend.devices.opencl import replay
+    monkeypatch.setattr(replay, "MAX_PINNED_BYTES", 1 << 12)
+    with be.record() as rec:
+        be.add(be.to_device(np.ones(4096, np.float32)), 1.0)
+    assert not rec.ok and "MiB" in rec.reason
+    rec.close()
