@@ -19,7 +19,7 @@ from ...ops.contract import Backend, Capabilities
 from .adam import NumpyAdam
 from .norms import NumpyNorms
 from .losses import NumpyLosses
-from .common import F32, _parallel, _quiet, _split, zero_pad
+from .common import F32, _parallel, _quiet, _split, ones, zero_pad
 from .conv import NumpyConv
 from .gradients import NumpyGradients
 
@@ -29,6 +29,9 @@ PARALLEL_FLOPS = 4e6
 WHERE_BITSELECT_MIN = 1 << 16
 #: from this many flops a GEMM is always split over the pack's threads (see _gemm)
 SPLIT_FLOPS = 1e9
+#: sums over every axis but the channels (dim 1) of float32 arrays with at most this many rows (dim 0)
+#: take a ones GEMV (``_reduce``)
+CHANNEL_SUM_MAX_N = 1024
 #: floats of input and output one window pass works on at a time (in L2)
 WINDOW_BLOCK = 256 * 1024
 
@@ -281,6 +284,13 @@ class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, NumpyNorms, NumpyLosses
         return np.ascontiguousarray(x) if x.ndim else x
 
     def _reduce(self, op, x, dims, keepdim):
+        if op == "sum" and not keepdim and x.dtype == F32 and x.ndim >= 3 and 0 < x.shape[0] <= CHANNEL_SUM_MAX_N \
+                and tuple(dims) == (0,) + tuple(range(2, x.ndim)) and x.size:
+            # per-channel sums (conv bias gradients): a ones GEMV over the batch (float32, BLAS's blocked FMA
+            # sums), then float64 along the rest: 4-5x faster than the strided float64 walk, ~1e-7 relative
+            N, C = x.shape[:2]
+            part = ones(N) @ np.ascontiguousarray(x).reshape(N, -1)
+            return np.asarray(part.reshape(C, -1).sum(axis=1, dtype=np.float64), dtype=F32)
         if op == "sum":
             y = np.sum(x, axis=dims, dtype=np.float64, keepdims=keepdim)
         elif op == "mean":  # sum / count: an empty mean is NaN as in torch, without NumPy's warning

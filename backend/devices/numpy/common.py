@@ -12,6 +12,20 @@ F32 = np.float32
 CHUNK_BYTES = 512 * 1024
 
 
+_ONES: dict = {}
+
+
+def ones(n: int):
+    """A read-only float32 vector of ``n`` ones (the per-channel sums' GEMV operand; a few sizes kept)."""
+    v = _ONES.get(n)
+    if v is None:
+        if len(_ONES) >= 64:
+            _ONES.clear()
+        v = _ONES[n] = np.ones(n, F32)
+        v.flags.writeable = False
+    return v
+
+
 def _quiet(fn, *args, **kw):
     """fn without NumPy's floating-point warnings: Inf and NaN are valid data here, and propagate
     as in torch (the error state is per thread, so each pool task sets it too)."""

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import F32
-
-
-_ONES: dict = {}
+from .common import F32, ones
 
 
 def _csum(v):
@@ -17,10 +14,7 @@ def _csum(v):
     blocked FMA sums: 4-10x faster than ``sum(axis=(0, 2))``'s strided walk here, and closer to the
     float64 sum), then pairwise along L."""
     N, C, L = v.shape
-    ones = _ONES.get(N)
-    if ones is None:
-        ones = _ONES[N] = np.ones(N, F32) if len(_ONES) < 64 else np.ones(N, F32)
-    return (ones @ v.reshape(N, C * L)).reshape(C, L).sum(axis=1)
+    return (ones(N) @ v.reshape(N, C * L)).reshape(C, L).sum(axis=1)
 
 
 def _stats(x, eps: float):

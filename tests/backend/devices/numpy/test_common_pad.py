@@ -35,3 +35,20 @@ def test_backend_pad_takes_it_for_float32_zeros(monkeypatch):
     y = be._pad(x, (1, 1, 1, 1), "reflect")  # other modes: numpy.pad
     np.testing.assert_array_equal(y, np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)], mode="reflect"))
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("shape", [(64, 16, 8, 8), (3, 5, 7), (1, 2, 3, 4, 5), (1024, 3, 2)])
+def test_channel_sums_match_float64(shape):
+    """The NumPy backend's sum over every axis but dim 1 (conv bias gradients: a ones GEMV, then float64)."""
+    from anydevice.backend import get_backend
+    from anydevice.backend.devices.numpy.common import ones
+    be = get_backend("numpy")
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32) + 2
+    dims = (0,) + tuple(range(2, len(shape)))
+    ref = x.astype(np.float64).sum(axis=dims)
+    got = be._reduce("sum", x, dims, False)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    x[0, 0] = np.inf
+    assert np.isinf(be._reduce("sum", x, dims, False)[0])
+    assert ones(5).tolist() == [1.0] * 5 and not ones(5).flags.writeable

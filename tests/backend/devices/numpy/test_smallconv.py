@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.nn.grad import conv2d_input, conv2d_weight  # noqa: E402
 
-from backend.devices.numpy import smallconv  # noqa: E402
+from anydevice.backend.devices.numpy import smallconv  # noqa: E402
 
 SHAPES = [  # x shape, w shape, stride, pads (t, b, l, r), dilation
     ((64, 1, 8, 8), (16, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),      # digits conv 1 (NCHW columns)
@@ -70,7 +70,7 @@ def test_which_convs_take_the_small_paths():
 def test_backend_routes_small_convs_here(monkeypatch):
     """The NumPy backend's conv2d and its two gradients run these paths for a small float32 conv, and
     give the same values as the general paths."""
-    from backend import get_backend
+    from anydevice.backend import get_backend
     be = get_backend("numpy")
     rng = np.random.default_rng(3)
     x = rng.standard_normal((8, 6, 9, 9)).astype(np.float32)

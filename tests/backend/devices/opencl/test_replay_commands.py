@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from backend.devices.opencl.replay import Cell
+from anydevice.backend.devices.opencl.replay import Cell
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.fixture(scope="module")
 def be():
     try:
-        from backend import get_backend
+        from anydevice.backend import get_backend
         return get_backend("opencl")
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"no OpenCL device: {exc}")
@@ -106,7 +106,7 @@ def test_one_recording_at_a_time(be):
 
 
 def test_a_recording_past_its_pinned_bytes_is_spoilt(be, monkeypatch):
-    from backend.devices.opencl import replay
+    from anydevice.backend.devices.opencl import replay
     monkeypatch.setattr(replay, "MAX_PINNED_BYTES", 1 << 12)
     with be.record() as rec:
         be.add(be.to_device(np.ones(4096, np.float32)), 1.0)
