@@ -92,36 +92,39 @@ __kernel void wgrad_pack_x(__global const float *x, const long x_off, __global f
    (kh, kw) that reach (h, w), i.e. th = h + pt - kh*dh and tw = w + pl - kw*dw divisible by the stride
    with oh = th / sh < OH and ow = tw / sw < OW, of cols[(c*KH + kh)*KW + kw][(nn*OH + oh)*OW + ow], where
    cols = w^T . gy (C*KH*KW x N*OH*OW, one GEMM): only the products torch's transposed conv scatters are
-   summed (an Inf weight reaches the inputs its taps reach, nothing else). n = N*C*H*W outputs, chunk
-   per work item. Launch: global (ceil(n / chunk)), local (1) on the CPU family. */
+   summed (an Inf weight reaches the inputs its taps reach, nothing else), in tap order. A work item
+   takes ``chunk`` planes (nn, c): zeroes the plane, then adds each tap's OH x OW columns at the inputs
+   they reach (the plane is the work item's own: no races). n = N*C planes.
+   Launch: global (ceil(n / chunk)), local (1). */
 __kernel void col2im_gather(__global const float *cols, const long c_off, __global float *gx, const long gx_off,
                             const int C, const int H, const int W, const int KH, const int KW,
                             const int OH, const int OW, const int sh, const int sw, const int pt, const int pl,
                             const int dh, const int dw, const long n, const int chunk)
 {
-    const long e0 = (long)get_global_id(0) * chunk;
-    const long e1 = min(n, e0 + chunk);
-    const long P = n / ((long)C * H * W) * OH * OW;
-    for (long e = e0; e < e1; e++) {
-        long r = e;
-        const int w = (int)(r % W); r /= W;
-        const int h = (int)(r % H); r /= H;
-        const int c = (int)(r % C);
-        const long nn = r / C;
-        float acc = 0.0f;
+    const long p0 = (long)get_global_id(0) * chunk;
+    const long p1 = min(n, p0 + chunk);
+    const long P = n / C * OH * OW;
+    const int HW = H * W;
+    for (long pl_ = p0; pl_ < p1; pl_++) {
+        const int c = (int)(pl_ % C);
+        const long nn = pl_ / C;
+        __global float *out = gx + gx_off + pl_ * HW;
+        const __global float *cb = cols + c_off + (long)c * KH * KW * P + nn * OH * OW;
+        for (int i = 0; i < HW; i++) out[i] = 0.0f;
         for (int kh = 0; kh < KH; kh++) {
-            const int th = h + pt - kh * dh;
-            if (th < 0 || th % sh) continue;
-            const int oh = th / sh;
-            if (oh >= OH) continue;
             for (int kw = 0; kw < KW; kw++) {
-                const int tw = w + pl - kw * dw;
-                if (tw < 0 || tw % sw) continue;
-                const int ow = tw / sw;
-                if (ow >= OW) continue;
-                acc += cols[c_off + ((long)(c * KH + kh) * KW + kw) * P + (nn * OH + oh) * OW + ow];
+                const __global float *src = cb + (long)(kh * KW + kw) * P;
+                for (int oh = 0; oh < OH; oh++) {
+                    const int h = oh * sh + kh * dh - pt;
+                    if ((uint)h >= (uint)H) continue;
+                    __global float *orow = out + h * W;
+                    const __global float *srow = src + oh * OW;
+                    for (int ow = 0; ow < OW; ow++) {
+                        const int w = ow * sw + kw * dw - pl;
+                        if ((uint)w < (uint)W) orow[w] += srow[ow];
+                    }
+                }
             }
         }
-        gx[gx_off + e] = acc;
     }
 }

@@ -61,7 +61,7 @@ class CLWeightGrad:
         """Strided, one group, columns of at most COL2IM_MAX_COLS floats: cols = w^T . gy (one GEMM over
         every image's positions: gy with its two leading axes swapped) then col2im_gather, each input
         summing the columns of the taps that reach it. The digits CNN's stride-2 input gradient: 0.8 ms
-        in conv_t2d_direct (whose phases leave most lanes idle at 4 output columns), ~0.2 ms so; and
+        in conv_t2d_direct (whose phases leave most lanes idle at 4 output columns), ~0.4 ms so; and
         no finiteness read-back (the shared path checks the weight for Inf/NaN first)."""
         N, Cout, OH, OW = gy.shape
         _, Cin, KH, KW = w.shape
@@ -76,8 +76,12 @@ class CLWeightGrad:
                           out_shape=(ckk, cols_n))
         del gyt
         gx = self._empty((N, Cin, H, W))
-        n = N * Cin * H * W
-        g, lsz, chunk = self._flat_geometry(n)
+        n = N * Cin  # (a work item takes planes (nn, c): 8 items a compute unit)
+        if self.is_cpu_device:
+            chunk = -(-n // (8 * self.compute_units))
+            g, lsz = (-(-n // chunk),), (1,)
+        else:
+            g, lsz, chunk = self._flat_geometry(n)
         self._run("col2im_gather", g, lsz, cols.buffer, cols.offset, gx.buffer, gx.offset, Cin, H, W, KH, KW,
                   OH, OW, sh, sw, t, l, dh, dw, n, chunk)
         return gx
