@@ -145,6 +145,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "(GEMM and convs against a float64 reference; verdict cached per device, driver and kernels)", _flag),
     Setting("ANYDEVICE_ALLOW_TF32", "0", "`1`: TF32 tensor cores for GEMM/conv (faster, not FP32-exact) on "
             "the CUDA backends", _flag),
+    Setting("ANYDEVICE_MALLOC_TUNE", "1", "`0`: leave glibc's malloc thresholds as they are; by default the NumPy "
+            "backend fixes them when it starts (mmap from 32 MiB, heap trimmed past 64 MiB free: a step's "
+            "temporaries stop page-faulting in again; backend/system/allocator.py)", _flag),
     Setting("ANYDEVICE_GRAPHS", "1", "`0`: compiled models and training steps run op by op at every call; by "
             "default a device with graph replay (CUDA) records a graph's launches at the second call of a "
             "signature and replays them, and OpenCL replays recorded training steps", _flag),

@@ -68,6 +68,8 @@ def probe(name: str = "numpy") -> dict:
 
 
 def create(name: str = "numpy", index: int = 0) -> "NumpyBackend":
+    from ...system import allocator
+    allocator.tune()  # (once per process: the step's temporaries stay in the heap)
     return NumpyBackend(index)
 
 
