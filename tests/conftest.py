@@ -105,3 +105,13 @@ def backend_target(request):
     if tid not in _cache:
         _cache[tid] = dict(TARGETS)[tid]()
     return _cache[tid]
+
+
+@pytest.fixture(scope="session")
+def opencl_backend():
+    """The OpenCL backend on the first usable device (its CPU family on PoCL here); skips without one."""
+    try:
+        from anydevice.backend import get_backend
+        return get_backend("opencl")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no OpenCL device: {exc}")

@@ -13,12 +13,8 @@ from anydevice.backend.learn.replay import TrainStep
 
 
 @pytest.fixture(scope="module")
-def cl():
-    try:
-        from anydevice.backend import get_backend
-        return get_backend("opencl")
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no OpenCL device: {exc}")
+def cl(opencl_backend):
+    return opencl_backend
 
 
 def _digits(p_drop=0.0):

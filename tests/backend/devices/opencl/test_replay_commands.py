@@ -12,12 +12,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 @pytest.fixture(scope="module")
-def be():
-    try:
-        from anydevice.backend import get_backend
-        return get_backend("opencl")
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no OpenCL device: {exc}")
+def be(opencl_backend):
+    return opencl_backend
 
 
 def test_replay_recomputes_on_new_inputs(be):
