@@ -16,6 +16,10 @@ follow the current set. (Where the state's arrays do not pair up buffer for buff
 copied back into the arrays the recording reads after each replay instead.) Each replay uploads the new
 batch into the recorded input buffers.
 
+Class targets are uploaded as int64 (so each upload of them is bound to the new batch), and two recorded
+steps with equal class targets but other inputs are not compared (the later is kept for the next step):
+their equal uploads would not show what was made from the targets.
+
 Not replayed (op by op instead, and logged at debug level): networks with dropout (a replay would repeat
 its mask), batches of another shape (the last, short one), class targets holding the loss's
 ignore_index (the mean's count would change), a recording that read data back to the host or hit a
@@ -60,7 +64,7 @@ class TrainStep:
         self.ignore_index = ignore_index
         self.n = 0
         self.fwd = self.bwd = self.loss = self.first = None
-        self.variants, self._sets, self._cur = [], None, 0
+        self.variants, self._sets, self._cur, self._first_inputs = [], None, 0, None
         self.off = None
         self._prev = self._state()  # the state before the last update (train() returns it after a NaN)
         if "replay" not in be.caps.fused:
@@ -78,7 +82,9 @@ class TrainStep:
         """One step on inputs ``x`` and targets ``t`` (host arrays): the loss value. A non-finite loss
         leaves the parameters, the optimizer's state and the buffers as they were."""
         self.n += 1
-        inputs = {"inputs": np.ascontiguousarray(x, np.float32), "targets": np.ascontiguousarray(t)}
+        t = np.asarray(t)  # class indices as int64, the dtype the losses upload them in (so they are bound)
+        inputs = {"inputs": np.ascontiguousarray(x, np.float32),
+                  "targets": np.ascontiguousarray(t, np.int64) if t.dtype.kind in "iu" else np.ascontiguousarray(t)}
         ok_batch = t.dtype.kind == "f" or not bool(np.any(np.asarray(t) == self.ignore_index))
         if self.fwd is not None:
             if ok_batch and self.fwd.matches(inputs):
@@ -191,8 +197,12 @@ class TrainStep:
                 b is None or a is None or be._shape(a) != be._shape(b) or be._dtype(a) != be._dtype(b)
                 for b, a in pairs)):
             why = "the step's state changed its layout"
-        if why is None and first is None:
-            self.first = (fwd, bwd)  # compared with the next step's recording
+        if why is None and (first is None or self._same_targets_only(inputs)):
+            # compared with the next step's recording (two batches with the same class targets but other
+            # inputs prove nothing about what was made from the targets: the later one is kept instead)
+            for rec in (first or ()):
+                rec.close()
+            self.first, self._first_inputs = (fwd, bwd), inputs
             return value
         if why is None and (first[0].signature() != fwd.signature() or first[1].signature() != bwd.signature()):
             why = "two recorded steps differ (scalars or uploads made from the step's data)"
@@ -225,6 +235,11 @@ class TrainStep:
         self._in, self._backup = list(before), list(self._prev)
         self._restore(before)
         return value
+
+    def _same_targets_only(self, inputs) -> bool:
+        a, b = self._first_inputs, inputs
+        return (b["targets"].dtype.kind in "iu" and np.array_equal(a["targets"], b["targets"])
+                and not np.array_equal(a["inputs"], b["inputs"]))
 
     def _drop_first(self, why: str) -> None:
         self.off = why

@@ -115,3 +115,21 @@ def test_a_non_finite_loss_in_a_replay_changes_nothing(cl):
     for k, v in pvars.items():
         np.testing.assert_array_equal(cl.to_numpy(v.data), before[k])
     ts.close()
+
+
+def test_equal_class_targets_postpone_the_comparison(cl):
+    """Steps 2 and 3 with the same class targets (other inputs) prove nothing about uploads made from the
+    targets: the later recording is kept and compared with step 4's."""
+    net = _digits().initialized((16, 1, 8, 8), seed=0)
+    batches = _batches(6)
+    batches[2] = (batches[2][0], batches[1][1].copy())  # step 3's targets are step 2's
+    pvars = net.param_vars(cl, requires_grad=True)
+    o = optim.make("adam", list(pvars.values()), lr=1e-2)
+    ts = TrainStep(cl, net, pvars, o, {k: cl.to_device(v) for k, v in net.buffers.items()},
+                   lambda y, t: apply("cross_entropy", y, t, be=cl))
+    seen = []
+    for x, t in batches:
+        ts(x, t.astype(np.int32))  # (int32 targets: uploaded as int64, bound all the same)
+        seen.append(ts.replaying)
+    assert seen == [False, False, False, True, True, True]  # (without: replaying from step 3 on)
+    ts.close()
