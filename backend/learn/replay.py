@@ -9,16 +9,19 @@ without running the Python of the ops (the digits CNN's step on PoCL: ~100 ops o
 its time). Between the pieces the loss is read, as in the eager step: a non-finite loss leaves the
 weights as they were (the backward piece is not run).
 
-The state the step reads and replaces (parameters, the optimizer's moments, batch norm's running
-statistics) lives in two sets of arrays, the recorded step's input and output: the replays alternate
-between the recording and its twin on exchanged buffers (``Recording.swapped``), and the Python objects
-follow the current set. (Where the state's arrays do not pair up buffer for buffer, the new state is
-copied back into the arrays the recording reads after each replay instead.) Each replay uploads the new
-batch into the recorded input buffers.
+The state the update replaces (parameters, the optimizer's moments) lives in two sets of arrays, the
+recorded step's input and output: the replays alternate between the recording and its twin on exchanged
+buffers (``Recording.swapped``), and the Python objects follow the current set. State the forward piece
+writes (batch norm's running statistics), and state whose arrays do not pair up buffer for buffer, is
+copied instead: the backward piece first copies it aside (what ``previous`` returns after a NaN) and
+ends by copying the new values into the arrays the recording reads. Each replay uploads the new batch
+into the recorded input buffers.
 
-Class targets are uploaded as int64 (so each upload of them is bound to the new batch), and two recorded
-steps with equal class targets but other inputs are not compared (the later is kept for the next step):
-their equal uploads would not show what was made from the targets.
+Inputs are uploaded as float32 and class targets as int64, so each upload of them is bound to the new
+batch. Two recorded steps with equal class targets but other inputs are not compared (the later is kept
+for the next step): their equal uploads would not show what was made from the targets; two recorded
+steps with the very same batch replay only that batch (``anydevice bench --train``'s case). Recordings
+that differ are tried again with the next step, up to MAX_RECORDINGS.
 
 Not replayed (op by op instead, and logged at debug level): networks with dropout (a replay would repeat
 its mask), batches of another shape (the last, short one), class targets holding the loss's
@@ -40,6 +43,8 @@ log = logging.getLogger("anydevice")
 
 #: the step recorded (the first builds and tunes kernels and creates the optimizer's state)
 RECORD_AT = 2
+#: steps recorded at most while looking for two that match
+MAX_RECORDINGS = 5
 #: layer types whose output changes from step to step for the same input (never replayed)
 STOCHASTIC = frozenset({"dropout"})
 
@@ -62,9 +67,10 @@ class TrainStep:
         self.be, self.net, self.pvars, self.opt, self.loss_fn = be, net, pvars, opt, loss_fn
         self.buffers = dict(buffers)
         self.ignore_index = ignore_index
-        self.n = 0
+        self.n = self.recorded = 0
         self.fwd = self.bwd = self.loss = self.first = None
-        self.variants, self._sets, self._cur, self._first_inputs = [], None, 0, None
+        self.variants, self._sets, self._cur, self._first_inputs, self._only = [], None, 0, None, None
+        self._in = self._backup = None
         self.off = None
         self._prev = self._state()  # the state before the last update (train() returns it after a NaN)
         if "replay" not in be.caps.fused:
@@ -82,15 +88,22 @@ class TrainStep:
         """One step on inputs ``x`` and targets ``t`` (host arrays): the loss value. A non-finite loss
         leaves the parameters, the optimizer's state and the buffers as they were."""
         self.n += 1
-        t = np.asarray(t)  # class indices as int64, the dtype the losses upload them in (so they are bound)
+        t = np.asarray(t)
         inputs = {"inputs": np.ascontiguousarray(x, np.float32),
-                  "targets": np.ascontiguousarray(t, np.int64) if t.dtype.kind in "iu" else np.ascontiguousarray(t)}
-        ok_batch = t.dtype.kind == "f" or not bool(np.any(np.asarray(t) == self.ignore_index))
+                  "targets": np.ascontiguousarray(t, np.int64) if t.dtype.kind in "iu" else
+                  np.ascontiguousarray(t, np.float32) if t.dtype.kind == "f" else np.ascontiguousarray(t)}
+        t = inputs["targets"]
+        ok_batch = t.dtype.kind == "f" or not bool(np.any(t == self.ignore_index))
         if self.fwd is not None:
-            if ok_batch and self.fwd.matches(inputs):
+            if ok_batch and self.fwd.matches(inputs) and (self._only is None or _same(self._only, inputs)):
                 return self._replayed(inputs)
         elif self.off is None and ok_batch and self.n >= RECORD_AT:
-            return self._recorded(inputs, seed)
+            try:
+                return self._recorded(inputs, seed)
+            except RuntimeError as exc:  # another recording open on this device (another thread's training)
+                if "already open" not in str(exc):
+                    raise
+                log.debug("AnyDevice train: step %d op by op (%s)", self.n, exc)
         return self._eager(inputs, seed)
 
     # ---- op by op -------------------------------------------------------------------------------
@@ -125,11 +138,11 @@ class TrainStep:
             be._forget_values([a.block for a in self._sets[0] + self._sets[1] if a is not None])
             src, dst = self._sets[self._cur], self._sets[self._cur ^ 1]
         else:
-            for k, b in zip(self._backup, self._in):
-                if k is not b:
-                    be._assign(k, b)
-            src, dst = self._backup, self._in
-        self._prev = src
+            src, dst = self._in, self._in
+        for k, b in zip(self._backup, src):  # the copied state aside first (what ``previous`` returns)
+            if k is not b:
+                be._assign(k, b)
+        self._prev = [k if k is not b else s_ for k, b, s_ in zip(self._backup, self._in, src)]
         self._update(lv)
         self.buffers = new_buffers
         for b, a in zip(dst, self._state()):
@@ -161,35 +174,48 @@ class TrainStep:
         self.buffers = {k: next(it) for k in sorted(self.buffers)}
 
     def _give_up(self, why: str) -> None:
+        if self._sets is not None:
+            self.be._forget_values([a.block for a in self._sets[0] + self._sets[1] if a is not None])
         for pair in self.variants:
             for rec in pair:
                 rec.close()
-        self.variants, self._sets = [], None
+        self.variants, self._sets, self._only = [], None, None
         self.fwd = self.bwd = self.loss = None
         self._drop_first(why)
 
     def _recorded(self, inputs, seed) -> float:
-        """A step run op by op and recorded. The first recording is kept to compare: the second, one step
-        later, is replayed only if it queued the same kernels with the same scalars and uploads (so none
-        of them came from the step's data), else the steps go on op by op."""
+        """A step run op by op and recorded; see the module docstring for when the recording is replayed."""
         be = self.be
         before = self._state()
-        with be.record(inputs) as fwd:
-            lv, new_buffers = self._forward(inputs, seed)
-        value = lv.item()
-        if not math.isfinite(value) or not fwd.ok or "inputs" not in fwd.bound:
-            fwd.close()
-            if math.isfinite(value):
-                self._prev = before
+        fwd = bwd = None
+        try:
+            with be.record(inputs) as fwd:
+                lv, new_buffers = self._forward(inputs, seed)
+            value = lv.item()
+            if not math.isfinite(value) or not fwd.ok or "inputs" not in fwd.bound:
+                fwd.close()
+                if math.isfinite(value):
+                    self._prev = before
+                    self._update(lv)
+                    self.buffers = new_buffers
+                    self._drop_first(fwd.reason or "the inputs were not uploaded inside the step")
+                return value
+            self._prev = before
+            with be.record(inputs) as bwd:
                 self._update(lv)
-                self.buffers = new_buffers
-                self._drop_first(fwd.reason or "the inputs were not uploaded inside the step")
-            return value
-        self._prev = before
-        with be.record(inputs) as bwd:
-            self._update(lv)
+        except BaseException:
+            for rec in (fwd, bwd):
+                if rec is not None:
+                    rec.close()
+            raise
         self.buffers = new_buffers
-        after = self._state()
+        self.recorded += 1
+        self._compare(before, self._state(), fwd, bwd, inputs, lv)
+        return value
+
+    def _compare(self, before, after, fwd, bwd, inputs, lv) -> None:
+        """Keep (fwd, bwd) to compare with the next step's, or replay them from now on, or give up."""
+        be = self.be
         pairs = [(b, a) for b, a in zip(before, after) if a is not b]
         first, self.first = self.first, None
         why = bwd.reason if not bwd.ok else None
@@ -197,48 +223,51 @@ class TrainStep:
                 b is None or a is None or be._shape(a) != be._shape(b) or be._dtype(a) != be._dtype(b)
                 for b, a in pairs)):
             why = "the step's state changed its layout"
-        if why is None and (first is None or self._same_targets_only(inputs)):
-            # compared with the next step's recording (two batches with the same class targets but other
-            # inputs prove nothing about what was made from the targets: the later one is kept instead)
-            for rec in (first or ()):
-                rec.close()
-            self.first, self._first_inputs = (fwd, bwd), inputs
-            return value
-        if why is None and (first[0].signature() != fwd.signature() or first[1].signature() != bwd.signature()):
-            why = "two recorded steps differ (scalars or uploads made from the step's data)"
+        again = first is None or self._same_targets_only(inputs) or (
+            why is None and (first[0].signature() != fwd.signature() or first[1].signature() != bwd.signature()))
         for rec in (first or ()):
             rec.close()
+        if why is None and again:
+            if self.recorded < MAX_RECORDINGS:  # compared with the next step's recording
+                self.first, self._first_inputs = (fwd, bwd), inputs
+                return
+            why = "no two recorded steps matched (scalars or uploads made from the step's data)"
         if why is not None:
             fwd.close()
             bwd.close()
             self._drop_first(why)
-            return value
+            return
+        if _same(self._first_inputs, inputs):  # the same batch twice: what came from it is unknown
+            self._only = {k: a.copy() for k, a in inputs.items()}
         self.fwd, self.bwd, self.loss = fwd, bwd, lv.data
-        mapping = be._pair_buffers(pairs, [b for b, a in zip(before, after) if a is b])
+        # state the forward writes, or that does not pair up buffer for buffer: copied (and set aside first)
+        written = set(fwd.pinned)
+        mapping = be._pair_buffers([(b, a) for b, a in pairs if id(a.buffer) not in written],
+                                   [b for b, a in zip(before, after) if a is b]
+                                   + [x for b, a in pairs if id(a.buffer) in written for x in (b, a)])
+        copied = [(b, a) for b, a in pairs if mapping is None or id(a.buffer) in written]
+        backup = {id(b): be._empty(be._shape(b), be._dtype(b)) for b, _ in copied}
+        for b, _ in copied:
+            bwd.carry(backup[id(b)], b, first=True)
+        for b, a in copied:
+            bwd.carry(b, a)
+        self._in = list(before)
+        self._backup = [backup.get(id(b), b) for b in before]
+        self._prev = list(self._backup)
         if mapping is not None:
-            # two sets of state arrays, the step's input and its output: the replays alternate between the
+            # the rest in two sets, the step's input and its output: the replays alternate between the
             # recording and its twin on exchanged buffers, so nothing is copied
             self.variants = [(fwd, bwd), (fwd.swapped(mapping), bwd.swapped(mapping))]
-            self._sets, self._cur, self._prev = [list(before), list(after)], 1, list(before)
-            return value
-        # else the state a step starts from into arrays of its own (``previous``), and the new state into
-        # the arrays the recording reads: now, and before and after each replay of the update
-        self.variants, self._sets = [(fwd, bwd)], None
-        backup = [be._empty(be._shape(b), be._dtype(b)) for b, _ in pairs]
-        for (b, _), k in zip(pairs, backup):
-            bwd.carry(k, b, first=True)
-        for b, a in pairs:
-            bwd.carry(b, a)
-        self._prev = list(before)
-        for (b, _), k in zip(pairs, backup):
-            self._prev[next(i for i, x in enumerate(before) if x is b)] = k
-        self._in, self._backup = list(before), list(self._prev)
-        self._restore(before)
-        return value
+            cur = [b if id(b) in backup else a for b, a in zip(before, after)]
+            self._sets, self._cur = [list(before), cur], 1
+            self._restore(cur)
+        else:
+            self.variants, self._sets = [(fwd, bwd)], None
+            self._restore(before)
 
     def _same_targets_only(self, inputs) -> bool:
         a, b = self._first_inputs, inputs
-        return (b["targets"].dtype.kind in "iu" and np.array_equal(a["targets"], b["targets"])
+        return (a is not None and b["targets"].dtype.kind in "iu" and np.array_equal(a["targets"], b["targets"])
                 and not np.array_equal(a["inputs"], b["inputs"]))
 
     def _drop_first(self, why: str) -> None:
@@ -257,8 +286,8 @@ class TrainStep:
         if not math.isfinite(value):
             return value
         bwd.replay(inputs)
-        if self._sets is not None:  # the state is now in the other set
-            self._prev = self._sets[self._cur]
+        if self._sets is not None:  # the swapped state is now in the other set
+            self._prev = [k if k is not b else p for k, b, p in zip(self._backup, self._in, self._sets[self._cur])]
             self._cur ^= 1
             self._restore(self._sets[self._cur])
         if (fwd.guards or bwd.guards) and not (fwd.guards_pass() and bwd.guards_pass()):
@@ -281,3 +310,9 @@ class TrainStep:
     def close(self) -> None:
         """Drop the recordings (their buffers go back to the pool); later steps run op by op."""
         self._give_up("closed")
+
+
+def _same(a: dict | None, b: dict) -> bool:
+    """Whether two steps' host inputs are the same batch."""
+    return a is not None and all(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k])
+                                 for k in b)

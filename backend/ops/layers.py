@@ -310,7 +310,8 @@ class LayerOps:
             return None  # to_device names the bad type
         a = np.asarray(a)
         if a.dtype.kind in "iu":
-            return a.astype(np.int64)
+            return a.astype(np.int64, copy=False)  # (read only: an int64 batch stays itself, so a recorded
+            # upload of it is bound to the batch, devices/opencl/replay.py)
         if a.dtype.kind == "b":
             raise AnyDeviceError(op, "target", a, "must hold integer class indices or float probabilities")
         return None

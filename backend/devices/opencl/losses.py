@@ -13,7 +13,8 @@ class CLLosses:
         command: a blocking upload would wait for every queued kernel first)."""
         cl = self.cl
         t = np.ascontiguousarray(t, dtype=np.int64)
-        if self.recording() is not None:  # a recorded upload (replayed from the step's new targets)
+        rec = self.recording()
+        if rec is not None and rec.ok:  # a recorded upload, pinned (replayed from the step's new targets)
             block = self.pool.alloc(max(8, t.nbytes))
             self._q_upload(block.buf, t)
             return block.buf

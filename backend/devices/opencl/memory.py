@@ -119,7 +119,8 @@ class BufferPool:
         self._timer = None
         self._timer_due = 0.0  # when the armed timer fires (time.monotonic)
         self._bound = None  # (time.monotonic, bound, memstat.FORGOTTEN) of the last reading
-        self.pinned: dict = {}  # id(buffer) -> buffer: kept by a recording (replay.py) when dropped
+        self.pinned: dict = {}  # id(buffer) -> [buffer, recordings pinning it]: kept when dropped (replay.py)
+        self.pinned_bytes = 0  # their bytes
         self.kept: list = []  # (buffer, size) dropped while pinned: still live, never pooled
 
     @property
@@ -260,17 +261,29 @@ class BufferPool:
             else:
                 spare.append(buf)
 
-    def pin(self, buf) -> None:
-        """``buf`` (live: an array holds it) stays with the recording that touched it when dropped: it is
-        kept out of the free lists until ``unpin``."""
+    def pin(self, buf) -> int:
+        """``buf`` (live: an array holds it) stays with the recordings that touched it when dropped: it is
+        kept out of the free lists until each of them ``unpin``s it. Returns the bytes pinned in all."""
         with self.lock:
-            self.pinned[id(buf)] = buf
+            e = self.pinned.get(id(buf))
+            if e is None:
+                self.pinned[id(buf)] = [buf, 1]
+                self.pinned_bytes += buf.size
+            else:
+                e[1] += 1
+            return self.pinned_bytes
 
     def unpin(self, bufs) -> None:
-        """Stop pinning ``bufs``; those dropped meanwhile come back as dropped blocks do."""
+        """One recording stops pinning ``bufs``; those no recording pins and that were dropped meanwhile come
+        back as dropped blocks do."""
         with self.lock:
             for b in bufs:
-                self.pinned.pop(id(b), None)
+                e = self.pinned.get(id(b))
+                if e is not None:
+                    e[1] -= 1
+                    if e[1] <= 0:
+                        del self.pinned[id(b)]
+                        self.pinned_bytes -= b.size
             back = [bs for bs in self.kept if id(bs[0]) not in self.pinned]
             self.kept = [bs for bs in self.kept if id(bs[0]) in self.pinned]
         self.returned.extend(back)

@@ -10,9 +10,9 @@ While ``record()`` is open on a thread, every command that thread queues is also
   array holding it is dropped the buffer stays with the recording instead of going back to the free
   lists, so nothing else is ever handed a buffer a replay writes (and temporaries are not reused
   inside the recording). ``close()`` gives them back.
-- Uploads of host data: one of the ``inputs`` named when recording (that array, or one with its bytes:
-  a reshaped or converted copy) is replayed from the array the replay gets under that name; any other
-  upload from a copy taken when recorded.
+- Uploads of host data: one of the ``inputs`` named when recording (that array or a reshaped view of it)
+  is replayed from the array the replay gets under that name; any other upload from a copy taken when
+  recorded.
 - Scalars that change from step to step (Adam's bias corrections): ``cell(fn)`` is a ``Cell`` to pass
   as a kernel argument; before each replay the ``on_replay`` hooks run, then every cell is set to its
   ``fn()``.
@@ -30,10 +30,12 @@ import numpy as np
 
 from .params import SIGS
 
+_OPEN = threading.Lock()  # (record()'s check-and-set of the open recording)
+
 #: the most guards one recording keeps (each is a read-back after the replay)
 MAX_GUARDS = 8
-#: the most buffer bytes one recording pins (what a replay writes stays allocated while it lives): a
-#: piece of work touching more is not recorded (its buffers go back to the pool when it is closed)
+#: the most buffer bytes the open recordings of a device pin together (what a replay writes stays allocated
+#: while it lives): a piece of work that would pass it is not recorded (its buffers go back when closed)
 MAX_PINNED_BYTES = 1 << 30
 
 
@@ -61,7 +63,6 @@ class Recording:
         self.guards: list = []
         self.written: list = []  # blocks of the arrays ``carry`` writes
         self.pinned: dict = {}
-        self.pinned_bytes = 0
         self.ok, self.reason = True, None
         self._prepared = None
         self._keep = []  # host arrays of the last replay's uploads (until its commands are done)
@@ -74,10 +75,8 @@ class Recording:
     def _pin(self, buf) -> None:
         if id(buf) not in self.pinned:
             self.pinned[id(buf)] = buf
-            self.be.pool.pin(buf)
-            self.pinned_bytes += buf.size
-            if self.pinned_bytes > MAX_PINNED_BYTES:
-                self.fail(f"it touches more than {MAX_PINNED_BYTES >> 20} MiB of buffers")
+            if self.be.pool.pin(buf) > MAX_PINNED_BYTES:
+                self.fail(f"the open recordings would keep more than {MAX_PINNED_BYTES >> 20} MiB of buffers")
 
     def _mine(self) -> bool:
         if threading.get_ident() != self.thread:
@@ -118,11 +117,11 @@ class Recording:
                                  offset, host.shape, host.dtype))
 
     def _input_of(self, host):
-        """The name of the input ``host`` is (that array, or one with its bytes: a reshaped or converted
-        copy), or None."""
+        """The name of the input ``host`` is (that array, or a view of its memory with all its bytes: a
+        reshape), or None. (Equal values alone prove nothing: a scalar 1.0 is no target of 1.0.)"""
         for name, a in self.inputs.items():
             if host is a or (host.dtype == a.dtype and host.nbytes == a.nbytes and host.nbytes
-                             and np.array_equal(host.reshape(-1), a.reshape(-1))):
+                             and np.shares_memory(host, a)):
                 return name
         return None
 
@@ -172,13 +171,8 @@ class Recording:
             kind = act[0]
             if kind == "k":
                 _, _, name, g, l, args, _ = act
-                sig, after_buf = [], False
-                for a in args:  # (an int right after a buffer is its offset: where an array lies, not data)
-                    is_buf = isinstance(a, cl.MemoryObjectHolder)
-                    sig.append("cell" if type(a) is Cell else "buf" if is_buf else "offset"
-                               if after_buf and isinstance(a, (int, np.integer)) else a)
-                    after_buf = is_buf
-                out.append((kind, name, g, l, tuple(sig)))
+                out.append((kind, name, g, l, tuple("cell" if type(a) is Cell else "buf" if
+                                                    isinstance(a, cl.MemoryObjectHolder) else a for a in args)))
             elif kind == "u":
                 _, _, name, snap, offset, shape, dtype = act
                 out.append((kind, name, offset, shape, str(dtype), None if snap is None else snap.tobytes()))
@@ -279,10 +273,11 @@ class CLReplay:
     def record(self, inputs: dict | None = None):
         """Record the commands the block queues (``inputs``: name -> host array the block uploads,
         replayed from new arrays); yields the ``Recording``. One recording at a time."""
-        if self._rec is not None:
-            raise RuntimeError("a recording is already open on this backend")
         rec = Recording(self, inputs)
-        self._rec = rec
+        with _OPEN:
+            if self._rec is not None:
+                raise RuntimeError("a recording is already open on this backend")
+            self._rec = rec
         try:
             yield rec
         finally:
