@@ -133,3 +133,25 @@ def test_equal_class_targets_postpone_the_comparison(cl):
         seen.append(ts.replaying)
     assert seen == [False, False, False, True, True, True]  # (without: replaying from step 3 on)
     ts.close()
+
+
+@pytest.mark.parametrize("lr", [1e5, 1e8])
+def test_train_stopped_by_a_nan_returns_what_the_op_by_op_run_returns(cl, lr, monkeypatch):
+    """train() diverging while its steps are replayed: the same stop, weights and batch-norm statistics
+    (those the last finite loss was computed with) as with ANYDEVICE_GRAPHS=0."""
+    from anydevice.backend.learn.train import train
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 1, 8, 8)).astype(np.float32)
+    t = rng.integers(0, 10, 64)
+    net = (Network.empty().add("conv2d", out_channels=8, kernel_size=3, padding=1).add("batch_norm")
+           .add("activation", name="relu").add("flatten").add("linear", out_features=10)).initialized((16, 1, 8, 8), seed=0)
+    out = {}
+    for g in ("0", "1"):
+        monkeypatch.setenv("ANYDEVICE_GRAPHS", g)
+        out[g] = train(net, x, t, be=cl, loss="cross_entropy", optimizer="sgd", lr=lr, batch_size=16, steps=40, seed=0)
+    a, b = out["0"], out["1"]
+    assert a.stopped is not None and a.stopped == b.stopped and a.losses == b.losses
+    for k in list(a.network.params) + list(a.network.buffers):
+        got = b.network.params.get(k, b.network.buffers.get(k))
+        ref = a.network.params.get(k, a.network.buffers.get(k))
+        np.testing.assert_array_equal(got, ref, err_msg=k)
