@@ -25,7 +25,7 @@ WGRAD_SHIFT_BYTES = 32 << 20
 #: take _input_grad_col2im (beyond: the shared conv_transpose2d path)
 COL2IM_MAX_COLS = 1 << 22
 #: one-group convs with fewer output positions per image than this sum over the whole batch in each
-#: product (_wgrad_batch_rows) instead of one product per image summed after
+#: product (_conv2d_weight_grad) instead of one product per image summed after
 WGRAD_MULTI_MAX_P = 256
 
 
@@ -111,17 +111,20 @@ class CLWeightGrad:
             gw = self._wgrad_shifted(x, gy, wshape, dilation, pads, groups)
             if gw is not None:
                 return gw
+        # one group, small images (P < WGRAD_MULTI_MAX_P): the positions of every image in one row, gy with its
+        # two leading axes swapped (Cout, N*P), so each product sums over the batch (per image, the digits
+        # CNN's stride-2 conv had products of K = 16 and a 64-way partial sum after them)
         multi = G == 1 and N > 1 and P < WGRAD_MULTI_MAX_P
-        params = self._rows_fit(self._shape_class(CoutG, Kw, min(N * P if multi else P, 4096)), CoutG)
+        rowlen = N * P if multi else P
+        src = self._permute(gy, (1, 0, 2, 3)) if multi else gy
+        params = self._rows_fit(self._shape_class(CoutG, Kw, min(rowlen, 4096)), CoutG)
         mr, msub = params["MR"], params["MSUB"]
         mt, ntl = -(-CoutG // mr), -(-Kw // 32)
         per_pos = 4 * G * (ntl * 32 + mt * mr)  # packed bytes per output position of one image
-        if multi:
-            return self._wgrad_batch_rows(x, gy, wshape, stride, dilation, pads, params, per_pos)
-        npos = min(P, max(PACK_K, WGRAD_CHUNK_BYTES // per_pos // PACK_K * PACK_K))
-        nimg = max(1, min(N, WGRAD_CHUNK_BYTES // (per_pos * npos))) if npos == P else 1
-        steps = [(n0, min(N, n0 + nimg) - n0, p0, min(npos, P - p0)) for n0 in range(0, N, nimg)
-                 for p0 in range(0, P, npos)]
+        npos = min(rowlen, max(PACK_K, WGRAD_CHUNK_BYTES // per_pos // PACK_K * PACK_K))
+        nimg = max(1, min(N, WGRAD_CHUNK_BYTES // (per_pos * npos))) if npos == P and not multi else 1
+        steps = [(n0, min(N, n0 + nimg) - n0, p0, min(npos, rowlen - p0)) for n0 in range(0, 1 if multi else N, nimg)
+                 for p0 in range(0, rowlen, npos)]
         # partial products: one (nb*G, CoutG, Kw) block per step, nb images each (summed at the end)
         slots = sum(nb for _, nb, _, _ in steps)
         part = self._empty((slots, Cout * Kw))
@@ -131,51 +134,17 @@ class CLWeightGrad:
             bb = nb * G
             kb = -(-npp // PACK_K)
             Ap = self._empty((bb, mt * mr * npp))
-            self._run("pack_a", (kb, mt, bb), cpu_l, CoutG, npp, gy.buffer, gy.offset + n0 * Cout * P + p0,
-                      P, 1, CoutG * P, Ap.buffer, Ap.buffer, 0, params=params)
+            self._run("pack_a", (kb, mt, bb), cpu_l, CoutG, npp, src.buffer, src.offset + n0 * Cout * P + p0,
+                      rowlen, 1, CoutG * rowlen, Ap.buffer, Ap.buffer, 0, params=params)
             Bp = self._empty((bb, ntl * 32 * npp))
             self._run("wgrad_pack_b", (kb, ntl, bb), cpu_l, x.buffer, x.offset + n0 * C * H * W, Bp.buffer,
-                      H, W, CinG, KH, KW, OW, sh, sw, t, l, dh, dw, p0, npp, OH, 0)
+                      H, W, CinG, KH, KW, OW, sh, sw, t, l, dh, dw, p0, npp, OH, P if multi else 0)
             self._run("gemm_cpu", (-(-CoutG // (mr * msub)), ntl, bb), cpu_l,
                       CoutG, Kw, npp, Ap.buffer, mt * mr * npp, Bp.buffer, ntl * 32 * npp,
                       part.buffer, slot * Cout * Kw, Kw, CoutG * Kw, part.buffer, 0, 0, 1 << 30, 0, 0, params=params)
             slot += nb
             del Ap, Bp
         gw = self._reduce("sum", part, (0,), False) if slots > 1 else part
-        return self._reshape(gw, (Cout, CinG, KH, KW))
-
-
-    def _wgrad_batch_rows(self, x, gy, wshape, stride, dilation, pads, params, per_pos):
-        """One group, small images (P = OH*OW < WGRAD_MULTI_MAX_P): the positions of every image in one
-        row, gW = gy^T (Cout x N*P, gy with its two leading axes swapped) . cols (N*P x Cin*KH*KW), so each
-        product sums over the batch (the per-image products of the general path had K = P: 16 for the
-        digits CNN's stride-2 conv, a 64-way partial sum after them). Steps of positions as there."""
-        from .params import PACK_K
-        N, C, H, W = x.shape
-        Cout, CinG, KH, KW = wshape
-        OH, OW = gy.shape[2:]
-        P, Kw, total = OH * OW, CinG * KH * KW, N * OH * OW
-        (sh, sw), (dh, dw), (t, _, l, _) = stride, dilation, pads
-        mr, msub = params["MR"], params["MSUB"]
-        mt, ntl = -(-Cout // mr), -(-Kw // 32)
-        npos = min(total, max(PACK_K, WGRAD_CHUNK_BYTES // per_pos // PACK_K * PACK_K))
-        steps = [(p0, min(npos, total - p0)) for p0 in range(0, total, npos)]
-        gyt = self._permute(gy, (1, 0, 2, 3))  # (Cout, N, OH, OW)
-        part = self._empty((len(steps), Cout * Kw))
-        cpu_l = (1, 1, 1)
-        for i, (p0, npp) in enumerate(steps):
-            kb = -(-npp // PACK_K)
-            Ap = self._empty((1, mt * mr * npp))
-            self._run("pack_a", (kb, mt, 1), cpu_l, Cout, npp, gyt.buffer, gyt.offset + p0, total, 1, Cout * total,
-                      Ap.buffer, Ap.buffer, 0, params=params)
-            Bp = self._empty((1, ntl * 32 * npp))
-            self._run("wgrad_pack_b", (kb, ntl, 1), cpu_l, x.buffer, x.offset, Bp.buffer,
-                      H, W, CinG, KH, KW, OW, sh, sw, t, l, dh, dw, p0, npp, OH, P)
-            self._run("gemm_cpu", (-(-Cout // (mr * msub)), ntl, 1), cpu_l,
-                      Cout, Kw, npp, Ap.buffer, mt * mr * npp, Bp.buffer, ntl * 32 * npp,
-                      part.buffer, i * Cout * Kw, Kw, Cout * Kw, part.buffer, 0, 0, 1 << 30, 0, 0, params=params)
-            del Ap, Bp
-        gw = self._reduce("sum", part, (0,), False) if len(steps) > 1 else part
         return self._reshape(gw, (Cout, CinG, KH, KW))
 
     def _wgrad_depthwise(self, x, gy, wshape, dilation, pads):
