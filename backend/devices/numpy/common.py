@@ -26,6 +26,14 @@ def ones(n: int):
     return v
 
 
+def channel_sums(x, dtype=F32):
+    """Per-channel sums (C,) of the float32 (N, C, ...) ``x`` over every other axis: a ones GEMV over the batch
+    (BLAS's blocked FMA sums: 4-10x faster than a sum over axes (0, 2, ...), and closer to the float64 sum),
+    then along the rest in ``dtype`` (pairwise)."""
+    N, C = x.shape[:2]
+    return (ones(N) @ np.ascontiguousarray(x).reshape(N, -1)).reshape(C, -1).sum(axis=1, dtype=dtype)
+
+
 def _quiet(fn, *args, **kw):
     """fn without NumPy's floating-point warnings: Inf and NaN are valid data here, and propagate
     as in torch (the error state is per thread, so each pool task sets it too)."""

@@ -6,15 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import F32, ones
-
-
-def _csum(v):
-    """Per-channel sums (C,) of the float32 (N, C, L) ``v``: a ones-vector GEMV over the batch (BLAS's
-    blocked FMA sums: 4-10x faster than ``sum(axis=(0, 2))``'s strided walk here, and closer to the
-    float64 sum), then pairwise along L."""
-    N, C, L = v.shape
-    return (ones(N) @ v.reshape(N, C * L)).reshape(C, L).sum(axis=1)
+from .common import F32, channel_sums
 
 
 def _stats(x, eps: float):
@@ -22,9 +14,9 @@ def _stats(x, eps: float):
     a + b, var the biased variance and rs = 1 / sqrt(var + eps), per channel of the (N, C, L) x, as (1, C, 1)
     float32."""
     inv_n = F32(1.0) / F32(x.shape[0] * x.shape[2])
-    a = (_csum(x) * inv_n).reshape(1, -1, 1)
+    a = (channel_sums(x) * inv_n).reshape(1, -1, 1)
     d = x - a
-    b = (_csum(d) * inv_n).reshape(1, -1, 1)
+    b = (channel_sums(d) * inv_n).reshape(1, -1, 1)
     d -= b
     var = np.einsum("ncl,ncl->c", d, d, dtype=F32).reshape(1, -1, 1) * inv_n
     return d, a + b, var, F32(1.0) / np.sqrt(var + F32(eps))
@@ -62,7 +54,7 @@ class NumpyNorms:
             return None
         N, C, L = x.shape
         d, _, _, rs = _stats(x, eps)
-        gb = _csum(gy)
+        gb = channel_sums(gy)
         gw = np.einsum("ncl,ncl->c", gy, d, dtype=F32) * rs.reshape(C)  # sum of gy * xhat
         if not need_input:
             return None, gw, gb
