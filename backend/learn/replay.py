@@ -68,7 +68,7 @@ class TrainStep:
         self.buffers = dict(buffers)
         self.ignore_index = ignore_index
         self.n = self.recorded = 0
-        self.fwd = self.bwd = self.loss = self.first = None
+        self.loss = self.first = None
         self.variants, self._sets, self._cur, self._first_inputs, self._only = [], None, 0, None, None
         self._in = self._backup = None
         self.off = None
@@ -82,7 +82,7 @@ class TrainStep:
 
     @property
     def replaying(self) -> bool:
-        return self.fwd is not None
+        return bool(self.variants)
 
     def __call__(self, x, t, seed=None) -> float:
         """One step on inputs ``x`` and targets ``t`` (host arrays): the loss value. A non-finite loss
@@ -94,8 +94,8 @@ class TrainStep:
                   np.ascontiguousarray(t, np.float32) if t.dtype.kind == "f" else np.ascontiguousarray(t)}
         t = inputs["targets"]
         ok_batch = t.dtype.kind == "f" or not bool(np.any(t == self.ignore_index))
-        if self.fwd is not None:
-            if ok_batch and self.fwd.matches(inputs) and (self._only is None or _same(self._only, inputs)):
+        if self.variants:
+            if ok_batch and self.variants[0][0].matches(inputs) and (self._only is None or _same(self._only, inputs)):
                 return self._replayed(inputs)
         elif self.off is None and ok_batch and self.n >= RECORD_AT:
             try:
@@ -127,7 +127,7 @@ class TrainStep:
         value = lv.item()
         if not math.isfinite(value):
             return value
-        if self.fwd is None:
+        if not self.variants:
             self._prev = self._state()
             self._update(lv)
             self.buffers = new_buffers
@@ -135,7 +135,7 @@ class TrainStep:
         # while replaying: the new state goes into the arrays the recordings read
         be = self.be
         if self._sets is not None:
-            be._forget_values([a.block for a in self._sets[0] + self._sets[1] if a is not None])
+            self._forget_sets()
             src, dst = self._sets[self._cur], self._sets[self._cur ^ 1]
         else:
             src, dst = self._in, self._in
@@ -173,14 +173,17 @@ class TrainStep:
                     st[k] = a
         self.buffers = {k: next(it) for k in sorted(self.buffers)}
 
+    def _forget_sets(self) -> None:
+        """The device's caches of values forget both state sets (they are written in place)."""
+        self.be._forget_values([a.block for a in self._sets[0] + self._sets[1] if a is not None])
+
     def _give_up(self, why: str) -> None:
         if self._sets is not None:
-            self.be._forget_values([a.block for a in self._sets[0] + self._sets[1] if a is not None])
+            self._forget_sets()
         for pair in self.variants:
             for rec in pair:
                 rec.close()
-        self.variants, self._sets, self._only = [], None, None
-        self.fwd = self.bwd = self.loss = None
+        self.variants, self._sets, self._only, self.loss = [], None, None, None
         self._drop_first(why)
 
     def _recorded(self, inputs, seed) -> float:
@@ -239,7 +242,7 @@ class TrainStep:
             return
         if _same(self._first_inputs, inputs):  # the same batch twice: what came from it is unknown
             self._only = {k: a.copy() for k, a in inputs.items()}
-        self.fwd, self.bwd, self.loss = fwd, bwd, lv.data
+        self.loss = lv.data
         # state the forward writes, or that does not pair up buffer for buffer: copied (and set aside first)
         written = set(fwd.pinned)
         mapping = be._pair_buffers([(b, a) for b, a in pairs if id(a.buffer) not in written],

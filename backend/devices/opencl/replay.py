@@ -39,6 +39,11 @@ MAX_GUARDS = 8
 MAX_PINNED_BYTES = 1 << 30
 
 
+def _copy_kw(dst, src) -> dict:
+    """enqueue_copy's keywords copying array ``src`` into array ``dst``."""
+    return {"byte_count": src.nbytes, "src_offset": src.ITEM * src.offset, "dst_offset": dst.ITEM * dst.offset}
+
+
 class Cell:
     """A kernel's scalar argument recomputed before each replay (``Recording.cell``)."""
     __slots__ = ("fn", "value")
@@ -130,13 +135,12 @@ class Recording:
         makes (new weights) into the arrays the recording reads (the only writes into an array an op
         did not make: the device's caches keyed by array, ``_finite_flags``, forget ``dst``). ``first``: before the
         recorded commands (a copy of the state they start from) instead of after them."""
-        kw = {"byte_count": src.nbytes, "src_offset": src.ITEM * src.offset, "dst_offset": dst.ITEM * dst.offset}
+        kw = _copy_kw(dst, src)
         self._pin(dst.buffer)
         self._pin(src.buffer)
         self.actions.insert(0 if first else len(self.actions), ("c", dst.buffer, src.buffer, kw))
         self.written.append(dst.block)
-        self.be.cl.enqueue_copy(self.be.queue, dst.buffer, src.buffer, **kw)
-        self.be._forget_values([dst.block])
+        self.be._assign(dst, src)
 
     def swapped(self, mapping: dict) -> "Recording":
         """This recording with buffers exchanged (``mapping``: id(buffer) -> buffer, both ways): the same
@@ -307,8 +311,7 @@ class CLReplay:
     def _assign(self, dst, src) -> None:
         """Array ``src`` copied into ``dst`` (same size): only for state a recording replays into
         (learn/replay.py), never an op's input."""
-        self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, byte_count=src.nbytes,
-                             src_offset=src.ITEM * src.offset, dst_offset=dst.ITEM * dst.offset)
+        self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, **_copy_kw(dst, src))
         self._forget_values([dst.block])
 
     def _forget_values(self, blocks) -> None:
@@ -340,7 +343,7 @@ class CLReplay:
 
     def _q_read(self, host, buf, offset: int = 0) -> None:
         """A device buffer into a host array (waits for the queue)."""
-        rec = self._rec
-        if rec is not None and rec.thread == threading.get_ident():
+        rec = self.recording()
+        if rec is not None:
             rec.fail("data was read back to the host while recording")
         self.cl.enqueue_copy(self.queue, host, buf, src_offset=offset, is_blocking=True)
