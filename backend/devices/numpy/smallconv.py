@@ -17,6 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...system import threads
+from ...ops.plans.conv import conv_output_size
 from .common import F32, zero_pad
 
 #: convs whose column matrix (N*OH*OW x C*KH*KW per group) holds at most this many floats take
@@ -36,8 +37,7 @@ def takes(xshape, wshape, stride, pads, dilation, groups, *arrays) -> bool:
     N, C, H, W = xshape
     _, _, KH, KW = wshape
     (sh, sw), (dh, dw), (t, b, l, r) = stride, dilation, pads
-    OH = (H + t + b - dh * (KH - 1) - 1) // sh + 1
-    OW = (W + l + r - dw * (KW - 1) - 1) // sw + 1
+    OH, OW = conv_output_size(H, KH, sh, t + b, dh), conv_output_size(W, KW, sw, l + r, dw)
     return OH > 0 and OW > 0 and 0 < N * OH * OW * C * KH * KW <= SMALL_COLS
 
 
@@ -83,8 +83,7 @@ def conv2d(x, w, bias, stride, pads, dilation):
     N, C, H, W = x.shape
     Cout, _, KH, KW = w.shape
     (sh, sw), (dh, dw), (t, b, l, r) = stride, dilation, pads
-    OH = (H + t + b - dh * (KH - 1) - 1) // sh + 1
-    OW = (W + l + r - dw * (KW - 1) - 1) // sw + 1
+    OH, OW = conv_output_size(H, KH, sh, t + b, dh), conv_output_size(W, KW, sw, l + r, dw)
     if C < NCHW_MAX_CIN:
         cols = _columns_nchw(x, t, b, l, r, KH, KW, OH, OW, stride, dilation)
         with threads.single_threaded_blas():
@@ -106,7 +105,7 @@ def weight_grad(x, gy, wshape, stride, pads, dilation):
     N, C, H, W = x.shape
     Cout, _, KH, KW = wshape
     _, _, OH, OW = gy.shape
-    (sh, sw), (dh, dw), (t, b, l, r) = stride, dilation, pads
+    (sh, sw), (dh, dw), (t, _, l, _) = stride, dilation, pads
     # zero padding only where the taps read
     b2 = max(0, (KH - 1) * dh + (OH - 1) * sh + 1 - H - t)
     r2 = max(0, (KW - 1) * dw + (OW - 1) * sw + 1 - W - l)
@@ -126,7 +125,7 @@ def input_grad(gy, w, in_hw, stride, pads, dilation):
     N, Cout, OH, OW = gy.shape
     _, C, KH, KW = w.shape
     H, W = in_hw
-    (sh, sw), (dh, dw), (t, b, l, r) = stride, dilation, pads
+    (sh, sw), (dh, dw), (t, _, l, _) = stride, dilation, pads
     Hp = max((OH - 1) * sh + dh * (KH - 1) + 1, t + H)
     Wp = max((OW - 1) * sw + dw * (KW - 1) + 1, l + W)
     g = gy.transpose(1, 2, 3, 0).reshape(Cout, OH * OW * N)
