@@ -17,6 +17,12 @@ Thread safety of the pool (``BufferPool``):
   and the garbage collector do (a finaliser that waited for it deadlocked the timer thread, which
   held it while ``Timer.start()`` waited for a new thread whose bootstrap ran that finaliser).
 - At interpreter exit nothing goes back to the pool: the driver frees everything.
+- Reuse is safe because every launch of the pool's users goes to one in-order command queue: a buffer
+  dropped on the host may be handed out again at once, the commands still reading it run first. A
+  thread with a queue of its own (the warm-up thread, warm.py) marks itself ``private.on``: its
+  allocations are new buffers that never enter the free lists (the driver frees them once their last
+  command ran), so neither queue writes a buffer the other still reads (a pooled buffer the self-check
+  had dropped, rewritten by the warm-up queue, gave a wrong conv at first use on a cold cache).
 
 Wrapped host memory (``_HostBlock``, ``BufferPool.wrap``): on a CPU device a float32 constant the
 caller promises not to write (a compiled weight, ``to_device(..., share=True)``) is a
@@ -122,6 +128,7 @@ class BufferPool:
         self.pinned: dict = {}  # id(buffer) -> [buffer, recordings pinning it]: kept when dropped (replay.py)
         self.pinned_bytes = 0  # their bytes
         self.kept: list = []  # (buffer, size) dropped while pinned: still live, never pooled
+        self.private = threading.local()  # ``on`` in a thread with a command queue of its own (see above)
 
     @property
     def pooled(self) -> int:
@@ -183,6 +190,9 @@ class BufferPool:
 
     def alloc(self, nbytes: int) -> _Block:
         size = self.bucket(nbytes)
+        if getattr(self.private, "on", False):  # another queue's buffer: never pooled (module docstring)
+            cl = _cl()
+            return _Block(cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size), size, None)
         bound = self.bound() if self.returned else None
         buf = None
         with self.lock:

@@ -27,6 +27,14 @@ def _driver_caches_code(dev) -> bool:
     return pocl and os.environ.get("POCL_KERNEL_CACHE", "1") != "0"
 
 
+def quiet(options: str) -> str:
+    """Build options with ``-w`` (OpenCL's "inhibit all warning messages"): PoCL's in-process compiler
+    prints its diagnostics' count ("102 warnings generated.") straight to the process's stderr (the
+    terminal, ComfyUI's log) where the CPU has no AVX-512 (clang's -Wpsabi on float16 arguments); errors
+    still come back in the build log. Not part of a program's digest (the code is the same)."""
+    return f"{options} -w".strip()
+
+
 class ProgramCache:
     """Built programs, in memory and on disk (binary keyed by device, driver, source, options)."""
 
@@ -62,7 +70,7 @@ class ProgramCache:
             if payload is not None:
                 try:
                     low = cl._cl._Program(self.ctx, [self.dev], [payload])
-                    low.build(options.encode(), [self.dev])
+                    low.build(quiet(options).encode(), [self.dev])
                     prg = cl.Program(low)
                     self.stats["disk_hits"] += 1
                 except Exception as exc:
@@ -76,7 +84,7 @@ class ProgramCache:
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        low.build(options.encode(), [self.dev])
+                        low.build(quiet(options).encode(), [self.dev])
                 except Exception as exc:
                     try:
                         blog = low.get_build_info(self.dev, cl.program_build_info.LOG)
@@ -84,6 +92,12 @@ class ProgramCache:
                         blog = ""
                     raise RuntimeError(f"OpenCL build failed: {exc}\n{blog}".strip()) from None
                 self.stats["builds"] += 1
+                try:
+                    blog = (low.get_build_info(self.dev, cl.program_build_info.LOG) or "").strip()
+                except Exception:  # noqa: BLE001 - the log is for debugging only
+                    blog = ""
+                if blog:
+                    log.debug("opencl: build log of %s: %s", d[:10], blog[:4000])
                 log.debug("opencl: built program %s in %.2f s", d[:10], time.perf_counter() - t0)
                 prg = cl.Program(low)
                 try:

@@ -68,6 +68,7 @@ class CLWarm:
         tls = self._warm_tls
         t0 = time.perf_counter()
         try:
+            self.pool.private.on = True  # this queue's buffers are its own (memory.py)
             tls.queue = self.cl.CommandQueue(self.ctx, self.dev)
             x = self.to_device(np.linspace(0.0, 1.0, 8, dtype=np.float32).reshape(2, 4), "warm", "x")
             for name, op in WARM_OPS:
@@ -79,6 +80,7 @@ class CLWarm:
         except Exception as exc:  # noqa: BLE001
             log.debug("anydevice: opencl warm-up stopped: %s", exc)
         finally:
+            self.pool.private.on = False
             tls.queue = None
             self._warm_tls = None  # the other threads' launches take the fast path again
         log.debug("anydevice: opencl warm-up of %d ops took %.2f s", len(WARM_OPS), time.perf_counter() - t0)

@@ -70,3 +70,33 @@ def test_every_warm_op_runs_and_gives_the_numpy_result():
 def test_the_gpu_family_starts_no_warm_thread():
     be = opencl.create("opencl", 0, family="gpu")
     assert be._warm_in_background() is None
+
+
+def test_the_warm_threads_buffers_never_meet_the_pool():
+    """The warm thread launches on a queue of its own: a buffer this thread dropped (its commands maybe still
+    queued) is never handed to it, and its own buffers never enter the free lists (the self-check's conv came
+    out wrong at first use on a cold cache when the warm queue rewrote a buffer the main queue still read)."""
+    be = _cpu()
+    pool = be.pool
+    mine = be.to_device(np.ones(1000, np.float32))
+    del mine
+    pooled = pool.pooled  # the dropped buffer is in the free lists now
+    assert pooled > 0
+    got = {}
+
+    def other():
+        pool.private.on = True
+        try:
+            blk = pool.alloc(4000)
+            got["pool"], got["pooled"] = blk.pool, pool.pooled
+            del blk
+            got["returned"] = len(pool.returned)
+        finally:
+            pool.private.on = False
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(30)
+    assert got == {"pool": None, "pooled": pooled, "returned": 0}, got
+    assert not getattr(pool.private, "on", False)  # the flag is the other thread's only
+
