@@ -3,7 +3,8 @@
    C[b] = A[b] (M x K, row stride lda) . B[b] (K x N, row stride ldb, unit column stride) (+ bias[m])
 
    kernel gemm_cpu: one work item computes a (MR*MSUB) x 32 block of C: MSUB sub-tiles of MR rows
-   (MR = 8..14), each held in 2*MR float16 accumulators (24 of the 32 zmm registers for MR=12;
+   (MR = 4..14), each held in 2*MR float16 accumulators, or MR twice where NH = 2 (below)
+   (24 of the 32 zmm registers for MR=12;
    PoCL/LLVM keeps them in registers, the inner loop is 2 vector loads, MR broadcasts from
    memory and 2*MR FMAs). K is walked in cache blocks of KC (the B panel KC x 32 stays in L1
    across the MSUB sub-tiles); inside a block, partial sums are folded into a private total every
@@ -135,9 +136,22 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
 
 #include "unroll_mr.h"
 
+#ifndef NH
+#define NH 1  /* passes over a 32-column tile: 1 (MR x 32 accumulators, 2*MR float16s) where the vector
+                 registers hold them (AVX-512: 32 zmm), 2 (MR x 16 twice) where they hold half (AVX2:
+                 16 ymm, MR 6 -> 12 of them; MR 12 x 32 spilled: 58 GFLOPS at 1024^2 against 140) */
+#endif
+#if NH == 1
 #define DECL(i) float16 c##i##0 = 0, c##i##1 = 0;
+#define LOADB const float16 b0 = vload16(0, bp), b1 = vload16(1, bp);
 #define STEP(i) { const float av = ap[i]; c##i##0 = fma((float16)av, b0, c##i##0); c##i##1 = fma((float16)av, b1, c##i##1); }
 #define FOLD(i) tp[2*(i)] += c##i##0; tp[2*(i)+1] += c##i##1;
+#else
+#define DECL(i) float16 c##i##0 = 0;
+#define LOADB const float16 b0 = vload16(0, bp);
+#define STEP(i) { const float av = ap[i]; c##i##0 = fma((float16)av, b0, c##i##0); }
+#define FOLD(i) tp[2*(i)] += c##i##0;
+#endif
 
 __kernel void gemm_cpu(const int M, const int N, const int K,
                        __global const float *Ap, const long ap_bs,
@@ -166,16 +180,17 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
         const int k1 = min(K, k0 + KC);
         for (int s = 0; s < nsub; s++) {
             const __global float *ap0 = Apanel + (long)(m0 / MR + s) * K * MR;
-            for (int kp = k0; kp < k1; kp += KP) {
+            for (int kp = k0; kp < k1; kp += KP)
+            for (int h = 0; h < NH; h++) {
                 const int kend = min(k1, kp + KP);
                 R(DECL)
-                const __global float *bp = Bpanel + (long)kp * TN;
+                const __global float *bp = Bpanel + (long)kp * TN + h * 16;
                 const __global float *ap = ap0 + (long)kp * MR;
                 for (int k = kp; k < kend; k++, bp += TN, ap += MR) {
-                    const float16 b0 = vload16(0, bp), b1 = vload16(1, bp);
+                    LOADB
                     R(STEP)
                 }
-                float16 *tp = &tot[s][0][0];
+                float16 *tp = &tot[s][0][h];
                 R(FOLD)
             }
         }

@@ -90,9 +90,11 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
                 __global float *ob = o + (4 * a + b) * estride;
                 float us[16];
                 vstore16(u[b], 0, us);
+#if MR >= 8
                 vstore8(vload8(0, us), 0, ob);
-#if MR > 8
                 for (int i = 8; i < MR; i++) ob[i] = us[i];
+#else  /* a narrow panel (MR 4 or 6): 8 values would reach the next row's */
+                for (int i = 0; i < MR; i++) ob[i] = us[i];
 #endif
             }
         }

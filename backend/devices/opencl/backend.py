@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 
 import numpy as np
 
@@ -17,27 +16,26 @@ from ...ops.contract import Backend, Capabilities, unary_kernel_args
 from .adam import CLAdam
 from .attention import CLAttention
 from ..runtime.kernel_source import kernel_source
-from ..runtime import JsonStore
-from .device import _checks, _cl, _cpu_macs_per_s, _describe, _device_key, _is_gpu, _record_check, cache_root
+from .device import _checks, _cl, _cpu_macs_per_s, _describe, _device_key, _is_gpu, _record_check
 from .gpu_linalg import CLGpuLinalg
 from .linalg import LinalgOps
 from .w8a8 import CLW8A8
 from .memory import BufferPool, CLArray, CLHalf, CLQuant, _collapse, _contig_strides
 from .storage import CLStorage
-from .params import (BINARY_CODES, DEFAULT_TUNE, F32, FUSED, HALF_CODES, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC,
-                     SIGS, TUNE_BUDGET_S)
+from .params import BINARY_CODES, F32, FUSED, HALF_CODES, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS
 from .programs import ProgramCache
 from .wgrad import CLWeightGrad
 from .norms import CLNorms
 from .losses import CLLosses
 from .replay import CLReplay
+from .tuning import CLTuning
 from .warm import CLWarm
 
 log = logging.getLogger("anydevice")
 
 
 class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8, CLWeightGrad, CLAdam, CLAttention, CLWarm,
-                    CLReplay, Backend):
+                    CLReplay, CLTuning, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM and conv in
     linalg.py (GPU family: gpu_linalg.py), conv gradients in wgrad.py, Adam in adam.py, attention in attention.py."""
 
@@ -128,10 +126,6 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
             return None
         return max(0, int(self.dev.global_mem_size) - self.pool.live)
 
-    @staticmethod
-    def _tune_store() -> JsonStore:
-        return JsonStore(cache_root() / "tune.json")
-
     # ---- kernels ---------------------------------------------------------------------------
     def _source(self, fname: str, portable: bool) -> str:
         src = self._sources.get(fname)
@@ -140,65 +134,10 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
             self._sources[fname] = src
         return src
 
-    def tunables(self, fname: str, shape_class: str = "") -> dict:
-        """Build-time tunables: defaults, overridden by stored tuning results for this device."""
-        params = dict(DEFAULT_TUNE.get(fname, {}))
-        key = f"{fname}:{shape_class}"
-        if (shape_class and key not in self._tune and fname == "gemm_cpu.cl"
-                and config.get("ANYDEVICE_OPENCL_TUNE")):
-            self._autotune_gemm_cpu(shape_class)
-        for stored in (self._tune.get(fname), self._tune.get(key)):
-            if isinstance(stored, dict):  # an entry of another type (a damaged tune.json) is ignored
-                params.update(stored)
-        return params
-
-    def _autotune_gemm_cpu(self, shape_class: str) -> None:
-        """Time a few gemm_cpu variants on a problem of this shape class (<= TUNE_BUDGET_S in all,
-        shared by every class tuned in this process); store the winner on disk."""
-        key = f"gemm_cpu.cl:{shape_class}"
-        self._tune[key] = {}  # no recursion, and a failure is not retried
-        left = TUNE_BUDGET_S - self._tune_spent
-        if left <= 0.5:
-            return
-        size = {"s": 64, "m": 512, "l": 1024}
-        M, N, K = (size[c] for c in shape_class)
-        rng = np.random.default_rng(0)
-        a = self._from_numpy(rng.standard_normal((M, K), dtype=np.float32))
-        b = self._from_numpy(rng.standard_normal((K, N), dtype=np.float32))
-        cands = [{}, {"MR": 8, "MSUB": 4, "KC": 128}, {"MR": 14, "MSUB": 2}, {"MSUB": 8},
-                 {"KC": 512, "KP": 256}]
-        t_start = time.perf_counter()
-        best, best_t = None, float("inf")
-        log.info("anydevice opencl: auto-tuning gemm_cpu for shape class %s (budget %.1f s)", shape_class, left)
-        for i, cand in enumerate(cands):
-            if time.perf_counter() - t_start > left:
-                break
-            params = dict(DEFAULT_TUNE["gemm_cpu.cl"], **cand)
-            self._tune[key] = params
-            try:
-                self._gemm(M, N, K, 1, a, 0, K, 1, 0, b, 0, N, 1, 0)
-                self.synchronize()
-                t0 = time.perf_counter()
-                self._gemm(M, N, K, 1, a, 0, K, 1, 0, b, 0, N, 1, 0)
-                self.synchronize()
-                dt = time.perf_counter() - t0
-            except Exception as exc:
-                log.info("anydevice opencl: tune candidate %s failed: %s", cand, exc)
-                continue
-            log.info("anydevice opencl: tune %d/%d %s: %.2f GFLOPS", i + 1, len(cands), params,
-                     2.0 * M * N * K / dt / 1e9)
-            if dt < best_t:
-                best, best_t = params, dt
-        self._tune_spent += time.perf_counter() - t_start
-        self._tune[key] = best or {}
-        if best:
-            self._tune_store().update(_device_key(self.dev), {key: best})
-            log.info("anydevice opencl: tuned %s -> %s", key, best)
-
     def _kernel(self, name: str, params: dict | None = None):
         fname, portable = KFILES[name]
         if params is None:
-            params = DEFAULT_TUNE.get(fname, {})
+            params = self.default_tunables(fname)
         key = (name, tuple(sorted(params.items())))
         k = self._kernels.get(key)
         if k is None:

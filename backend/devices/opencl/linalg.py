@@ -466,12 +466,12 @@ class LinalgOps:
 
     def _rows_fit(self, shape_class: str, M: int) -> dict:
         """gemm_cpu's tunables for a product of M rows: the stored tuning of its shape class where there is one;
-        else the defaults, but MR 8 where M (at most 128) is a multiple of 8 and not of 12, so that no panel row
-        is padding (MR 12 computes 72 rows for 64, 48 for 32). Measured (AVX-512 EPYC, same process, MR 12 x 4
+        else the defaults, but with MR 12 (wide vectors) MR 8 where M (at most 128) is a multiple of 8 and not of
+        12, so that no panel row is padding (MR 12 computes 72 rows for 64, 48 for 32). Measured (AVX-512 EPYC, same process, MR 12 x 4
         against the fit): the compact upscaler's 64-channel Winograd convs 577 -> 522 ms (8 x 8; 8 x 4: 540), the
         residual denoiser's training step (32 channels: conv GEMMs, weight gradients) 158 -> 147 ms."""
         params = self.tunables("gemm_cpu.cl", shape_class)
-        if not self._tune.get(f"gemm_cpu.cl:{shape_class}") and M <= 128 and M % 8 == 0 and M % 12:
+        if params["MR"] == 12 and not self._tune.get(f"gemm_cpu.cl:{shape_class}") and M <= 128 and M % 8 == 0 and M % 12:
             params = dict(params, MR=8, MSUB=8 if M >= 64 else 4)
         return params
 

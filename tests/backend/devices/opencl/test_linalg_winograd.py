@@ -49,6 +49,8 @@ def test_rows_fit_takes_mr_8_where_no_row_is_padding(M, want):
     try:
         p = BE._rows_fit(sc, M)
         default = BE.tunables("gemm_cpu.cl", sc)
+        if default["MR"] != 12:  # narrow vectors (AVX2): MR 6 x 16 tiles, no fit
+            want = None
         assert (p["MR"], p["MSUB"]) == (want if want is not None else (default["MR"], default["MSUB"]))
         BE._tune[f"gemm_cpu.cl:{sc}"] = {"MR": 14, "MSUB": 2}  # a stored tuning wins
         assert (BE._rows_fit(sc, M)["MR"], BE._rows_fit(sc, M)["MSUB"]) == (14, 2)

@@ -1,0 +1,109 @@
+"""The CPU kernel family's tunables (backend/devices/opencl/tuning.py): the defaults follow the device's
+float vector width (AVX-512: MR 12 x 32 tiles; AVX2/NEON: MR 6 x 16 twice), a stored tuning wins, and
+every GEMM-based op gives torch's float64 values under each tile the defaults or the tuner can pick, on
+whichever machine runs the tests (the tile is forced through the stored tuning entry of the file)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+try:
+    from anydevice.backend.devices import opencl
+    BE = opencl.create("opencl", 0, family="cpu")
+except Exception as exc:  # noqa: BLE001
+    pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
+
+from anydevice.backend.devices.opencl.params import DEFAULT_TUNE, NARROW_TUNE
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+#: every gemm_cpu tile the defaults (wide, narrow) or the tuner's candidates give
+TILES = {"wide": DEFAULT_TUNE["gemm_cpu.cl"], "narrow": NARROW_TUNE["gemm_cpu.cl"],
+         "narrow MR 4": dict(NARROW_TUNE["gemm_cpu.cl"], MR=4, MSUB=8),
+         "narrow KC 256": dict(NARROW_TUNE["gemm_cpu.cl"], KC=256, KP=128, MSUB=2),
+         "wide MR 8": dict(DEFAULT_TUNE["gemm_cpu.cl"], MR=8, KC=128), "wide MR 14": dict(DEFAULT_TUNE["gemm_cpu.cl"], MR=14, MSUB=2)}
+
+
+@pytest.fixture(params=sorted(TILES))
+def tile(request):
+    saved = dict(BE._tune)
+    BE._tune.clear()
+    BE._tune["gemm_cpu.cl"] = dict(TILES[request.param])
+    try:
+        yield TILES[request.param]
+    finally:
+        BE._tune.clear()
+        BE._tune.update(saved)
+
+
+def _err(got, ref) -> float:
+    got = np.asarray(got, np.float64)
+    ref = ref.detach().numpy() if hasattr(ref, "detach") else np.asarray(ref)
+    assert got.shape == ref.shape
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def _t(a):
+    return torch.from_numpy(a).double()
+
+
+@pytest.mark.parametrize("M,N,K", [(97, 131, 300), (64, 64, 64), (6, 200, 70), (256, 40, 1030), (130, 33, 17)])
+def test_matmul_under_every_tile(tile, M, N, K):
+    rng = np.random.default_rng(M * N + K)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    assert BE.tunables("gemm_cpu.cl", BE._shape_class(M, N, K))["MR"] == tile["MR"]
+    assert _err(BE.to_numpy(BE.matmul(a, b)), _t(a) @ _t(b)) < 1e-6
+
+
+@pytest.mark.parametrize("xs,ws,stride,padding", [((2, 64, 12, 20), (40, 64, 3, 3), 1, 1),   # Winograd
+                                                  ((1, 32, 9, 11), (70, 32, 3, 3), 1, 0),
+                                                  ((2, 5, 19, 23), (7, 5, 5, 5), 2, 2),      # im2col GEMM
+                                                  ((1, 48, 10, 10), (30, 48, 1, 1), 1, 0)])
+def test_conv2d_and_its_gradients_under_every_tile(tile, xs, ws, stride, padding):
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    xt, wt = _t(x).requires_grad_(), _t(w).requires_grad_()
+    ref = F.conv2d(xt, wt, _t(b), stride, padding)
+    assert _err(BE.to_numpy(BE.conv2d(x, w, b, stride, padding)), ref) < 2e-6
+    gy = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
+    gx_ref, gw_ref = torch.autograd.grad(ref, (xt, wt), _t(gy))
+    p = (padding,) * 4
+    s = (stride, stride)
+    gx = BE._conv2d_input_grad(BE.to_device(gy), BE.to_device(w), xs[2:], s, p, (1, 1), 1)
+    gw = BE._conv2d_weight_grad(BE.to_device(x), BE.to_device(gy), ws, s, p, (1, 1), 1)
+    assert _err(BE.to_numpy(gx), gx_ref) < 2e-6
+    assert _err(BE.to_numpy(gw), gw_ref) < 2e-6
+
+
+@pytest.mark.parametrize("L,S,E", [(200, 300, 64), (77, 50, 40)])
+def test_attention_under_every_tile(tile, L, S, E):
+    rng = np.random.default_rng(L + S + E)
+    q, k, v = (rng.standard_normal((1, 2, n, E)).astype(np.float32) for n in (L, S, S))
+    got = BE.to_numpy(BE.scaled_dot_product_attention(BE.to_device(q), BE.to_device(k), BE.to_device(v)))
+    assert _err(got, F.scaled_dot_product_attention(_t(q), _t(k), _t(v))) < 2e-6
+
+
+def test_the_defaults_follow_the_vector_width(monkeypatch):
+    cls = type(BE)
+    monkeypatch.setattr(cls, "vector_width", property(lambda self: 8))
+    assert BE.narrow_vectors == BE.is_cpu_device
+    if BE.is_cpu_device:
+        assert BE.default_tunables("gemm_cpu.cl") == NARROW_TUNE["gemm_cpu.cl"]
+        assert BE.default_tunables("w8a8_cpu.cl") == DEFAULT_TUNE["w8a8_cpu.cl"]  # no narrow variant: as before
+        assert all("MR" not in c or c["MR"] <= 6 for c in BE._tune_candidates())
+    monkeypatch.setattr(cls, "vector_width", property(lambda self: 16))
+    assert not BE.narrow_vectors
+    assert BE.default_tunables("gemm_cpu.cl") == DEFAULT_TUNE["gemm_cpu.cl"]
+    saved = dict(BE._tune)
+    try:
+        BE._tune.clear()
+        BE._tune["gemm_cpu.cl:lll"] = {"MR": 8, "MSUB": 2}  # a stored tuning wins over the defaults
+        assert BE.tunables("gemm_cpu.cl", "lll") == dict(DEFAULT_TUNE["gemm_cpu.cl"], MR=8, MSUB=2)
+        assert BE.tunables("gemm_cpu.cl", "mmm") == DEFAULT_TUNE["gemm_cpu.cl"]
+    finally:
+        BE._tune.clear()
+        BE._tune.update(saved)
