@@ -45,6 +45,13 @@
 #define VSTORE(x, p) (*(p) = (x))
 #endif
 #define NV (EV / VW)
+#if defined(TQ) && defined(RT) && TQ % RT
+#error "TQ must be a multiple of RT (a row group past TQ would index qs out of bounds)"
+#endif
+#ifndef CV
+#define CV NV  /* CPU family: value vectors of a row one pass over the block's keys accumulates (a divisor of
+                  NV): RT x CV vectors of sums stay in registers (narrow registers: AVX2's 16 ymm) */
+#endif
 
 /* max of a float16's lanes by a tree of compare-selects (a NaN lane may or may not win: a row
    with a NaN score gives NaN either way, through its exp or through the max) */
@@ -186,19 +193,21 @@ __kernel void att_cpu(ATT_ARGS)
                 l16[rt + r] = ls;
                 c16[rt + r] = lc;
             }
-            VT blk[RT][NV];
-            _Pragma("unroll") for (int r = 0; r < RT; r++)
-                _Pragma("unroll") for (int c = 0; c < NV; c++) blk[r][c] = 0.0f;
-            for (int jj = 0; jj < nk; jj++) {
-                const __global float *vr = vb + (long)(j0 + jj) * EV;
-                _Pragma("unroll") for (int c = 0; c < NV; c++) {
-                    const VT vv = VLOAD(vr + c * VW);
-                    _Pragma("unroll") for (int r = 0; r < RT; r++) blk[r][c] = fma((VT)(pa[r][jj]), vv, blk[r][c]);
+            for (int c0 = 0; c0 < NV; c0 += CV) {
+                VT blk[RT][CV];
+                _Pragma("unroll") for (int r = 0; r < RT; r++)
+                    _Pragma("unroll") for (int c = 0; c < CV; c++) blk[r][c] = 0.0f;
+                for (int jj = 0; jj < nk; jj++) {
+                    const __global float *vr = vb + (long)(j0 + jj) * EV + c0 * VW;
+                    _Pragma("unroll") for (int c = 0; c < CV; c++) {
+                        const VT vv = VLOAD(vr + c * VW);
+                        _Pragma("unroll") for (int r = 0; r < RT; r++) blk[r][c] = fma((VT)(pa[r][jj]), vv, blk[r][c]);
+                    }
                 }
+                _Pragma("unroll") for (int r = 0; r < RT; r++)
+                    _Pragma("unroll") for (int c = 0; c < CV; c++)
+                        acc[rt + r][c0 + c] = fma(acc[rt + r][c0 + c], (VT)(alpha[r]), blk[r][c]);
             }
-            _Pragma("unroll") for (int r = 0; r < RT; r++)
-                _Pragma("unroll") for (int c = 0; c < NV; c++)
-                    acc[rt + r][c] = fma(acc[rt + r][c], (VT)(alpha[r]), blk[r][c]);
         }
     }
     __global float *yb = y + y_off + (long)b * L * EV;

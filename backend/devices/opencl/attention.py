@@ -15,6 +15,25 @@ from ..runtime.attention import MAX_HEAD_DIM, attention_args, attention_layout, 
 CPU_TQ, CPU_RT = 64, 4
 #: CPU family: keys a block (KB: a multiple of 16; 64 measured ~6% faster than 32 on the bench case)
 CPU_KB = 64
+#: CPU family on narrow vectors (AVX2's 16 ymm; tuning.py): RT 2 rows, blocks of 32 keys, and the value dim
+#: in passes of at most NARROW_CV_FLOATS sums a row group (measured on a 2-core AVX2 EPYC, 1x8x4096 heads of
+#: 64 / 40: RT 4 KB 64 0.53 / 0.62 of PyTorch; RT 2 KB 32 0.75 / 1.08 before the value passes)
+NARROW_RT, NARROW_KB, NARROW_CV_FLOATS = 2, 32, 96
+
+
+def value_vectors(ev: int) -> tuple[int, int]:
+    """(VW, NV) of attention.cl: the value dim's vector width and count."""
+    vw = 16 if ev % 16 == 0 else 8 if ev % 8 == 0 else 4 if ev % 4 == 0 else 1
+    return vw, ev // vw
+
+
+def cpu_params(E: int, Ev: int, narrow: bool) -> dict:
+    """att_cpu's build options for head dims E, Ev (``narrow``: the device's vectors are at most 8 floats)."""
+    if not narrow:
+        return {"E": E, "EV": Ev, "TQ": CPU_TQ, "RT": CPU_RT, "KB": CPU_KB}
+    vw, nv = value_vectors(Ev)
+    cv = max([d for d in range(1, nv + 1) if nv % d == 0 and NARROW_RT * d * vw <= NARROW_CV_FLOATS] or [1])
+    return {"E": E, "EV": Ev, "TQ": CPU_TQ, "RT": NARROW_RT, "KB": NARROW_KB, "CV": cv}
 #: GPU family: the work group (query rows of a group) and key tile the kernel asks for first
 GPU_WG, GPU_BK = 64, 32
 
@@ -41,9 +60,7 @@ class CLAttention:
         args = attention_args(lay, q, kt, v, mask, y, scale, causal, row0,
                               buf=lambda a: a.buffer, off=lambda a: a.offset)
         if self.family == "cpu":
-            tq = CPU_TQ
-            self._run("att_cpu", (B * -(-L // tq),), (1,), *args,
-                      params={"E": E, "EV": Ev, "TQ": tq, "RT": CPU_RT, "KB": CPU_KB})
+            self._run("att_cpu", (B * -(-L // CPU_TQ),), (1,), *args, params=cpu_params(E, Ev, self.narrow_vectors))
             return y
         wg, bk = self._att_gpu_geometry(E, Ev)
         self._run("ad_attention", (B * -(-L // wg) * wg,), (wg,), *args, params={"E": E, "EV": Ev, "WG": wg, "BK": bk})

@@ -107,3 +107,25 @@ def test_the_defaults_follow_the_vector_width(monkeypatch):
     finally:
         BE._tune.clear()
         BE._tune.update(saved)
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("E,Ev", [(64, 64), (40, 40), (32, 48), (80, 80), (8, 12), (24, 7)])
+def test_attention_under_both_vector_widths(monkeypatch, narrow, E, Ev):
+    """att_cpu's build options follow the vector width (attention.cpu_params: narrow vectors take 2 rows, 32-key
+    blocks and the value dim in passes); a mask, causal rows and a key count past the last block, both ways."""
+    from anydevice.backend.devices.opencl import attention
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8 if narrow else 16))
+    p = attention.cpu_params(E, Ev, BE.narrow_vectors)
+    vw, nv = attention.value_vectors(Ev)
+    assert nv % p.get("CV", nv) == 0 and p["TQ"] % p["RT"] == 0
+    rng = np.random.default_rng(E * Ev)
+    L, S = 70, 83
+    q = rng.standard_normal((2, 3, L, E)).astype(np.float32)
+    k = rng.standard_normal((2, 3, S, E)).astype(np.float32)
+    v = rng.standard_normal((2, 3, S, Ev)).astype(np.float32)
+    m = rng.standard_normal((L, S)).astype(np.float32)
+    got = BE.to_numpy(BE.scaled_dot_product_attention(*(BE.to_device(a) for a in (q, k, v)), attn_mask=BE.to_device(m)))
+    assert _err(got, F.scaled_dot_product_attention(_t(q), _t(k), _t(v), attn_mask=_t(m))) < 2e-6
+    got = BE.to_numpy(BE.scaled_dot_product_attention(*(BE.to_device(a) for a in (q, k, v)), is_causal=True))
+    assert _err(got, F.scaled_dot_product_attention(_t(q), _t(k), _t(v), is_causal=True)) < 2e-6
