@@ -452,14 +452,18 @@ class LinalgOps:
         C = xshape[1]
         K = (C // groups) * KH * KW
         direct = K <= DIRECT_MAX_K and OW >= 24
-        if direct and -(-OW // 32) <= DIRECT_PAD_MAX_TILES:
+        # narrow vectors (AVX2; tuning.py): Winograd from 32 channels on both sides, on any row width (2-core
+        # AVX2 EPYC, direct -> Winograd: 16x32x64^2 32 -> 32 28 -> 19 ms, 4x32x128^2 29 -> 16, 1x48x128^2 15.5
+        # -> 11.3, 1x32x512^2 134 -> 67; 32 -> 16 and 16 -> 32 about even)
+        narrow = self.narrow_vectors and min(C, Cout) >= 32
+        if direct and -(-OW // 32) <= DIRECT_PAD_MAX_TILES and not narrow:
             return "direct"  # narrow rows, padded (_direct_padded): faster than Winograd up to 64 channels
         # rows of more than DIRECT_PAD_MAX_TILES tiles (the direct kernel's edge tiles load one by one): Winograd
         # from 32 channels where in x out channels reach 2048 (1x64x256^2: 64 -> 48 36 -> 23 ms, 64 -> 32 30 -> 23,
         # 32 -> 64 27 -> 20; 32 -> 32 and 64 <-> 16 stay direct, 13 against 22 ms)
         wide = -(-OW // 32) > DIRECT_PAD_MAX_TILES and min(C, Cout) >= 32 and C * Cout >= 2048
         if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
-                and (wide or (C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH)) \
+                and (wide or narrow or (C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH)) \
                 and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes():
             return "winograd"
         return "direct" if direct else "gemm"

@@ -35,6 +35,7 @@ def test_direct_conv_on_narrow_rows_matches_torch(xs, cout, k, pad, dil, stride,
     b = rng.standard_normal(cout).astype(np.float32)
     x0 = x.copy()
     xd = BE.to_device(x)
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 16))  # (narrow vectors: Winograd from 32 channels)
     launched = []
     run = BE._run
     monkeypatch.setattr(BE, "_run", lambda name, *a, **kw: (launched.append(name), run(name, *a, **kw))[1])

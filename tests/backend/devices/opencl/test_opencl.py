@@ -332,14 +332,20 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((32, 512, 7, 7), (512, 512, 7, 7), {"stride": 2, "padding": 3}, "gemm"),
     ((1, 64, 9, 7), (64, 32, 3, 3), {"groups": 2}, "gemm"),         # grouped: never Winograd
     ((1, 64, 40, 40), (64, 64, 3, 3), {"dilation": 2}, "direct"),
-    ((16, 32, 64, 64), (32, 32, 3, 3), {}, "direct"),               # the denoiser's convs: narrow rows, padded
-    ((2, 64, 64, 64), (64, 64, 3, 3), {}, "direct"),                # (faster than Winograd up to 64 channels)
-    ((1, 32, 256, 256), (32, 32, 3, 3), {}, "direct"),              # under WINOGRAD_MIN_CH channels
+    # (wide vectors, narrow vectors: AVX2 takes Winograd from 32 channels on both sides)
+    ((16, 32, 64, 64), (32, 32, 3, 3), {}, ("direct", "winograd")),  # the denoiser's convs: narrow rows, padded
+    ((2, 64, 64, 64), (64, 64, 3, 3), {}, ("direct", "winograd")),   # (faster than Winograd up to 64 channels)
+    ((1, 32, 256, 256), (32, 32, 3, 3), {}, ("direct", "winograd")),  # under WINOGRAD_MIN_CH channels
+    ((16, 32, 64, 64), (16, 32, 3, 3), {}, "direct"),
+    ((16, 16, 64, 64), (32, 16, 3, 3), {}, "direct"),
     ((1, 64, 256, 256), (64, 64, 3, 3), {}, "winograd"),            # the compact upscaler's convs
     ((2, 128, 64, 64), (128, 128, 3, 3), {}, "winograd"),           # K over DIRECT_MAX_K
 ])
-def test_cpu_conv_path_choice(cpu_be, xs, ws, kw, path):
-    assert _path(cpu_be, xs, ws, **kw) == path
+@pytest.mark.parametrize("width", [16, 8])
+def test_cpu_conv_path_choice(cpu_be, monkeypatch, xs, ws, kw, path, width):
+    monkeypatch.setattr(type(cpu_be), "vector_width", property(lambda self: width))
+    want = path if isinstance(path, str) else path[width == 8]
+    assert _path(cpu_be, xs, ws, **kw) == want
 
 
 @needs_device
