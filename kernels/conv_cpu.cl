@@ -4,12 +4,13 @@
                       columns [colbase, colbase + ncols) of the (n, oh, ow) column space; a work
                       item fills PK rows of k of one 32-column tile.
                       Launch: global (ceil(K/PK), ceil(ncols/32), G), local (1,1,1).
-   conv2d_direct    : direct conv for small CinG*KH*KW. A work item computes 8 output channels x 32
-                      output columns of one output row. Launch: global (ceil(OW/32), OH,
-                      N*G*ceil(CoutG/8)), local (1,1,1). Exact for Inf/NaN weights too (wflag).
+   conv2d_direct    : direct conv for small CinG*KH*KW. A work item computes DCO output channels x 32
+                      output columns of one output row (DCO 8; 4 on AVX2, tuning.py). Launch:
+                      global (ceil(OW/32), OH, N*G*ceil(CoutG/DCO)), local (1,1,1). Exact for Inf/NaN
+                      weights too (wflag).
    conv_t2d_direct  : transposed conv, phase-decomposed: outputs ow = r + sw*j of one phase r
                       read contiguous input runs. Launch: global (ceil(ceil(OW/sw)/32), OH*sw,
-                      N*G*ceil(CoutG/8)), local (1,1,1).
+                      N*G*ceil(CoutG/DCO)), local (1,1,1).
    Both direct kernels fold partial sums into totals every ~64 taps (FP32 precision on long K).
    im2col_pack reads x as stored (build option XDT, half_io.h: float32, float16 or bfloat16).
 */
@@ -73,6 +74,24 @@ __kernel void im2col_pack(__global const xstore_t *x, const long x_off, __global
     }
 }
 
+/* The direct kernels' register tile: DCO output channels (4, 6 or 8) x 32 output columns, in 2 * DCO float16
+   accumulators (8: 16 of AVX-512's 32 zmm; on AVX2's 16 ymm they spilled, a load and a store around every
+   FMA: narrow vectors take 4, tuning.py). */
+#ifndef DCO
+#define DCO 8
+#endif
+#define RC(X) X(0) X(1) X(2) X(3) RC4(X)
+#if DCO > 4
+#define RC4(X) X(4) X(5) RC6(X)
+#else
+#define RC4(X)
+#endif
+#if DCO > 6
+#define RC6(X) X(6) X(7)
+#else
+#define RC6(X)
+#endif
+
 inline void load32(const __global float *row, const int iw0, const int step, const int W,
                    float16 *v0, float16 *v1)
 {
@@ -90,32 +109,21 @@ inline void load32(const __global float *row, const int iw0, const int step, con
     }
 }
 
-#define DECL_ACC \
-    float16 a00 = 0, a01 = 0, a10 = 0, a11 = 0, a20 = 0, a21 = 0, a30 = 0, a31 = 0, \
-            a40 = 0, a41 = 0, a50 = 0, a51 = 0, a60 = 0, a61 = 0, a70 = 0, a71 = 0; \
-    float16 t00 = 0, t01 = 0, t10 = 0, t11 = 0, t20 = 0, t21 = 0, t30 = 0, t31 = 0, \
-            t40 = 0, t41 = 0, t50 = 0, t51 = 0, t60 = 0, t61 = 0, t70 = 0, t71 = 0;
-#define FLUSH \
-    t00 += a00; t01 += a01; t10 += a10; t11 += a11; t20 += a20; t21 += a21; t30 += a30; t31 += a31; \
-    t40 += a40; t41 += a41; t50 += a50; t51 += a51; t60 += a60; t61 += a61; t70 += a70; t71 += a71; \
-    a00 = 0; a01 = 0; a10 = 0; a11 = 0; a20 = 0; a21 = 0; a30 = 0; a31 = 0; \
-    a40 = 0; a41 = 0; a50 = 0; a51 = 0; a60 = 0; a61 = 0; a70 = 0; a71 = 0;
+#define ACC_DECL(i) float16 a##i##0 = 0, a##i##1 = 0, t##i##0 = 0, t##i##1 = 0;
+#define ACC_FLUSH(i) t##i##0 += a##i##0; t##i##1 += a##i##1; a##i##0 = 0; a##i##1 = 0;
+#define ACC_FMA(i) wv = LOADW(wq_, ws##i); a##i##0 = fma((float16)wv, u0_, a##i##0); a##i##1 = fma((float16)wv, u1_, a##i##1);
+#define ACC_TV(i) tv[i][0] = t##i##0; tv[i][1] = t##i##1;
+#define DECL_ACC RC(ACC_DECL)
+#define FLUSH RC(ACC_FLUSH)
 #include "weight_load.h"
 #if WDT > 2
 #error "conv_cpu.cl reads float32 / half weights only: a quantized weight takes the packed GEMM path"
 #endif
-#define FMA8(wp, ws, v0, v1) { float wv; \
-    wv = LOADW(wp, 0);     a00 = fma((float16)wv, v0, a00); a01 = fma((float16)wv, v1, a01); \
-    wv = LOADW(wp, ws##1); a10 = fma((float16)wv, v0, a10); a11 = fma((float16)wv, v1, a11); \
-    wv = LOADW(wp, ws##2); a20 = fma((float16)wv, v0, a20); a21 = fma((float16)wv, v1, a21); \
-    wv = LOADW(wp, ws##3); a30 = fma((float16)wv, v0, a30); a31 = fma((float16)wv, v1, a31); \
-    wv = LOADW(wp, ws##4); a40 = fma((float16)wv, v0, a40); a41 = fma((float16)wv, v1, a41); \
-    wv = LOADW(wp, ws##5); a50 = fma((float16)wv, v0, a50); a51 = fma((float16)wv, v1, a51); \
-    wv = LOADW(wp, ws##6); a60 = fma((float16)wv, v0, a60); a61 = fma((float16)wv, v1, a61); \
-    wv = LOADW(wp, ws##7); a70 = fma((float16)wv, v0, a70); a71 = fma((float16)wv, v1, a71); }
-#define WS_DECL(ws, unit) const int ws##1 = min(1, nco - 1) * (unit), ws##2 = min(2, nco - 1) * (unit), \
-    ws##3 = min(3, nco - 1) * (unit), ws##4 = min(4, nco - 1) * (unit), ws##5 = min(5, nco - 1) * (unit), \
-    ws##6 = min(6, nco - 1) * (unit), ws##7 = min(7, nco - 1) * (unit);
+/* the tile's DCO weights of one tap (ws0..: their offsets, the last one repeated past nco) times V0, V1 */
+#define FMA_TILE(WP, ws, V0, V1) { const __global wstore_t *wq_ = (WP); const float16 u0_ = (V0), u1_ = (V1); \
+    float wv; RC(ACC_FMA) }
+#define WS_ONE(i) const int ws##i = min(i, nco - 1) * wsu_;
+#define WS_DECL(ws, unit) const int wsu_ = (unit); RC(WS_ONE)
 
 inline void store_row(__global float *yr, const int j0, const int step, const int nvalid,
                       float16 v0, float16 v1, const float b)
@@ -134,8 +142,8 @@ inline void store_row(__global float *yr, const int j0, const int step, const in
 
 #define STORE_ALL(YBASE, ROWSTRIDE, J0, STEP, NVALID) { \
     FLUSH \
-    const float16 tv[8][2] = {{t00, t01}, {t10, t11}, {t20, t21}, {t30, t31}, \
-                              {t40, t41}, {t50, t51}, {t60, t61}, {t70, t71}}; \
+    float16 tv[DCO][2]; \
+    RC(ACC_TV) \
     for (int i = 0; i < nco; i++) \
         store_row((YBASE) + (long)i * (ROWSTRIDE), J0, STEP, NVALID, tv[i][0], tv[i][1], \
                   has_bias ? bias[g * CoutG + co0 + i] : 0.0f); }
@@ -153,7 +161,7 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
        rows of zero padding are multiplied too, as torch's im2col does (Inf * 0 = NaN); else skipped */
     const int wbad = isnan(wflag[0]);
     const int cob = z % ncob, ng = z / ncob, g = ng % G, n = ng / G;
-    const int co0 = cob * 8, nco = min(8, CoutG - co0);
+    const int co0 = cob * DCO, nco = min(DCO, CoutG - co0);
     const int KHW = KH_ * KW_;
     const int wco = CinG * KHW;  /* distance between output channels in w */
     WS_DECL(ws, wco)
@@ -168,7 +176,7 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
             if (ih < 0 || ih >= H) {
                 if (wbad) {
                     const float16 z0 = 0.0f;
-                    for (int kw = 0; kw < KW_; kw++) FMA8(wp + kw, ws, z0, z0)
+                    for (int kw = 0; kw < KW_; kw++) FMA_TILE(wp + kw, ws, z0, z0)
                     taps += KW_;
                 }
                 continue;
@@ -177,7 +185,7 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
             for (int kw = 0; kw < KW_; kw++) {
                 float16 v0, v1;
                 load32(row, ow0 * SW_ - pl + kw * DW_, SW_, W, &v0, &v1);
-                FMA8(wp + kw, ws, v0, v1)
+                FMA_TILE(wp + kw, ws, v0, v1)
             }
             taps += KW_;
         }
@@ -200,7 +208,7 @@ __kernel void conv_t2d_direct(__global const float *x, const long x_off, __globa
     const int J = (OW - r + SW_ - 1) / SW_;  /* outputs in this phase */
     if (j0 >= J) return;
     const int cob = z % ncob, ng = z / ncob, g = ng % G, n = ng / G;
-    const int co0 = cob * 8, nco = min(8, CoutG - co0);
+    const int co0 = cob * DCO, nco = min(DCO, CoutG - co0);
     const int KHW = KH_ * KW_;
     WS_DECL(ws, KHW)
     const __global wstore_t *wb = w + w_off + ((long)g * CinG * CoutG + co0) * KHW;
@@ -221,7 +229,7 @@ __kernel void conv_t2d_direct(__global const float *x, const long x_off, __globa
                 if (q * SW_ != tw) continue;
                 float16 v0, v1;
                 load32(row, j0 + q, 1, W, &v0, &v1);
-                FMA8(wp + kw, ws, v0, v1)
+                FMA_TILE(wp + kw, ws, v0, v1)
                 taps++;
             }
         }

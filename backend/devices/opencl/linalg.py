@@ -342,14 +342,15 @@ class LinalgOps:
             else:
                 path = "gemm"
         if path == "direct":
+            tile = self.default_tunables("conv_cpu.cl")
             x, geo = self._direct_padded(x, geo)
-            ncob = -(-CoutG // 8)
+            ncob = -(-CoutG // tile["DCO"])
             # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); the kernel does too where
             # the flag (computed on the device, no read-back) says so
             flag = self._finite_flag(w)
             self._run("conv2d_direct", (-(-OW // 32), OH, N * G * ncob), (1, 1, 1),
                       x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob, flag.buffer,
-                      params={**_direct_spec(KH, KW, sh, sw, dh, dw), **self._wdt(w)})
+                      params={**_direct_spec(KH, KW, sh, sw, dh, dw), **self._wdt(w), **tile})
             return out
         # im2col into packed panels + GEMM, in column chunks that fit the workspace budget
         P = OH * OW
@@ -560,10 +561,11 @@ class LinalgOps:
         finite = (g.sh == 1 and g.sw == 1) or self._all_finite(w)
         if self.family == "gpu" or not finite:
             return self._gpu_conv(x, w, bias, out, g, 1, direct=not finite)
-        ncob = -(-CoutG // 8)
+        tile = self.default_tunables("conv_cpu.cl")
+        ncob = -(-CoutG // tile["DCO"])
         J = -(-OW // sw)
         self._run("conv_t2d_direct", (-(-J // 32), OH * sw, N * G * ncob), (1, 1, 1),
                   x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
-                  params=_direct_spec(KH, KW, sh, sw, dh, dw))
+                  params={**_direct_spec(KH, KW, sh, sw, dh, dw), **tile})
         return out
 

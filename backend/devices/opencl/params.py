@@ -61,12 +61,16 @@ PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)]
 DEFAULT_TUNE = {
     "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128},
     "w8a8_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "PK": PACK_K},
+    "conv_cpu.cl": {"DCO": 8},  # the direct kernels' tile: output channels (x 32 columns)
 }
 #: on a CPU device whose float vectors are at most 8 wide (AVX2: 16 ymm registers; tuning.py): gemm_cpu's
 #: 32-column tile in two passes of 6 x 16 (measured on a 2-core AVX2 EPYC, 1000-2048 squared, medians of 7
-#: alternating with PyTorch: 0.99-1.05 of its GFLOPS; MR 12 x 32: 0.40-0.48)
+#: alternating with PyTorch: 0.99-1.05 of its GFLOPS; MR 12 x 32: 0.40-0.48); the direct convs' tile of 4
+#: output channels (8 spilled every accumulator: 16x3x64^2 -> 32 6.5 -> 3.2-3.5 ms, 16x32x64^2 -> 3 11.8 ->
+#: 4.8-7.0, 16x16x64^2 -> 32 21.8 -> 10.8-14.9; 6 x 16 and 4 x 16 columns measured too, slower)
 NARROW_TUNE = {
     "gemm_cpu.cl": {"MR": 6, "MSUB": 4, "NH": 2, "KC": 512, "KP": 256},
+    "conv_cpu.cl": {"DCO": 4},
 }
 
 

@@ -129,3 +129,28 @@ def test_attention_under_both_vector_widths(monkeypatch, narrow, E, Ev):
     assert _err(got, F.scaled_dot_product_attention(_t(q), _t(k), _t(v), attn_mask=_t(m))) < 2e-6
     got = BE.to_numpy(BE.scaled_dot_product_attention(*(BE.to_device(a) for a in (q, k, v)), is_causal=True))
     assert _err(got, F.scaled_dot_product_attention(_t(q), _t(k), _t(v), is_causal=True)) < 2e-6
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("xs,cout,k,stride,padding,dilation,groups", [
+    ((2, 5, 19, 40), 7, 3, 1, 1, 1, 1), ((1, 16, 12, 70), 13, 3, 1, 1, 1, 1), ((2, 6, 30, 70), 6, 5, 2, 2, 1, 1),
+    ((1, 8, 20, 50), 9, 3, 1, 2, 2, 1), ((1, 12, 10, 64), 12, 3, 1, 1, 1, 3), ((1, 3, 40, 100), 16, 3, 1, 1, 1, 1)])
+def test_direct_convs_under_both_tiles(monkeypatch, narrow, xs, cout, k, stride, padding, dilation, groups):
+    """conv2d_direct and conv_t2d_direct with the wide tile (8 output channels x 32 columns) and the narrow one (4,
+    AVX2): channel counts that leave a partial tile, rows past one tile, padding, stride, dilation, groups."""
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8 if narrow else 16))
+    want = 4 if narrow and BE.is_cpu_device else 8
+    assert BE.default_tunables("conv_cpu.cl") == {"DCO": want}
+    rng = np.random.default_rng(sum(xs) + cout + k)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal((cout, xs[1] // groups, k, k)) / k).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    launched = []
+    run = BE._run
+    monkeypatch.setattr(BE, "_run", lambda name, *a, **kw: (launched.append((name, kw.get("params"))), run(name, *a, **kw))[1])
+    y = BE.to_numpy(BE.conv2d(x, w, b, stride, padding, dilation, groups))
+    assert ("conv2d_direct", want) in [(n, (p or {}).get("DCO")) for n, p in launched], launched
+    assert _err(y, F.conv2d(_t(x), _t(w), _t(b), stride, padding, dilation, groups)) < 2e-6
+    wt = (rng.standard_normal((xs[1], cout, k, k)) / k).astype(np.float32)
+    yt = BE.to_numpy(BE.conv_transpose2d(x, wt, None, stride, padding, 0, groups=1, dilation=dilation))
+    assert _err(yt, F.conv_transpose2d(_t(x), _t(wt), None, stride, padding, 0, 1, dilation)) < 2e-6
