@@ -146,26 +146,18 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
     for (int ci = c0; ci < c1; ci++) {
         const __global xstore_t *xc = x + ci * HW;
         xraw_t d[4][4][TN];  /* as stored (a half input converted 16 lanes at once below) */
-        if (inside && run) {  /* each of the 4 rows read once, contiguously (66 values), then split by column */
+        xraw_t rr[4][2 * TN + 4];  /* a run's 4 rows (66 values each; 2 more: the last odd lane's vector read) */
+        if (run) {  /* each of the 4 rows read once, contiguously; at the image's edge, columns outside as zeros */
             for (int a = 0; a < 4; a++) {
-                xraw_t rr[2 * TN + 2];
                 const __global xstore_t *rp = xc + base[0] + a * W;
-                for (int k = 0; k < 2 * TN + 2; k++) rr[k] = XRAW(rp, k);
-                for (int b = 0; b < 4; b++)
-                    for (int j = 0; j < TN; j++) d[a][b][j] = rr[2 * j + b];
-            }
-        } else if (run) {  /* a run at the image's edge: its rows read once, columns outside as zeros */
-            for (int a = 0; a < 4; a++) {
-                xraw_t rr[2 * TN + 2];
-                if ((rok[0] >> a) & 1) {
-                    const __global xstore_t *rp = xc + base[0] + a * W;
+                if (inside) {
+                    for (int k = 0; k < 2 * TN + 2; k++) rr[a][k] = XRAW(rp, k);
+                } else if ((rok[0] >> a) & 1) {
                     for (int k = 0; k < 2 * TN + 2; k++)
-                        rr[k] = (uint)(ix0 + k) < (uint)W ? XRAW(rp, k) : (xraw_t)0;
+                        rr[a][k] = (uint)(ix0 + k) < (uint)W ? XRAW(rp, k) : (xraw_t)0;
                 } else {
-                    for (int k = 0; k < 2 * TN + 2; k++) rr[k] = (xraw_t)0;
+                    for (int k = 0; k < 2 * TN + 2; k++) rr[a][k] = (xraw_t)0;
                 }
-                for (int b = 0; b < 4; b++)
-                    for (int j = 0; j < TN; j++) d[a][b][j] = rr[2 * j + b];
             }
         } else if (inside) {
             for (int a = 0; a < 4; a++)
@@ -179,8 +171,16 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
         }
         for (int h = 0; h < 2; h++) {
             float16 v[4][4], q[4][4];
-            for (int a = 0; a < 4; a++)
-                for (int b = 0; b < 4; b++) v[a][b] = XCVT16(vload16(h, d[a][b]));
+            if (run) {  /* lane j of column b: row value 2j + b, the even lanes of two vector reads */
+                for (int a = 0; a < 4; a++)
+                    for (int b = 0; b < 4; b++) {
+                        const xraw_t *sp = rr[a] + 32 * h + b;
+                        v[a][b] = XCVT16((xraw16_t)(vload16(0, sp).even, vload16(1, sp).even));
+                    }
+            } else {
+                for (int a = 0; a < 4; a++)
+                    for (int b = 0; b < 4; b++) v[a][b] = XCVT16(vload16(h, d[a][b]));
+            }
             for (int b = 0; b < 4; b++) BT(v[0][b], v[1][b], v[2][b], v[3][b], q[0][b], q[1][b], q[2][b], q[3][b])
             for (int a = 0; a < 4; a++) BT(q[a][0], q[a][1], q[a][2], q[a][3], v[a][0], v[a][1], v[a][2], v[a][3])
             __global float *o = dst + (long)ci * TN + 16 * h;
@@ -239,11 +239,10 @@ __kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
         if (nvalid == TN && tx + TN <= tw && 2 * (tx + TN) <= OW && 2 * ty + 2 <= OH) {
             /* 32 tiles side by side, all inside: their two output rows written contiguously (64 values each) */
             __global ystore_t *yp = y + y_off + ((long)n * Cout + co) * OHW + (long)(2 * ty) * OW + 2 * tx;
-            for (int q = 0; q < 2; q++) {
-                float row[2 * TN];
-                for (int j = 0; j < TN; j++) { row[2 * j] = res[2 * q][j]; row[2 * j + 1] = res[2 * q + 1][j]; }
-                for (int k = 0; k < 2 * TN; k++) STOREY(yp + q * OW, k, row[k]);
-            }
+            const uint16 zip = (uint16)(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+            for (int q = 0; q < 2; q++)  /* tile j's two columns at 2j, 2j + 1: 8 tiles interleaved a vector */
+                for (int h = 0; h < 4; h++)
+                    STOREY16(yp + q * OW, 16 * h, shuffle2(vload8(h, res[2 * q]), vload8(h, res[2 * q + 1]), zip));
             continue;
         }
         for (int j = 0; j < nvalid; j++) {
