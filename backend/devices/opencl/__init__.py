@@ -2,8 +2,9 @@
 
 Two kernel families, chosen by device type (``ANYDEVICE_OPENCL_FAMILY=cpu|gpu`` forces one):
 
-* CPU family (CPU devices such as PoCL): GEMM on packed operands, each work item holding an
-  8x32 block of C in float16 vectors, K walked in cache blocks (kernels/gemm_cpu.cl); direct
+* CPU family (CPU devices such as PoCL): GEMM on packed operands, each work item holding a
+  block of C in float16 vectors (12 x 32 with AVX-512, 6 x 16 twice with AVX2 or narrower: the
+  defaults follow the vector width, tuning.py), K walked in cache blocks (kernels/gemm_cpu.cl); direct
   convolutions for small reductions and im2col-into-packed-panels + GEMM otherwise; a
   phase-decomposed direct transposed convolution (kernels/conv_cpu.cl).
 * GPU family: the CUDA backend's kernels built as OpenCL C: kernels/conv_gemm_cuda.cu (tiled,
@@ -28,7 +29,8 @@ class for at most 10 s and stores the winner per device and driver.
 
 Layout: ``device.py`` (enumeration, probe, build check, ``create``), ``backend.py`` (the device
 object and its non-GEMM ops), ``linalg.py`` (GEMM and convolutions), ``memory.py`` (arrays and the
-buffer pool), ``programs.py`` (built programs), ``params.py`` (codes, thresholds, tunables). The
+buffer pool), ``programs.py`` (built programs), ``params.py`` (codes, thresholds, tunables),
+``tuning.py`` (the tunables by vector width, the stored tuning and the auto-tuner). The
 program binaries, tuning store and kernel signatures are the shared runtime's (``backend/runtime``).
 """
 from __future__ import annotations
