@@ -9,7 +9,8 @@ from ...system import threads
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry  # noqa: F401
 from . import common, smallconv
 from .common import F32, _parallel, _quiet, _split, zero_pad  # noqa: F401
-from .conv import _tap_sum, _tap_tasks  # noqa: F401
+from .conv import (CONV_SHIFT_MIN_PIXELS, OUTSHIFT_ROWS_MAX, TAP_COLS_MAX,  # noqa: F401
+                   _conv2d_outshift, _tap_cols, _tap_sum, _tap_tasks)
 
 
 # ---- conv2d weight gradient (autograd; backend/ops/convgrad.py) ----------------------------------------
@@ -238,20 +239,31 @@ class NumpyGradients:
         Hq, Wq = OH + eh, OW + ew  # rows / columns of the padded input that the conv reads
         if N == 0 or Hq < t + H or Wq < l + W:
             return None
+        if KH * KW * Cg <= OUTSHIFT_ROWS_MAX and KH * KW * Coutg > TAP_COLS_MAX and OH * OW >= CONV_SHIFT_MIN_PIXELS:
+            # few input channels (a first layer's 3): the forward conv of the padded gy with the flipped,
+            # transposed weight, its taps on the output side (one GEMM with M = taps x CinG, not M = CinG)
+            gyp = np.zeros((N, Cout, OH + 2 * eh, OW + 2 * ew), F32)
+            gyp[:, :, eh:eh + OH, ew:ew + OW] = gy
+            wf = np.asarray(w, F32)[:, :, ::-1, ::-1].reshape(G, Coutg, Cg, KH, KW).transpose(0, 2, 1, 3, 4)
+            gxq = np.empty((N, G * Cg, Hq, Wq), F32)
+            _conv2d_outshift(gyp, np.ascontiguousarray(wf).reshape(G * Cg, Coutg, KH, KW), None, gxq, dilation, G)
+            return np.ascontiguousarray(gxq[:, :, t:t + H, l:l + W])
         R, C2 = OH + 2 * eh, OW + 2 * ew
         flat = np.zeros((N, Cout, R * C2 + ew), F32)  # ew of slack: the last taps' views run past the end
         flat[:, :, :R * C2].reshape(N, Cout, R, C2)[:, :, eh:eh + OH, ew:ew + OW] = gy
         # weights per group and tap as (CinG, CoutG) matrices
         wt = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, KH * KW).transpose(0, 3, 2, 1))
         gxq = np.empty((N, G * Cg, Hq, C2), F32)
-        tasks = _tap_tasks(N, G, Hq, C2, max(Cg, Coutg))
+        cols = KH * KW * Coutg <= TAP_COLS_MAX  # few channels a tap: one GEMM on gathered columns
+        tasks = _tap_tasks(N, G, Hq, C2, max(Cg, Coutg * (KH * KW if cols else 1)))
         sn, st = flat.strides[0], flat.strides[1]
+        tap_sum = _tap_cols if cols else _tap_sum
 
         def task(tk):
             n0, n1, g, r0, r1 = tk
             nb, L = n1 - n0, (r1 - r0) * C2
             offsets = [(r0 + eh - kh * dh) * C2 + (ew - kw * dw) for kh in range(KH) for kw in range(KW)]
-            acc = _tap_sum(wt[g], flat[n0:n1, g * Coutg:(g + 1) * Coutg], offsets, (nb, Coutg, L), (sn, st, 4))
+            acc = tap_sum(wt[g], flat[n0:n1, g * Coutg:(g + 1) * Coutg], offsets, (nb, Coutg, L), (sn, st, 4))
             gxq[n0:n1, g * Cg:(g + 1) * Cg, r0:r1] = acc.reshape(nb, Cg, r1 - r0, C2)
 
         with threads.single_threaded_blas():
