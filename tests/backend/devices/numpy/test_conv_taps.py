@@ -1,7 +1,8 @@
 """The NumPy device's stride-1 tap schemes (backend/devices/numpy/conv.py, gradients.py): few output
 channels take the taps on the output side (_conv2d_outshift: one GEMM with taps x channels rows, then shifted
-sums), an input gradient with few channels a tap gathers columns (_tap_cols), and one with few input channels
-runs as the flipped forward conv on the output side. Each against torch's float64 conv and autograd, with a
+sums), an input gradient with few channels a tap gathers columns (_tap_cols), one with few input channels
+runs as the flipped forward conv on the output side, and a weight gradient with few output channels gathers
+the taps' shifted gy rows (_wgrad_gathered). Each against torch's float64 conv and autograd, with a
 spy that the scheme under test ran (the shapes are past smallconv's 1M floats of columns, so the threaded
 paths take them)."""
 from __future__ import annotations
@@ -57,11 +58,16 @@ def test_few_output_channels_take_the_output_side(monkeypatch, case):
     assert calls == ["_conv2d_outshift"]
     # the input gradient: few output channels a tap -> gathered columns
     gy = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
-    gx_ref, = torch.autograd.grad(ref, xt, torch.from_numpy(gy).double())
+    gx_ref, gw_ref = torch.autograd.grad(ref, (xt, wt), torch.from_numpy(gy).double())
     cols = _spy(monkeypatch, GR, "_tap_cols")
     gx = BE._conv2d_input_grad(gy, w, (H, W), (1, 1), (pad[0], pad[0], pad[1], pad[1]), (d, d), g)
     assert _err(gx, gx_ref) < 1e-6
     assert bool(cols) == (k * k * (O // g) <= CV.TAP_COLS_MAX)
+    # the weight gradient: few output channels -> the taps' shifted gy rows gathered, one GEMM a block
+    gathered = _spy(monkeypatch, GR, "_wgrad_gathered")
+    gw = BE._conv2d_weight_grad(x, gy, w.shape, (1, 1), (pad[0], pad[0], pad[1], pad[1]), (d, d), g)
+    assert _err(gw, gw_ref) < 1e-6
+    assert bool(gathered) == (k * k * (O // g) <= CV.TAP_COLS_MAX)
     np.testing.assert_array_equal(x, x0)  # inputs are never changed
     np.testing.assert_array_equal(w, w0)
 
