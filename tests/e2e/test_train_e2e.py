@@ -211,7 +211,11 @@ def test_live_loss_curve_in_the_browser(renderer):
         events = pg.evaluate("window.__tr.events")
         if events:  # (the Vue page's own api object may be another instance than comfyAPI's: then the
             # extension's listener, which grew the curve above, is the evidence)
-            assert events[0]["start"] and [e["step"] for e in events[1:]] == list(range(1, 301))
+            # reported by wall time (nodes/learn/train.py's Pacer), not every step: the first step, then
+            # steps in order, the last one always
+            steps_seen = [e["step"] for e in events[1:]]
+            assert events[0]["start"] and steps_seen[0] == 1 and steps_seen[-1] == 300, steps_seen
+            assert all(a < b for a, b in zip(steps_seen, steps_seen[1:])), steps_seen
             assert all(e["node"] == tid and e["steps"] == 300 for e in events[1:])
         st = pg.evaluate(f"""() => {{ const n = app.graph.getNodeById({tid});
             const w = n.widgets.find(w => w.name === 'anydevice_train');
