@@ -103,7 +103,8 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
     # ---- description ---------------------------------------------------------------------
     @property
     def device(self) -> str:
-        return f"{_describe(self.dev)} [{self.family} kernel family]"
+        tiles = f", {self.vector_width}-wide float vectors" if self.family == "cpu" and self.is_cpu_device else ""
+        return f"{_describe(self.dev)} [{self.family} kernel family{tiles}]"
 
     def synchronize(self) -> None:
         self.queue.finish()
