@@ -234,6 +234,23 @@ def _tap_tasks(N, G, rows_total, row_len, channels):
             for r0 in range(0, rows_total, rows)]
 
 
+def _tap_offsets(KH, KW, dilation, row_len, row0=0):
+    """The positions each tap (kh, kw) is shifted by in a per-channel flat layout of rows ``row_len`` long,
+    from row ``row0``: (row0 + kh*dh) * row_len + kw*dw, taps in (kh, kw) order."""
+    dh, dw = dilation
+    return [(row0 + kh * dh) * row_len + kw * dw for kh in range(KH) for kw in range(KW)]
+
+
+def _flat_rows(xp, slack):
+    """The padded xp (N, C, Hp, Wp) flattened per channel, with ``slack`` zeros after each channel (the last
+    taps' shifted views run past the end)."""
+    N, C, Hp, Wp = xp.shape
+    flat = np.empty((N, C, Hp * Wp + slack), F32)
+    flat[:, :, :Hp * Wp].reshape(N, C, Hp, Wp)[...] = xp
+    flat[:, :, Hp * Wp:] = 0.0
+    return flat
+
+
 def _tap_cols(wts, base, offsets, shape, strides):
     """_tap_sum as one GEMM, for few channels a tap (the input gradient of a conv with 3 output channels:
     9 GEMMs with K = 3 before): the taps' shifted views copied into (images, taps x channels, positions)
@@ -298,12 +315,7 @@ def _conv2d_shifted(xp, w, bias, out, dilation, G):
     Cout, Cg, KH, KW = w.shape
     _, _, OH, OW = out.shape
     Coutg = Cout // G
-    dh, dw = dilation
-    ew = dw * (KW - 1)
-    slack = ew
-    flat = np.empty((N, C, Hp * Wp + slack), F32)
-    flat[:, :, :Hp * Wp].reshape(N, C, Hp, Wp)[...] = xp
-    flat[:, :, Hp * Wp:] = 0.0
+    flat = _flat_rows(xp, dilation[1] * (KW - 1))
     wt = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, KH * KW).transpose(0, 3, 1, 2))
     outq = np.empty((N, Cout, OH, Wp), F32)
     tasks = _tap_tasks(N, G, OH, Wp, max(Cg, Coutg))
@@ -312,7 +324,7 @@ def _conv2d_shifted(xp, w, bias, out, dilation, G):
     def task(tk):
         n0, n1, g, r0, r1 = tk
         nb, L = n1 - n0, (r1 - r0) * Wp
-        offsets = [(r0 + kh * dh) * Wp + kw * dw for kh in range(KH) for kw in range(KW)]
+        offsets = _tap_offsets(KH, KW, dilation, Wp, r0)
         acc = _tap_sum(wt[g], flat[n0:n1, g * Cg:(g + 1) * Cg], offsets, (nb, Cg, L), (sn, sc, 4))
         if bias is not None:
             acc += np.asarray(bias, F32)[g * Coutg:(g + 1) * Coutg, None]
@@ -334,12 +346,9 @@ def _conv2d_outshift(xp, w, bias, out, dilation, G):
     Cout, Cg, KH, KW = w.shape
     _, _, OH, OW = out.shape
     Coutg = Cout // G
-    dh, dw = dilation
     T = KH * KW
-    offsets = [kh * dh * Wp + kw * dw for kh in range(KH) for kw in range(KW)]
-    flat = np.empty((N, C, Hp * Wp + offsets[-1] - (KH - 1) * dh * Wp), F32)
-    flat[:, :, :Hp * Wp].reshape(N, C, Hp, Wp)[...] = xp
-    flat[:, :, Hp * Wp:] = 0.0
+    offsets = _tap_offsets(KH, KW, dilation, Wp)
+    flat = _flat_rows(xp, dilation[1] * (KW - 1))
     wz = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, T).transpose(0, 3, 1, 2)).reshape(G, T * Coutg, Cg)
     outq = np.empty((N, Cout, OH, Wp), F32)
     tasks = _tap_tasks(N, G, OH, Wp, max(Cg, T * Coutg))

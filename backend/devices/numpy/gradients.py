@@ -10,7 +10,7 @@ from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry  # noqa: F40
 from . import common, smallconv
 from .common import F32, _parallel, _quiet, _split, zero_pad  # noqa: F401
 from .conv import (CONV_SHIFT_MIN_PIXELS, OUTSHIFT_ROWS_MAX, TAP_COLS_MAX,  # noqa: F401
-                   _conv2d_outshift, _tap_cols, _tap_sum, _tap_tasks)
+                   _conv2d_outshift, _tap_cols, _tap_offsets, _tap_sum, _tap_tasks)
 
 
 # ---- conv2d weight gradient (autograd; backend/ops/convgrad.py) ----------------------------------------
@@ -71,13 +71,11 @@ def _wgrad_shifted(xp, gy, wshape, dilation, G):
     Wp = xp.shape[3]
     Cout, Cg, KH, KW = wshape
     Coutg = Cout // G
-    dh, dw = dilation
     xF, gF, Q = _channel_major(xp, gy, KH, KW, dilation)
-    nt = threads.num_threads()
-    T = KH * KW
-    if T * Coutg <= TAP_COLS_MAX:
-        return _wgrad_gathered(xF, gF, Q, wshape, [kh * dh * Wp + kw * dw for kh in range(KH) for kw in range(KW)], G)
-    parts = _split(-(-Q // WGRAD_STEP), nt)
+    offsets = _tap_offsets(KH, KW, dilation, Wp)
+    if len(offsets) * Coutg <= TAP_COLS_MAX:
+        return _wgrad_gathered(xF, gF, Q, wshape, offsets, G)
+    parts = _split(-(-Q // WGRAD_STEP), threads.num_threads())
     accs = [np.zeros((G, KH * KW, Coutg, Cg), np.float64) for _ in parts]
 
     def task(item):
@@ -88,11 +86,9 @@ def _wgrad_shifted(xp, gy, wshape, dilation, G):
             s1 = min(Q, s0 + WGRAD_STEP)
             for g in range(G):
                 a = gF[g * Coutg:(g + 1) * Coutg, s0:s1]
-                for kh in range(KH):
-                    for kw in range(KW):
-                        d = kh * dh * Wp + kw * dw
-                        np.matmul(a, xF[g * Cg:(g + 1) * Cg, s0 + d:s1 + d].T, out=tmp)
-                        acc[g, kh * KW + kw] += tmp
+                for t, d in enumerate(offsets):
+                    np.matmul(a, xF[g * Cg:(g + 1) * Cg, s0 + d:s1 + d].T, out=tmp)
+                    acc[g, t] += tmp
 
     with threads.single_threaded_blas():
         _parallel(task, [(i,) for i in range(len(parts))])
@@ -279,8 +275,7 @@ class NumpyGradients:
         if KH * KW * Cg <= OUTSHIFT_ROWS_MAX and KH * KW * Coutg > TAP_COLS_MAX and OH * OW >= CONV_SHIFT_MIN_PIXELS:
             # few input channels (a first layer's 3): the forward conv of the padded gy with the flipped,
             # transposed weight, its taps on the output side (one GEMM with M = taps x CinG, not M = CinG)
-            gyp = np.zeros((N, Cout, OH + 2 * eh, OW + 2 * ew), F32)
-            gyp[:, :, eh:eh + OH, ew:ew + OW] = gy
+            gyp = zero_pad(gy, eh, eh, ew, ew)
             wf = np.asarray(w, F32)[:, :, ::-1, ::-1].reshape(G, Coutg, Cg, KH, KW).transpose(0, 2, 1, 3, 4)
             gxq = np.empty((N, G * Cg, Hq, Wq), F32)
             _conv2d_outshift(gyp, np.ascontiguousarray(wf).reshape(G * Cg, Coutg, KH, KW), None, gxq, dilation, G)

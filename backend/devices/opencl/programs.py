@@ -55,6 +55,13 @@ class ProgramCache:
     def digest(self, source: str, options: str) -> str:
         return program_digest(self.key, source, options)
 
+    def _build_log(self, low) -> str:
+        """The device's build log of the program ``low`` ("" where the driver gives none)."""
+        try:
+            return low.get_build_info(self.dev, _cl().program_build_info.LOG) or ""
+        except Exception:  # noqa: BLE001 - the log only explains; it never fails a build
+            return ""
+
     def build(self, source: str, options: str = ""):
         cl = _cl()
         d = self.digest(source, options)
@@ -86,16 +93,9 @@ class ProgramCache:
                         warnings.simplefilter("ignore")
                         low.build(quiet(options).encode(), [self.dev])
                 except Exception as exc:
-                    try:
-                        blog = low.get_build_info(self.dev, cl.program_build_info.LOG)
-                    except Exception:
-                        blog = ""
-                    raise RuntimeError(f"OpenCL build failed: {exc}\n{blog}".strip()) from None
+                    raise RuntimeError(f"OpenCL build failed: {exc}\n{self._build_log(low)}".strip()) from None
                 self.stats["builds"] += 1
-                try:
-                    blog = (low.get_build_info(self.dev, cl.program_build_info.LOG) or "").strip()
-                except Exception:  # noqa: BLE001 - the log is for debugging only
-                    blog = ""
+                blog = self._build_log(low).strip()
                 if blog:
                     log.debug("opencl: build log of %s: %s", d[:10], blog[:4000])
                 log.debug("opencl: built program %s in %.2f s", d[:10], time.perf_counter() - t0)
