@@ -4,17 +4,19 @@
                       columns [colbase, colbase + ncols) of the (n, oh, ow) column space; a work
                       item fills PK rows of k of one 32-column tile.
                       Launch: global (ceil(K/PK), ceil(ncols/32), G), local (1,1,1).
-   conv2d_direct    : direct conv for small CinG*KH*KW. A work item computes DCO output channels x 32
-                      output columns of one output row (DCO 8; 4 on AVX2, tuning.py). Launch:
-                      global (ceil(OW/32), OH, N*G*ceil(CoutG/DCO)), local (1,1,1). Exact for Inf/NaN
-                      weights too (wflag).
+   conv2d_direct    : direct conv for small CinG*KH*KW. A work item computes DCO output channels x TN
+                      output columns of one output row (DCO 8 x TN 32; 4 x 16 on AVX2, tuning.py). Launch:
+                      global (ceil(OW/TN)*ceil(CoutG/DCO), OH, N*G) (the channel tiles of one column tile
+                      next to each other), local (1,1,1). Exact for Inf/NaN weights too (wflag).
    conv_t2d_direct  : transposed conv, phase-decomposed: outputs ow = r + sw*j of one phase r
-                      read contiguous input runs. Launch: global (ceil(ceil(OW/sw)/32), OH*sw,
+                      read contiguous input runs. Launch: global (ceil(ceil(OW/sw)/TN), OH*sw,
                       N*G*ceil(CoutG/DCO)), local (1,1,1).
    Both direct kernels fold partial sums into totals every ~64 taps (FP32 precision on long K).
    im2col_pack reads x as stored (build option XDT, half_io.h: float32, float16 or bfloat16).
 */
+#ifndef TN
 #define TN 32
+#endif
 #define FLUSH_TAPS 64
 /* Direct kernels built for one geometry (-DSPEC_KH=.. -DSPEC_KW=.. -DSPEC_SH=.. -DSPEC_SW=..
    -DSPEC_DH=.. -DSPEC_DW=..) see the kernel size, stride and dilation as constants (unrolled tap
@@ -80,16 +82,41 @@ __kernel void im2col_pack(__global const xstore_t *x, const long x_off, __global
 #ifndef DCO
 #define DCO 8
 #endif
-#define RC(X) X(0) X(1) X(2) X(3) RC4(X)
+#define RC(X) X(0) RC1(X)
+#if DCO > 1
+#define RC1(X) X(1) RC2(X)
+#else
+#define RC1(X)
+#endif
+#if DCO > 2
+#define RC2(X) X(2) RC3(X)
+#else
+#define RC2(X)
+#endif
+#if DCO > 3
+#define RC3(X) X(3) RC4(X)
+#else
+#define RC3(X)
+#endif
 #if DCO > 4
-#define RC4(X) X(4) X(5) RC6(X)
+#define RC4(X) X(4) RC5(X)
 #else
 #define RC4(X)
 #endif
+#if DCO > 5
+#define RC5(X) X(5) RC6(X)
+#else
+#define RC5(X)
+#endif
 #if DCO > 6
-#define RC6(X) X(6) X(7)
+#define RC6(X) X(6) RC7(X)
 #else
 #define RC6(X)
+#endif
+#if DCO > 7
+#define RC7(X) X(7)
+#else
+#define RC7(X)
 #endif
 
 inline void load32(const __global float *row, const int iw0, const int step, const int W,
@@ -97,22 +124,33 @@ inline void load32(const __global float *row, const int iw0, const int step, con
 {
     if (step == 1 && iw0 >= 0 && iw0 + TN <= W) {
         *v0 = vload16(0, row + iw0);
+#if TN > 16
         *v1 = vload16(0, row + iw0 + 16);
+#endif
     } else {
-        float t[TN];
+        float t[32];
         for (int j = 0; j < TN; j++) {
             const int iw = iw0 + j * step;
             t[j] = (iw >= 0 && iw < W) ? row[iw] : 0.0f;
         }
         *v0 = vload16(0, t);
+#if TN > 16
         *v1 = vload16(1, t);
+#endif
     }
 }
 
+#if TN == 16  /* one float16 of columns: DCO accumulators (6 x 2 ymm of AVX2's 16) */
+#define ACC_DECL(i) float16 a##i##0 = 0, t##i##0 = 0;
+#define ACC_FLUSH(i) t##i##0 += a##i##0; a##i##0 = 0;
+#define ACC_FMA(i) wv = LOADW(wq_, ws##i); a##i##0 = fma((float16)wv, u0_, a##i##0);
+#define ACC_TV(i) tv[i][0] = t##i##0; tv[i][1] = 0;
+#else
 #define ACC_DECL(i) float16 a##i##0 = 0, a##i##1 = 0, t##i##0 = 0, t##i##1 = 0;
 #define ACC_FLUSH(i) t##i##0 += a##i##0; t##i##1 += a##i##1; a##i##0 = 0; a##i##1 = 0;
 #define ACC_FMA(i) wv = LOADW(wq_, ws##i); a##i##0 = fma((float16)wv, u0_, a##i##0); a##i##1 = fma((float16)wv, u1_, a##i##1);
 #define ACC_TV(i) tv[i][0] = t##i##0; tv[i][1] = t##i##1;
+#endif
 #define DECL_ACC RC(ACC_DECL)
 #define FLUSH RC(ACC_FLUSH)
 #include "weight_load.h"
@@ -131,9 +169,11 @@ inline void store_row(__global float *yr, const int j0, const int step, const in
     v0 += b; v1 += b;
     if (step == 1 && nvalid == TN) {
         vstore16(v0, 0, yr + j0);
+#if TN > 16
         vstore16(v1, 0, yr + j0 + 16);
+#endif
     } else {
-        float t[TN];
+        float t[32];
         vstore16(v0, 0, t);
         vstore16(v1, 1, t);
         for (int j = 0; j < nvalid; j++) yr[(long)(j0 + j) * step] = t[j];
@@ -155,7 +195,10 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
                             const int sh, const int sw, const int pt, const int pl, const int dh, const int dw,
                             const int ncob, __global const float *wflag)
 {
-    const int ow0 = get_global_id(0) * TN, oh = get_global_id(1), z = get_global_id(2);
+    /* dimension 0 runs the output channel tiles fastest: the tiles of one row of columns read the same
+       input rows while they are in the cache */
+    const int ow0 = (get_global_id(0) / ncob) * TN, oh = get_global_id(1);
+    const int z = get_global_id(2) * ncob + get_global_id(0) % ncob;
     if (ow0 >= OW || oh >= OH) return;
     /* wflag[0]: sum(w * 0), NaN iff w holds an Inf or NaN (computed on the device: no read-back). Then the
        rows of zero padding are multiplied too, as torch's im2col does (Inf * 0 = NaN); else skipped */
@@ -168,28 +211,44 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
     const __global wstore_t *wb = w + w_off + (long)(g * CoutG + co0) * wco;
     const __global float *xb = x + x_off + ((long)n * C + g * CinG) * H * W;
     DECL_ACC
-    int taps = 0;
-    for (int ci = 0; ci < CinG; ci++) {
-        for (int kh = 0; kh < KH_; kh++) {
-            const int ih = oh * SH_ - pt + kh * DH_;
-            const __global wstore_t *wp = wb + ci * KHW + kh * KW_;
-            if (ih < 0 || ih >= H) {
-                if (wbad) {
-                    const float16 z0 = 0.0f;
-                    for (int kw = 0; kw < KW_; kw++) FMA_TILE(wp + kw, ws, z0, z0)
-                    taps += KW_;
+    /* a tile whose columns all lie inside the row (stride 1) loads each tap with plain vector loads, in a loop
+       the compiler unrolls; edge tiles go through load32 */
+    const int iw0 = ow0 * SW_ - pl;
+    const int inner = SW_ == 1 && iw0 >= 0 && iw0 + TN + (KW_ - 1) * DW_ <= W;
+    const int cch = max(1, FLUSH_TAPS / KHW);  /* input channels between folds into the totals */
+    for (int c0 = 0; c0 < CinG; c0 += cch) {
+        const int c1 = min(CinG, c0 + cch);
+        for (int ci = c0; ci < c1; ci++) {
+            for (int kh = 0; kh < KH_; kh++) {
+                const int ih = oh * SH_ - pt + kh * DH_;
+                const __global wstore_t *wp = wb + ci * KHW + kh * KW_;
+                if (ih < 0 || ih >= H) {
+                    if (wbad) {
+                        const float16 z0 = 0.0f;
+                        for (int kw = 0; kw < KW_; kw++) FMA_TILE(wp + kw, ws, z0, z0)
+                    }
+                    continue;
                 }
-                continue;
+                const __global float *row = xb + ((long)ci * H + ih) * W;
+                if (inner) {
+                    const __global float *rp = row + iw0;
+#if TN > 16
+                    for (int kw = 0; kw < KW_; kw++)
+                        FMA_TILE(wp + kw, ws, vload16(0, rp + kw * DW_), vload16(0, rp + kw * DW_ + 16))
+#else
+                    for (int kw = 0; kw < KW_; kw++)
+                        FMA_TILE(wp + kw, ws, vload16(0, rp + kw * DW_), 0.0f)
+#endif
+                } else {
+                    for (int kw = 0; kw < KW_; kw++) {
+                        float16 v0, v1;
+                        load32(row, iw0 + kw * DW_, SW_, W, &v0, &v1);
+                        FMA_TILE(wp + kw, ws, v0, v1)
+                    }
+                }
             }
-            const __global float *row = xb + ((long)ci * H + ih) * W;
-            for (int kw = 0; kw < KW_; kw++) {
-                float16 v0, v1;
-                load32(row, ow0 * SW_ - pl + kw * DW_, SW_, W, &v0, &v1);
-                FMA_TILE(wp + kw, ws, v0, v1)
-            }
-            taps += KW_;
         }
-        if (taps >= FLUSH_TAPS) { taps = 0; FLUSH }
+        FLUSH
     }
     __global float *yb = y + y_off + (((long)n * G * CoutG + g * CoutG + co0) * OH + oh) * OW;
     STORE_ALL(yb, (long)OH * OW, ow0, 1, min(TN, OW - ow0))

@@ -67,10 +67,13 @@ DEFAULT_TUNE = {
 #: 32-column tile in two passes of 6 x 16 (measured on a 2-core AVX2 EPYC, 1000-2048 squared, medians of 7
 #: alternating with PyTorch: 0.99-1.05 of its GFLOPS; MR 12 x 32: 0.40-0.48); the direct convs' tile of 4
 #: output channels (8 spilled every accumulator: 16x3x64^2 -> 32 6.5 -> 3.2-3.5 ms, 16x32x64^2 -> 3 11.8 ->
-#: 4.8-7.0, 16x16x64^2 -> 32 21.8 -> 10.8-14.9; 6 x 16 and 4 x 16 columns measured too, slower)
+#: 4.8-7.0, 16x16x64^2 -> 32 21.8 -> 10.8-14.9) x 16 columns (TN; 4 x 32 still spilled 7 of its 16 accumulators
+#: and the weight offsets; 4 x 16 keeps 8 accumulators, the input and the broadcast in registers: same process,
+#: medians of 5-9 blocks, 1x16x512^2 16 -> 16 28 -> 17-22 ms, 1x3x1024^2 3 -> 16 27 -> 20, 16 -> 3 9.9 -> 5.6,
+#: 1x8x256^2 8 -> 8 3.6 -> 1.3; 3, 5 and 6 x 16 slower or even)
 NARROW_TUNE = {
     "gemm_cpu.cl": {"MR": 6, "MSUB": 4, "NH": 2, "KC": 512, "KP": 256},
-    "conv_cpu.cl": {"DCO": 4},
+    "conv_cpu.cl": {"DCO": 4, "TN": 16},
 }
 
 

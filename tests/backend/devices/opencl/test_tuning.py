@@ -134,13 +134,30 @@ def test_attention_under_both_vector_widths(monkeypatch, narrow, E, Ev):
 @pytest.mark.parametrize("narrow", [False, True])
 @pytest.mark.parametrize("xs,cout,k,stride,padding,dilation,groups", [
     ((2, 5, 19, 40), 7, 3, 1, 1, 1, 1), ((1, 16, 12, 70), 13, 3, 1, 1, 1, 1), ((2, 6, 30, 70), 6, 5, 2, 2, 1, 1),
-    ((1, 8, 20, 50), 9, 3, 1, 2, 2, 1), ((1, 12, 10, 64), 12, 3, 1, 1, 1, 3), ((1, 3, 40, 100), 16, 3, 1, 1, 1, 1)])
+    ((1, 8, 20, 50), 9, 3, 1, 2, 2, 1), ((1, 12, 10, 64), 12, 3, 1, 1, 1, 3), ((1, 3, 40, 100), 16, 3, 1, 1, 1, 1),
+    ((1, 20, 5, 300), 5, 3, 1, 1, 1, 1)])  # (rows of more than 4 tiles: edge tiles unpadded; 20 x 9 taps: 3 folds)
 def test_direct_convs_under_both_tiles(monkeypatch, narrow, xs, cout, k, stride, padding, dilation, groups):
-    """conv2d_direct and conv_t2d_direct with the wide tile (8 output channels x 32 columns) and the narrow one (4,
-    AVX2): channel counts that leave a partial tile, rows past one tile, padding, stride, dilation, groups."""
+    """conv2d_direct and conv_t2d_direct with the wide tile (8 output channels x 32 columns) and the narrow one (4 x
+    16 columns, AVX2): channel counts that leave a partial tile, rows past one tile, padding, stride, dilation, groups."""
     monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8 if narrow else 16))
     want = 4 if narrow and BE.is_cpu_device else 8
-    assert BE.default_tunables("conv_cpu.cl") == {"DCO": want}
+    assert BE.default_tunables("conv_cpu.cl") == ({"DCO": 4, "TN": 16} if want == 4 else {"DCO": 8})
+    _check_direct_convs(monkeypatch, want, xs, cout, k, stride, padding, dilation, groups)
+
+
+@pytest.mark.parametrize("dco,tn", [(1, 16), (3, 16), (5, 16), (6, 16), (7, 32), (4, 32)])
+def test_direct_convs_under_every_tile(monkeypatch, dco, tn):
+    """Every output-channel count of the direct kernels' tile (RC's 1-8) with both column widths builds and matches
+    torch, on rows with interior and edge tiles and inputs of several folds."""
+    if not BE.is_cpu_device:
+        pytest.skip("the direct conv kernels are the CPU family's")
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8))
+    monkeypatch.setitem(NARROW_TUNE, "conv_cpu.cl", {"DCO": dco, "TN": tn})
+    _check_direct_convs(monkeypatch, dco, (2, 9, 7, 150), 11, 3, 1, 1, 1, 1)
+    _check_direct_convs(monkeypatch, dco, (1, 4, 9, 80), 6, 3, 2, 1, 1, 1)
+
+
+def _check_direct_convs(monkeypatch, want, xs, cout, k, stride, padding, dilation, groups):
     rng = np.random.default_rng(sum(xs) + cout + k)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((cout, xs[1] // groups, k, k)) / k).astype(np.float32)
