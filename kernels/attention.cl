@@ -48,6 +48,9 @@
 #if defined(TQ) && defined(RT) && TQ % RT
 #error "TQ must be a multiple of RT (a row group past TQ would index qs out of bounds)"
 #endif
+#if defined(RT) && RT > 16
+#error "RT is at most 16 (the row group's alphas take one vector)"
+#endif
 #ifndef CV
 #define CV NV  /* CPU family: value vectors of a row one pass over the block's keys accumulates (a divisor of
                   NV): RT x CV vectors of sums stay in registers (narrow registers: AVX2's 16 ymm) */
@@ -94,7 +97,8 @@ inline float att_max16(const float16 x)
    row (vectorised over the keys), exps, then the block's RT x EV products in registers (vectors
    over the value dim), added to the rescaled accumulator once per block. The block's kt and v
    (KB * (E + EV) floats) stay in cache while the TQ / RT row groups use them, so K and V are read
-   from memory once per TQ rows. The row sums are 16-lane compensated (Neumaier) sums. Launch: global (B * ceil(L / TQ)), local 1. */
+   from memory once per TQ rows. The row sums are 16-lane compensated (Neumaier) sums, one step a block (the
+   block's exps summed per lane first). Launch: global (B * ceil(L / TQ)), local 1. */
 __kernel void att_cpu(ATT_ARGS)
 {
     const int nt = (L + TQ - 1) / TQ;
@@ -138,6 +142,7 @@ __kernel void att_cpu(ATT_ARGS)
             float16 sc[RT][NB];  /* the block's scores, NB float16s a row: RT * NB chains */
             float alpha[RT];
             float pa[RT][KB];
+            float16 psum[RT];
             _Pragma("unroll") for (int r = 0; r < RT; r++)
                 _Pragma("unroll") for (int u = 0; u < NB; u++) sc[r][u] = 0.0f;
             for (int e = 0; e < E; e++) {
@@ -177,19 +182,27 @@ __kernel void att_cpu(ATT_ARGS)
                 const float mo = mx[rt + r], bm = att_max16(tm), mn = bm > mo ? bm : mo;
                 alpha[r] = mo - mn;  /* exp below, the RT rows at once */
                 mx[rt + r] = mn;
-                _Pragma("unroll") for (int u = 0; u < NB; u++) vstore16(exp(t[u] - mn), u, pa[r]);
+                float16 ps = 0.0f;  /* the block's exps summed per lane, then one compensated step a block */
+                _Pragma("unroll") for (int u = 0; u < NB; u++) {
+                    const float16 pu = exp(t[u] - mn);
+                    vstore16(pu, u, pa[r]);
+                    ps += pu;
+                }
+                psum[r] = ps;
             }
-#if RT == 4
-            vstore4(exp(vload4(0, alpha)), 0, alpha);
+            {  /* the RT alphas' exps in one vector */
+#if RT <= 4
+                float4 al = 0.0f;
 #else
-            _Pragma("unroll") for (int r = 0; r < RT; r++) alpha[r] = exp(alpha[r]);
+                float16 al = 0.0f;
 #endif
+                _Pragma("unroll") for (int r = 0; r < RT; r++) al[r] = alpha[r];
+                al = exp(al);
+                _Pragma("unroll") for (int r = 0; r < RT; r++) alpha[r] = al[r];
+            }
             _Pragma("unroll") for (int r = 0; r < RT; r++) {
                 float16 ls = l16[rt + r] * alpha[r], lc = c16[rt + r] * alpha[r];
-                _Pragma("unroll") for (int u = 0; u < NB; u++) {
-                    const float16 pu = vload16(u, pa[r]);
-                    ATT_NEUMAIER16(ls, lc, pu);
-                }
+                ATT_NEUMAIER16(ls, lc, psum[r]);
                 l16[rt + r] = ls;
                 c16[rt + r] = lc;
             }
