@@ -33,6 +33,9 @@
 #ifndef OB
 #define OB 4
 #endif
+/* the flag word the transforms set on an Inf/NaN: a quiet NaN's bits, so that the flag read as a float is not
+   finite (a recording's guard_finite checks it after a replay: backend/devices/opencl/replay.py) */
+#define WINO_BAD 0x7fc00000
 
 __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global float *Up,
                           const int Cout, const int Cin, __global int *bad WQ_PARAMS)
@@ -99,7 +102,7 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
             }
         }
     }
-    if (!all(isfinite(acc))) bad[0] = 1;
+    if (!all(isfinite(acc))) bad[0] = WINO_BAD;
 }
 
 /* Bt = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] */
@@ -190,7 +193,7 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
             }
         }
     }
-    if (!all(isfinite(acc))) bad[0] = 1;
+    if (!all(isfinite(acc))) bad[0] = WINO_BAD;
 }
 
 /* At = [1 1 1 0; 0 1 -1 -1] */

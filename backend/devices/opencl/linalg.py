@@ -507,10 +507,13 @@ class LinalgOps:
         per_tile = 4 * 16 * (C + min(cstep, Cout))
         chunk = max(32, (workspace_budget_bytes() // per_tile) // 32 * 32)
         chunk = min(chunk, WINO_CHUNK_TILES, -(-total // 32) * 32)
+        # one transformed-input and one product buffer for every chunk (the kernels take the chunk's sizes): a
+        # recording (replay.py) pins each buffer its commands touch, and would pin a pair per chunk
+        Vp = self._empty((16, -(-chunk // 32) * 32 * C))
+        Mb = self._empty((16, min(cstep, Cout), chunk))
         for t0 in range(0, total, chunk):
             ntl = min(chunk, total - t0)
             nt = -(-ntl // 32)
-            Vp = self._empty((16, nt * 32 * C))
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
                       C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, params={**wparams, **self._xdt(x)})
             for sl in slices:
@@ -522,7 +525,6 @@ class LinalgOps:
                               cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
                     if len(slices) == 1:
                         sl[3] = Up  # the whole weight: transformed once for every tile chunk
-                Mb = self._empty((16, cc, ntl))
                 self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
                           cc, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
                           Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
@@ -530,7 +532,11 @@ class LinalgOps:
                 self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
                           out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
                           *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT")})
-                del Mb
+        del Vp, Mb
+        rec = self.recording()
+        if rec is not None:  # no read-back while recording: a guard, checked after each replay (the flag's word is
+            rec.guard_finite(flag)  # a NaN's bits when set: WINO_BAD)
+            return True
         bad = np.zeros(1, np.int32)
         self._q_read(bad, flag.buffer)
         return not bad[0]

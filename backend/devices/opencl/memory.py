@@ -125,7 +125,7 @@ class BufferPool:
         self._timer = None
         self._timer_due = 0.0  # when the armed timer fires (time.monotonic)
         self._bound = None  # (time.monotonic, bound, memstat.FORGOTTEN) of the last reading
-        self.pinned: dict = {}  # id(buffer) -> [buffer, recordings pinning it]: kept when dropped (replay.py)
+        self.pinned: dict = {}  # id(buffer) -> [buffer, recordings pinning it, bytes counted]: kept when dropped (replay.py)
         self.pinned_bytes = 0  # their bytes
         self.kept: list = []  # (buffer, size) dropped while pinned: still live, never pooled
         self.private = threading.local()  # ``on`` in a thread with a command queue of its own (see above)
@@ -271,14 +271,16 @@ class BufferPool:
             else:
                 spare.append(buf)
 
-    def pin(self, buf) -> int:
+    def pin(self, buf, nbytes: int | None = None) -> int:
         """``buf`` (live: an array holds it) stays with the recordings that touched it when dropped: it is
-        kept out of the free lists until each of them ``unpin``s it. Returns the bytes pinned in all."""
+        kept out of the free lists until each of them ``unpin``s it. ``nbytes``: what it counts against the
+        pinned total (its size; 0 for a sub-buffer, whose memory is its parent's). Returns the bytes pinned in all."""
         with self.lock:
             e = self.pinned.get(id(buf))
             if e is None:
-                self.pinned[id(buf)] = [buf, 1]
-                self.pinned_bytes += buf.size
+                n = buf.size if nbytes is None else nbytes
+                self.pinned[id(buf)] = [buf, 1, n]
+                self.pinned_bytes += n
             else:
                 e[1] += 1
             return self.pinned_bytes
@@ -293,7 +295,7 @@ class BufferPool:
                     e[1] -= 1
                     if e[1] <= 0:
                         del self.pinned[id(b)]
-                        self.pinned_bytes -= b.size
+                        self.pinned_bytes -= e[2]
             back = [bs for bs in self.kept if id(bs[0]) not in self.pinned]
             self.kept = [bs for bs in self.kept if id(bs[0]) in self.pinned]
         self.returned.extend(back)

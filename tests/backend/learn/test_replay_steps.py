@@ -80,6 +80,29 @@ def test_float_targets_replay_too(cl):
         np.testing.assert_allclose(got[1][k], ref[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+def test_winograd_and_shifted_weight_gradients_replay(cl, monkeypatch):
+    """32-channel 3x3 convs on the CPU family's Winograd path (what AVX2 takes: a finiteness flag, a guard while
+    recording) and their shifted weight gradients (sub-buffer panels): the step is recorded and replayed, with
+    the losses and weights of the steps run op by op (on AVX2 such a step once ran op by op: the flag's
+    read-back spoilt the recording, then the sub-buffers' pinned bytes did)."""
+    if not cl.is_cpu_device:
+        pytest.skip("Winograd is the CPU family's path")
+    monkeypatch.setattr(type(cl), "_conv_path", lambda self, xs, cout, kh, *a: "winograd" if kh == 3 and xs[1] >= 8
+                        else "direct")
+    net = (Network.empty().add("conv2d", out_channels=32, kernel_size=3, padding=1).add("activation", name="relu")
+           .add("conv2d", out_channels=32, kernel_size=3, padding=1).add("activation", name="relu")
+           .add("conv2d", out_channels=2, kernel_size=3, padding=1)).initialized((4, 2, 24, 24), seed=2)
+    rng = np.random.default_rng(2)
+    batches = [(rng.standard_normal((4, 2, 24, 24)).astype(np.float32),
+                rng.standard_normal((4, 2, 24, 24)).astype(np.float32)) for _ in range(6)]
+    ref = _steps(cl, net, batches, False, loss="mse_loss")
+    got = _steps(cl, net, batches, True, loss="mse_loss")
+    assert got[3], "the steps ran op by op"
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+    for k in ref[1]:
+        np.testing.assert_allclose(got[1][k], ref[1][k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
 def test_what_is_never_replayed(cl):
     from anydevice.backend import get_backend
     net = _digits(0.25).initialized((16, 1, 8, 8), seed=0)

@@ -108,3 +108,50 @@ def test_a_recording_past_its_pinned_bytes_is_spoilt(be, monkeypatch):
         be.add(be.to_device(np.ones(4096, np.float32)), 1.0)
     assert not rec.ok and "MiB" in rec.reason
     rec.close()
+
+
+def test_a_winograd_conv_records_with_a_guard(be, monkeypatch):
+    """The CPU family's Winograd conv checks its inputs' finiteness by a flag read back at the end; while
+    recording it keeps the flag as a guard instead (no read-back: the recording stays usable), replays match
+    torch on new inputs, and an Inf in a replayed input fails the guard."""
+    if not be.is_cpu_device:
+        pytest.skip("Winograd is the CPU family's path")
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(type(be), "_conv_path", lambda self, *a: "winograd")
+    rng = np.random.default_rng(3)
+    x0 = rng.standard_normal((2, 32, 20, 24)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32) / 17
+    wd = be.to_device(w)
+    launched = []
+    run = be._run
+    monkeypatch.setattr(be, "_run", lambda name, *a, **k: (launched.append(name), run(name, *a, **k))[1])
+    with be.record({"x": x0}) as rec:
+        y = be.conv2d(be.to_device(x0), wd, None, 1, 1)
+    assert rec.ok, rec.reason
+    assert "wino_in" in launched and len(rec.guards) == 1
+    for seed in (4, 5):
+        x = np.random.default_rng(seed).standard_normal(x0.shape).astype(np.float32)
+        rec.replay({"x": x})
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1).numpy()
+        assert np.abs(be.to_numpy(y) - ref).max() <= 2e-5 * np.abs(ref).max()
+        assert rec.guards_pass()
+    x[0, 3, 5, 7] = np.inf
+    rec.replay({"x": x})
+    assert not rec.guards_pass()
+    rec.close()
+
+
+def test_a_sub_buffer_counts_nothing_against_the_pinned_bytes(be):
+    """wgrad.py's shifted panels are sub-buffers of one packed buffer (one per tap): pinning them counts the
+    parent once, not once more per view (a training step's recording stayed under MAX_PINNED_BYTES only so)."""
+    a = be.to_device(np.zeros(1 << 16, np.float32))
+    before = be.pool.pinned_bytes
+    with be.record() as rec:
+        rec._pin(a.buffer)
+        after_parent = be.pool.pinned_bytes
+        for k in range(4):
+            rec._pin(a.buffer.get_sub_region(1024 * k, 4096))
+    assert after_parent - before == a.buffer.size
+    assert be.pool.pinned_bytes == after_parent
+    rec.close()
+    assert be.pool.pinned_bytes == before
