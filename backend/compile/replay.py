@@ -1,4 +1,5 @@
-"""A compiled graph's device work recorded once and replayed (a CUDA graph), on devices with "graph_replay".
+"""A compiled graph's device work recorded once and replayed (a CUDA graph; OpenCL's GPU family: a recorded
+command list, devices/opencl/graphs.py), on devices with "graph_replay".
 
 Interpreted op by op, a compiled graph costs tens of microseconds of Python per kernel: an SD1.5 UNet step
 on an H200 spent 89 of its 344 ms on the GPU (docs/GPU_H200.md). Its kernels, sizes and buffers are the
@@ -112,7 +113,7 @@ class Replays:
         rec = self.records.get(key)
         if rec is not None:
             if rec.generation == lw.weights.generation and lw.be._graph_valid(rec.graph):
-                return self._replay(lw, rec, args)
+                return self._replay(lw, rec, args, key)
             del self.records[key]  # a weight's device copy went, or the device retired its graphs
         if key not in self.seen or self.failures >= MAX_FAILURES:
             if len(self.seen) > 64:
@@ -154,24 +155,44 @@ class Replays:
             log.info("anydevice compile: %s is not recorded as a device graph on %s (%s); it runs op by op",
                      lw.name, be.name, self.reason)
             return None
+        if graph is None:  # the work ran but was not kept (a device recording as it runs: OpenCL)
+            self.failures += 1
+            self.reason = be._capture_reason() or "not kept"
+            log.info("anydevice compile: %s is not recorded as a device graph on %s (%s); it runs op by op",
+                     lw.name, be.name, self.reason)
+            return lw.collect(outs)
         if lw.weights.generation != generation:  # an upload inside replaced a weight: record again later
             return None
         rec = _Record(graph, inputs, outs, list(pins.values()), generation, lw.stats.moved - moved)
         while len(self.records) >= MAX_RECORDS:
             self.records.pop(next(iter(self.records)))
+        be._launch_graph(graph)
+        if not be._graph_checks(graph):  # a check the recording assumed failed: its outputs are not used
+            self._drop(key, "a data-dependent check failed")
+            return None
         self.records[key] = rec
         lw.count.add("recorded")
-        be._launch_graph(graph)
         return lw.collect(outs)
 
-    def _replay(self, lw, rec, args):
+    def _replay(self, lw, rec, args, key):
         from ..system import cancel
         cancel.check()
         be = lw.be
         for i, a in rec.inputs:
             be._copy_into(a, lw.upload_input(args[i], lw.placeholders[i].name))
         be._launch_graph(rec.graph)
+        if not be._graph_checks(rec.graph):  # (an Inf or NaN met a path that assumed none: run op by op)
+            self._drop(key, "a data-dependent check failed in a replay")
+            return None
         if rec.moved:
             lw.count.add("moved", rec.moved)
         lw.count.add("replayed")
         return lw.collect(rec.outs)
+
+    def _drop(self, key, reason: str) -> None:
+        """Forget ``key``'s recording (made again when the signature repeats), counted as a failure."""
+        self.records.pop(key, None)
+        self.seen.discard(key)
+        self.failures += 1
+        self.reason = reason
+        log.info("anydevice compile: a graph's recording is dropped (%s); the call runs op by op", reason)

@@ -66,8 +66,9 @@ FUSED_KERNELS = {
     "conv_prelu": "_conv2d_prelu: a compiled graph's conv2d whose one reader is a PReLU, the PReLU applied in the "
                   "conv's own pass where its path allows (compile/aten_ops.py)",
     "prelu": "_prelu_fused: torch's prelu (a slope per channel) in one pass (ops/layers.py _prelu)",
-    "graph_replay": "_capture, _launch_graph, _copy_into, _graph_valid: a compiled graph's device work captured once "
-                    "(a CUDA graph) and replayed by later calls of the same signature (compile/replay.py)",
+    "graph_replay": "_capture, _launch_graph, _copy_into, _graph_valid (and _graph_checks where a recording keeps "
+                    "data-dependent checks): a compiled graph's device work captured once (a CUDA graph; OpenCL: a "
+                    "recorded command list) and replayed by later calls of the same signature (compile/replay.py)",
     "replay": "record, recording, _pair_buffers, _assign, _forget_values: the commands a piece of host code "
               "queues, recorded while it runs and enqueued again from prepared arguments without it (training "
               "steps: learn/replay.py; devices/opencl/replay.py)",
@@ -344,7 +345,9 @@ class Device(abc.ABC):
 
     def _capture(self, fn):
         """"graph_replay": (graph, fn()): fn's device work recorded, not run, into a graph of its own memory
-        (its results live there); raises where fn transfers, synchronises or cannot be recorded."""
+        (its results live there); raises where fn transfers, synchronises or cannot be recorded. A device that
+        records while the work runs (OpenCL) may return (None, fn()): the work ran, its results are valid, no
+        graph was kept (``_capture_reason`` says why)."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'graph_replay'")
 
     def _launch_graph(self, graph) -> None:
@@ -358,6 +361,16 @@ class Device(abc.ABC):
     def _graph_valid(self, graph) -> bool:
         """"graph_replay": whether a captured graph may still run (False after the device let its memory go)."""
         raise NotImplementedError(f"{type(self).__name__} has no fused kernel 'graph_replay'")
+
+    def _capture_reason(self) -> str:
+        """"graph_replay": why the last ``_capture`` that returned no graph kept none."""
+        return ""
+
+    def _graph_checks(self, graph) -> bool:
+        """"graph_replay": whether the data-dependent checks a capture assumed held in the last launch (waits for
+        it where there are any); False: its outputs may be wrong, the graph runs op by op. A capture that keeps
+        none (a CUDA graph): True."""
+        return True
 
     def record(self, inputs: dict | None = None):
         """"replay": a context manager yielding a recording of the commands its block queues (``inputs``:

@@ -27,6 +27,7 @@ from .programs import ProgramCache
 from .wgrad import CLWeightGrad
 from .norms import CLNorms
 from .losses import CLLosses
+from .graphs import CLGraphs
 from .replay import CLReplay
 from .tuning import CLTuning
 from .warm import CLWarm
@@ -35,7 +36,7 @@ log = logging.getLogger("anydevice")
 
 
 class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8, CLWeightGrad, CLAdam, CLAttention, CLWarm,
-                    CLReplay, CLTuning, Backend):
+                    CLReplay, CLGraphs, CLTuning, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM and conv in
     linalg.py (GPU family: gpu_linalg.py), conv gradients in wgrad.py, Adam in adam.py, attention in attention.py."""
 
@@ -55,6 +56,10 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
         self.is_cpu_device = not _is_gpu(dev)
         cpu = frozenset({"winograd"}) if self.family == "cpu" else frozenset()
         cpu |= frozenset({"fft_conv"}) if self.family == "cpu" and self.is_cpu_device else frozenset()
+        # compiled graphs replayed (graphs.py) by the GPU family, where a kernel's per-op Python is the cost; on a
+        # CPU device the host queues while the same cores run the kernels (PoCL, compact upscaler: 497 against
+        # 501 ms a call op by op) and a recording would pin every intermediate (411 MB there)
+        cpu |= frozenset({"graph_replay"}) if self.family == "gpu" else frozenset()
         # float16 / bfloat16 stored as 16-bit words (vload_half/vstore_half are core OpenCL), computed in float32
         self.caps = Capabilities(fused=FUSED | cpu, macs_per_s=(4.0e9, _cpu_macs_per_s(dev)), fft_min_taps=577,
                                  storage_dtypes=frozenset(dtypes.FLOATS), quant_formats=frozenset(FORMATS))
@@ -110,7 +115,9 @@ class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8
         self.queue.finish()
 
     def free_memory(self) -> None:
-        """Give the buffer pool's free buffers back to the driver (arrays in use stay)."""
+        """Give the buffer pool's free buffers back to the driver (arrays in use stay); recorded compiled
+        graphs run no more (graphs.py: their buffers come back as they are dropped)."""
+        self._retire_graphs()
         self.pool.clear()
 
     def torch_device(self):

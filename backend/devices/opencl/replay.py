@@ -32,8 +32,9 @@ from .params import SIGS
 
 _OPEN = threading.Lock()  # (record()'s check-and-set of the open recording)
 
-#: the most guards one recording keeps (each is a read-back after the replay)
-MAX_GUARDS = 8
+#: the most guards one recording keeps (each is a read-back after the replay, ~20 us once the queue is done: a
+#: compiled upscaler keeps 17, one a Winograd conv)
+MAX_GUARDS = 64
 #: the most buffer bytes the open recordings of a device pin together (what a replay writes stays allocated
 #: while it lives): a piece of work that would pass it is not recorded (its buffers go back when closed)
 MAX_PINNED_BYTES = 1 << 30
@@ -74,8 +75,11 @@ class Recording:
 
     # ---- while recording ------------------------------------------------------------------------
     def fail(self, reason: str) -> None:
+        """The recording is unusable: its buffers go back now (the work goes on unrecorded: ``recording()``
+        is None from here, so the ops check their data again); its guards stay to be checked."""
         if self.ok:
             self.ok, self.reason = False, reason
+            self.close()
 
     def _pin(self, buf) -> None:
         if id(buf) not in self.pinned:
@@ -292,9 +296,9 @@ class CLReplay:
             rec.inputs = {}
 
     def recording(self):
-        """The open recording when the calling thread is the one recording (else None)."""
+        """The open recording when the calling thread is the one recording and it is still usable (else None)."""
         rec = self._rec
-        return rec if rec is not None and rec.thread == threading.get_ident() else None
+        return rec if rec is not None and rec.ok and rec.thread == threading.get_ident() else None
 
     @staticmethod
     def _pair_buffers(pairs, unchanged) -> dict | None:

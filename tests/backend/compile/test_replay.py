@@ -1,4 +1,5 @@
-"""Compiled graphs recorded once and replayed (compile/replay.py, "graph_replay": CUDA graphs).
+"""Compiled graphs recorded once and replayed (compile/replay.py, "graph_replay": CUDA graphs, OpenCL's GPU family's
+recorded command lists).
 
 A replay runs the very kernels the op-by-op run launches, on the same weights, so its outputs are the
 op-by-op run's to the bit (ANYDEVICE_GRAPHS=0 is that run); they are also checked against PyTorch in
@@ -29,11 +30,24 @@ def _inputs(n, seed=3):
     return [torch.randn(2, 4, 12, 12, generator=g) for _ in range(n)]
 
 
-def _cuda():
+_GPU_FAMILY = {}
+
+
+def _device(name):
+    """The CUDA backend, or the OpenCL GPU kernel family (a recorded command list; on PoCL here, the family
+    forced on the CPU device)."""
     try:
-        return get_backend("cuda")
+        if name == "cuda":
+            return get_backend("cuda")
+        if "be" not in _GPU_FAMILY:
+            from anydevice.backend.devices import opencl
+            _GPU_FAMILY["be"] = opencl.create("opencl", 0, family="gpu")
+        return _GPU_FAMILY["be"]
     except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"backend cuda unavailable (no CUDA GPU or CuPy): {exc}")
+        pytest.skip(f"backend {name} unavailable ({'no CUDA GPU or CuPy' if name == 'cuda' else 'no OpenCL'}): {exc}")
+
+
+DEVICES = pytest.mark.parametrize("device", ["cuda", "opencl-gpu-family"])
 
 
 def test_a_device_without_graph_replay_runs_op_by_op():
@@ -50,9 +64,10 @@ def test_a_device_without_graph_replay_runs_op_by_op():
     assert lw.stats.recorded == lw.stats.replayed == 0
 
 
+@DEVICES
 @pytest.mark.parametrize("dtype", [None, "float16"])
-def test_replays_match_the_op_by_op_run_to_the_bit(dtype, monkeypatch):
-    be = _cuda()
+def test_replays_match_the_op_by_op_run_to_the_bit(device, dtype, monkeypatch):
+    be = _device(device)
     m = conv_attention_model(0)
     Weights.of(be, dtype or "float32").clear()
     replayed = C.compile_module(m, be, dtype=dtype)
@@ -73,8 +88,9 @@ def test_replays_match_the_op_by_op_run_to_the_bit(dtype, monkeypatch):
         assert float((y.double() - exact).norm() / exact.norm()) < (1e-5 if dtype is None else 3e-3)
 
 
-def test_a_changed_weight_or_freed_memory_records_again():
-    be = _cuda()
+@DEVICES
+def test_a_changed_weight_or_freed_memory_records_again(device):
+    be = _device(device)
     m = conv_attention_model(1)
     f = C.compile_module(m, be)
     xs = _inputs(6, seed=5)
@@ -101,8 +117,9 @@ class _Noisy(torch.nn.Module):
         return torch.nn.functional.silu(x) + torch.rand_like(x)
 
 
-def test_a_graph_that_draws_random_numbers_is_not_recorded():
-    be = _cuda()
+@DEVICES
+def test_a_graph_that_draws_random_numbers_is_not_recorded(device):
+    be = _device(device)
     f = C.compile_module(_Noisy(), be)
     x = torch.zeros(2, 3)
     with torch.no_grad():
