@@ -69,15 +69,20 @@ def test_replayed_steps_match_the_steps_run_op_by_op(cl, opt):
 def test_float_targets_replay_too(cl):
     net = (Network.empty().add("conv2d", out_channels=4, kernel_size=3, padding=1).add("activation", name="relu")
            .add("conv2d", out_channels=1, kernel_size=3, padding=1)).initialized((4, 1, 8, 8), seed=1)
-    rng = np.random.default_rng(1)
-    batches = [(rng.standard_normal((4, 1, 8, 8)).astype(np.float32),
-                rng.standard_normal((4, 1, 8, 8)).astype(np.float32)) for _ in range(6)]
+    _mse_steps_replay(cl, net, (4, 1, 8, 8), 1)
+
+
+def _mse_steps_replay(cl, net, shape, seed, rtol=1e-6, wtol=1e-5):
+    """Six MSE steps of ``net`` on random batches of ``shape``: replayed, with the op-by-op run's losses and weights."""
+    rng = np.random.default_rng(seed)
+    batches = [(rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32))
+               for _ in range(6)]
     ref = _steps(cl, net, batches, False, loss="mse_loss")
     got = _steps(cl, net, batches, True, loss="mse_loss")
-    assert got[3]
-    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+    assert got[3], "the steps ran op by op"
+    np.testing.assert_allclose(got[0], ref[0], rtol=rtol)
     for k in ref[1]:
-        np.testing.assert_allclose(got[1][k], ref[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(got[1][k], ref[1][k], rtol=wtol, atol=1e-6, err_msg=k)
 
 
 def test_winograd_and_shifted_weight_gradients_replay(cl, monkeypatch):
@@ -92,15 +97,7 @@ def test_winograd_and_shifted_weight_gradients_replay(cl, monkeypatch):
     net = (Network.empty().add("conv2d", out_channels=32, kernel_size=3, padding=1).add("activation", name="relu")
            .add("conv2d", out_channels=32, kernel_size=3, padding=1).add("activation", name="relu")
            .add("conv2d", out_channels=2, kernel_size=3, padding=1)).initialized((4, 2, 24, 24), seed=2)
-    rng = np.random.default_rng(2)
-    batches = [(rng.standard_normal((4, 2, 24, 24)).astype(np.float32),
-                rng.standard_normal((4, 2, 24, 24)).astype(np.float32)) for _ in range(6)]
-    ref = _steps(cl, net, batches, False, loss="mse_loss")
-    got = _steps(cl, net, batches, True, loss="mse_loss")
-    assert got[3], "the steps ran op by op"
-    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
-    for k in ref[1]:
-        np.testing.assert_allclose(got[1][k], ref[1][k], rtol=1e-4, atol=1e-6, err_msg=k)
+    _mse_steps_replay(cl, net, (4, 2, 24, 24), 2, rtol=1e-5, wtol=1e-4)
 
 
 def test_what_is_never_replayed(cl):
