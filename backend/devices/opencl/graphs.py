@@ -59,7 +59,11 @@ class CLGraphs:
         recording assumed failed)."""
         self._close_dropped_graphs()
         with self.record() as rec:
-            result = fn()
+            try:
+                result = fn()
+            except BaseException:  # (cancelled, out of memory, a real error: raised again by the op-by-op run)
+                rec.close()
+                raise
         if not rec.ok:
             rec.close()
             if rec.guards and not rec.guards_pass():

@@ -71,6 +71,19 @@ def test_a_capture_past_the_pinned_bytes_keeps_no_graph_but_its_results(be, monk
     np.testing.assert_array_equal(be.to_numpy(z), (np.arange(8192) + 2.0) * 3.0)
 
 
+def test_a_capture_that_raises_gives_its_buffers_back(be):
+    be._close_dropped_graphs()
+    before = be.pool.pinned_bytes
+    a = be.to_device(np.ones(4096, np.float32))
+
+    def work():
+        be.add(a, 1.0)
+        raise KeyboardInterrupt("cancelled")
+    with pytest.raises(KeyboardInterrupt):
+        be._capture(work)
+    assert be.pool.pinned_bytes == before and be.recording() is None
+
+
 def test_free_memory_retires_graphs_and_dropped_graphs_give_their_buffers_back(be):
     be._close_dropped_graphs()
     before = be.pool.pinned_bytes
