@@ -76,9 +76,9 @@ __kernel void im2col_pack(__global const xstore_t *x, const long x_off, __global
     }
 }
 
-/* The direct kernels' register tile: DCO output channels (4, 6 or 8) x 32 output columns, in 2 * DCO float16
-   accumulators (8: 16 of AVX-512's 32 zmm; on AVX2's 16 ymm they spilled, a load and a store around every
-   FMA: narrow vectors take 4, tuning.py). */
+/* The direct kernels' register tile: DCO output channels (1-8) x TN output columns (16 or 32), in DCO * TN / 16
+   float16 accumulators (8 x 32: 16 of AVX-512's 32 zmm; on AVX2's 16 ymm they spilled, a load and a store
+   around every FMA: narrow vectors take 4 x 16, tuning.py). RC(X) expands X(i) for i < DCO. */
 #ifndef DCO
 #define DCO 8
 #endif
@@ -119,8 +119,9 @@ __kernel void im2col_pack(__global const xstore_t *x, const long x_off, __global
 #define RC7(X)
 #endif
 
-inline void load32(const __global float *row, const int iw0, const int step, const int W,
-                   float16 *v0, float16 *v1)
+/* a tile's TN input columns from iw0 by step (v1: columns 16-31 where TN is 32); outside the row zeros */
+inline void load_cols(const __global float *row, const int iw0, const int step, const int W,
+                      float16 *v0, float16 *v1)
 {
     if (step == 1 && iw0 >= 0 && iw0 + TN <= W) {
         *v0 = vload16(0, row + iw0);
@@ -212,7 +213,7 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
     const __global float *xb = x + x_off + ((long)n * C + g * CinG) * H * W;
     DECL_ACC
     /* a tile whose columns all lie inside the row (stride 1) loads each tap with plain vector loads, in a loop
-       the compiler unrolls; edge tiles go through load32 */
+       the compiler unrolls; edge tiles go through load_cols */
     const int iw0 = ow0 * SW_ - pl;
     const int inner = SW_ == 1 && iw0 >= 0 && iw0 + TN + (KW_ - 1) * DW_ <= W;
     const int cch = max(1, FLUSH_TAPS / KHW);  /* input channels between folds into the totals */
@@ -242,7 +243,7 @@ __kernel void conv2d_direct(__global const float *x, const long x_off, __global 
                 } else {
                     for (int kw = 0; kw < KW_; kw++) {
                         float16 v0, v1;
-                        load32(row, iw0 + kw * DW_, SW_, W, &v0, &v1);
+                        load_cols(row, iw0 + kw * DW_, SW_, W, &v0, &v1);
                         FMA_TILE(wp + kw, ws, v0, v1)
                     }
                 }
@@ -287,7 +288,7 @@ __kernel void conv_t2d_direct(__global const float *x, const long x_off, __globa
                 const int q = tw >= 0 ? tw / SW_ : -((-tw + SW_ - 1) / SW_);
                 if (q * SW_ != tw) continue;
                 float16 v0, v1;
-                load32(row, j0 + q, 1, W, &v0, &v1);
+                load_cols(row, j0 + q, 1, W, &v0, &v1);
                 FMA_TILE(wp + kw, ws, v0, v1)
                 taps++;
             }

@@ -150,16 +150,10 @@ class Replays:
         except Exception as exc:  # noqa: BLE001 - run eagerly (a real error is raised there again)
             if lw.is_cancel_or_oom(exc):
                 raise
-            self.failures += 1
-            self.reason = f"{type(exc).__name__}: {exc}"
-            log.info("anydevice compile: %s is not recorded as a device graph on %s (%s); it runs op by op",
-                     lw.name, be.name, self.reason)
+            self._failed(lw, f"{type(exc).__name__}: {exc}")
             return None
         if graph is None:  # the work ran but was not kept (a device recording as it runs: OpenCL)
-            self.failures += 1
-            self.reason = be._capture_reason() or "not kept"
-            log.info("anydevice compile: %s is not recorded as a device graph on %s (%s); it runs op by op",
-                     lw.name, be.name, self.reason)
+            self._failed(lw, be._capture_reason() or "not kept")
             return lw.collect(outs)
         if lw.weights.generation != generation:  # an upload inside replaced a weight: record again later
             return None
@@ -168,7 +162,7 @@ class Replays:
             self.records.pop(next(iter(self.records)))
         be._launch_graph(graph)
         if not be._graph_checks(graph):  # a check the recording assumed failed: its outputs are not used
-            self._drop(key, "a data-dependent check failed")
+            self._drop(lw, key, "a data-dependent check failed")
             return None
         self.records[key] = rec
         lw.count.add("recorded")
@@ -182,17 +176,22 @@ class Replays:
             be._copy_into(a, lw.upload_input(args[i], lw.placeholders[i].name))
         be._launch_graph(rec.graph)
         if not be._graph_checks(rec.graph):  # (an Inf or NaN met a path that assumed none: run op by op)
-            self._drop(key, "a data-dependent check failed in a replay")
+            self._drop(lw, key, "a data-dependent check failed in a replay")
             return None
         if rec.moved:
             lw.count.add("moved", rec.moved)
         lw.count.add("replayed")
         return lw.collect(rec.outs)
 
-    def _drop(self, key, reason: str) -> None:
+    def _failed(self, lw, reason: str) -> None:
+        """A recording of ``lw`` that is not used (``MAX_FAILURES`` of them: the graph stops trying)."""
+        self.failures += 1
+        self.reason = reason
+        log.info("anydevice compile: %s is not recorded as a device graph on %s (%s); it runs op by op",
+                 lw.name, lw.be.name, reason)
+
+    def _drop(self, lw, key, reason: str) -> None:
         """Forget ``key``'s recording (made again when the signature repeats), counted as a failure."""
         self.records.pop(key, None)
         self.seen.discard(key)
-        self.failures += 1
-        self.reason = reason
-        log.info("anydevice compile: a graph's recording is dropped (%s); the call runs op by op", reason)
+        self._failed(lw, reason)

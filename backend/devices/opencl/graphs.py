@@ -64,8 +64,7 @@ class CLGraphs:
             except BaseException:  # (cancelled, out of memory, a real error: raised again by the op-by-op run)
                 rec.close()
                 raise
-        if not rec.ok:
-            rec.close()
+        if not rec.ok:  # (its buffers went back when it failed: Recording.fail)
             if rec.guards and not rec.guards_pass():
                 raise GraphBreak(rec.reason)
             self.__dict__["_capture_why"] = rec.reason

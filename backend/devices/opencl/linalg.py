@@ -343,12 +343,12 @@ class LinalgOps:
                 path = "gemm"
         if path == "direct":
             tile = self.default_tunables("conv_cpu.cl")
-            x, geo = self._direct_padded(x, geo, tile.get("TN", 32))
+            x, geo = self._direct_padded(x, geo, tile["TN"])
             ncob = -(-CoutG // tile["DCO"])
             # Inf/NaN weights: torch multiplies them by the zero padding (-> NaN); the kernel does too where
             # the flag (computed on the device, no read-back) says so
             flag = self._finite_flag(w)
-            self._run("conv2d_direct", (-(-OW // tile.get("TN", 32)) * ncob, OH, N * G), (1, 1, 1),
+            self._run("conv2d_direct", (-(-OW // tile["TN"]) * ncob, OH, N * G), (1, 1, 1),
                       x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob, flag.buffer,
                       params={**_direct_spec(KH, KW, sh, sw, dh, dw), **self._wdt(w), **tile})
             return out
@@ -431,7 +431,7 @@ class LinalgOps:
             return True
         return bool(np.isfinite(self._to_numpy(s)).all())
 
-    def _direct_padded(self, x, geo, tn=32):
+    def _direct_padded(self, x, geo, tn):
         """conv2d_direct loads a tile's ``tn`` input columns with vector loads where they all lie inside
         the row, and one by one where the tile crosses the left or right edge (at W = 64 every tile
         does). Where at most DIRECT_PAD_MAX_TILES tiles span a row, the columns are zero-padded once
@@ -571,7 +571,7 @@ class LinalgOps:
         tile = dict(self.default_tunables("conv_cpu.cl"), TN=32)
         ncob = -(-CoutG // tile["DCO"])
         J = -(-OW // sw)
-        self._run("conv_t2d_direct", (-(-J // tile.get("TN", 32)), OH * sw, N * G * ncob), (1, 1, 1),
+        self._run("conv_t2d_direct", (-(-J // tile["TN"]), OH * sw, N * G * ncob), (1, 1, 1),
                   x.buffer, x.offset, w.buffer, w.offset, out.buffer, 0, bbuf, hb, *geo, ncob,
                   params={**_direct_spec(KH, KW, sh, sw, dh, dw), **tile})
         return out

@@ -61,7 +61,7 @@ PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)]
 DEFAULT_TUNE = {
     "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128},
     "w8a8_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "PK": PACK_K},
-    "conv_cpu.cl": {"DCO": 8},  # the direct kernels' tile: output channels (x 32 columns)
+    "conv_cpu.cl": {"DCO": 8, "TN": 32},  # the direct kernels' tile: output channels x columns
 }
 #: on a CPU device whose float vectors are at most 8 wide (AVX2: 16 ymm registers; tuning.py): gemm_cpu's
 #: 32-column tile in two passes of 6 x 16 (measured on a 2-core AVX2 EPYC, 1000-2048 squared, medians of 7

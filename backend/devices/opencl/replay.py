@@ -82,7 +82,7 @@ class Recording:
             self.close()
 
     def _pin(self, buf) -> None:
-        if id(buf) not in self.pinned:
+        if self.ok and id(buf) not in self.pinned:  # (a failed recording pins nothing more: it gave its buffers back)
             self.pinned[id(buf)] = buf
             # a sub-buffer (wgrad.py's shifted panels) counts nothing: its memory is its parent's, pinned by the
             # command that wrote it (the panels' packing launch), not once more per view

@@ -141,7 +141,7 @@ def test_direct_convs_under_both_tiles(monkeypatch, narrow, xs, cout, k, stride,
     16 columns, AVX2): channel counts that leave a partial tile, rows past one tile, padding, stride, dilation, groups."""
     monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8 if narrow else 16))
     want = 4 if narrow and BE.is_cpu_device else 8
-    assert BE.default_tunables("conv_cpu.cl") == ({"DCO": 4, "TN": 16} if want == 4 else {"DCO": 8})
+    assert BE.default_tunables("conv_cpu.cl") == ({"DCO": 4, "TN": 16} if want == 4 else {"DCO": 8, "TN": 32})
     _check_direct_convs(monkeypatch, want, xs, cout, k, stride, padding, dilation, groups)
 
 
