@@ -20,6 +20,7 @@ from ..runtime import JsonStore, cache_dir, pack_args
 from .attention import CudaAttention
 from .device import _cupy, _describe
 from .graphs import CudaGraphs
+from .halfops import CudaHalfOps
 from .norms import CudaNorms
 from .linalg import CudaLinalg
 from .w8a8 import CudaW8A8
@@ -37,15 +38,17 @@ class CudaQuant(DeviceQuant):
         self.data = data
 
 
-class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Backend):
+class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, CudaHalfOps, Backend):
     kind = "own"
     # float16 as CuPy's float16, bfloat16 as uint16 bit patterns (CuPy has no bfloat16); computed in float32;
     # quantized weights kept packed (CudaQuant) and decoded by the GEMM / conv kernel's tile loads
     # half weights and GEMM / conv operands are read as stored: two of one dtype run on the f16/bf16 tensor
-    # cores (sm_80+: the "half" tiles; a conv writes its result in their dtype), others as float32
+    # cores (sm_80+: the "half" tiles; a conv writes its result in their dtype), others as float32; half
+    # elementwise ops load and store 16 bits (halfops.py), half values are moved as they are
     caps = Capabilities(fused=frozenset({"all_finite", "attention", "w8a8", "graph_replay", "half_weights",
                                          "half_gemm", "half_conv", "half_attention", "norm_affine",
-                                         "half_norm"}), storage_dtypes=frozenset(dtypes.FLOATS),
+                                         "half_norm", "half_elementwise", "half_movement"}),
+                        storage_dtypes=frozenset(dtypes.FLOATS),
                         quant_formats=frozenset(FORMATS))
 
     def __init__(self, name: str = "cuda", index: int = 0):
@@ -183,6 +186,9 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Ba
         if have == dtype:
             return x
         self._enter()
+        if (not self.hip and dtypes.FLOAT32 in (have, dtype) and str(x.dtype) in ("float32", "float16", "uint16")
+                and x.flags.c_contiguous and x.size):
+            return self._cast_half(x, have, dtype)  # one launch (halfops.py)
         if have == dtypes.BFLOAT16:
             x = (x.astype(cp.uint32) << 16).view(cp.float32)
         elif have == dtypes.FLOAT16:
@@ -332,6 +338,9 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Ba
         return arr
 
     def _unary(self, op, x, **p):
+        dtype = self._dtype(x)
+        if dtype != dtypes.FLOAT32:  # "half_elementwise": in x's dtype (halfops.py)
+            return self._unary_half(op, x, dtype, **p)
         x = self._contig(x)
         y = self._empty(x.shape)
         if y.size == 0:
@@ -343,6 +352,11 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Ba
 
     def _binary(self, op, a, b):
         cp = self.cp
+        dts = {self._dtype(v) for v in (a, b) if isinstance(v, cp.ndarray)}
+        if dts != {dtypes.FLOAT32}:
+            if len(dts) == 1:  # "half_elementwise": arrays of one half dtype (halfops.py)
+                return self._binary_half(op, a, b, dts.pop())
+            a, b = (self._cast(v, dtypes.FLOAT32) if isinstance(v, cp.ndarray) else v for v in (a, b))
         a = np.float32(a) if isinstance(a, float) else a
         b = np.float32(b) if isinstance(b, float) else b
         fn = {"add": cp.add, "sub": cp.subtract, "mul": cp.multiply, "div": cp.true_divide,
@@ -381,7 +395,8 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Ba
         return self.cp.where(c != 0, a, b).astype(self.cp.float32, copy=False)
 
     def _contiguous(self, x):
-        return self._contig(x)
+        """``x`` contiguous: float32 as ``_contig``, a half array in its dtype ("half_movement")."""
+        return self._contig(x) if self._dtype(x) == dtypes.FLOAT32 else self.cp.ascontiguousarray(x)
 
     def _reduce(self, op, x, dims, keepdim):
         cp = self.cp

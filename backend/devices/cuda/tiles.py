@@ -20,6 +20,7 @@ CACHE_NAME = "cuda_tiles.json"
 
 OWN_GEMM = ("conv_gemm_cuda.cu", "ad_conv_gemm")
 MISC = "misc_cuda.cu"
+HALF_EW = "elementwise_half_cuda.cu"  # unary / binary ops on float16 / bfloat16 as stored (XT 1 / 2)
 #: a quantized weight's float32 values (kernels/dequant.cu, built per format: -DWQ=code)
 DEQUANT = ("dequant.cu", "ad_dequant")
 #: fused attention (kernels/attention.cu): file, kernel; the group (query rows) and key tile asked for
@@ -100,6 +101,8 @@ def shipped_configs() -> dict[str, list[dict]]:
             for hk in (1, 2):
                 for qh in (0, 1):
                     add(ATTENTION_MMA[0], {"E": d, "EV": d, "HK": hk, "QH": qh, "KH": 1, "VH": 1, "BKV": ATT_MMA_BKV})
+    for xt in (1, 2):  # half elementwise ops ("half_elementwise")
+        add(HALF_EW, {"BLOCK": BLOCK, "XT": xt})
     for xt in (0, 1, 2):  # the fused row norm (norms.py), float32 / float16 / bfloat16
         add("norm_cuda.cu", {"XT": xt, "NB": 512})
     add(_w8a8.FILE, dict(_w8a8.MACROS))  # W8A8 linear (the one build)

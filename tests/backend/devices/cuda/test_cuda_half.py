@@ -179,3 +179,112 @@ def test_fused_norm_in_the_stored_dtype(be, case, dtype, monkeypatch):
     else:
         eps = torch.finfo(tdt).eps
         assert bool(((got - ref).abs() <= eps * ref.abs() + 1e-5 * float(ref.abs().max())).all())
+
+
+# (a shape, b shape or a number, a permuted): same shapes, a per-channel bias, a (N, C, 1, 1) embedding, a last-dim
+# bias, an irregular broadcast (materialised), a number on either side, a transposed (non-contiguous) operand
+BINARY = [((2, 320, 16, 16), (2, 320, 16, 16), False), ((2, 320, 16, 16), (320, 1, 1), False),
+          ((2, 320, 16, 16), (2, 320, 1, 1), False), ((4, 77, 768), (768,), False), ((3, 1, 5), (1, 4, 1), False),
+          ((5, 7, 9), 0.3, False), (0.7, (5, 7, 9), False), ((6, 40, 33), (6, 33, 40), True), ((1,), (3, 5), False)]
+
+
+def _within_ulp(out, ref, tdt, slack=0.0) -> bool:
+    """every value equal (Inf included, NaN where NaN) or within one ulp of the dtype (subnormals: one step)"""
+    fi = torch.finfo(tdt)
+    close = (out - ref).abs() <= fi.eps * ref.abs() + fi.smallest_normal * fi.eps + slack
+    return bool(((out == ref) | close | (out.isnan() & ref.isnan())).all())
+
+
+def _half_pair(dtype, g, *shapes):
+    tdt = DTYPES[dtype]
+    return [s if isinstance(s, float) else (torch.randn(*s, generator=g) * 2).to(tdt) for s in shapes]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("case", BINARY, ids=lambda c: f"{c[0]}-{c[1]}-{'T' if c[2] else ''}")
+def test_half_binary_in_the_stored_dtype(be, case, dtype, monkeypatch):
+    """add / sub / mul / div / minimum / maximum / pow of half arrays ("half_elementwise",
+    elementwise_half_cuda.cu): one launch, the result in their dtype, equal to torch's float32 opmath rounded
+    once (bit for bit but pow: one ulp); the inputs unchanged; comparisons as float32 1 / 0."""
+    sa, sb, transposed = case
+    g = torch.Generator().manual_seed(7)
+    a, b = _half_pair(dtype, g, sa, sb)
+    if transposed:
+        b = b.transpose(1, 2)
+    nat = [v if isinstance(v, float) else be.to_device(v.float(), "test", "x", dtype=dtype) for v in (a, b)]
+    if transposed:
+        nat[1] = be.transpose(be.to_device(b.transpose(1, 2).float(), "test", "x", dtype=dtype), 1, 2)
+    before = [None if isinstance(v, float) else be.to_numpy(v).copy() for v in nat]
+    built, function = [], be._function
+    monkeypatch.setattr(be, "_function", lambda f, k_, mac: built.append(k_) or function(f, k_, mac))
+    for op in ("add", "sub", "mul", "div", "minimum", "maximum", "pow"):
+        if op in ("minimum", "maximum") and any(isinstance(v, float) for v in (a, b)):
+            continue
+        built.clear()
+        x, y = nat
+        if op == "pow":  # positive bases
+            x = be.abs(x) if not isinstance(x, float) else x
+        got = getattr(be, op)(x, y)
+        assert be._dtype(got) == dtype, op
+        assert built == ["ad_binary_h"], (op, built)
+        ta, tb = (v if isinstance(v, float) else v.float() for v in (a, b))
+        if op == "pow" and not isinstance(ta, float):
+            ta = ta.abs()
+        ref = getattr(torch, op)(ta, tb) if not isinstance(ta, float) else getattr(torch, op)(torch.tensor(ta), tb)
+        ref = ref.to(DTYPES[dtype]).double()
+        out = torch.from_numpy(be.to_numpy(got)).double()
+        if op == "pow":
+            assert _within_ulp(out, ref, DTYPES[dtype]), op
+        else:
+            assert torch.equal(out, ref), (op, float((out - ref).abs().max()))
+    for v, was in zip(nat, before):
+        if was is not None:
+            assert np.array_equal(be.to_numpy(v), was)
+    if not any(isinstance(v, float) for v in (a, b)):
+        gt = be.gt(*nat)
+        assert torch.equal(torch.from_numpy(be.to_numpy(gt)).double(), (a.float() > b.float()).double())
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_half_unary_cast_and_movement_in_the_stored_dtype(be, dtype, monkeypatch):
+    """unary ops of a permuted half array in its dtype (ad_unary_h: torch's float32 opmath rounded once, within
+    one ulp for the transcendental ones), the casts in one launch each (ad_to_half / ad_from_half, bfloat16
+    nearest even by its bits), and permute / contiguous / cat / slice moving the 16-bit values unchanged."""
+    tdt = DTYPES[dtype]
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 33, 40, generator=g) * 3).to(tdt)
+    xd = be.to_device(x.float(), "test", "x", dtype=dtype)
+    pd = be.permute(xd, (0, 2, 1))
+    assert be._dtype(pd) == dtype
+    c = be.contiguous(pd)
+    assert be._dtype(c) == dtype and bool(c.flags.c_contiguous)
+    assert torch.equal(torch.from_numpy(be.to_numpy(c)), x.permute(0, 2, 1).float())
+    cat = be.cat([xd, xd], 1)
+    assert be._dtype(cat) == dtype and torch.equal(torch.from_numpy(be.to_numpy(cat)), torch.cat([x, x], 1).float())
+    built, function = [], be._function
+    monkeypatch.setattr(be, "_function", lambda f, k_, mac: built.append(k_) or function(f, k_, mac))
+    xp = x.permute(0, 2, 1).float()
+    for op, ref in (("relu", torch.relu(xp)), ("silu", torch.nn.functional.silu(xp)), ("exp", torch.exp(xp)),
+                    ("gelu", torch.nn.functional.gelu(xp)), ("tanh", torch.tanh(xp)), ("sigmoid", torch.sigmoid(xp))):
+        built.clear()
+        y = be.unary(op, pd)
+        assert be._dtype(y) == dtype and built == ["ad_unary_h"], (op, built)
+        out, r = torch.from_numpy(be.to_numpy(y)).double(), ref.to(tdt).double()
+        slack = 2.0**-21 * float(xp.abs().max()) if op == "gelu" else 0.0  # the float32 gelu's 1 + erf cancels
+        assert _within_ulp(out, r, tdt, slack), op
+    y = be.clamp(pd, min=-1.0, max=2.0)
+    assert torch.equal(torch.from_numpy(be.to_numpy(y)).double(), xp.clamp(-1.0, 2.0).to(tdt).double())
+    # casts: float32 -> half rounds as torch (nearest even), NaN and Inf kept; half -> float32 exact
+    v = torch.cat([torch.randn(1000, generator=g) * 100, torch.tensor([float("nan"), float("inf"), -float("inf"),
+                                                                       65504.0, 70000.0, 1e-8, -0.0])])
+    built.clear()
+    h = be._cast(be.to_device(v, "test", "v"), dtype)
+    assert built == ["ad_to_half"], built
+    got = torch.from_numpy(be.to_numpy(h))
+    assert torch.equal(got.isnan(), v.to(tdt).float().isnan())
+    assert torch.equal(got.nan_to_num(), v.to(tdt).float().nan_to_num())
+    back = be._cast(h, "float32")
+    assert be._dtype(back) == "float32" and torch.equal(torch.from_numpy(be.to_numpy(back)).nan_to_num(),
+                                                         got.nan_to_num())

@@ -1,0 +1,47 @@
+"""The operand indexing of the CUDA backend's half binary kernel (elementwise_half_cuda.cu, ad_binary_h), no GPU
+needed: halfops.block_pattern's (inner, count) read at (i // inner) % count gives, for every output i, the value
+NumPy's broadcasting gives; an operand it cannot describe so is refused (the backend materialises it)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from anydevice.backend.devices.cuda.halfops import block_pattern
+
+SHAPES = [(2, 3, 4, 5), (1, 3, 1, 5), (3, 1), (4, 7), (1,), (2, 1, 6)]
+
+
+def _operands(shape):
+    """every shape that broadcasts to ``shape``: each dim kept or 1, and fewer leading dims"""
+    for k in range(len(shape) + 1):
+        tail = shape[len(shape) - k:]
+        for keep in itertools.product((True, False), repeat=k):
+            yield tuple(d if kp else 1 for d, kp in zip(tail, keep))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_block_pattern_reads_what_broadcasting_gives(shape):
+    n = int(np.prod(shape))
+    seen = 0
+    for vs in _operands(shape):
+        v = np.arange(int(np.prod(vs)), dtype=np.int64).reshape(vs)
+        want = np.broadcast_to(v, shape).ravel()
+        pat = block_pattern(vs, shape)
+        if pat is None:  # refused: a 1 between kept dims of more than one value
+            vs_full = (1,) * (len(shape) - len(vs)) + vs
+            kept = [d for d, s in enumerate(vs_full) if s != 1]
+            assert any(vs_full[d] == 1 and shape[d] != 1 for d in range(kept[0], kept[-1] + 1))
+            continue
+        inner, count = pat
+        i = np.arange(n)
+        assert np.array_equal(v.ravel()[(i // inner) % count], want), (vs, shape, pat)
+        seen += 1
+    assert seen >= 2
+
+
+def test_block_pattern_refuses_shapes_that_do_not_broadcast():
+    assert block_pattern((3,), (2, 4)) is None
+    assert block_pattern((2, 1, 5), (2, 3, 5)) is None  # a 1 between kept dims
+    assert block_pattern((5, 1, 1), (2, 5, 3, 4)) == (12, 5)  # a per-channel bias
