@@ -3,6 +3,9 @@
 #   bash tools/gpu_session.sh env cudatests probe bench full opencl
 # The second H200 session's full check (about 6 minutes; docs/GPU_H200.md):
 #   BUDGET=405 TESTS_BACKENDS=cuda bash tools/gpu_session.sh half unetcuda modelprof tests vaecuda
+# The third's: everything the issue asks for once (7 minutes), then the half UNet, the tests and the profile:
+#   BUDGET=420 NPROC=14 bash tools/gpu_session.sh env tests unetcuda unetocl ops unetq vae modelprof
+#   BUDGET=300 TESTS_BACKENDS=cuda bash tools/gpu_session.sh unethalf tests modelprof
 # Logs go to $OUT (or ./gpu-out). The pack is made importable as `anydevice` through a link;
 # pyopencl comes from wheels carried in .whl/ (the machine has no registry; carry=[".whl"]). Make them here with
 #   mkdir -p .whl && cd .whl && pip download --only-binary :all: --python-version 3.12 --implementation cp \
@@ -92,6 +95,7 @@ PY
     unetcuda) mbench unet_cuda 150 --backend cuda --case unet --dtype float32,float16 ;;
     unetocl) mbench unet_opencl 150 --backend opencl --case unet --dtype float32,float16 ;;
     unetq) mbench unet_cuda_q 100 --backend cuda --case unet --dtype bfloat16,q8_0 ;;
+    unethalf) mbench unet_cuda_half 110 --backend cuda --case unet --dtype float16,bfloat16 ;;
     vaecuda) mbench vae_cuda 90 --backend cuda --case vae --dtype float32,float16 ;;
     replay)  # compiled graphs recorded and replayed as CUDA graphs (compile/replay.py), and the compile tests on cuda
       ANYDEVICE_TEST_BACKENDS=cuda timeout "$(lim 150)" python3 -m pytest -q -rfEs --tb=short --timeout 120 -p no:cacheprovider \
