@@ -5,7 +5,7 @@
 #   BUDGET=405 TESTS_BACKENDS=cuda bash tools/gpu_session.sh half unetcuda modelprof tests vaecuda
 # The third's: everything the issue asks for once (7 minutes), then the half UNet, the tests and the profile:
 #   BUDGET=420 NPROC=14 bash tools/gpu_session.sh env tests unetcuda unetocl ops unetq vae modelprof
-#   BUDGET=300 TESTS_BACKENDS=cuda bash tools/gpu_session.sh unethalf tests modelprof
+#   BUDGET=320 TESTS_BACKENDS=cuda TESTS_LIMIT=100 bash tools/gpu_session.sh unethalf tests modelprof halfsweep prof
 # Logs go to $OUT (or ./gpu-out). The pack is made importable as `anydevice` through a link;
 # pyopencl comes from wheels carried in .whl/ (the machine has no registry; carry=[".whl"]). Make them here with
 #   mkdir -p .whl && cd .whl && pip download --only-binary :all: --python-version 3.12 --implementation cp \
@@ -114,12 +114,17 @@ PY
       timeout "$(lim 100)" python3 tools/gpu_model_profile.py --backend cuda ${PROF_DTYPES:---dtype float16} --case unet \
         > "$OUT/profile_unet_cuda.txt" 2>&1; grep -E "^(=====|---)" "$OUT/profile_unet_cuda.txt"; tail -5 "$OUT/profile_unet_cuda.txt" ;;
     tests)
-      ANYDEVICE_TEST_OPENCL_PLATFORM=${ANYDEVICE_TEST_OPENCL_PLATFORM:-NVIDIA} ANYDEVICE_TEST_BACKENDS=${TESTS_BACKENDS:-cuda,opencl} ANYDEVICE_UNET_DEVICE=cuda timeout "$(lim 200)" python3 -m pytest -v -rfE \
+      ANYDEVICE_TEST_OPENCL_PLATFORM=${ANYDEVICE_TEST_OPENCL_PLATFORM:-NVIDIA} ANYDEVICE_TEST_BACKENDS=${TESTS_BACKENDS:-cuda,opencl} ANYDEVICE_UNET_DEVICE=cuda timeout "$(lim ${TESTS_LIMIT:-200})" python3 -m pytest -v -rfE \
         --timeout 120 -n ${NPROC:-12} -p no:cacheprovider tests/backend/devices/cuda tests/conformance \
         tests/backend/compile tests/models 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40 ;;
     diag)  # the failures of the last `tests`, with their tracebacks
       timeout "$(lim 90)" python3 -m pytest -q --tb=short --timeout 60 -n 4 -p no:cacheprovider ${DIAG_TESTS:-} \
         > "$OUT/diag.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/diag.txt" | tail -20 ;;
+    halfsweep)  # every half tile and K split on the UNet's conv shapes against the planner and cuDNN
+      timeout "$(lim 90)" python3 tools/gpu_half_sweep.py > "$OUT/half_sweep.txt" 2>&1; grep -E "^(step|planner|x[0-9]+ +\(1, (1280|320), (8|64))|Error" "$OUT/half_sweep.txt" | cut -c1-220 | head -12 ;;
+    vaeprof)
+      timeout "$(lim 80)" python3 tools/gpu_model_profile.py --backend cuda --dtype float16 --case vae \
+        > "$OUT/profile_vae_cuda.txt" 2>&1; grep -E "^(=====|---)" "$OUT/profile_vae_cuda.txt"; tail -5 "$OUT/profile_vae_cuda.txt" ;;
     tile)  # tools/gpu_tile_check.py through CUDA and the OpenCL platform named by ANYDEVICE_TEST_OPENCL_PLATFORM
       timeout "$(lim 90)" python3 tools/gpu_tile_check.py > "$OUT/tile.txt" 2>&1; grep -c " err " "$OUT/tile.txt"; grep -E "device|FAILED| err [0-9.]+e-0[0-5]| err nan| err [0-9.]+e\+" "$OUT/tile.txt" | head -30 ;;
     *) echo "unknown step $step" ;;
