@@ -58,6 +58,9 @@ UNARY_CODES = UNARY_KERNEL_CODES
 BLOCK = 256
 #: convs with at most this many output channels per group use the direct kernel
 DIRECT_MAX_COUT_G = 4
+#: ... and with at most this many taps (CinG*KH*KW), or at least this many outputs an SM (linalg._direct_pays)
+DIRECT_MAX_TAPS = 64
+DIRECT_MIN_OUTPUTS_PER_SM = 2048
 GRID_YZ_MAX = 65535
 
 

@@ -45,3 +45,10 @@ def test_block_pattern_refuses_shapes_that_do_not_broadcast():
     assert block_pattern((3,), (2, 4)) is None
     assert block_pattern((2, 1, 5), (2, 3, 5)) is None  # a 1 between kept dims
     assert block_pattern((5, 1, 1), (2, 5, 3, 4)) == (12, 5)  # a per-channel bias
+
+
+def test_stored_dtype_by_letter():
+    """CudaBackend._dtype reads the dtype's letter (float16 'e', bfloat16's uint16 bits 'H'; all else float32)"""
+    from anydevice.backend.devices.cuda.backend import CudaBackend
+    got = [CudaBackend._dtype(None, np.zeros(1, t)) for t in (np.float32, np.float16, np.uint16, np.int32, bool)]
+    assert got == ["float32", "float16", "bfloat16", "float32", "float32"]
