@@ -33,6 +33,13 @@ _H_S = dict(TILE_M=64, TILE_N=64, TILE_K=16, WPT_M=4, WPT_N=4, SMEM_PAD=8, HALF_
 #: from the H100 sweep
 TILE_EFFICIENCY = {(8, 4, False): 1.0, (4, 4, False): 0.8, (8, 8, False): 0.9, (4, 8, False): 0.8,
                    (8, 8, True): 1.2}  # _O_WW: 3.2-3.4 ms at 4096 against 4.0 for 128x64x16
+#: the half tiles' (HALF_IO: scalar 16-bit loads, mma.sync) relative speed, smallest K slice and split cost,
+#: fitted to the H200 sweep of the SD1.5 UNet's 35 conv shapes in float16 (tools/gpu_half_sweep.py,
+#: 2026-11-28): the planner's choices there take 14.9 ms a step where the H100-fitted FP32 figures chose
+#: 15.7 (every tile's best: 14.6; cuDNN 6.9)
+HALF_TILE_EFFICIENCY = {(8, 8): 0.5, (8, 4): 1.0, (4, 4): 1.2}
+HALF_MIN_KSLICE = 128
+HALF_SPLIT_COST = 64.0
 #: longest K slice of a one-accumulator tile (KP=0): a float32 sum of 1024 products stays at about
 #: 6e-7 relative (Frobenius) error, 4096 at 1.1e-6 (cuBLAS FP32's own figure)
 SINGLE_CHAIN = 1024
@@ -147,17 +154,22 @@ def plan(cands: list, M: int, N: int, Z: int, K: int, units: int, forced: int | 
         if cfg.get("MIN_BLOCKS"):
             regs = min(regs, 65536 // (threads * cfg["MIN_BLOCKS"]))  # __launch_bounds__ caps them
         slots = max(1, units) * max(1, min(2048 // threads, 65536 // (threads * regs)))
-        eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"], one), 0.8)
+        half = bool(cfg.get("HALF_IO"))
+        if half:
+            eff = HALF_TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"]), 0.8)
+        else:
+            eff = TILE_EFFICIENCY.get((cfg["WPT_M"], cfg["WPT_N"], one), 0.8)
         least = _cdiv(K, SINGLE_CHAIN) if one else 1  # slices a single accumulator needs
+        min_slice, split_cost = (HALF_MIN_KSLICE, HALF_SPLIT_COST) if half else (MIN_KSLICE, 16.0)
         if forced:
             splits = [max(least, min(forced, _cdiv(K, tk)))]
         else:
-            splits = range(least, max(least, min(MAX_KSPLIT, K // MIN_KSLICE)) + 1)
+            splits = range(least, max(least, min(MAX_KSPLIT, K // min_slice)) + 1)
         for ks in splits:
             kslice = _cdiv(_cdiv(K, ks), tk) * tk
             t = _cdiv(blocks * ks, slots) * tm * tn * kslice / eff
             if ks > 1:
-                t += 16.0 * M * N * Z * ks / slots  # workspace write + ordered reduction
+                t += split_cost * M * N * Z * ks / slots  # workspace write + ordered reduction
             if best is None or t < best[0] * 0.999:
                 best = (t, cfg, ks)
     return best[1], best[2]

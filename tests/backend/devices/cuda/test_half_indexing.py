@@ -52,3 +52,16 @@ def test_stored_dtype_by_letter():
     from anydevice.backend.devices.cuda.backend import CudaBackend
     got = [CudaBackend._dtype(None, np.zeros(1, t)) for t in (np.float32, np.float16, np.uint16, np.int32, bool)]
     assert got == ["float32", "float16", "bfloat16", "float32", "float32"]
+
+
+# (M, N, K, measured best class): three of the UNet's float16 convs on the H200 (tools/gpu_half_sweep.py,
+# 2026-11-28): 320 -> 320 3x3 at 64x64 ran best on 64x64 tiles (235 us; the old plan's 128x64 k4: 264), a
+# 1280-channel 1x1 at 16x16 in 3 slices (64x64 34 us, 128x64 33; old 64x64 k2: 46), the 8x8 3x3 on 64x64 in 8 (93 us)
+HALF_PLANS = [(320, 4096, 2880, (64, 64, 4)), (1280, 256, 1280, (64, 64, 3)), (1280, 64, 11520, (64, 64, 8))]
+
+
+@pytest.mark.parametrize("M,N,K,want", HALF_PLANS, ids=lambda v: str(v))
+def test_half_tiles_planned_as_measured(M, N, K, want):
+    from anydevice.backend.devices.runtime.conv_gemm import _H_L, _H_M, _H_S, plan
+    cfg, ks = plan([_H_L, _H_M, _H_S], M, N, 1, K, 132)
+    assert (cfg["TILE_M"], cfg["TILE_N"], ks) == want
