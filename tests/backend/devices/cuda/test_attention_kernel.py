@@ -14,9 +14,8 @@ import pytest
 from anydevice.backend.devices import cuda as cuda_backend
 from anydevice.backend.devices.cuda.attention import CudaAttention
 from anydevice.backend.devices.cuda.backend import CudaBackend
-from anydevice.backend.devices.runtime import cl_scalar_dtypes
-from anydevice.backend.devices.runtime.kernel_source import kernel_source
 
+from pocl_standin import PoclStandIn, standin
 from precision_helpers import check, random_mask
 
 torch = pytest.importorskip("torch")
@@ -51,19 +50,11 @@ class _FakeCp:
                 return {"sharedMemPerBlock": 48 * 1024, "maxThreadsPerBlock": 1024}
 
 
-class PoclAttention(CudaAttention):
+class PoclAttention(PoclStandIn, CudaAttention):
     """CudaAttention with NumPy arrays for CuPy's and its kernel launched on PoCL."""
     cp = _FakeCp
     index = 0
     _contig = CudaBackend._contig
-
-    def __init__(self, cl):
-        devs = [d for p in cl.get_platforms() for d in p.get_devices()]
-        pocl = [d for d in devs if "Portable Computing Language" in d.platform.name]
-        self.cl, self.dev = cl, (pocl or devs)[0]
-        self.ctx = cl.Context([self.dev])
-        self.queue = cl.CommandQueue(self.ctx)
-        self.launches = []
 
     def _enter(self):
         pass
@@ -74,34 +65,10 @@ class PoclAttention(CudaAttention):
     def _empty(self, shape, dtype="float32"):
         return np.empty(tuple(shape), np.float32)
 
-    def _function(self, fname, kname, macros):
-        cl = self.cl
-        src = kernel_source(fname, "opencl", cuda_backend.KERNELS_DIR)
-        k = getattr(cl.Program(self.ctx, src).build(options=" ".join(cuda_backend.build_options(macros))), kname)
-        k.set_scalar_arg_dtypes(cl_scalar_dtypes(kname))
-
-        def launch(grid, block, args):
-            self.launches.append((fname, kname, dict(macros), grid, block))
-            mf = cl.mem_flags
-            bufs = {i: cl.Buffer(self.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a if a.size else np.zeros(1, np.float32))
-                    for i, a in enumerate(args) if isinstance(a, np.ndarray) and a.ndim}
-            k(self.queue, (grid[0] * block[0],), (block[0],), *(bufs.get(i, a) for i, a in enumerate(args)))
-            for i, b in bufs.items():
-                if args[i].size and args[i].flags.writeable:
-                    cl.enqueue_copy(self.queue, args[i], b)
-            self.queue.finish()
-
-        launch.max_threads_per_block = 1024
-        return launch
-
 
 @pytest.fixture(scope="module")
 def pocl():
-    cl = pytest.importorskip("pyopencl", reason="pyopencl not installed")
-    try:
-        return PoclAttention(cl)
-    except Exception as exc:  # no OpenCL device here
-        pytest.skip(f"no OpenCL device: {exc}")
+    return standin(PoclAttention)
 
 
 def test_declared_fused():

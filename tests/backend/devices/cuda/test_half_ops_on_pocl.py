@@ -9,12 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anydevice.backend.devices import cuda as cuda_backend
 from anydevice.backend.devices.cuda.backend import CudaBackend
 from anydevice.backend.devices.cuda.halfops import CudaHalfOps
-from anydevice.backend.devices.runtime import cl_scalar_dtypes
-from anydevice.backend.devices.runtime.kernel_source import kernel_source
 from anydevice.backend.ops import dtypes
+
+from pocl_standin import PoclStandIn, standin
 
 torch = pytest.importorskip("torch")
 TDT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -29,7 +28,7 @@ class _FakeCp:
     broadcast_to = staticmethod(np.broadcast_to)
 
 
-class PoclHalfOps(CudaHalfOps):
+class PoclHalfOps(PoclStandIn, CudaHalfOps):
     """CudaHalfOps with NumPy arrays for CuPy's (bfloat16 as uint16 bits, as the backend keeps it) and its
     kernels launched on PoCL with CudaBackend's 1-D geometry."""
     cp = _FakeCp
@@ -37,51 +36,16 @@ class PoclHalfOps(CudaHalfOps):
     sm_count = 2
     _launch_1d = CudaBackend._launch_1d
 
-    def __init__(self, cl):
-        devs = [d for p in cl.get_platforms() for d in p.get_devices()]
-        pocl = [d for d in devs if "Portable Computing Language" in d.platform.name]
-        self.cl, self.dev = cl, (pocl or devs)[0]
-        self.ctx = cl.Context([self.dev])
-        self.queue = cl.CommandQueue(self.ctx)
-        self.built: list = []
-        self._progs: dict = {}
-
     def _dtype(self, x):
         return {"float16": dtypes.FLOAT16, "uint16": dtypes.BFLOAT16}.get(str(x.dtype), dtypes.FLOAT32)
 
     def _empty(self, shape, dtype="float32"):
         return np.empty(tuple(shape), NP[dtype])
 
-    def _function(self, fname, kname, macros):
-        cl = self.cl
-        key = (fname, kname, tuple(sorted(macros.items())))
-        if key not in self._progs:
-            src = kernel_source(fname, "opencl", cuda_backend.KERNELS_DIR)
-            prg = cl.Program(self.ctx, src).build(options=" ".join(cuda_backend.build_options(macros)))
-            self._progs[key] = cl.Kernel(prg, kname)
-            self._progs[key].set_scalar_arg_dtypes(cl_scalar_dtypes(kname))
-        k = self._progs[key]
-
-        def launch(grid, block, args):
-            self.built.append(kname)
-            mf = cl.mem_flags
-            bufs = {i: cl.Buffer(self.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a)
-                    for i, a in enumerate(args) if isinstance(a, np.ndarray)}
-            k(self.queue, (grid[0] * block[0],), (block[0],), *(bufs.get(i, a) for i, a in enumerate(args)))
-            for i, b in bufs.items():
-                if args[i].flags.writeable:
-                    cl.enqueue_copy(self.queue, args[i], b)
-            self.queue.finish()
-        return launch
-
 
 @pytest.fixture(scope="module")
 def pocl():
-    cl = pytest.importorskip("pyopencl", reason="pyopencl not installed")
-    try:
-        return PoclHalfOps(cl)
-    except Exception as exc:  # no OpenCL device here
-        pytest.skip(f"no OpenCL device: {exc}")
+    return standin(PoclHalfOps)
 
 
 def _native(t, dtype):
@@ -132,9 +96,9 @@ def test_binary_half_on_pocl(pocl, case, dtype):
         x, ta = na, a
         if op == "pow" and not isinstance(sa, float):  # positive bases
             x, ta = _native(a.abs(), dtype), a.abs()
-        pocl.built.clear()
+        pocl.launches.clear()
         y = pocl._binary_half(op, x, nb, dtype)
-        assert pocl.built == ["ad_binary_h"] and y.dtype == NP[dtype], (op, pocl.built)
+        assert pocl.launched() == ["ad_binary_h"] and y.dtype == NP[dtype], (op, pocl.launched())
         fa = torch.tensor(ta) if isinstance(ta, float) else ta.float()
         fb = torch.tensor(b) if isinstance(b, float) else b.float()
         ref = getattr(torch, op)(fa, fb).to(tdt).double()
@@ -160,9 +124,9 @@ def test_unary_and_casts_half_on_pocl(pocl, dtype):
                        ("exp", {}, torch.exp(xp)), ("tanh", {}, torch.tanh(xp)),
                        ("gelu", {"approximate": "none"}, torch.nn.functional.gelu(xp)),
                        ("clamp", {"min": -1.0, "max": 2.0}, xp.clamp(-1.0, 2.0))):
-        pocl.built.clear()
+        pocl.launches.clear()
         y = pocl._unary_half(op, nx, dtype, **p)
-        assert pocl.built == ["ad_unary_h"] and y.dtype == NP[dtype], op
+        assert pocl.launched() == ["ad_unary_h"] and y.dtype == NP[dtype], op
         out, r = _value(y, dtype), ref.to(tdt).double()
         # gelu's float32 kernel takes 1 + erf(x / sqrt 2), which cancels for negative x (an absolute error
         # of a few float32 ulps of 1 times |x|, as the float32 op has): more than an ulp of tiny results
