@@ -36,7 +36,7 @@
 #define EW_F16_ST(f) ad_f32_f16(f)
 #define EW_BITS(f) __float_as_uint(f)
 #define EW_FLOAT(u) __uint_as_float(u)
-#else  /* the OpenCL C build the PoCL test of the backend's half ops runs (test_half_ops_on_pocl.py) */
+#else  /* the OpenCL C build the PoCL test of the backend's half ops runs (test_halfops_pocl.py) */
 DEVICE_FN_INLINE float ew_f16_ld(H_T h) { return vload_half(0, (const half*)&h); }
 DEVICE_FN_INLINE H_T ew_f16_st(float f) { H_T h; vstore_half_rte(f, 0, (half*)&h); return h; }
 #define EW_F16_LD(h) ew_f16_ld(h)

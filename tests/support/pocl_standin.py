@@ -1,7 +1,7 @@
 """The CUDA backend's mixins run without a GPU: a stand-in base whose kernels are the CUDA sources built as
 OpenCL C (prelude_opencl.h + the file) on PoCL and launched through pyopencl with the (groups, group size)
 CuPy would get, NumPy arrays standing in for CuPy's (copied to buffers and back around each launch).
-Used by tests/backend/devices/cuda/test_attention_kernel.py and test_half_ops_on_pocl.py."""
+Used by tests/backend/devices/cuda/test_attention_kernel.py and test_halfops_pocl.py."""
 from __future__ import annotations
 
 import numpy as np
