@@ -1,11 +1,10 @@
 /* elementwise_half_cuda.cu: the CUDA backend's unary and binary ops on float16 / bfloat16 arrays as they are
  * stored ("half_elementwise", backend/devices/cuda/backend.py): each value loaded as float, computed as the
  * float32 kernels compute it (elementwise_math.h: ad_unary_op, ad_binary_op) and rounded once, to nearest
- * even, to the arrays' kind XT (1 float16, 2 bfloat16: half_cuda.h's PTX conversions; the OpenCL C build,
- * which tests the backend's half ops on PoCL, uses vload_half / vstore_half_rte).
- *
- * bfloat16 is rounded by its bits (nearest even; a NaN keeps its sign and payload, quieted), as the backend's
- * _cast always rounded it, on any GPU (PTX's cvt to bf16 needs sm_80).
+ * even, to the arrays' kind XT (1 float16, 2 bfloat16; half_portable.h: PTX conversions on CUDA, vload_half /
+ * vstore_half_rte in the OpenCL C build that tests the backend's half ops on PoCL, test_halfops_pocl.py).
+ * bfloat16 is rounded by its bits, as the backend's _cast always rounded it, on any GPU (PTX's cvt to bf16
+ * needs sm_80).
  *
  * kernel ad_to_half(x, y, n) / ad_from_half(x, y, n)
  *   y[i] = x[i] converted: contiguous float32 -> XT, XT -> float32 (_cast in one launch).
@@ -29,34 +28,11 @@
 
 #include "elementwise_math.h"
 
-#define H_T unsigned short
-#ifdef ANYDEVICE_CUDA
-#include "half_cuda.h"
-#define EW_F16_LD(h) ad_f16_f32(h)
-#define EW_F16_ST(f) ad_f32_f16(f)
-#define EW_BITS(f) __float_as_uint(f)
-#define EW_FLOAT(u) __uint_as_float(u)
-#else  /* the OpenCL C build the PoCL test of the backend's half ops runs (test_halfops_pocl.py) */
-DEVICE_FN_INLINE float ew_f16_ld(H_T h) { return vload_half(0, (const half*)&h); }
-DEVICE_FN_INLINE H_T ew_f16_st(float f) { H_T h; vstore_half_rte(f, 0, (half*)&h); return h; }
-#define EW_F16_LD(h) ew_f16_ld(h)
-#define EW_F16_ST(f) ew_f16_st(f)
-#define EW_BITS(f) as_uint(f)
-#define EW_FLOAT(u) as_float(u)
-#endif
+#include "half_portable.h"
 
-DEVICE_FN_INLINE H_T ad_bf16_rne(const float f)
-{
-    const unsigned int u = EW_BITS(f);
-    return AD_ISNAN(f) ? (H_T)((u >> 16) | 0x40u) : (H_T)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-#if XT == 2
-#define EW_LD(h) EW_FLOAT(((unsigned int)(h)) << 16)
-#define EW_ST(f) ad_bf16_rne(f)
-#else
-#define EW_LD(h) EW_F16_LD(h)
-#define EW_ST(f) EW_F16_ST(f)
-#endif
+#define H_T unsigned short
+#define EW_LD(h) HP_LD(XT, h)
+#define EW_ST(f) HP_ST(XT, f)
 #define GRID_STRIDE_LOOP(idx, total) \
     for (OFF_T idx = (OFF_T)GID0; idx < (total); idx += (OFF_T)NGRP0 * LSZ0)
 

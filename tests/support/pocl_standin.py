@@ -12,6 +12,38 @@ from anydevice.backend.devices.runtime import cl_scalar_dtypes
 from anydevice.backend.devices.runtime.kernel_source import kernel_source
 
 
+class FakeCp:
+    """What the CUDA mixins use of CuPy, as NumPy."""
+    ndarray = np.ndarray
+    float32 = np.float32
+    float64 = np.float64
+    ascontiguousarray = staticmethod(np.ascontiguousarray)
+    broadcast_to = staticmethod(np.broadcast_to)
+    empty = staticmethod(np.empty)
+
+
+#: the stored dtype -> the NumPy dtype the CUDA backend keeps it as (bfloat16: its bits as uint16)
+NP_OF = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}
+
+
+def stored(t, dtype: str):
+    """a torch tensor as the CUDA backend stores ``dtype`` (float32, float16, or bfloat16's bits as uint16)"""
+    import torch
+    t = t.contiguous()
+    if dtype == "bfloat16":
+        return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return t.to(getattr(torch, dtype)).numpy()
+
+
+def value(a, dtype: str):
+    """a stored array (``stored``) as a float64 torch tensor"""
+    import torch
+    a = np.ascontiguousarray(a)
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).double()
+    return torch.from_numpy(a.astype(np.float64))
+
+
 class PoclStandIn:
     """``_function`` of a CUDA mixin on PoCL; ``launches`` records (file, kernel, macros, grid, block)."""
 
@@ -48,6 +80,15 @@ class PoclStandIn:
 
         launch.max_threads_per_block = 1024
         return launch
+
+    def _dtype(self, x):
+        return {"float16": "float16", "uint16": "bfloat16"}.get(str(x.dtype), "float32")
+
+    def _empty(self, shape, dtype="float32"):
+        return np.empty(tuple(shape), NP_OF[dtype])
+
+    def _enter(self):
+        pass
 
     def launched(self) -> list:
         """the kernel names launched so far"""

@@ -106,8 +106,9 @@ def shipped_configs() -> dict[str, list[dict]]:
                     add(ATTENTION_MMA[0], {"E": d, "EV": d, "HK": hk, "QH": qh, "KH": 1, "VH": 1, "BKV": ATT_MMA_BKV})
     for xt in (1, 2):  # half elementwise ops ("half_elementwise")
         add(HALF_EW, {"BLOCK": BLOCK, "XT": xt})
-    for xt in (0, 1, 2):  # the fused row norm (norms.py), float32 / float16 / bfloat16
+    for xt in (0, 1, 2):  # the fused row norm (norms.py), float32 / float16 / bfloat16, and its split rows
         add("norm_cuda.cu", {"XT": xt, "NB": 512})
+        add("norm_split_cuda.cu", {"XT": xt, "NB": 256})
     add(_w8a8.FILE, dict(_w8a8.MACROS))  # W8A8 linear (the one build)
     return out
 

@@ -85,6 +85,9 @@ KERNELS: dict[str, KernelSig] = {
     # fused attention, the GPU family (OpenCL and CUDA) in the portable subset (kernels/attention.cu): att_cpu's arguments
     "ad_attention": _s("attention.cu", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
     "ad_norm_rows_affine": _s("norm_cuda.cu", "b b b b", "i i i i i i", "f"),
+    "ad_norm_split_sum": _s("norm_split_cuda.cu", "b b", "i i i"),
+    "ad_norm_split_dev": _s("norm_split_cuda.cu", "b b b", "i i i"),
+    "ad_norm_split_apply": _s("norm_split_cuda.cu", "b b b b b b", "i i i i i i i", "f"),
     "ad_unary_h": _s("elementwise_half_cuda.cu", "b b l i f f i"),
     "ad_to_half": _s("elementwise_half_cuda.cu", "b b l"),
     "ad_from_half": _s("elementwise_half_cuda.cu", "b b l"),

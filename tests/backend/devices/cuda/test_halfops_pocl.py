@@ -11,55 +11,25 @@ import pytest
 
 from anydevice.backend.devices.cuda.backend import CudaBackend
 from anydevice.backend.devices.cuda.halfops import CudaHalfOps
-from anydevice.backend.ops import dtypes
 
-from pocl_standin import PoclStandIn, standin
+from pocl_standin import NP_OF, FakeCp, PoclStandIn, standin, stored, value
 
 torch = pytest.importorskip("torch")
 TDT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-NP = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}
-
-
-class _FakeCp:
-    """What the mixin uses of CuPy, as NumPy."""
-    ndarray = np.ndarray
-    float32 = np.float32
-    ascontiguousarray = staticmethod(np.ascontiguousarray)
-    broadcast_to = staticmethod(np.broadcast_to)
 
 
 class PoclHalfOps(PoclStandIn, CudaHalfOps):
     """CudaHalfOps with NumPy arrays for CuPy's (bfloat16 as uint16 bits, as the backend keeps it) and its
     kernels launched on PoCL with CudaBackend's 1-D geometry."""
-    cp = _FakeCp
+    cp = FakeCp
     hip = False
     sm_count = 2
     _launch_1d = CudaBackend._launch_1d
-
-    def _dtype(self, x):
-        return {"float16": dtypes.FLOAT16, "uint16": dtypes.BFLOAT16}.get(str(x.dtype), dtypes.FLOAT32)
-
-    def _empty(self, shape, dtype="float32"):
-        return np.empty(tuple(shape), NP[dtype])
 
 
 @pytest.fixture(scope="module")
 def pocl():
     return standin(PoclHalfOps)
-
-
-def _native(t, dtype):
-    """a torch half tensor as the backend stores it (float16, or bfloat16's bits as uint16)"""
-    t = t.contiguous()
-    return t.numpy() if dtype == "float16" else t.view(torch.int16).numpy().view(np.uint16)
-
-
-def _value(a, dtype):
-    """the backend's half array as a float64 torch tensor"""
-    a = np.ascontiguousarray(a)
-    if dtype == "float16":
-        return torch.from_numpy(a.astype(np.float64))
-    return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).double()
 
 
 def _within_ulp(out, ref, tdt, slack=0.0) -> bool:
@@ -84,25 +54,25 @@ def test_binary_half_on_pocl(pocl, case, dtype):
     a = sa if isinstance(sa, float) else (torch.randn(*sa, generator=g) * 3).to(tdt)
     if sb == "T":  # a transposed (non-contiguous) operand
         b = (torch.randn(sa[0], sa[2], sa[1], generator=g) * 3).to(tdt).transpose(1, 2)
-        nb = _native(b.transpose(1, 2), dtype).transpose(0, 2, 1)
+        nb = stored(b.transpose(1, 2), dtype).transpose(0, 2, 1)
     else:
         b = sb if isinstance(sb, float) else (torch.randn(*sb, generator=g) * 3).to(tdt)
-        nb = sb if isinstance(sb, float) else _native(b, dtype)
-    na = sa if isinstance(sa, float) else _native(a, dtype)
+        nb = sb if isinstance(sb, float) else stored(b, dtype)
+    na = sa if isinstance(sa, float) else stored(a, dtype)
     keep = [None if isinstance(v, float) else v.copy() for v in (na, nb)]
     for op in OPS:
         if op in ("minimum", "maximum") and (isinstance(sa, float) or isinstance(sb, float)):
             continue
         x, ta = na, a
         if op == "pow" and not isinstance(sa, float):  # positive bases
-            x, ta = _native(a.abs(), dtype), a.abs()
+            x, ta = stored(a.abs(), dtype), a.abs()
         pocl.launches.clear()
         y = pocl._binary_half(op, x, nb, dtype)
-        assert pocl.launched() == ["ad_binary_h"] and y.dtype == NP[dtype], (op, pocl.launched())
+        assert pocl.launched() == ["ad_binary_h"] and y.dtype == NP_OF[dtype], (op, pocl.launched())
         fa = torch.tensor(ta) if isinstance(ta, float) else ta.float()
         fb = torch.tensor(b) if isinstance(b, float) else b.float()
         ref = getattr(torch, op)(fa, fb).to(tdt).double()
-        out = _value(y, dtype)
+        out = value(y, dtype)
         assert out.shape == ref.shape
         if op == "pow":
             assert _within_ulp(out, ref, tdt), op
@@ -118,7 +88,7 @@ def test_unary_and_casts_half_on_pocl(pocl, dtype):
     tdt = TDT[dtype]
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(3, 17, 29, generator=g) * 3).to(tdt)
-    nx = _native(x, dtype).transpose(0, 2, 1)  # permuted: made contiguous first
+    nx = stored(x, dtype).transpose(0, 2, 1)  # permuted: made contiguous first
     xp = x.permute(0, 2, 1).float()
     for op, p, ref in (("relu", {}, torch.relu(xp)), ("silu", {}, torch.nn.functional.silu(xp)),
                        ("exp", {}, torch.exp(xp)), ("tanh", {}, torch.tanh(xp)),
@@ -126,8 +96,8 @@ def test_unary_and_casts_half_on_pocl(pocl, dtype):
                        ("clamp", {"min": -1.0, "max": 2.0}, xp.clamp(-1.0, 2.0))):
         pocl.launches.clear()
         y = pocl._unary_half(op, nx, dtype, **p)
-        assert pocl.launched() == ["ad_unary_h"] and y.dtype == NP[dtype], op
-        out, r = _value(y, dtype), ref.to(tdt).double()
+        assert pocl.launched() == ["ad_unary_h"] and y.dtype == NP_OF[dtype], op
+        out, r = value(y, dtype), ref.to(tdt).double()
         # gelu's float32 kernel takes 1 + erf(x / sqrt 2), which cancels for negative x (an absolute error
         # of a few float32 ulps of 1 times |x|, as the float32 op has): more than an ulp of tiny results
         slack = 2.0**-21 * float(xp.abs().max()) if op == "gelu" else 0.0
@@ -135,7 +105,7 @@ def test_unary_and_casts_half_on_pocl(pocl, dtype):
     v = torch.cat([torch.randn(1000, generator=g) * 100,
                    torch.tensor([float("nan"), float("inf"), -float("inf"), 65504.0, 70000.0, 1e-8, -0.0, 3e38])])
     h = pocl._cast_half(v.numpy(), "float32", dtype)
-    out = _value(h, dtype)
+    out = value(h, dtype)
     want = v.to(tdt).double()
     assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.nan_to_num(), want.nan_to_num())
     back = pocl._cast_half(h, dtype, "float32")
