@@ -5,7 +5,10 @@
 #   BUDGET=405 TESTS_BACKENDS=cuda bash tools/gpu_session.sh half unetcuda modelprof tests vaecuda
 # The third's: everything the issue asks for once (7 minutes), then the half UNet, the tests and the profile:
 #   BUDGET=420 NPROC=14 bash tools/gpu_session.sh env tests unetcuda unetocl ops unetq vae modelprof
-#   BUDGET=320 TESTS_BACKENDS=cuda TESTS_LIMIT=100 bash tools/gpu_session.sh unethalf tests modelprof halfsweep prof
+#   BUDGET=360 NPROC=14 TESTS_BACKENDS=cuda TESTS_LIMIT=100 bash tools/gpu_session.sh unethalf tests modelprof halfsweep prof vaeprof
+# The next session's first call (what the third left untimed: the fitted half plan, conv_out's GEMM, the split
+# norm; the tests it changed), with `-rfE` tracebacks kept in tests.log:
+#   BUDGET=400 NPROC=14 TESTS_BACKENDS=cuda TESTS_LIMIT=170 bash tools/gpu_session.sh tests unethalf vaecuda halfsweep modelprof vaeprof
 # Logs go to $OUT (or ./gpu-out). The pack is made importable as `anydevice` through a link;
 # pyopencl comes from wheels carried in .whl/ (the machine has no registry; carry=[".whl"]). Make them here with
 #   mkdir -p .whl && cd .whl && pip download --only-binary :all: --python-version 3.12 --implementation cp \
