@@ -187,7 +187,8 @@ class CudaBackend(CudaLinalg, CudaW8A8, CudaAttention, CudaGraphs, CudaNorms, Cu
         return _DTYPE_OF_CHAR.get(x.dtype.char, dtypes.FLOAT32)
 
     def _cast(self, x, dtype):
-        """float32 <-> float16 / bfloat16 on the GPU (CuPy elementwise; bfloat16 by bits, nearest even)."""
+        """float32 <-> float16 / bfloat16 on the GPU, bfloat16 by its bits (nearest even): a contiguous array in
+        one launch of elementwise_half_cuda.cu, others (strided views; ROCm) through CuPy's elementwise ops."""
         cp, have = self.cp, self._dtype(x)
         if have == dtype:
             return x
