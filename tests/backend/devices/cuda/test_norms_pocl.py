@@ -53,3 +53,18 @@ def test_split_norm_on_pocl(pocl, case, dtype):
     else:
         eps = torch.finfo(getattr(torch, dtype)).eps
         assert bool(((got - ref).abs() <= eps * ref.abs() + 1e-5 * float(ref.abs().max())).all())
+
+
+class _H200(CudaNorms):
+    sm_count = 132
+
+
+# (rows, n, parts on an H200's 132 SMs): the SD1.5 UNet's group norms (32 groups of at most 82 K values) keep
+# one block a row; the SD1.x VAE decoder's (32 groups of 0.26-1 M values) split; layer norms (one row a token)
+# never do
+PARTS = [(32, 40960, 1), (32, 81920, 1), (32, 262144, 8), (32, 1048576, 9), (4096, 320, 1), (200, 2**20, 1)]
+
+
+@pytest.mark.parametrize("rows,n,parts", PARTS, ids=lambda v: str(v))
+def test_norm_parts(rows, n, parts):
+    assert _H200()._norm_parts(rows, n) == parts
