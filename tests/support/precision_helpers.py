@@ -50,6 +50,14 @@ def check(y, ref, what="", tol=TOL):
     return err
 
 
+def within_ulp(out, ref, tdt, slack=0.0) -> bool:
+    """Half results (torch tensors) against a reference rounded to the half dtype ``tdt``: every value equal
+    (Inf included, NaN where NaN) or within one ulp of the dtype (subnormals: one step), plus ``slack``."""
+    fi = torch.finfo(tdt)
+    close = (out - ref).abs() <= fi.eps * ref.abs() + fi.smallest_normal * fi.eps + slack
+    return bool(((out == ref) | close | (out.isnan() & ref.isnan())).all())
+
+
 def t64(a):
     return torch.from_numpy(np.asarray(a, dtype=np.float32)).double()
 

@@ -14,6 +14,8 @@ import pytest
 
 from anydevice.backend.devices import cuda as cuda_backend
 
+from precision_helpers import within_ulp
+
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 _PROBE = cuda_backend.probe("cuda")
@@ -189,13 +191,6 @@ BINARY = [((2, 320, 16, 16), (2, 320, 16, 16), False), ((2, 320, 16, 16), (320, 
           ((5, 7, 9), 0.3, False), (0.7, (5, 7, 9), False), ((6, 40, 33), (6, 33, 40), True), ((1,), (3, 5), False)]
 
 
-def _within_ulp(out, ref, tdt, slack=0.0) -> bool:
-    """every value equal (Inf included, NaN where NaN) or within one ulp of the dtype (subnormals: one step)"""
-    fi = torch.finfo(tdt)
-    close = (out - ref).abs() <= fi.eps * ref.abs() + fi.smallest_normal * fi.eps + slack
-    return bool(((out == ref) | close | (out.isnan() & ref.isnan())).all())
-
-
 def _half_pair(dtype, g, *shapes):
     tdt = DTYPES[dtype]
     return [s if isinstance(s, float) else (torch.randn(*s, generator=g) * 2).to(tdt) for s in shapes]
@@ -236,7 +231,7 @@ def test_half_binary_in_the_stored_dtype(be, case, dtype, monkeypatch):
         ref = ref.to(DTYPES[dtype]).double()
         out = torch.from_numpy(be.to_numpy(got)).double()
         if op == "pow":
-            assert _within_ulp(out, ref, DTYPES[dtype]), op
+            assert within_ulp(out, ref, DTYPES[dtype]), op
         else:
             assert torch.equal(out, ref), (op, float((out - ref).abs().max()))
     for v, was in zip(nat, before):
@@ -274,7 +269,7 @@ def test_half_unary_cast_and_movement_in_the_stored_dtype(be, dtype, monkeypatch
         assert be._dtype(y) == dtype and built == ["ad_unary_h"], (op, built)
         out, r = torch.from_numpy(be.to_numpy(y)).double(), ref.to(tdt).double()
         slack = 2.0**-21 * float(xp.abs().max()) if op == "gelu" else 0.0  # the float32 gelu's 1 + erf cancels
-        assert _within_ulp(out, r, tdt, slack), op
+        assert within_ulp(out, r, tdt, slack), op
     y = be.clamp(pd, min=-1.0, max=2.0)
     assert torch.equal(torch.from_numpy(be.to_numpy(y)).double(), xp.clamp(-1.0, 2.0).to(tdt).double())
     # casts: float32 -> half rounds as torch (nearest even), NaN and Inf kept; half -> float32 exact

@@ -13,6 +13,7 @@ from anydevice.backend.devices.cuda.backend import CudaBackend
 from anydevice.backend.devices.cuda.halfops import CudaHalfOps
 
 from pocl_standin import NP_OF, FakeCp, PoclStandIn, standin, stored, value
+from precision_helpers import within_ulp
 
 torch = pytest.importorskip("torch")
 TDT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -30,12 +31,6 @@ class PoclHalfOps(PoclStandIn, CudaHalfOps):
 @pytest.fixture(scope="module")
 def pocl():
     return standin(PoclHalfOps)
-
-
-def _within_ulp(out, ref, tdt, slack=0.0) -> bool:
-    fi = torch.finfo(tdt)
-    close = (out - ref).abs() <= fi.eps * ref.abs() + fi.smallest_normal * fi.eps + slack
-    return bool(((out == ref) | close | (out.isnan() & ref.isnan())).all())
 
 
 # (a, b): same shapes, per-channel bias, (N, C, 1, 1), last-dim bias, an irregular broadcast (materialised),
@@ -75,7 +70,7 @@ def test_binary_half_on_pocl(pocl, case, dtype):
         out = value(y, dtype)
         assert out.shape == ref.shape
         if op == "pow":
-            assert _within_ulp(out, ref, tdt), op
+            assert within_ulp(out, ref, tdt), op
         else:
             assert torch.equal(out, ref), (op, float((out - ref).abs().max()))
     for v, was in zip((na, nb), keep):  # inputs unchanged
@@ -101,7 +96,7 @@ def test_unary_and_casts_half_on_pocl(pocl, dtype):
         # gelu's float32 kernel takes 1 + erf(x / sqrt 2), which cancels for negative x (an absolute error
         # of a few float32 ulps of 1 times |x|, as the float32 op has): more than an ulp of tiny results
         slack = 2.0**-21 * float(xp.abs().max()) if op == "gelu" else 0.0
-        assert _within_ulp(out, r, tdt, slack), (op, float((out - r).abs().max()))
+        assert within_ulp(out, r, tdt, slack), (op, float((out - r).abs().max()))
     v = torch.cat([torch.randn(1000, generator=g) * 100,
                    torch.tensor([float("nan"), float("inf"), -float("inf"), 65504.0, 70000.0, 1e-8, -0.0, 3e38])])
     h = pocl._cast_half(v.numpy(), "float32", dtype)
