@@ -33,8 +33,6 @@
 #define H_T unsigned short
 #define EW_LD(h) HP_LD(XT, h)
 #define EW_ST(f) HP_ST(XT, f)
-#define GRID_STRIDE_LOOP(idx, total) \
-    for (OFF_T idx = (OFF_T)GID0; idx < (total); idx += (OFF_T)NGRP0 * LSZ0)
 
 KERNEL void ad_to_half(const GLOBAL float* RESTRICT x, GLOBAL H_T* RESTRICT y, const OFF_T n)
 {

@@ -17,6 +17,11 @@
 #ifndef ANYDEVICE_ELEMENTWISE_MATH_H
 #define ANYDEVICE_ELEMENTWISE_MATH_H
 
+/* grid-stride loop over [0, total) with 64-bit indices, for any 1-D launch geometry (the elementwise kernels
+   of misc_cuda.cu and elementwise_half_cuda.cu) */
+#define GRID_STRIDE_LOOP(idx, total) \
+    for (OFF_T idx = (OFF_T)GID0; idx < (total); idx += (OFF_T)NGRP0 * LSZ0)
+
 /* ---- unary ops: codes as UNARY_KERNEL_CODES in backend/ops/contract.py ------------------------- */
 #define OP_ABS 0
 #define OP_NEG 1

@@ -28,10 +28,6 @@
 
 #include "elementwise_math.h"
 
-/* grid-stride loop over [0, total) with 64-bit indices, for any 1-D launch geometry */
-#define GRID_STRIDE_LOOP(idx, total) \
-    for (OFF_T idx = (OFF_T)GID0; idx < (total); idx += (OFF_T)NGRP0 * LSZ0)
-
 KERNEL void ad_pad(const GLOBAL float* RESTRICT x, GLOBAL float* RESTRICT y, const int planes,
                    const int H, const int W, const int top, const int left, const int OH,
                    const int OW, const int mode)
