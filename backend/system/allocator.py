@@ -5,7 +5,9 @@ By default glibc serves blocks from 128 KiB up with mmap, raises that threshold 
 (a few hundred KiB to a few MiB each, allocated and freed a hundred times a step) then keep going back
 to the kernel and page-faulting in again. Fixed thresholds keep them in the heap. Measured on the
 2-core AMD EPYC, alternating processes: the NumPy digits CNN step 4.7-5.3 -> 3.5-3.6 ms, the residual
-denoiser step 390-410 -> 350-370 ms. The heap keeps at most TRIM_BYTES of free memory at its top;
+denoiser step 390-410 -> 350-370 ms; the denoiser's step frees several 8-9 MiB arrays at once, so a 64 MiB
+trim threshold still gave memory back every step: 256 MiB took its process CPU time from 610-660 to 510-540 ms
+a step (1 GiB: 545-575, no better). The heap keeps at most TRIM_BYTES of free memory at its top;
 blocks over MMAP_BYTES (model weights) are still mapped and unmapped on their own.
 
 Not applied where the user set malloc's own variables (GLIBC_TUNABLES, MALLOC_*_), where the C library
@@ -28,7 +30,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 #: blocks of at most this many bytes come from the heap
 MMAP_BYTES = 32 << 20
 #: the heap gives its free top back to the kernel past this many bytes
-TRIM_BYTES = 64 << 20
+TRIM_BYTES = 256 << 20
 
 _lock = threading.Lock()
 _state: list = []  # the outcome, once: a line for the log

@@ -11,7 +11,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...system import threads
 from ...system.config import workspace_budget_bytes
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
-from . import common, smallconv
+from . import colconv, common, smallconv
 from .common import F32, _parallel, _quiet, _split  # noqa: F401
 
 
@@ -22,6 +22,8 @@ class NumpyConv:
         if smallconv.takes(x.shape, w.shape, stride, pads, dilation, groups, x, w):
             return _quiet(smallconv.conv2d, x, w, bias, stride, pads, dilation)
         x, stride, pads, dilation = _gather_windows(x, w.shape, stride, pads, dilation)
+        if _cols_conv_takes(x.shape, w.shape, stride, pads, dilation, groups):
+            return colconv.conv2d(np.ascontiguousarray(x), w, bias, pads, dilation, groups)
         if any(pads):
             x = self._pad(x, pads, "zeros")
         x = np.ascontiguousarray(x)
@@ -221,7 +223,7 @@ def _gather_windows(x, wshape, stride, pads, dilation):
     return x, tuple(stride), tuple(pads), tuple(dilation)
 
 
-def _tap_tasks(N, G, rows_total, row_len, channels):
+def _tap_tasks(N, G, rows_total, row_len, channels, min_rows=1):
     """The tasks (n0, n1, group, r0, r1) of a per-tap shifted-view conv (forward or input gradient)
     whose rows are ``row_len`` floats of ``channels`` channels: several small images a task (one
     stacked matmul per tap), or row blocks of one image, each about common.CHUNK_BYTES."""
@@ -229,7 +231,7 @@ def _tap_tasks(N, G, rows_total, row_len, channels):
     if per_img <= common.CHUNK_BYTES:
         nb = max(1, min(-(-N // threads.num_threads()), common.CHUNK_BYTES // per_img))
         return [(n0, min(N, n0 + nb), g, 0, rows_total) for g in range(G) for n0 in range(0, N, nb)]
-    rows = max(1, min(rows_total, common.CHUNK_BYTES // (4 * channels * row_len)))
+    rows = max(min(min_rows, rows_total), 1, min(rows_total, common.CHUNK_BYTES // (4 * channels * row_len)))
     return [(n, n + 1, g, r0, min(rows_total, r0 + rows)) for n in range(N) for g in range(G)
             for r0 in range(0, rows_total, rows)]
 
@@ -251,18 +253,6 @@ def _flat_rows(xp, slack):
     return flat
 
 
-def _tap_cols(wts, base, offsets, shape, strides):
-    """_tap_sum as one GEMM, for few channels a tap (the input gradient of a conv with 3 output channels:
-    9 GEMMs with K = 3 before): the taps' shifted views copied into (images, taps x channels, positions)
-    columns, times the weights as one (rows, taps x channels) matrix."""
-    nb, ch, L = shape
-    T = len(offsets)
-    cols = np.empty((nb, T * ch, L), F32)
-    for t, d in enumerate(offsets):
-        cols[:, t * ch:(t + 1) * ch] = as_strided(base[:, :, d:], shape=shape, strides=strides, writeable=False)
-    return np.matmul(wts.transpose(1, 0, 2).reshape(wts.shape[1], T * ch), cols)
-
-
 def _tap_sum(wts, base, offsets, shape, strides):
     """sum over taps t of ``wts[t] @ view_t``, view_t the (images, channels, positions) window of
     ``base`` shifted by ``offsets[t]`` positions (a strided view, no copy): the per-tap GEMMs of the
@@ -279,17 +269,44 @@ def _tap_sum(wts, base, offsets, shape, strides):
     return acc
 
 
+#: stride-1 convs with COLS_MIN_CIN to COLS_MAX_CIN input channels per group take colconv.conv2d (one GEMM
+#: with K = taps x CinG per block of rows) unless _conv2d_outshift takes them (few output channels).
+#: Measured (same process, alternating medians, 2-core AVX2 EPYC; old -> new ms): 16x32x64x64 32->32
+#: 25.4 -> 20.8 (input gradient 21.7 -> 18.1), 1x16x512x512 16->16 97 -> 44 (31 -> 85 input gradient),
+#: 16x8x64x64 8->8 10.5 -> 5.7; 2x64x96x96 64->64 level (17.8 / 17.4); 1x256x64x64 46 -> 51 (kept off)
+COLS_MIN_CIN = 8
+COLS_MAX_CIN = 64
+
+
+def _cols_conv_takes(xshape, wshape, stride, pads, dilation, groups) -> bool:
+    N, C, H, W = xshape
+    Cout, Cg, KH, KW = wshape
+    if tuple(stride) != (1, 1) or KH * KW == 1 or not COLS_MIN_CIN <= Cg <= COLS_MAX_CIN:
+        return False
+    if Cg == 1 and Cout == groups:
+        return False
+    OH = H + pads[0] + pads[1] - dilation[0] * (KH - 1)
+    OW = W + pads[2] + pads[3] - dilation[1] * (KW - 1)
+    if OH <= 0 or OW <= 0 or OH * OW < CONV_SHIFT_MIN_PIXELS:
+        return False
+    return not (KH * KW * (Cout // groups) <= OUTSHIFT_ROWS_MAX and Cg >= OUTSHIFT_MIN_CIN)
+
+
 # ---- stride-1 conv2d without an im2col (forward) ----------------------------------------------------
 #: stride-1 convs whose taps x output channels (per group) are at most OUTSHIFT_ROWS_MAX, from
 #: OUTSHIFT_MIN_CIN input channels, take _conv2d_outshift (input gradients with as few input channels too,
-#: as the flipped forward conv); input gradients whose taps x channels read a tap are at most TAP_COLS_MAX
-#: gather columns (_tap_cols). Measured on a 2-core AVX2 EPYC, 16x32x64x64 (same process, alternating):
+#: as the flipped forward conv); weight gradients whose taps x output channels are at most TAP_COLS_MAX
+#: gather the taps' gy rows (gradients._wgrad_gathered). Measured on a 2-core AVX2 EPYC, 16x32x64x64 (same process, alternating):
 #: 32 -> 3 forward 21.7 -> 8.4 ms (PyTorch 5.2), input gradient 23.8 -> 12.4; 32 -> 16 forward 20.5 ->
 #: 15.0; 32 -> 32 and 64 -> 64 stay on the input side (36.8 against 39.0, 73.6 against 76.6), and so do
 #: 32 -> 16 input gradients (25.8 against 35.4 with columns)
 OUTSHIFT_ROWS_MAX = 144
 TAP_COLS_MAX = 72
 OUTSHIFT_MIN_CIN = 8
+#: _conv2d_outshift's blocks have at least this many rows: a block's product runs (KH - 1) * dh rows past it
+#: (the last taps' reads), so one-row blocks of wide images computed 3x the work (1x16x512x512 16 -> 16: 93 ms
+#: -> 37 with 16 rows; 1x32x256x256 32 -> 16 18 -> 10; 16x32x64x64 32 -> 16 13.6 -> 12.5)
+OUTSHIFT_MIN_ROWS = 16
 #: stride-1 convs with CONV_SHIFT_MIN_CIN to CONV_SHIFT_MAX_CIN input channels per group and at
 #: least CONV_SHIFT_MIN_PIXELS output pixels per image take _conv2d_shifted. Measured (min of 3,
 #: old -> new ms, shared host): 16x32x64x64 32->32 112 -> 31; 2x64x96x96 76 -> 38; 1x128x128x128
@@ -351,7 +368,7 @@ def _conv2d_outshift(xp, w, bias, out, dilation, G):
     flat = _flat_rows(xp, dilation[1] * (KW - 1))
     wz = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, T).transpose(0, 3, 1, 2)).reshape(G, T * Coutg, Cg)
     outq = np.empty((N, Cout, OH, Wp), F32)
-    tasks = _tap_tasks(N, G, OH, Wp, max(Cg, T * Coutg))
+    tasks = _tap_tasks(N, G, OH, Wp, max(Cg, T * Coutg), OUTSHIFT_MIN_ROWS)
 
     def task(tk):
         n0, n1, g, r0, r1 = tk

@@ -7,10 +7,10 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...system import threads
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry  # noqa: F401
-from . import common, smallconv
+from . import colconv, common, smallconv
 from .common import F32, _parallel, _quiet, _split, zero_pad  # noqa: F401
-from .conv import (CONV_SHIFT_MIN_PIXELS, OUTSHIFT_ROWS_MAX, TAP_COLS_MAX,  # noqa: F401
-                   _conv2d_outshift, _tap_cols, _tap_offsets, _tap_sum, _tap_tasks)
+from .conv import (COLS_MAX_CIN, CONV_SHIFT_MIN_PIXELS, OUTSHIFT_ROWS_MAX, TAP_COLS_MAX,  # noqa: F401
+                   _conv2d_outshift, _tap_offsets, _tap_sum, _tap_tasks)
 
 
 # ---- conv2d weight gradient (autograd; backend/ops/convgrad.py) ----------------------------------------
@@ -58,6 +58,12 @@ WGRAD_STEP = 4096
 #: stride-1 weight gradients with at least this many input channels per group take _wgrad_shifted
 #: (fewer: the im2col's few columns cost less than _wgrad_shifted's copy of gy and its thin GEMMs)
 WGRAD_SHIFT_MIN_CIN = 16
+#: stride-1 weight gradients with WGRAD_COLS_MIN_CIN to WGRAD_COLS_MAX_CIN input channels per group (and more
+#: than TAP_COLS_MAX taps x output channels) take colconv.weight_grad: one GEMM per block against all the taps'
+#: columns (old -> new ms, same process: 1x16x512x512 16->16 54 -> 33, 16x8x64x64 6.5 -> 5.0, 16x32x64x64
+#: 32->32 22.9 -> 20.8; 3 input channels 3.7 -> 5.9 and 3 output channels 6.5 -> 14 stay where they were)
+WGRAD_COLS_MIN_CIN = 8
+WGRAD_COLS_MAX_CIN = 32
 
 
 def _wgrad_shifted(xp, gy, wshape, dilation, G):
@@ -188,6 +194,9 @@ class NumpyGradients:
         if N == 0 or OH * OW == 0:
             return None
         (sh, sw), (dh, dw), (t, b, l, r) = stride, dilation, pads
+        if (sh, sw) == (1, 1) and WGRAD_COLS_MIN_CIN <= Cg <= WGRAD_COLS_MAX_CIN and KH * KW > 1 \
+                and KH * KW * Coutg > TAP_COLS_MAX and OH * OW >= CONV_SHIFT_MIN_PIXELS and min(t, l) >= 0:
+            return colconv.weight_grad(x, gy, wshape, (t, b, l, r), (dh, dw), G)
         # zero padding only where the taps read
         b2 = max(0, (KH - 1) * dh + (OH - 1) * sh + 1 - H - t)
         r2 = max(0, (KW - 1) * dw + (OW - 1) * sw + 1 - W - l)
@@ -272,7 +281,13 @@ class NumpyGradients:
         Hq, Wq = OH + eh, OW + ew  # rows / columns of the padded input that the conv reads
         if N == 0 or Hq < t + H or Wq < l + W:
             return None
-        if KH * KW * Cg <= OUTSHIFT_ROWS_MAX and KH * KW * Coutg > TAP_COLS_MAX and OH * OW >= CONV_SHIFT_MIN_PIXELS:
+        outshift = KH * KW * Cg <= OUTSHIFT_ROWS_MAX and KH * KW * Coutg > TAP_COLS_MAX
+        if not outshift and KH * KW > 1 and Coutg <= COLS_MAX_CIN and OH * OW >= CONV_SHIFT_MIN_PIXELS \
+                and not (Cg == 1 and Coutg == 1):
+            gx = colconv.input_grad(gy, w, in_hw, pads, dilation, G)
+            if gx is not None:
+                return gx
+        if outshift and OH * OW >= CONV_SHIFT_MIN_PIXELS:
             # few input channels (a first layer's 3): the forward conv of the padded gy with the flipped,
             # transposed weight, its taps on the output side (one GEMM with M = taps x CinG, not M = CinG)
             gyp = zero_pad(gy, eh, eh, ew, ew)
@@ -286,16 +301,14 @@ class NumpyGradients:
         # weights per group and tap as (CinG, CoutG) matrices
         wt = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, KH * KW).transpose(0, 3, 2, 1))
         gxq = np.empty((N, G * Cg, Hq, C2), F32)
-        cols = KH * KW * Coutg <= TAP_COLS_MAX  # few channels a tap: one GEMM on gathered columns
-        tasks = _tap_tasks(N, G, Hq, C2, max(Cg, Coutg * (KH * KW if cols else 1)))
+        tasks = _tap_tasks(N, G, Hq, C2, max(Cg, Coutg))
         sn, st = flat.strides[0], flat.strides[1]
-        tap_sum = _tap_cols if cols else _tap_sum
 
         def task(tk):
             n0, n1, g, r0, r1 = tk
             nb, L = n1 - n0, (r1 - r0) * C2
             offsets = [(r0 + eh - kh * dh) * C2 + (ew - kw * dw) for kh in range(KH) for kw in range(KW)]
-            acc = tap_sum(wt[g], flat[n0:n1, g * Coutg:(g + 1) * Coutg], offsets, (nb, Coutg, L), (sn, st, 4))
+            acc = _tap_sum(wt[g], flat[n0:n1, g * Coutg:(g + 1) * Coutg], offsets, (nb, Coutg, L), (sn, st, 4))
             gxq[n0:n1, g * Cg:(g + 1) * Cg, r0:r1] = acc.reshape(nb, Cg, r1 - r0, C2)
 
         with threads.single_threaded_blas():

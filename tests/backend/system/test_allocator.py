@@ -18,7 +18,7 @@ def fresh(monkeypatch):
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="needs glibc")
 def test_thresholds_are_fixed_once(fresh):
     line = allocator.tune()
-    assert line == "mmap threshold 32 MiB, trim threshold 64 MiB"
+    assert line == "mmap threshold 32 MiB, trim threshold 256 MiB"
     fresh.setenv("ANYDEVICE_MALLOC_TUNE", "0")
     assert allocator.tune() == line  # once per process
 

@@ -1,7 +1,7 @@
-"""The NumPy device's stride-1 tap schemes (backend/devices/numpy/conv.py, gradients.py): few output
+"""The NumPy device's stride-1 tap schemes (backend/devices/numpy/conv.py, gradients.py, colconv.py): few output
 channels take the taps on the output side (_conv2d_outshift: one GEMM with taps x channels rows, then shifted
-sums), an input gradient with few channels a tap gathers columns (_tap_cols), one with few input channels
-runs as the flipped forward conv on the output side, and a weight gradient with few output channels gathers
+sums), an input gradient with up to 64 channels a tap runs as colconv's flipped forward conv, one with few input
+channels as the flipped forward conv on the output side, and a weight gradient with few output channels gathers
 the taps' shifted gy rows (_wgrad_gathered). Each against torch's float64 conv and autograd, with a
 spy that the scheme under test ran (the shapes are past smallconv's 1M floats of columns, so the threaded
 paths take them)."""
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from anydevice.backend import get_backend  # noqa: E402
-from anydevice.backend.devices.numpy import conv as CV, gradients as GR  # noqa: E402
+from anydevice.backend.devices.numpy import colconv as CC, conv as CV, gradients as GR  # noqa: E402
 
 BE = get_backend("numpy")
 
@@ -56,13 +56,13 @@ def test_few_output_channels_take_the_output_side(monkeypatch, case):
     ref = F.conv2d(xt, wt, torch.from_numpy(b).double(), 1, pad, d, g)
     assert _err(BE.conv2d(x, w, b, 1, pad, d, g), ref) < 1e-6
     assert calls == ["_conv2d_outshift"]
-    # the input gradient: few output channels a tap -> gathered columns
+    # the input gradient: few output channels a tap -> colconv's flipped forward conv (one GEMM a block)
     gy = rng.standard_normal(tuple(ref.shape)).astype(np.float32)
     gx_ref, gw_ref = torch.autograd.grad(ref, (xt, wt), torch.from_numpy(gy).double())
-    cols = _spy(monkeypatch, GR, "_tap_cols")
+    cols = _spy(monkeypatch, CC, "input_grad")
     gx = BE._conv2d_input_grad(gy, w, (H, W), (1, 1), (pad[0], pad[0], pad[1], pad[1]), (d, d), g)
     assert _err(gx, gx_ref) < 1e-6
-    assert bool(cols) == (k * k * (O // g) <= CV.TAP_COLS_MAX)
+    assert cols == ["input_grad"]
     # the weight gradient: few output channels -> the taps' shifted gy rows gathered, one GEMM a block
     gathered = _spy(monkeypatch, GR, "_wgrad_gathered")
     gw = BE._conv2d_weight_grad(x, gy, w.shape, (1, 1), (pad[0], pad[0], pad[1], pad[1]), (d, d), g)
@@ -89,15 +89,18 @@ def test_few_input_channels_input_gradient_runs_as_the_flipped_forward(monkeypat
     assert _err(gx, gx_ref) < 1e-6
 
 
-def test_many_channels_stay_on_the_input_side(monkeypatch):
+@pytest.mark.parametrize("channels,scheme", [(32, "colconv"), (96, "shifted")])
+def test_many_channels_stay_on_the_input_side(monkeypatch, channels, scheme):
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((4, 32, 40, 40)).astype(np.float32)
-    w = (rng.standard_normal((32, 32, 3, 3)) / 3).astype(np.float32)
+    x = rng.standard_normal((4, channels, 40, 40)).astype(np.float32)
+    w = (rng.standard_normal((channels, channels, 3, 3)) / 3).astype(np.float32)
     out_side = _spy(monkeypatch, CV, "_conv2d_outshift")
     shifted = _spy(monkeypatch, CV, "_conv2d_shifted")
+    cols = _spy(monkeypatch, CC, "conv2d")
     ref = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), None, 1, 1)
     assert _err(BE.conv2d(x, w, None, 1, 1), ref) < 1e-6
-    assert out_side == [] and shifted == ["_conv2d_shifted"]
+    assert out_side == []
+    assert (shifted, cols) == (([], ["conv2d"]) if scheme == "colconv" else (["_conv2d_shifted"], []))
 
 
 def test_inf_and_nan_reach_what_torch_gives():
