@@ -57,18 +57,16 @@ def _padded_flat(x, pads, slack):
 
 
 def _blocks(N, G, OH, Wp, col_rows, chunk=None):
-    """The tasks (n0, n1, g, r0, r1): several whole images a task when an image's columns are small, else
-    blocks of rows of one image, each about COLS_CHUNK_BYTES of columns; at least one per thread where the
-    work allows."""
+    """The tasks (n0, n1, g, r0, r1): several whole images a task when an image's columns are small (and
+    there are images enough for the threads), else blocks of rows of one image, each about ``chunk`` bytes of
+    columns (COLS_CHUNK_BYTES), and at least one block per thread where the rows allow."""
     chunk = chunk or COLS_CHUNK_BYTES
     per_row = 4 * col_rows * Wp
     nt = threads.num_threads()
-    if per_row * OH <= chunk:
+    if per_row * OH <= chunk and N * G >= nt:
         nb = max(1, min(-(-N // nt), chunk // (per_row * OH)))
         return [(n0, min(N, n0 + nb), g, 0, OH) for g in range(G) for n0 in range(0, N, nb)]
-    rows = max(1, min(OH, chunk // per_row))
-    if N * G == 1:
-        rows = min(rows, -(-OH // nt))
+    rows = max(1, min(OH, chunk // per_row, OH * N * G // nt))  # and at least one block per thread
     return [(n, n + 1, g, r0, min(OH, r0 + rows)) for n in range(N) for g in range(G) for r0 in range(0, OH, rows)]
 
 

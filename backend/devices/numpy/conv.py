@@ -23,7 +23,7 @@ class NumpyConv:
             return _quiet(smallconv.conv2d, x, w, bias, stride, pads, dilation)
         x, stride, pads, dilation = _gather_windows(x, w.shape, stride, pads, dilation)
         if _cols_conv_takes(x.shape, w.shape, stride, pads, dilation, groups):
-            return colconv.conv2d(np.ascontiguousarray(x), w, bias, pads, dilation, groups)
+            return colconv.conv2d(x, w, bias, pads, dilation, groups)
         if any(pads):
             x = self._pad(x, pads, "zeros")
         x = np.ascontiguousarray(x)
@@ -231,7 +231,9 @@ def _tap_tasks(N, G, rows_total, row_len, channels, min_rows=1):
     if per_img <= common.CHUNK_BYTES:
         nb = max(1, min(-(-N // threads.num_threads()), common.CHUNK_BYTES // per_img))
         return [(n0, min(N, n0 + nb), g, 0, rows_total) for g in range(G) for n0 in range(0, N, nb)]
-    rows = max(min(min_rows, rows_total), 1, min(rows_total, common.CHUNK_BYTES // (4 * channels * row_len)))
+    # at least min_rows a block, unless that leaves a thread without a block
+    min_rows = min(min_rows, rows_total, max(1, rows_total * N * G // threads.num_threads()))
+    rows = max(min_rows, 1, min(rows_total, common.CHUNK_BYTES // (4 * channels * row_len)))
     return [(n, n + 1, g, r0, min(rows_total, r0 + rows)) for n in range(N) for g in range(G)
             for r0 in range(0, rows_total, rows)]
 

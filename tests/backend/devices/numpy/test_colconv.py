@@ -119,3 +119,21 @@ def test_non_finite_values_reach_the_outputs_torch_gives():
     np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
     fin = np.isfinite(ref)
     assert np.abs(got[fin] - ref[fin]).max() <= 1e-5 * np.abs(ref[fin]).max()
+
+
+@pytest.mark.parametrize("nt", [1, 2, 16])
+@pytest.mark.parametrize("shape", [(16, 1, 64, 66, 288), (1, 1, 64, 66, 288), (2, 1, 20, 22, 288),
+                                   (1, 1, 5, 7, 288), (3, 2, 30, 32, 144), (4, 1, 512, 514, 144)])
+def test_blocks_cover_every_row_once_and_feed_the_threads(monkeypatch, nt, shape):
+    from anydevice.backend.system import threads
+    monkeypatch.setattr(threads, "num_threads", lambda: nt)
+    N, G, OH = shape[:3]
+    for chunk in (None, 4 << 20, 1 << 12):
+        blocks = CC._blocks(*shape, chunk)
+        seen = {}
+        for n0, n1, g, r0, r1 in blocks:
+            assert 0 <= n0 < n1 <= N and 0 <= g < G and 0 <= r0 < r1 <= OH
+            for key in ((n, g, r) for n in range(n0, n1) for r in range(r0, r1)):
+                seen[key] = seen.get(key, 0) + 1
+        assert len(seen) == N * G * OH and set(seen.values()) == {1}
+        assert len(blocks) >= min(nt, N * G * OH)
