@@ -13,7 +13,8 @@ in L2), then
   adding its product into the block: 2x the time at 32 channels); the block's Wp - OW padding columns per
   row are dropped as the block is stored;
 - weight gradient: gW (CoutG, taps x CinG) += gy_block (CoutG, positions) @ columns^T, gy widened to Wp
-  columns by zeros (the padding columns' products vanish), per thread a float64 accumulator.
+  columns by zeros and the columns' padding positions zeroed (their products vanish, and an Inf or NaN of x
+  reaches exactly the weights torch's does), per thread a float64 accumulator.
 
 Blocks of rows of every image and group run on the pack's thread pool with single-threaded BLAS; a block's
 columns are about COLS_CHUNK_BYTES.
@@ -156,6 +157,8 @@ def weight_grad(x, gy, wshape, pads, dilation, groups):
         for n0, n1, g, r0, r1 in blocks[parts[item[0]][0]:parts[item[0]][1]]:
             L = (r1 - r0) * Wp
             cols = _gather(flat, n0, n1, g * Cg, (g + 1) * Cg, offsets, r0 * Wp, L)
+            # the padding columns read the next row's values: zeros there, so an Inf never meets gy's zero
+            cols.reshape(n1 - n0, T * Cg, r1 - r0, Wp)[..., OW:] = 0.0
             gb = gq[n0:n1, g * Coutg:(g + 1) * Coutg, r0:r1].reshape(n1 - n0, Coutg, L)
             for i in range(n1 - n0):
                 acc[g] += gb[i] @ cols[i].T

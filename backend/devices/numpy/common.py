@@ -29,9 +29,13 @@ def ones(n: int):
 def channel_sums(x, dtype=F32):
     """Per-channel sums (C,) of the float32 (N, C, ...) ``x`` over every other axis: a ones GEMV over the batch
     (BLAS's blocked FMA sums: 4-10x faster than a sum over axes (0, 2, ...), and closer to the float64 sum),
-    then along the rest in ``dtype`` (pairwise)."""
+    then along the rest in ``dtype`` (pairwise). The GEMV runs on one BLAS thread: it is bound by memory, and
+    OpenBLAS's threads spin for ~70 ms after a threaded call where NumPy was loaded before the pack (inside
+    ComfyUI), taking a core from the next op's pool threads."""
     N, C = x.shape[:2]
-    return (ones(N) @ np.ascontiguousarray(x).reshape(N, -1)).reshape(C, -1).sum(axis=1, dtype=dtype)
+    with threads.single_threaded_blas():
+        v = ones(N) @ np.ascontiguousarray(x).reshape(N, -1)
+    return v.reshape(C, -1).sum(axis=1, dtype=dtype)
 
 
 def _quiet(fn, *args, **kw):

@@ -137,3 +137,23 @@ def test_blocks_cover_every_row_once_and_feed_the_threads(monkeypatch, nt, shape
                 seen[key] = seen.get(key, 0) + 1
         assert len(seen) == N * G * OH and set(seen.values()) == {1}
         assert len(blocks) >= min(nt, N * G * OH)
+
+
+def test_weight_gradient_non_finite_values_reach_only_the_taps_that_read_them():
+    """An Inf in x's last column is read by no tap with kw = 0 (its output column would be past the edge):
+    torch's weight gradient stays finite there, and so does colconv's (the columns' padding positions, which
+    read the next row, are zeroed rather than multiplied by gy's zeros)."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 8, 128, 128)).astype(np.float32)
+    x[0, :, 5, -1] = np.inf
+    w = rng.standard_normal((32, 8, 3, 3)).astype(np.float32)
+    gy = rng.standard_normal((2, 32, 128, 128)).astype(np.float32)
+    xt = torch.from_numpy(x).double().requires_grad_()
+    ref = F.conv2d(xt, torch.from_numpy(w).double().requires_grad_(), None, 1, 1)
+    _, gw_ref = torch.autograd.grad(ref, (xt, ref.grad_fn.next_functions[1][0].variable), torch.from_numpy(gy).double())
+    gw = np.asarray(BE._conv2d_weight_grad(x, gy, w.shape, (1, 1), (1, 1, 1, 1), (1, 1), 1), np.float64)
+    ref_np = gw_ref.numpy()
+    np.testing.assert_array_equal(np.isnan(gw), np.isnan(ref_np))
+    np.testing.assert_array_equal(np.isinf(gw), np.isinf(ref_np))
+    fin = np.isfinite(ref_np)
+    assert fin.any() and np.abs(gw[fin] - ref_np[fin]).max() <= 1e-5 * np.abs(ref_np[fin]).max()
