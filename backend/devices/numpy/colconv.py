@@ -22,13 +22,16 @@ columns are about COLS_CHUNK_BYTES.
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ...system import threads
 from .common import F32, _parallel, _split
 
-#: bytes of columns one block gathers (taps x CinG x rows*Wp floats): 16x32x64x64 32->32 (same process,
-#: alternating, 2-core AVX2 EPYC) ran 13.9-16.7 ms from 0.5 to 2 MiB, 30 ms with whole images (4.8 MiB)
-COLS_CHUNK_BYTES = 1 << 20
+#: bytes of columns one block gathers (taps x CinG x rows*Wp floats). Same process, medians, 2-core AVX2 EPYC
+#: (512 KiB L2 a core): 16x32x64x64 32->32 at 128 KiB / 256 KiB / 512 KiB / 1 / 2 / 4 MiB 120 / 47 / 25 / 22 /
+#: 19.4 / 19.5 ms (a block of one or two rows makes BLAS calls with N = 66-132 columns: ~100 us a block of
+#: calls and hand-offs); 1x16x512x512 16->24 1 / 2 / 4 / 8 MiB 53 / 37 / 33 / 41 ms
+COLS_CHUNK_BYTES = 2 << 20
 #: the weight gradient's blocks (a reduction over the block: larger blocks, fewer passes over the
 #: accumulator; 16x32x64x64 22.8 ms at 1 MiB, 20.8 at 4 MiB; 1x16x512x512 37.5 -> 34.5)
 WGRAD_CHUNK_BYTES = 4 << 20
@@ -71,14 +74,18 @@ def _blocks(N, G, OH, Wp, col_rows, chunk=None):
     return [(n, n + 1, g, r0, min(OH, r0 + rows)) for n in range(N) for g in range(G) for r0 in range(0, OH, rows)]
 
 
-def _gather(flat, n0, n1, c0, c1, offsets, start, L):
-    """The columns (images, taps x channels, L) of a block: tap t's rows are channels c0..c1 of ``flat`` from
-    position start + offsets[t]."""
+def _gather(flat, n0, n1, c0, c1, taps, start, L):
+    """The columns (images, taps x channels, L) of a block: tap (kh, kw)'s rows are channels c0..c1 of ``flat``
+    from position start + kh*dh*Wp + kw*dw; ``taps`` = (KH, KW, dh*Wp, dw). One strided copy (a call per tap
+    cost ~5 us each: small blocks paid more in calls than they saved in cache misses)."""
+    KH, KW, sh, sw = taps
     ch = c1 - c0
-    cols = np.empty((n1 - n0, len(offsets) * ch, L), F32)
-    for t, d in enumerate(offsets):
-        cols[:, t * ch:(t + 1) * ch] = flat[n0:n1, c0:c1, start + d:start + d + L]
-    return cols
+    cols = np.empty((n1 - n0, KH, KW, ch, L), F32)
+    src = flat[n0:n1, c0:c1, start:]
+    sn, sc, sp = src.strides
+    view = as_strided(src, shape=(n1 - n0, KH, KW, ch, L), strides=(sn, sh * sp, sw * sp, sc, sp), writeable=False)
+    np.copyto(cols, view)
+    return cols.reshape(n1 - n0, KH * KW * ch, L)
 
 
 def conv2d(x, w, bias, pads, dilation, groups, out=None):
@@ -97,12 +104,12 @@ def conv2d(x, w, bias, pads, dilation, groups, out=None):
     # (G, CoutG, taps x CinG), K ordered (tap, channel) as the columns
     wz = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, T).transpose(0, 1, 3, 2)).reshape(G, Coutg, T * Cg)
     b = None if bias is None else np.asarray(bias, F32).reshape(G, Coutg, 1)
-    offsets = [kh * dh * Wp + kw * dw for kh in range(KH) for kw in range(KW)]
+    taps = (KH, KW, dh * Wp, dw)
 
     def task(tk):
         n0, n1, g, r0, r1 = tk
         L = (r1 - r0) * Wp
-        cols = _gather(flat, n0, n1, g * Cg, (g + 1) * Cg, offsets, r0 * Wp, L)
+        cols = _gather(flat, n0, n1, g * Cg, (g + 1) * Cg, taps, r0 * Wp, L)
         res = np.matmul(wz[g], cols)
         if b is not None:
             res += b[g]
@@ -147,7 +154,7 @@ def weight_grad(x, gy, wshape, pads, dilation, groups):
     flat, Hp, Wp = _padded_flat(x, (t, b2, l, r2), dw * (KW - 1))
     gq = np.zeros((N, Cout, OH, Wp), F32)  # gy widened to Wp columns: the padding columns contribute 0
     gq[..., :OW] = gy
-    offsets = [kh * dh * Wp + kw * dw for kh in range(KH) for kw in range(KW)]
+    taps = (KH, KW, dh * Wp, dw)
     blocks = _blocks(N, G, OH, Wp, T * Cg, WGRAD_CHUNK_BYTES)
     parts = _split(len(blocks), threads.num_threads())
     accs = [np.zeros((G, Coutg, T * Cg), np.float64) for _ in parts]
@@ -156,7 +163,7 @@ def weight_grad(x, gy, wshape, pads, dilation, groups):
         acc = accs[item[0]]
         for n0, n1, g, r0, r1 in blocks[parts[item[0]][0]:parts[item[0]][1]]:
             L = (r1 - r0) * Wp
-            cols = _gather(flat, n0, n1, g * Cg, (g + 1) * Cg, offsets, r0 * Wp, L)
+            cols = _gather(flat, n0, n1, g * Cg, (g + 1) * Cg, taps, r0 * Wp, L)
             # the padding columns read the next row's values: zeros there, so an Inf never meets gy's zero
             cols.reshape(n1 - n0, T * Cg, r1 - r0, Wp)[..., OW:] = 0.0
             gb = gq[n0:n1, g * Coutg:(g + 1) * Coutg, r0:r1].reshape(n1 - n0, Coutg, L)
