@@ -25,7 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...system import threads
-from .common import F32, _parallel, _split
+from .common import F32, _parallel, _split, parallel_sums
 
 #: bytes of columns one block gathers (taps x CinG x rows*Wp floats). Same process, medians, 2-core AVX2 EPYC
 #: (512 KiB L2 a core): 16x32x64x64 32->32 at 128 KiB / 256 KiB / 512 KiB / 1 / 2 / 4 MiB 120 / 47 / 25 / 22 /
@@ -156,12 +156,9 @@ def weight_grad(x, gy, wshape, pads, dilation, groups):
     gq[..., :OW] = gy
     taps = (KH, KW, dh * Wp, dw)
     blocks = _blocks(N, G, OH, Wp, T * Cg, WGRAD_CHUNK_BYTES)
-    parts = _split(len(blocks), threads.num_threads())
-    accs = [np.zeros((G, Coutg, T * Cg), np.float64) for _ in parts]
 
-    def task(item):
-        acc = accs[item[0]]
-        for n0, n1, g, r0, r1 in blocks[parts[item[0]][0]:parts[item[0]][1]]:
+    def work(acc, lo, hi):
+        for n0, n1, g, r0, r1 in blocks[lo:hi]:
             L = (r1 - r0) * Wp
             cols = _gather(flat, n0, n1, g * Cg, (g + 1) * Cg, taps, r0 * Wp, L)
             # the padding columns read the next row's values: zeros there, so an Inf never meets gy's zero
@@ -170,9 +167,5 @@ def weight_grad(x, gy, wshape, pads, dilation, groups):
             for i in range(n1 - n0):
                 acc[g] += gb[i] @ cols[i].T
 
-    with threads.single_threaded_blas():
-        _parallel(task, [(i,) for i in range(len(parts))])
-    total = accs[0]
-    for a in accs[1:]:
-        total += a
+    total = parallel_sums(work, len(blocks), (G, Coutg, T * Cg))
     return total.reshape(G, Coutg, T, Cg).transpose(0, 1, 3, 2).reshape(Cout, Cg, KH, KW).astype(F32)

@@ -50,6 +50,24 @@ def _parallel(task, tasks) -> None:
     threads.run_parallel(lambda t: _quiet(task, t), tasks)
 
 
+def parallel_sums(work, n: int, shape):
+    """``work(acc, lo, hi)`` adds the items lo..hi-1 of range(n) into the float64 ``acc``: the ranges split over
+    the pack's threads (BLAS single-threaded), each range into its own zeros of ``shape``; returns their sum
+    (the weight gradients' reductions over positions)."""
+    parts = _split(n, threads.num_threads()) if n > 0 else []
+    accs = [np.zeros(shape, np.float64) for _ in parts] or [np.zeros(shape, np.float64)]
+
+    def task(i):
+        work(accs[i], *parts[i])
+
+    with threads.single_threaded_blas():
+        _parallel(task, range(len(parts)))
+    total = accs[0]
+    for a in accs[1:]:
+        total += a
+    return total
+
+
 def _split(n: int, parts: int):
     """[(start, end)] cutting range(n) into at most ``parts`` nearly equal pieces."""
     parts = max(1, min(parts, n))

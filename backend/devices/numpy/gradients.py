@@ -8,7 +8,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...system import threads
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry  # noqa: F401
 from . import colconv, common, smallconv
-from .common import F32, _parallel, _quiet, _split, zero_pad  # noqa: F401
+from .common import F32, _parallel, _quiet, _split, parallel_sums, zero_pad  # noqa: F401
 from .conv import (COLS_MAX_CIN, CONV_SHIFT_MIN_PIXELS, OUTSHIFT_ROWS_MAX, TAP_COLS_MAX,  # noqa: F401
                    _conv2d_outshift, _tap_offsets, _tap_sum, _tap_tasks)
 
@@ -81,14 +81,10 @@ def _wgrad_shifted(xp, gy, wshape, dilation, G):
     offsets = _tap_offsets(KH, KW, dilation, Wp)
     if len(offsets) * Coutg <= TAP_COLS_MAX:
         return _wgrad_gathered(xF, gF, Q, wshape, offsets, G)
-    parts = _split(-(-Q // WGRAD_STEP), threads.num_threads())
-    accs = [np.zeros((G, KH * KW, Coutg, Cg), np.float64) for _ in parts]
 
-    def task(item):
-        pi = item[0]
-        acc = accs[pi]
+    def work(acc, lo, hi):
         tmp = np.empty((Coutg, Cg), F32)
-        for s0 in range(parts[pi][0] * WGRAD_STEP, min(Q, parts[pi][1] * WGRAD_STEP), WGRAD_STEP):
+        for s0 in range(lo * WGRAD_STEP, min(Q, hi * WGRAD_STEP), WGRAD_STEP):
             s1 = min(Q, s0 + WGRAD_STEP)
             for g in range(G):
                 a = gF[g * Coutg:(g + 1) * Coutg, s0:s1]
@@ -96,11 +92,7 @@ def _wgrad_shifted(xp, gy, wshape, dilation, G):
                     np.matmul(a, xF[g * Cg:(g + 1) * Cg, s0 + d:s1 + d].T, out=tmp)
                     acc[g, t] += tmp
 
-    with threads.single_threaded_blas():
-        _parallel(task, [(i,) for i in range(len(parts))])
-    total = accs[0]
-    for a in accs[1:]:
-        total += a
+    total = parallel_sums(work, -(-Q // WGRAD_STEP), (G, KH * KW, Coutg, Cg))
     return total.transpose(0, 2, 3, 1).reshape(Cout, Cg, KH, KW).astype(F32)
 
 
@@ -116,13 +108,8 @@ def _wgrad_gathered(xF, gF, Q, wshape, offsets, G):
     U = Q + dmax  # the positions of x the taps read
     gP = np.zeros((Cout, dmax + U), F32)  # gy with dmax zeros before: gy[o, u - d] = gP[o, dmax + u - d]
     gP[:, dmax:dmax + Q] = gF
-    parts = _split(-(-U // WGRAD_STEP), threads.num_threads())
-    accs = [np.zeros((G, T * Coutg, Cg), np.float64) for _ in parts]
-
-    def task(item):
-        pi = item[0]
-        acc = accs[pi]
-        for u0 in range(parts[pi][0] * WGRAD_STEP, min(U, parts[pi][1] * WGRAD_STEP), WGRAD_STEP):
+    def work(acc, lo, hi):
+        for u0 in range(lo * WGRAD_STEP, min(U, hi * WGRAD_STEP), WGRAD_STEP):
             u1 = min(U, u0 + WGRAD_STEP)
             rows = np.empty((T * Coutg, u1 - u0), F32)
             for g in range(G):
@@ -130,11 +117,7 @@ def _wgrad_gathered(xF, gF, Q, wshape, offsets, G):
                     rows[t * Coutg:(t + 1) * Coutg] = gP[g * Coutg:(g + 1) * Coutg, dmax + u0 - d:dmax + u1 - d]
                 acc[g] += rows @ xF[g * Cg:(g + 1) * Cg, u0:u1].T
 
-    with threads.single_threaded_blas():
-        _parallel(task, [(i,) for i in range(len(parts))])
-    total = accs[0]
-    for a in accs[1:]:
-        total += a
+    total = parallel_sums(work, -(-U // WGRAD_STEP), (G, T * Coutg, Cg))
     return total.reshape(G, T, Coutg, Cg).transpose(0, 2, 3, 1).reshape(Cout, Cg, KH, KW).astype(F32)
 
 
