@@ -43,3 +43,30 @@ def test_backend_where_takes_it_and_leaves_its_inputs():
     np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
     np.testing.assert_array_equal(y.view(np.uint32), y0.view(np.uint32))
     np.testing.assert_array_equal(g.view(np.uint32), g0.view(np.uint32))
+
+
+@pytest.mark.parametrize("spin_safe", [False, True])
+def test_products_openblas_would_thread_run_on_one_blas_thread_where_its_workers_spin(monkeypatch, spin_safe):
+    """Where NumPy was loaded before the pack (OpenBLAS's workers spin ~70 ms after a threaded call), the
+    products OpenBLAS would thread and the pack does not split (0.5-4 MFLOP) run on one BLAS thread; tiny ones
+    and every product where the spin is short call BLAS as they are. The values are the float64 product's."""
+    from anydevice.backend.devices.numpy import backend as NB
+    from anydevice.backend.system import threads
+    monkeypatch.setattr(threads, "BLAS_SPIN_SAFE", spin_safe)
+    entered = []
+    real = threads.single_threaded_blas
+    monkeypatch.setattr(threads, "single_threaded_blas", lambda: (entered.append(1), real())[1])
+    be = NB.NumpyBackend(0)
+    rng = np.random.default_rng(2)
+    for (m, k, n), threaded in (((8, 8, 8), False), ((64, 128, 96), True)):  # (a batch of 2: < PARALLEL_FLOPS)
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        entered.clear()
+        got = be._gemm(a, b)
+        assert entered == ([1] if threaded and not spin_safe else [])
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+        entered.clear()
+        got = be._bmm(a[None].repeat(2, 0), b[None].repeat(2, 0))
+        assert entered == ([1] if threaded and not spin_safe else [])
+        assert np.abs(got[1] - ref).max() <= 1e-5 * np.abs(ref).max()
