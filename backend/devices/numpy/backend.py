@@ -28,8 +28,10 @@ PARALLEL_FLOPS = 4e6
 #: where() on at least this many elements selects bits (_bitselect): np.where runs at about 1.1 ns an element,
 #: the bit select at 0.7 with ~10 us of set-up (16k elements: 18.7 against 16.3 us, 32k: 36 against 23)
 WHERE_BITSELECT_MIN = 1 << 14
-#: OpenBLAS threads a GEMM from M*N*K = 65536 * 4 (its SMP threshold times GEMM_MULTITHREAD_THRESHOLD)
-BLAS_THREADED_MIN_FLOPS = 2 * 65536 * 4
+#: products of at least this many flops run on one BLAS thread where OpenBLAS's workers spin (_blas_call):
+#: NumPy's OpenBLAS 0.3.31 here threads from M*N*K = 524288 (64x128x64 and 64x64x128: its workers then burnt
+#: 92-100 ms of CPU in the next 100 ms; 80x80x80 and 64x64x127: none); half that, for other builds' thresholds
+BLAS_THREADED_MIN_FLOPS = 2 * 262144
 #: from this many flops a GEMM is always split over the pack's threads (see _gemm)
 SPLIT_FLOPS = 1e9
 #: sums over every axis but the channels (dim 1) of float32 arrays with at most this many rows (dim 0)
