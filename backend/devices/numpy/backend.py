@@ -19,7 +19,7 @@ from ...ops.contract import Backend, Capabilities
 from .adam import NumpyAdam
 from .norms import NumpyNorms
 from .losses import NumpyLosses
-from .common import F32, _parallel, _quiet, _split, channel_sums, ones, zero_pad
+from .common import F32, _parallel, _quiet, _split, blas_call, channel_sums, ones, zero_pad
 from .conv import NumpyConv
 from .gradients import NumpyGradients
 
@@ -28,10 +28,6 @@ PARALLEL_FLOPS = 4e6
 #: where() on at least this many elements selects bits (_bitselect): np.where runs at about 1.1 ns an element,
 #: the bit select at 0.7 with ~10 us of set-up (16k elements: 18.7 against 16.3 us, 32k: 36 against 23)
 WHERE_BITSELECT_MIN = 1 << 14
-#: products of at least this many flops run on one BLAS thread where OpenBLAS's workers spin (_blas_call):
-#: NumPy's OpenBLAS 0.3.31 here threads from M*N*K = 524288 (64x128x64 and 64x64x128: its workers then burnt
-#: 92-100 ms of CPU in the next 100 ms; 80x80x80 and 64x64x127: none); half that, for other builds' thresholds
-BLAS_THREADED_MIN_FLOPS = 2 * 262144
 #: from this many flops a GEMM is always split over the pack's threads (see _gemm)
 SPLIT_FLOPS = 1e9
 #: sums over every axis but the channels (dim 1) of float32 arrays with at most this many rows (dim 0)
@@ -132,7 +128,7 @@ class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, NumpyNorms, NumpyLosses
         if B == 1:
             return self._gemm(a[0], b[0]).reshape(1, M, N)
         if 2.0 * B * M * N * K < PARALLEL_FLOPS:
-            return _blas_call(2.0 * M * N * K, np.matmul, a, b)
+            return blas_call(M * N * K, np.matmul, a, b)
         out = np.empty((B, M, N), F32)
 
         def task(r):
@@ -148,7 +144,7 @@ class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, NumpyNorms, NumpyLosses
 
     def _gemm(self, a, b):
         """2-D GEMM, threaded by what measured best here (same-run block A/B, 2 cores):
-        small: one BLAS call (on one BLAS thread where OpenBLAS would thread it and its workers spin: _blas_call); large (>= SPLIT_FLOPS): split over the pack's threads with
+        small: one BLAS call (on one BLAS thread where OpenBLAS would thread it and its workers spin: blas_call); large (>= SPLIT_FLOPS): split over the pack's threads with
         single-threaded BLAS (185-206 GFLOPS at n = 1000-2000, level with OpenBLAS's own threads,
         and it never leaves spinning BLAS workers behind); mid-size: BLAS's own threads (134 vs 112
         GFLOPS at n = 500) if BLAS was loaded with a short spin time, else the split too, so no
@@ -158,7 +154,7 @@ class NumpyBackend(NumpyConv, NumpyGradients, NumpyAdam, NumpyNorms, NumpyLosses
         flops = 2.0 * M * N * K
         if flops < PARALLEL_FLOPS or threads.num_threads() == 1 or (
                 threads.BLAS_SPIN_SAFE and flops < SPLIT_FLOPS):
-            return _blas_call(flops, np.matmul, a, b)
+            return blas_call(M * N * K, np.matmul, a, b)
         out = np.empty((M, N), F32)
         nt = threads.num_threads()
         if M >= N:
@@ -441,16 +437,6 @@ def _sigmoid(x):
 
 
 _ONES = ones(_NORM_PART)
-
-
-def _blas_call(flops, fn, *args):
-    """``fn(*args)`` (quietly), on one BLAS thread where OpenBLAS would thread a product of ``flops`` and its
-    workers would then spin (NumPy loaded before the pack, as inside ComfyUI: ~70 ms of a core after each
-    threaded call, taken from the next op's pool threads or from PyTorch)."""
-    if threads.BLAS_SPIN_SAFE or flops < BLAS_THREADED_MIN_FLOPS:
-        return _quiet(fn, *args)
-    with threads.single_threaded_blas():
-        return _quiet(fn, *args)
 
 
 def _row_sums(a):

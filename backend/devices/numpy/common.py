@@ -29,13 +29,29 @@ def ones(n: int):
 def channel_sums(x, dtype=F32):
     """Per-channel sums (C,) of the float32 (N, C, ...) ``x`` over every other axis: a ones GEMV over the batch
     (BLAS's blocked FMA sums: 4-10x faster than a sum over axes (0, 2, ...), and closer to the float64 sum),
-    then along the rest in ``dtype`` (pairwise). The GEMV runs on one BLAS thread: it is bound by memory, and
-    OpenBLAS's threads spin for ~70 ms after a threaded call where NumPy was loaded before the pack (inside
-    ComfyUI), taking a core from the next op's pool threads."""
+    then along the rest in ``dtype`` (pairwise). The GEMV goes through blas_call (one BLAS thread where
+    OpenBLAS's workers would spin after it)."""
     N, C = x.shape[:2]
+    xm = np.ascontiguousarray(x).reshape(N, -1)
+    return blas_call(xm.size, np.matmul, ones(N), xm).reshape(C, -1).sum(axis=1, dtype=dtype)
+
+
+#: OpenBLAS (NumPy's 0.3.31 here) threads a GEMM from M*N*K = 524288 and a GEMV from M*N = 524288 (measured:
+#: 64x128x64, 64x8192 and 16x32768 left its workers burning 92-100 ms of CPU in the next 100 ms; 80x80x80,
+#: 64x4096 and 16x16384 none); blas_call takes half that, for other builds' thresholds
+BLAS_THREADED_MIN = 262144
+
+
+def blas_call(work: int, fn, *args):
+    """``fn(*args)`` (quietly), a BLAS product of ``work`` = M*N*K (GEMM) or M*N (GEMV): on one BLAS thread
+    where OpenBLAS would thread it and its workers would then spin for ~70-100 ms (NumPy loaded before the
+    pack, as inside ComfyUI: they took a core from the next op's pool threads, or from PyTorch). Plain where
+    the spin is short (threads.BLAS_SPIN_SAFE) or the product small: the switch costs ~5 us a call each way
+    (the digits step, 40-odd small products: 5.2 -> 5.4 ms when every one switched)."""
+    if threads.BLAS_SPIN_SAFE or work < BLAS_THREADED_MIN:
+        return _quiet(fn, *args)
     with threads.single_threaded_blas():
-        v = ones(N) @ np.ascontiguousarray(x).reshape(N, -1)
-    return v.reshape(C, -1).sum(axis=1, dtype=dtype)
+        return _quiet(fn, *args)
 
 
 def _quiet(fn, *args, **kw):

@@ -50,7 +50,7 @@ def test_products_openblas_would_thread_run_on_one_blas_thread_where_its_workers
     """Where NumPy was loaded before the pack (OpenBLAS's workers spin ~70 ms after a threaded call), the
     products OpenBLAS would thread and the pack does not split (0.5-4 MFLOP) run on one BLAS thread; tiny ones
     and every product where the spin is short call BLAS as they are. The values are the float64 product's."""
-    from anydevice.backend.devices.numpy import backend as NB
+    from anydevice.backend.devices.numpy import backend as NB, common
     from anydevice.backend.system import threads
     monkeypatch.setattr(threads, "BLAS_SPIN_SAFE", spin_safe)
     entered = []
@@ -70,3 +70,10 @@ def test_products_openblas_would_thread_run_on_one_blas_thread_where_its_workers
         got = be._bmm(a[None].repeat(2, 0), b[None].repeat(2, 0))
         assert entered == ([1] if threaded and not spin_safe else [])
         assert np.abs(got[1] - ref).max() <= 1e-5 * np.abs(ref).max()
+    # the channel sums' GEMV: one BLAS thread from BLAS_THREADED_MIN values where the workers spin
+    for shape, threaded in (((64, 16, 8, 8), False), ((16, 32, 64, 64), True)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        entered.clear()
+        got = common.channel_sums(x, np.float64)
+        assert entered == ([1] if threaded and not spin_safe else [])
+        np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
