@@ -25,7 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...system import threads
-from .common import F32, _parallel, _split, parallel_sums
+from .common import F32, _parallel, _split, parallel_sums, zero_pad
 
 #: bytes of columns one block gathers (taps x CinG x rows*Wp floats). Same process, medians, 2-core AVX2 EPYC
 #: (512 KiB L2 a core): 16x32x64x64 32->32 at 128 KiB / 256 KiB / 512 KiB / 1 / 2 / 4 MiB 120 / 47 / 25 / 22 /
@@ -47,14 +47,8 @@ def _padded_flat(x, pads, slack):
 
     def fill(rng_):
         for n in range(rng_[0], rng_[1]):
-            f = flat[n]
-            f[:, Hp * Wp:] = 0.0
-            img = f[:, :Hp * Wp].reshape(C, Hp, Wp)
-            img[:, :t] = 0.0
-            img[:, t + H:] = 0.0
-            img[:, t:t + H, :l] = 0.0
-            img[:, t:t + H, l + W:] = 0.0
-            img[:, t:t + H, l:l + W] = x[n]
+            flat[n, :, Hp * Wp:] = 0.0
+            zero_pad(x[n], t, b, l, r, out=flat[n, :, :Hp * Wp].reshape(C, Hp, Wp))
 
     _parallel(fill, _split(N, threads.num_threads()) if x.size >= 1 << 16 else [(0, N)])
     return flat, Hp, Wp
@@ -88,9 +82,9 @@ def _gather(flat, n0, n1, c0, c1, taps, start, L):
     return cols.reshape(n1 - n0, KH * KW * ch, L)
 
 
-def conv2d(x, w, bias, pads, dilation, groups, out=None):
+def conv2d(x, w, bias, pads, dilation, groups):
     """Stride-1 conv2d of x (N, C, H, W) with w (Cout, CinG, KH, KW), zero pads (t, b, l, r) >= 0 and
-    ``dilation``: (N, Cout, OH, OW) float32, into ``out`` when given."""
+    ``dilation``: (N, Cout, OH, OW) float32."""
     N, C, H, W = x.shape
     Cout, Cg, KH, KW = w.shape
     G = groups
@@ -99,8 +93,7 @@ def conv2d(x, w, bias, pads, dilation, groups, out=None):
     T = KH * KW
     flat, Hp, Wp = _padded_flat(x, pads, dw * (KW - 1))
     OH, OW = Hp - dh * (KH - 1), Wp - dw * (KW - 1)
-    if out is None:
-        out = np.empty((N, Cout, OH, OW), F32)
+    out = np.empty((N, Cout, OH, OW), F32)
     # (G, CoutG, taps x CinG), K ordered (tap, channel) as the columns
     wz = np.ascontiguousarray(np.asarray(w, F32).reshape(G, Coutg, Cg, T).transpose(0, 1, 3, 2)).reshape(G, Coutg, T * Cg)
     b = None if bias is None else np.asarray(bias, F32).reshape(G, Coutg, 1)
@@ -139,19 +132,16 @@ def input_grad(gy, w, in_hw, pads, dilation, groups):
 
 def weight_grad(x, gy, wshape, pads, dilation, groups):
     """The weight gradient (Cout, CinG, KH, KW) of a stride-1 conv2d of x (N, C, H, W) whose output
-    gradient is gy (N, Cout, OH, OW)."""
-    N, C, H, W = x.shape
+    gradient is gy (N, Cout, OH, OW); ``pads`` (t, b, l, r) >= 0 the zero padding the taps read (the caller's:
+    b and r only as far as the output needs)."""
+    N = x.shape[0]
     Cout, Cg, KH, KW = wshape
     G = groups
     Coutg = Cout // G
     dh, dw = dilation
     T = KH * KW
     OH, OW = gy.shape[2:]
-    t, _, l, _ = pads
-    # pad only as far as the taps read (bottom / right as the output needs)
-    b2 = max(0, dh * (KH - 1) + OH - H - t)
-    r2 = max(0, dw * (KW - 1) + OW - W - l)
-    flat, Hp, Wp = _padded_flat(x, (t, b2, l, r2), dw * (KW - 1))
+    flat, Hp, Wp = _padded_flat(x, pads, dw * (KW - 1))
     gq = np.zeros((N, Cout, OH, Wp), F32)  # gy widened to Wp columns: the padding columns contribute 0
     gq[..., :OW] = gy
     taps = (KH, KW, dh * Wp, dw)

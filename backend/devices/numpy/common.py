@@ -91,13 +91,15 @@ def _split(n: int, parts: int):
     return [(i, min(n, i + step)) for i in range(0, n, step)]
 
 
-def zero_pad(x, t: int, b: int, l: int, r: int):
+def zero_pad(x, t: int, b: int, l: int, r: int, out=None):
     """float32 ``x`` (..., H, W) with t / b rows and l / r columns of zeros around its last two dims (all >= 0),
-    as numpy.pad's constant mode, which costs ~100 us even on small arrays: only the border is zeroed."""
-    if not (t or b or l or r):
+    as numpy.pad's constant mode, which costs ~100 us even on small arrays: only the border is zeroed. Into
+    ``out`` (a float32 (..., H + t + b, W + l + r) array or view) when given, else a new array."""
+    if out is None and not (t or b or l or r):
         return x.copy()  # a new array, as numpy.pad's
     H, W = x.shape[-2:]
-    out = np.empty(x.shape[:-2] + (H + t + b, W + l + r), F32)
+    if out is None:
+        out = np.empty(x.shape[:-2] + (H + t + b, W + l + r), F32)
     out[..., :t, :] = 0.0
     out[..., t + H:, :] = 0.0
     out[..., t:t + H, :l] = 0.0

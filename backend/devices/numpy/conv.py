@@ -285,8 +285,6 @@ def _cols_conv_takes(xshape, wshape, stride, pads, dilation, groups) -> bool:
     Cout, Cg, KH, KW = wshape
     if tuple(stride) != (1, 1) or KH * KW == 1 or not COLS_MIN_CIN <= Cg <= COLS_MAX_CIN:
         return False
-    if Cg == 1 and Cout == groups:
-        return False
     OH = H + pads[0] + pads[1] - dilation[0] * (KH - 1)
     OW = W + pads[2] + pads[3] - dilation[1] * (KW - 1)
     if OH <= 0 or OW <= 0 or OH * OW < CONV_SHIFT_MIN_PIXELS:

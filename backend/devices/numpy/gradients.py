@@ -177,12 +177,12 @@ class NumpyGradients:
         if N == 0 or OH * OW == 0:
             return None
         (sh, sw), (dh, dw), (t, b, l, r) = stride, dilation, pads
-        if (sh, sw) == (1, 1) and WGRAD_COLS_MIN_CIN <= Cg <= WGRAD_COLS_MAX_CIN and KH * KW > 1 \
-                and KH * KW * Coutg > TAP_COLS_MAX and OH * OW >= CONV_SHIFT_MIN_PIXELS and min(t, l) >= 0:
-            return colconv.weight_grad(x, gy, wshape, (t, b, l, r), (dh, dw), G)
         # zero padding only where the taps read
         b2 = max(0, (KH - 1) * dh + (OH - 1) * sh + 1 - H - t)
         r2 = max(0, (KW - 1) * dw + (OW - 1) * sw + 1 - W - l)
+        if (sh, sw) == (1, 1) and WGRAD_COLS_MIN_CIN <= Cg <= WGRAD_COLS_MAX_CIN and KH * KW > 1 \
+                and KH * KW * Coutg > TAP_COLS_MAX and OH * OW >= CONV_SHIFT_MIN_PIXELS and min(t, l) >= 0:
+            return colconv.weight_grad(x, gy, wshape, (t, b2, l, r2), (dh, dw), G)
         if t or b2 or l or r2:
             x = zero_pad(x, t, b2, l, r2) if x.dtype == F32 else np.pad(x, [(0, 0), (0, 0), (t, b2), (l, r2)])
         sN, sC, sH, sW = x.strides

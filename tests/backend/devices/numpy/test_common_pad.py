@@ -21,6 +21,10 @@ def test_zero_pad_matches_numpy_pad(shape, pads):
     assert got.dtype == np.float32 and got.shape == ref.shape
     np.testing.assert_array_equal(got, ref)
     assert not np.shares_memory(got, x)
+    # into a given view (colconv's padded flat rows): the same values, the border overwritten too
+    out = np.full(ref.shape, 7.0, np.float32)
+    assert zero_pad(x, t, b, l, r, out=out) is out
+    np.testing.assert_array_equal(out, ref)
 
 
 def test_backend_pad_takes_it_for_float32_zeros(monkeypatch):
