@@ -12,7 +12,9 @@
                  Launch: global (ceil(Cin/PK), ceil(Cout/MR)), local (1, 1).
    wino_in     : x (N, C, H, W) -> V in gemm_cpu's packed-B layout, batch e:
                  Vp[e][ceil(ntl/32)][C][32] for tiles [t0, t0 + ntl) of the (n, ty, tx) tile space
-                 (tiles past the end zero). Input rows/columns outside the image read as zero, so
+                 (tiles past the end zero), each 32-tile group followed by gpad unused floats (0 for
+                 gemm_cpu's panels; the weight gradient's wino_wgemm reads a channel's row across groups,
+                 where a stride of a multiple of 4 KiB would map every group to one L1 set). Input rows/columns outside the image read as zero, so
                  padding and odd output sizes need no padded copy.
                  Launch: global (ceil(C/PK), ceil(ntl/32)), local (1, 1).
    wino_out    : M (16, Cout, ldm) (columns = tiles t0 ..) -> y (N, Cout, OH, OW) + bias (then a PReLU
@@ -110,14 +112,15 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
 
 __kernel void wino_in(__global const xstore_t *x, const long x_off, __global float *Vp,
                       const int C, const int H, const int W, const int pt, const int pl,
-                      const int th, const int tw, const int t0, const int ntl, __global int *bad)
+                      const int th, const int tw, const int t0, const int ntl, __global int *bad, const int gpad)
 {
     /* int offsets: the backend only takes this path for inputs below 2^31 elements */
     const int c0 = get_global_id(0) * PK, nt = get_global_id(1);
     if (c0 >= C) return;
     const int c1 = min(C, c0 + PK);
     const int ntiles = (ntl + TN - 1) / TN;
-    const long estride = (long)ntiles * C * TN;
+    const long gstride = (long)C * TN + gpad;  /* one 32-tile group to the next (gpad: see the header) */
+    const long estride = ntiles * gstride;
     const int HW = H * W;
     x += x_off;
     /* per lane: offset of the patch's top-left (may be outside the image), and which of its
@@ -144,7 +147,7 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
         run &= base[j] == base[0] + 2 * j;
         if (++tx == tw) { tx = 0; if (++ty == th) { ty = 0; n++; } }
     }
-    __global float *dst = Vp + (long)nt * C * TN;
+    __global float *dst = Vp + nt * gstride;
     float16 acc = 0.0f;  /* sum of every transformed value: not finite iff an Inf/NaN was read (or overflow) */
     for (int ci = c0; ci < c1; ci++) {
         const __global xstore_t *xc = x + ci * HW;

@@ -515,7 +515,7 @@ class LinalgOps:
             ntl = min(chunk, total - t0)
             nt = -(-ntl // 32)
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, params={**wparams, **self._xdt(x)})
+                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, 0, params={**wparams, **self._xdt(x)})
             for sl in slices:
                 c0, cc, bb, Up = sl
                 mt = -(-cc // mr)

@@ -63,8 +63,11 @@ KERNELS: dict[str, KernelSig] = {
     "conv2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17, "b"),
     "conv_t2d_direct": _s("conv_cpu.cl", "b l b l b l b i", "i" * 17),
     "wino_filter": _s("winograd_cpu.cl", "b l b i i b b l"),
-    "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b"),
+    "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b i"),
     "wino_out": _s("winograd_cpu.cl", "b i l b l b i", "i" * 7, "b l i"),
+    "wino_gy": _s("winograd_wgrad_cpu.cl", "b l b", "i" * 7, "b i"),
+    "wino_wgemm": _s("winograd_wgrad_cpu.cl", "b b i i i b l i"),
+    "wino_wgrad_out": _s("winograd_wgrad_cpu.cl", "b i i i b l"),
     # GPU kernels: the CUDA backend's, also built as OpenCL C for the OpenCL GPU family
     "ad_conv_gemm": _s("conv_gemm_cuda.cu", "i i i b i i l b i i l b i l b i", "i" * 15, "i i", "b l b l"),
     "ad_splitk_reduce": _s("conv_gemm_cuda.cu", "b b b i i i i i i l i i i"),
