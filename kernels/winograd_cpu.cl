@@ -12,9 +12,11 @@
                  Launch: global (ceil(Cin/PK), ceil(Cout/MR)), local (1, 1).
    wino_in     : x (N, C, H, W) -> V in gemm_cpu's packed-B layout, batch e:
                  Vp[e][ceil(ntl/32)][C][32] for tiles [t0, t0 + ntl) of the (n, ty, tx) tile space
-                 (tiles past the end zero), each 32-tile group followed by gpad unused floats (0 for
-                 gemm_cpu's panels; the weight gradient's wino_wgemm reads a channel's row across groups,
-                 where a stride of a multiple of 4 KiB would map every group to one L1 set). Input rows/columns outside the image read as zero, so
+                 (tiles past the end zero): the (C x 32) block of element e and 32-tile group nt at
+                 Vp + e * estride + nt * gstride. gemm_cpu's panels: gstride 32 C, estride ceil(ntl/32) gstride;
+                 wino_gemm_out's: a group's 16 blocks side by side (estride 32 C, gstride 16 estride: one
+                 stream of memory a work item); the weight gradient's wino_wgemm reads a channel's row across
+                 groups, and a gstride of a multiple of 4 KiB would map every group to one L1 set (a pad). Input rows/columns outside the image read as zero, so
                  padding and odd output sizes need no padded copy.
                  Launch: global (ceil(C/PK), ceil(ntl/32)), local (1, 1).
    wino_out    : M (16, Cout, ldm) (columns = tiles t0 ..) -> y (N, Cout, OH, OW) + bias (then a PReLU
@@ -112,15 +114,13 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
 
 __kernel void wino_in(__global const xstore_t *x, const long x_off, __global float *Vp,
                       const int C, const int H, const int W, const int pt, const int pl,
-                      const int th, const int tw, const int t0, const int ntl, __global int *bad, const int gpad)
+                      const int th, const int tw, const int t0, const int ntl, __global int *bad,
+                      const long gstride, const long estride)
 {
     /* int offsets: the backend only takes this path for inputs below 2^31 elements */
     const int c0 = get_global_id(0) * PK, nt = get_global_id(1);
     if (c0 >= C) return;
     const int c1 = min(C, c0 + PK);
-    const int ntiles = (ntl + TN - 1) / TN;
-    const long gstride = (long)C * TN + gpad;  /* one 32-tile group to the next (gpad: see the header) */
-    const long estride = ntiles * gstride;
     const int HW = H * W;
     x += x_off;
     /* per lane: offset of the patch's top-left (may be outside the image), and which of its
@@ -266,3 +266,102 @@ __kernel void wino_out(__global const float *Mb, const int ldm, const long m_es,
     }
 }
 
+
+/* wino_gemm_out: the 16 products and the output transform in one kernel, for convs whose transformed input
+   of one 32-tile group (16 x C x 32 floats) stays in L2 (C up to 128): a work item takes MR output channels
+   of the slice and one 32-tile group, 16 tiles at a time: for each e the MR x 16 block
+   M[e] = U[e] (MR x C, packed as wino_filter writes it) . V[e] (C x 16 of the group, as wino_in writes it),
+   MR float16 accumulators (gemm_cpu's MR x 16 tile with NH 2; folded into the private block every KP
+   channels), then At M A + bias (+ PReLU) from the private block straight to y. The product M never
+   goes through memory (gemm_cpu + wino_out write and read back 16 x Cout x tiles floats).
+   Up[e][ceil(cc/MR)][C][MR] (e stride up_es), Vp[ceil(ntl/32)][e][C][32] (e stride v_es = 32 C, a group's 16
+   blocks side by side: wino_in's gstride 16 v_es); y, bias, slope as
+   wino_out (channel co of the slice at y_off + co * OH * OW).
+   A work item takes WMT such blocks of MR channels one after another.
+   Launch: global (ceil(ceil(cc/MR)/WMT), ceil(ntl/32)), local (1, 1). */
+__kernel void wino_gemm_out(__global const float *Up, const long up_es, __global const float *Vp, const long v_es,
+                            const int C, const int cc,
+                            __global ystore_t *y, const long y_off, __global const float *bias, const int has_bias,
+                            const int Cout, const int OH, const int OW, const int th, const int tw,
+                            const int t0, const int ntl, __global const float *slope, const long s_off,
+                            const int has_slope)
+{
+#ifndef KP
+#define KP 256
+#endif
+#ifndef WMT
+#define WMT 8  /* MR-row blocks one work item takes, one after another (PoCL's cost per work group is ~1 us) */
+#endif
+    const int nt = get_global_id(1);
+    const int tpi = th * tw;
+    const long OHW = (long)OH * OW;
+    const __global float *vb = Vp + nt * 16 * v_es;
+    for (int mt = get_global_id(0) * WMT; mt < min((cc + MR - 1) / MR, (int)(get_global_id(0) + 1) * WMT); mt++) {
+    const int cbase = mt * MR;
+    const int nco = min(MR, cc - cbase);
+    const __global float *ub = Up + (long)mt * C * MR;
+    for (int h = 0; h < 2; h++) {
+        const int j0 = nt * TN + 16 * h;  /* the half's first tile, counted in the chunk */
+        if (j0 >= ntl) break;
+        const int nvalid = min(16, ntl - j0);
+        float16 m[16][MR];
+        for (int e = 0; e < 16; e++) {
+            const __global float *up = ub + e * up_es, *vp = vb + e * v_es + 16 * h;
+            for (int i = 0; i < MR; i++) m[e][i] = 0.0f;
+            for (int k0 = 0; k0 < C; k0 += KP) {
+                const int k1 = min(C, k0 + KP);
+                float16 acc[MR];
+#pragma unroll
+                for (int i = 0; i < MR; i++) acc[i] = 0.0f;
+                for (int k = k0; k < k1; k++) {
+                    const float16 b = vload16(0, vp + k * TN);
+                    const __global float *ap = up + k * MR;
+#pragma unroll
+                    for (int i = 0; i < MR; i++) acc[i] = fma((float16)ap[i], b, acc[i]);
+                }
+#pragma unroll
+                for (int i = 0; i < MR; i++) m[e][i] += acc[i];
+            }
+        }
+        int t = t0 + j0;
+        const int n0 = t / tpi, r0 = t - n0 * tpi, ty0 = r0 / tw, tx0 = r0 - ty0 * tw;
+        const int run = nvalid == 16 && tx0 + 16 <= tw && 2 * (tx0 + 16) <= OW && 2 * ty0 + 2 <= OH;
+        for (int i = 0; i < nco; i++) {
+            const int co = cbase + i;
+            const float bv = has_bias ? bias[co] : 0.0f;
+            const float sl = has_slope ? slope[s_off + co] : 1.0f;
+            float16 r0v[4], r1v[4];
+            for (int b = 0; b < 4; b++) {
+                r0v[b] = m[b][i] + m[4 + b][i] + m[8 + b][i];
+                r1v[b] = m[4 + b][i] - m[8 + b][i] - m[12 + b][i];
+            }
+            float res[4][16];
+            vstore16(WPRELU(r0v[0] + r0v[1] + r0v[2] + bv), 0, res[0]);
+            vstore16(WPRELU(r0v[1] - r0v[2] - r0v[3] + bv), 0, res[1]);
+            vstore16(WPRELU(r1v[0] + r1v[1] + r1v[2] + bv), 0, res[2]);
+            vstore16(WPRELU(r1v[1] - r1v[2] - r1v[3] + bv), 0, res[3]);
+            if (run) {  /* 16 tiles side by side, all inside: two output rows of 32 values */
+                __global ystore_t *yp = y + y_off + ((long)n0 * Cout + co) * OHW + (long)(2 * ty0) * OW + 2 * tx0;
+                const uint16 zip = (uint16)(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+                for (int q = 0; q < 2; q++)
+                    for (int hh = 0; hh < 2; hh++)
+                        STOREY16(yp + q * OW, 16 * hh, shuffle2(vload8(hh, res[2 * q]), vload8(hh, res[2 * q + 1]), zip));
+                continue;
+            }
+            int n = n0, ty = ty0, tx = tx0;
+            for (int j = 0; j < nvalid; j++) {
+                const int oy = 2 * ty, ox = 2 * tx;
+                __global ystore_t *yp = y + y_off + ((long)n * Cout + co) * OHW + (long)oy * OW + ox;
+                const int two_x = ox + 1 < OW;
+                STOREY(yp, 0, res[0][j]);
+                if (two_x) STOREY(yp, 1, res[1][j]);
+                if (oy + 1 < OH) {
+                    STOREY(yp, OW, res[2][j]);
+                    if (two_x) STOREY(yp, OW + 1, res[3][j]);
+                }
+                if (++tx == tw) { tx = 0; if (++ty == th) { ty = 0; n++; } }
+            }
+        }
+    }
+    }  /* mt */
+}

@@ -207,7 +207,7 @@ class CLWeightGrad:
             ntl = min(chunk, total - t0)
             nt = -(-ntl // 32)
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, t, l, th, tw, t0, ntl, flag.buffer, gpad, params=inp)
+                      C, H, W, t, l, th, tw, t0, ntl, flag.buffer, 32 * C + gpad, nt * (32 * C + gpad), params=inp)
             self._run("wino_gy", (-(-Cout // PACK_K), nt), cpu_l, gy.buffer, gy.offset, Ug.buffer,
                       Cout, OH, OW, th, tw, t0, ntl, flag.buffer, gpad, params=gp)
             self._run("wino_wgemm", (-(-Cout // gp["RM"]), 16), cpu_l, Ug.buffer, Vp.buffer, Cout, C, ntl,
