@@ -22,11 +22,10 @@ from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, H
 #: compact upscaler 589 against 671 ms, the SD VAE decoder 12.3 against 13.9 s, the SD1.5 UNet step
 #: level (4.98 against 4.92 s: its 64x64 latent is 1 024 tiles)
 WINO_CHUNK_TILES = 512
-#: Winograd convs with at most this many input channels take wino_gemm_out (the products and the output
-#: transform in one kernel: a 32-tile group's transformed input, 16 x C x 32 floats, stays in L2)
+#: Winograd convs with at most this many input channels take wino_fused (the input transform, the products
+#: and the output transform in one kernel: a 32-tile group's transformed input, 16 x C x 32 floats, in local
+#: memory, where the device has that much)
 WINO_FUSED_MAX_C = 128
-#: wino_gemm_out: MR-row blocks of output channels one work item takes (WMT)
-WINO_WMT = 8
 #: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
 #: is short, so one tile a work item spent more on PoCL's per-group cost than on the product)
 ATT_NL = 8
@@ -499,7 +498,7 @@ class LinalgOps:
         total = N * th * tw
         params = self._rows_fit(self._shape_class(Cout, min(total, 1024), C), Cout)
         mr, msub = params["MR"], params["MSUB"]
-        wparams = dict(params, PK=PACK_K, OB=WINO_OB, WMT=WINO_WMT)
+        wparams = dict(params, PK=PACK_K, OB=WINO_OB)
         cpu_l = (1, 1)
         flag = self._empty((1,))
         self._q_fill(flag.buffer, np.int32(0), 0, 4)
@@ -509,20 +508,32 @@ class LinalgOps:
         cstep = self._weight_rows(w, Cout, 16 * 4 * C, mr * msub)
         slices = [[c0, min(cstep, Cout - c0), self._slice_bias(bias, 1, Cout, c0, min(cstep, Cout - c0)) if hb else None,
                    None] for c0 in range(0, Cout, cstep)]
+        if C <= WINO_FUSED_MAX_C and 16 * 32 * 4 * C <= int(self.dev.local_mem_size):
+            # wino_fused: no transformed input or product in global memory, so no tile chunks; a weight slice's U
+            # is transformed once
+            for c0, cc, bb, _ in slices:
+                mt = -(-cc // mr)
+                Up = self._empty((16, mt * mr * C))
+                self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
+                          cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
+                self._run("wino_fused", (-(-total // 32),), (1,), x.buffer, x.offset, Up.buffer, mt * mr * C,
+                          C, H, W, pt, pl, cc, out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb,
+                          Cout, OH, OW, th, tw, 0, total, *self._slope_args(slope, c0, bbuf), flag.buffer,
+                          self.cl.LocalMemory(16 * 32 * 4 * C), params={**wparams, **self._xdt(x), **self._xdt(out, "YDT")})
+                del Up
+            return self._winograd_flag(flag)
         per_tile = 4 * 16 * (C + min(cstep, Cout))
         chunk = max(32, (workspace_budget_bytes() // per_tile) // 32 * 32)
         chunk = min(chunk, WINO_CHUNK_TILES, -(-total // 32) * 32)
         # one transformed-input and one product buffer for every chunk (the kernels take the chunk's sizes): a
         # recording (replay.py) pins each buffer its commands touch, and would pin a pair per chunk
         Vp = self._empty((16, -(-chunk // 32) * 32 * C))
-        fused = C <= WINO_FUSED_MAX_C
-        Mb = None if fused else self._empty((16, min(cstep, Cout), chunk))
+        Mb = self._empty((16, min(cstep, Cout), chunk))
         for t0 in range(0, total, chunk):
             ntl = min(chunk, total - t0)
             nt = -(-ntl // 32)
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer,
-                      *((16 * 32 * C, 32 * C) if fused else (32 * C, nt * 32 * C)), params={**wparams, **self._xdt(x)})
+                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, 32 * C, nt * 32 * C, params={**wparams, **self._xdt(x)})
             for sl in slices:
                 c0, cc, bb, Up = sl
                 mt = -(-cc // mr)
@@ -532,12 +543,6 @@ class LinalgOps:
                               cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
                     if len(slices) == 1:
                         sl[3] = Up  # the whole weight: transformed once for every tile chunk
-                if fused:
-                    self._run("wino_gemm_out", (-(-mt // WINO_WMT), nt), cpu_l, Up.buffer, mt * mr * C, Vp.buffer, 32 * C, C, cc,
-                              out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
-                              *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT")})
-                    del Up
-                    continue
                 self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
                           cc, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
                           Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
@@ -546,9 +551,15 @@ class LinalgOps:
                           out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
                           *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT")})
         del Vp, Mb
+        return self._winograd_flag(flag)
+
+    def _winograd_flag(self, flag) -> bool:
+        """Whether the Winograd transforms read only finite values (their flag still clear): read back, or
+        while recording a guard checked after each replay (no read-back: the flag's word is a NaN's bits
+        when set, WINO_BAD) and True."""
         rec = self.recording()
-        if rec is not None:  # no read-back while recording: a guard, checked after each replay (the flag's word is
-            rec.guard_finite(flag)  # a NaN's bits when set: WINO_BAD)
+        if rec is not None:
+            rec.guard_finite(flag)
             return True
         bad = np.zeros(1, np.int32)
         self._q_read(bad, flag.buffer)

@@ -65,7 +65,7 @@ KERNELS: dict[str, KernelSig] = {
     "wino_filter": _s("winograd_cpu.cl", "b l b i i b b l"),
     "wino_in": _s("winograd_cpu.cl", "b l b", "i" * 9, "b l l"),
     "wino_out": _s("winograd_cpu.cl", "b i l b l b i", "i" * 7, "b l i"),
-    "wino_gemm_out": _s("winograd_cpu.cl", "b l b l i i b l b i", "i" * 7, "b l i"),
+    "wino_fused": _s("winograd_cpu.cl", "b l b l", "i" * 6, "b l b i", "i" * 7, "b l i b b"),
     "wino_gy": _s("winograd_wgrad_cpu.cl", "b l b", "i" * 7, "b i"),
     "wino_wgemm": _s("winograd_wgrad_cpu.cl", "b b i i i b l i"),
     "wino_wgrad_out": _s("winograd_wgrad_cpu.cl", "b i i i b l"),

@@ -247,7 +247,7 @@ def test_conv2d_reads_a_half_input_as_stored(family, dtype, xs, ws, kw, monkeypa
     monkeypatch.setattr(be, "_run", run)
     assert be._dtype(y) == dtype
     names = [n for n, _, _ in launched]
-    if family == "cpu" and not inf and kw.get("padding_mode", "zeros") == "zeros" and ("wino_in" in names or "im2col_pack" in names):
+    if family == "cpu" and not inf and kw.get("padding_mode", "zeros") == "zeros" and ("wino_in" in names or "wino_fused" in names or "im2col_pack" in names):
         assert not [n for n, a, _ in launched if n == "cast_to_f32" and any(v is x.buffer for v in a)], names
         assert "cast_from_f32" not in names, names  # wino_out / gemm_cpu stored the half result
     torch = pytest.importorskip("torch")
@@ -287,7 +287,8 @@ def test_a_chunked_half_conv_stays_half(family, dtype, n, monkeypatch):
     monkeypatch.setattr(be, "_run", run)
     names = [nm for nm, _ in launched]
     assert be._dtype(y) == dtype
-    assert names.count("wino_in" if family == "cpu" else "ad_conv_gemm") > 1 or family == "gpu", names  # chunked
+    assert (names.count("wino_in") + names.count("wino_fused") if family == "cpu" else names.count("ad_conv_gemm")) > 1 \
+        or family == "gpu", names  # chunked
     if family == "cpu":
         assert "cast_from_f32" not in names and not [nm for nm, a in launched if nm == "cast_to_f32"
                                                      and any(v is x.buffer for v in a)], names

@@ -1,8 +1,8 @@
 """The CPU family's Winograd F(2x2, 3x3) conv (kernels/winograd_cpu.cl) in float32 against torch in float64:
 the input transform's row runs (32 tiles side by side: each input row read contiguously) and its gathers
 (groups of tiles crossing a row or an image, the border), the output transform's contiguous rows and its
-tile by tile stores (odd output sizes, the last group), with and without padding and bias; the products
-and the output transform fused (wino_gemm_out) and apart (gemm_cpu, wino_out)."""
+tile by tile stores (odd output sizes, the last group), with and without padding and bias; the whole
+conv fused (wino_fused) and apart (wino_in, gemm_cpu, wino_out)."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +22,7 @@ CASES = [((1, 32, 64, 64), 32, 1, True),    # tw 32: every group one run
          ((3, 32, 17, 33), 32, 1, True)]    # no run at all (tw 17)
 
 
-@pytest.mark.parametrize("fused", [True, False])  # wino_gemm_out, or gemm_cpu + wino_out (more than 128 channels)
+@pytest.mark.parametrize("fused", [True, False])  # wino_fused, or wino_in + gemm_cpu + wino_out (more than 128 channels)
 @pytest.mark.parametrize("xs,cout,pad,bias", CASES)
 def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, monkeypatch):
     from anydevice.backend.devices.opencl import linalg
@@ -39,7 +39,7 @@ def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, monkeypatch):
     y = np.asarray(BE.to_numpy(BE.conv2d(BE.to_device(x), BE.to_device(w), None if b is None else BE.to_device(b),
                                          1, pad)), np.float64)
     monkeypatch.setattr(BE, "_run", run)
-    assert "wino_in" in launched and ("wino_gemm_out" if fused else "wino_out") in launched, launched
+    assert ("wino_fused" if fused else "wino_in") in launched and ("wino_fused" if fused else "wino_out") in launched, launched
     assert ("gemm_cpu" in launched) != fused, launched
     ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
                                      None if b is None else torch.from_numpy(b).double(), padding=pad).numpy()
