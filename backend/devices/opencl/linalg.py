@@ -26,6 +26,8 @@ WINO_CHUNK_TILES = 512
 #: and the output transform in one kernel: a 32-tile group's transformed input, 16 x C x 32 floats, in local
 #: memory, where the device has that much)
 WINO_FUSED_MAX_C = 128
+#: CPU devices with narrow vectors (AVX2): 3x3 convs with at least this many channels on both sides take Winograd
+WINOGRAD_NARROW_MIN_CH = 16
 #: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
 #: is short, so one tile a work item spent more on PoCL's per-group cost than on the product)
 ATT_NL = 8
@@ -456,10 +458,12 @@ class LinalgOps:
         C = xshape[1]
         K = (C // groups) * KH * KW
         direct = K <= DIRECT_MAX_K and OW >= 24
-        # narrow vectors (AVX2; tuning.py): Winograd from 32 channels on both sides, on any row width (2-core
-        # AVX2 EPYC, direct -> Winograd: 16x32x64^2 32 -> 32 28 -> 19 ms, 4x32x128^2 29 -> 16, 1x48x128^2 15.5
-        # -> 11.3, 1x32x512^2 134 -> 67; 32 -> 16 and 16 -> 32 about even)
-        narrow = self.narrow_vectors and min(C, Cout) >= 32
+        # narrow vectors (AVX2; tuning.py): Winograd from WINOGRAD_NARROW_MIN_CH channels on both sides, on any
+        # row width (2-core AVX2 EPYC, direct -> Winograd: 16x32x64^2 32 -> 32 28 -> 19 ms, 4x32x128^2 29 -> 16,
+        # 1x48x128^2 15.5 -> 11.3, 1x32x512^2 134 -> 67; since wino_fused, medians of 7 in one process:
+        # 1x16x512^2 16 -> 16 24.9 -> 19.7 ms, 1x16x256^2 16 -> 32 10.8 -> 8.8, 1x32x256^2 32 -> 16 11.3 -> 8.2,
+        # 16x16x64^2 and 4x16x128^2 16 -> 16 even; 8 -> 8 direct, 5.5 against 10.6)
+        narrow = self.narrow_vectors and min(C, Cout) >= WINOGRAD_NARROW_MIN_CH
         if direct and -(-OW // 32) <= DIRECT_PAD_MAX_TILES and not narrow:
             return "direct"  # narrow rows, padded (_direct_padded): faster than Winograd up to 64 channels
         # rows of more than DIRECT_PAD_MAX_TILES tiles (the direct kernel's edge tiles load one by one): Winograd

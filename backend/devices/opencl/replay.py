@@ -173,7 +173,7 @@ class Recording:
 
     def signature(self) -> list:
         """What the recorded commands would do, without the buffers they do it to: kernels, sizes and scalar
-        arguments, the uploads' data (or input names), copies' and fills' sizes. Two recordings of one piece
+        arguments (a local-memory argument by its size), the uploads' data (or input names), copies' and fills' sizes. Two recordings of one piece
         of code with equal signatures took the same path on the same constants; one whose scalars or
         uploads came from the step's data (a count, a host-made index) shows up as a difference."""
         cl = self.be.cl
@@ -183,7 +183,8 @@ class Recording:
             if kind == "k":
                 _, _, name, g, l, args, _ = act
                 out.append((kind, name, g, l, tuple("cell" if type(a) is Cell else "buf" if
-                                                    isinstance(a, cl.MemoryObjectHolder) else a for a in args)))
+                                                    isinstance(a, cl.MemoryObjectHolder) else ("local", a.size) if
+                                                    isinstance(a, cl.LocalMemory) else a for a in args)))
             elif kind == "u":
                 _, _, name, snap, offset, shape, dtype = act
                 out.append((kind, name, offset, shape, str(dtype), None if snap is None else snap.tobytes()))

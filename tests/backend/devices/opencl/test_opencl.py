@@ -324,7 +324,7 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
 @needs_device
 @pytest.mark.parametrize("xs,ws,kw,path", [
     ((32, 512, 7, 7), (512, 512, 3, 3), {}, "winograd"),            # bench "conv 32x512"
-    ((1, 16, 512, 512), (16, 16, 3, 3), {}, "direct"),              # bench "image conv 1x16"
+    ((1, 16, 512, 512), (16, 16, 3, 3), {}, ("direct", "winograd")),  # bench "image conv 1x16"
     ((1, 3, 1024, 1024), (16, 3, 3, 3), {}, "direct"),              # bench "image conv 1x3"
     ((32, 16, 7, 7), (1, 16, 3, 3), {}, "gemm"),                    # bench "conv 32x16"
     ((32, 512, 7, 7), (512, 512, 3, 3), {"stride": 2}, "gemm"),     # seed k3 s2 p1
@@ -332,12 +332,13 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((32, 512, 7, 7), (512, 512, 7, 7), {"stride": 2, "padding": 3}, "gemm"),
     ((1, 64, 9, 7), (64, 32, 3, 3), {"groups": 2}, "gemm"),         # grouped: never Winograd
     ((1, 64, 40, 40), (64, 64, 3, 3), {"dilation": 2}, "direct"),
-    # (wide vectors, narrow vectors: AVX2 takes Winograd from 32 channels on both sides)
+    # (wide vectors, narrow vectors: AVX2 takes Winograd from 16 channels on both sides)
     ((16, 32, 64, 64), (32, 32, 3, 3), {}, ("direct", "winograd")),  # the denoiser's convs: narrow rows, padded
     ((2, 64, 64, 64), (64, 64, 3, 3), {}, ("direct", "winograd")),   # (faster than Winograd up to 64 channels)
     ((1, 32, 256, 256), (32, 32, 3, 3), {}, ("direct", "winograd")),  # under WINOGRAD_MIN_CH channels
-    ((16, 32, 64, 64), (16, 32, 3, 3), {}, "direct"),
-    ((16, 16, 64, 64), (32, 16, 3, 3), {}, "direct"),
+    ((16, 32, 64, 64), (16, 32, 3, 3), {}, ("direct", "winograd")),
+    ((16, 16, 64, 64), (32, 16, 3, 3), {}, ("direct", "winograd")),
+    ((16, 8, 64, 64), (8, 8, 3, 3), {}, "direct"),
     ((1, 64, 256, 256), (64, 64, 3, 3), {}, "winograd"),            # the compact upscaler's convs
     ((2, 128, 64, 64), (128, 128, 3, 3), {}, "winograd"),           # K over DIRECT_MAX_K
 ])
