@@ -120,3 +120,15 @@ def test_it_records_with_a_guard():
     rec.replay({"x": x, "g": g})
     assert not rec.guards_pass()
     rec.close()
+
+
+@pytest.mark.parametrize("width", [16, 8])  # wino_wgemm's vectors: 16 tiles (AVX-512) or 8 (AVX2) a step
+@pytest.mark.parametrize("N,C,O,H,W,pads", [CASES[2], CASES[4]])
+def test_both_vector_widths(N, C, O, H, W, pads, width, monkeypatch):
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: width))
+    assert BE.narrow_vectors == (width == 8)
+    x32, gy32 = _case(N, C, O, H, W, pads)
+    got = np.asarray(BE.to_numpy(BE._wgrad_winograd(BE.to_device(x32), BE.to_device(gy32), (O, C, 3, 3), pads)),
+                     np.float64)
+    ref = _reference(x32, gy32, (O, C, 3, 3), pads)
+    assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
