@@ -25,6 +25,7 @@ from .storage import CLStorage
 from .params import BINARY_CODES, F32, FUSED, HALF_CODES, KERNEL_DIR, KFILES, PAD_CODES, PROBE_SRC, SIGS
 from .programs import ProgramCache
 from .wgrad import CLWeightGrad
+from .winograd import CLWinograd
 from .norms import CLNorms
 from .losses import CLLosses
 from .graphs import CLGraphs
@@ -35,7 +36,7 @@ from .warm import CLWarm
 log = logging.getLogger("anydevice")
 
 
-class OpenCLBackend(CLStorage, LinalgOps, CLGpuLinalg, CLNorms, CLLosses, CLW8A8, CLWeightGrad, CLAdam, CLAttention, CLWarm,
+class OpenCLBackend(CLStorage, LinalgOps, CLWinograd, CLGpuLinalg, CLNorms, CLLosses, CLW8A8, CLWeightGrad, CLAdam, CLAttention, CLWarm,
                     CLReplay, CLGraphs, CLTuning, Backend):
     """The op contract in the pack's OpenCL kernels: elementwise, layout and reductions here, GEMM and conv in
     linalg.py (GPU family: gpu_linalg.py), conv gradients in wgrad.py, Adam in adam.py, attention in attention.py."""

@@ -13,19 +13,9 @@ from ...ops.contract import workspace_budget_bytes
 from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
 from ...ops.quant import FORMATS
 from .memory import CLArray, CLHalf, CLQuant, _Block
-from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINO_OB,
+from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES,
                      _direct_spec)
 
-#: CPU family's Winograd: tiles per chunk at most. Its transformed input and products (16 x 4 x (C + Cout)
-#: bytes a tile) then stay in the caches between the three kernels: 4 MiB at 64 channels, where the
-#: transforms' memory traffic bounds the conv. Measured in one process against whole-conv chunks: the
-#: compact upscaler 589 against 671 ms, the SD VAE decoder 12.3 against 13.9 s, the SD1.5 UNet step
-#: level (4.98 against 4.92 s: its 64x64 latent is 1 024 tiles)
-WINO_CHUNK_TILES = 512
-#: Winograd convs with at most this many input channels take wino_fused (the input transform, the products
-#: and the output transform in one kernel: a 32-tile group's transformed input, 16 x C x 32 floats, in local
-#: memory, where the device has that much)
-WINO_FUSED_MAX_C = 128
 #: CPU devices with narrow vectors (AVX2): 3x3 convs with at least this many channels on both sides take Winograd
 WINOGRAD_NARROW_MIN_CH = 16
 #: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
@@ -486,88 +476,6 @@ class LinalgOps:
         if params["MR"] == 12 and not self._tune.get(f"gemm_cpu.cl:{shape_class}") and M <= 128 and M % 8 == 0 and M % 12:
             params = dict(params, MR=8, MSUB=8 if M >= 64 else 4)
         return params
-
-    def _conv2d_winograd(self, x, w, bias, out, pt, pl, slope=None):
-        """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
-        panels, input transform straight into packed-B panels (tile chunks within the workspace
-        budget), 16 batched gemm_cpu products, output transform adding the bias.
-
-        The two transforms also flag an Inf/NaN among the values they read (a transformed sum that is
-        not finite; a finite overflow flags too); returns False then, and the caller recomputes ``out``
-        on an exact path. One 4-byte read-back at the end replaces separate finiteness passes."""
-        N, C, H, W = x.shape
-        Cout = w.shape[0]
-        _, _, OH, OW = out.shape
-        th, tw = -(-OH // 2), -(-OW // 2)
-        total = N * th * tw
-        params = self._rows_fit(self._shape_class(Cout, min(total, 1024), C), Cout)
-        mr, msub = params["MR"], params["MSUB"]
-        wparams = dict(params, PK=PACK_K, OB=WINO_OB)
-        cpu_l = (1, 1)
-        flag = self._empty((1,))
-        self._q_fill(flag.buffer, np.int32(0), 0, 4)
-        hb = int(bias is not None)
-        bbuf = bias.buffer if hb else out.buffer
-        # output channels in slices where the weight is stored compressed (U is 16/9 of it in float32)
-        cstep = self._weight_rows(w, Cout, 16 * 4 * C, mr * msub)
-        slices = [[c0, min(cstep, Cout - c0), self._slice_bias(bias, 1, Cout, c0, min(cstep, Cout - c0)) if hb else None,
-                   None] for c0 in range(0, Cout, cstep)]
-        if C <= WINO_FUSED_MAX_C and 16 * 32 * 4 * C <= int(self.dev.local_mem_size):
-            # wino_fused: no transformed input or product in global memory, so no tile chunks; a weight slice's U
-            # is transformed once
-            for c0, cc, bb, _ in slices:
-                mt = -(-cc // mr)
-                Up = self._empty((16, mt * mr * C))
-                self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
-                          cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
-                self._run("wino_fused", (-(-total // 32),), (1,), x.buffer, x.offset, Up.buffer, mt * mr * C,
-                          C, H, W, pt, pl, cc, out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb,
-                          Cout, OH, OW, th, tw, 0, total, *self._slope_args(slope, c0, bbuf), flag.buffer,
-                          self.cl.LocalMemory(16 * 32 * 4 * C), params={**wparams, **self._xdt(x), **self._xdt(out, "YDT")})
-                del Up
-            return self._winograd_flag(flag)
-        per_tile = 4 * 16 * (C + min(cstep, Cout))
-        chunk = max(32, (workspace_budget_bytes() // per_tile) // 32 * 32)
-        chunk = min(chunk, WINO_CHUNK_TILES, -(-total // 32) * 32)
-        # one transformed-input and one product buffer for every chunk (the kernels take the chunk's sizes): a
-        # recording (replay.py) pins each buffer its commands touch, and would pin a pair per chunk
-        Vp = self._empty((16, -(-chunk // 32) * 32 * C))
-        Mb = self._empty((16, min(cstep, Cout), chunk))
-        for t0 in range(0, total, chunk):
-            ntl = min(chunk, total - t0)
-            nt = -(-ntl // 32)
-            self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, 32 * C, nt * 32 * C, params={**wparams, **self._xdt(x)})
-            for sl in slices:
-                c0, cc, bb, Up = sl
-                mt = -(-cc // mr)
-                if Up is None:
-                    Up = self._empty((16, mt * mr * C))
-                    self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
-                              cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
-                    if len(slices) == 1:
-                        sl[3] = Up  # the whole weight: transformed once for every tile chunk
-                self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
-                          cc, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
-                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
-                del Up
-                self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
-                          out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
-                          *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT")})
-        del Vp, Mb
-        return self._winograd_flag(flag)
-
-    def _winograd_flag(self, flag) -> bool:
-        """Whether the Winograd transforms read only finite values (their flag still clear): read back, or
-        while recording a guard checked after each replay (no read-back: the flag's word is a NaN's bits
-        when set, WINO_BAD) and True."""
-        rec = self.recording()
-        if rec is not None:
-            rec.guard_finite(flag)
-            return True
-        bad = np.zeros(1, np.int32)
-        self._q_read(bad, flag.buffer)
-        return not bad[0]
 
     # ---- chunks of long convs (bigconv.chunked): batch and row-band views (joined by _cat) ----------
     # (a half input stays half: "half_conv" convs take it, and the bands of their results are joined as they are)

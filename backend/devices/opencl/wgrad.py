@@ -24,16 +24,6 @@ WGRAD_SHIFT_BYTES = 32 << 20
 #: strided input gradients (one group) whose columns (Cin*KH*KW x N*OH*OW) hold at most this many floats
 #: take _input_grad_col2im (beyond: the shared conv_transpose2d path)
 COL2IM_MAX_COLS = 1 << 22
-#: stride-1 3x3 convs with at least this many channels on both sides take _wgrad_winograd
-WGRAD_WINO_MIN_CH = 32
-#: tiles (2x2 outputs) one chunk of _wgrad_winograd transforms and multiplies (2 x 16 x 32 x 4 bytes a tile
-#: at 32 channels: 4 MiB)
-WGRAD_WINO_TILES = 1024
-#: floats after each 32-tile group of the transformed operands (kernels/winograd_wgrad_cpu.cl: a group
-#: stride of a multiple of 4 KiB maps a channel's row to one L1 set)
-WGRAD_WINO_GPAD = 16
-#: wino_wgemm's register tile (output x input channels) and fold interval (32-tile groups)
-WGRAD_WINO_TILE = {"RM": 4, "RN": 2, "KG": 8}
 #: one-group convs with fewer output positions per image than this sum over the whole batch in each
 #: product (_conv2d_weight_grad) instead of one product per image summed after
 WGRAD_MULTI_MAX_P = 256
@@ -160,69 +150,6 @@ class CLWeightGrad:
             del Ap, Bp
         gw = self._reduce("sum", part, (0,), False) if slots > 1 else part
         return self._reshape(gw, (Cout, CinG, KH, KW))
-
-    def _wgrad_wino_takes(self, x, gy, wshape, stride, dilation, groups) -> bool:
-        """Whether the weight gradient takes _wgrad_winograd: float32, 3x3, stride and dilation 1, one group,
-        at least WGRAD_WINO_MIN_CH channels on both sides, below 2^31 elements (the kernels' int offsets)."""
-        Cout, CinG, KH, KW = wshape
-        return ((KH, KW) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1
-                and min(Cout, CinG) >= WGRAD_WINO_MIN_CH and self._dtype(x) == "float32" and self._dtype(gy) == "float32"
-                and max(math.prod(x.shape), math.prod(gy.shape)) < 2**31)
-
-    def _wgrad_winograd(self, x, gy, wshape, pads):
-        """Winograd F(2x2, 3x3) weight gradient (kernels/winograd_wgrad_cpu.cl): in chunks of
-        WGRAD_WINO_TILES output tiles, x's 4x4 patches transformed by winograd_cpu.cl's wino_in and gy's 2x2
-        tiles by wino_gy (both tiles in the vector lanes), their 16 per-element products summed over the
-        chunk's tiles by wino_wgemm into one (16, Cout, Cin) partial product a chunk; wino_wgrad_out sums
-        those in order and applies Gt . G. 16 multiplies a tile and channel pair against the per-tap
-        GEMMs' 36, and no im2col or packing of x (measured: tools' notes, docs/notes/trainspeed.md).
-
-        The transforms flag an Inf/NaN among the values they read (Winograd mixes a tile: Inf - Inf = NaN
-        where torch's weight gradient has an Inf); None then (the caller's exact path), or a guard while
-        recording, as the forward's Winograd."""
-        from .params import PACK_K, WINO_OB
-        N, C, H, W = x.shape
-        Cout = wshape[0]
-        OH, OW = gy.shape[2:]
-        t, _, l, _ = pads
-        th, tw = -(-OH // 2), -(-OW // 2)
-        total = N * th * tw
-        if total == 0:
-            return None
-        chunk = min(WGRAD_WINO_TILES, -(-total // 32) * 32)
-        groups32 = -(-chunk // 32)
-        flag = self._empty((1,))
-        self._q_fill(flag.buffer, np.int32(0), 0, 4)
-        x, gy = self._contiguous(x), self._contiguous(gy)
-        gpad = WGRAD_WINO_GPAD
-        Vp = self._empty((16, groups32 * (32 * C + gpad)))
-        Ug = self._empty((16, groups32 * (32 * Cout + gpad)))
-        nchunks = -(-total // chunk)
-        part = self._empty((nchunks, 16 * Cout * C))
-        vw = 8 if self.narrow_vectors else 16
-        inp = {"PK": PACK_K, "OB": WINO_OB}
-        gp = {"PK": PACK_K, "VW": vw, **WGRAD_WINO_TILE}
-        cpu_l = (1, 1)
-        for p, t0 in enumerate(range(0, total, chunk)):
-            ntl = min(chunk, total - t0)
-            nt = -(-ntl // 32)
-            self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, t, l, th, tw, t0, ntl, flag.buffer, 32 * C + gpad, nt * (32 * C + gpad), params=inp)
-            self._run("wino_gy", (-(-Cout // PACK_K), nt), cpu_l, gy.buffer, gy.offset, Ug.buffer,
-                      Cout, OH, OW, th, tw, t0, ntl, flag.buffer, gpad, params=gp)
-            self._run("wino_wgemm", (-(-Cout // gp["RM"]), 16), cpu_l, Ug.buffer, Vp.buffer, Cout, C, ntl,
-                      part.buffer, p * 16 * Cout * C, gpad, params=gp)
-        del Vp, Ug
-        gw = self._empty((Cout, C, 3, 3))
-        self._run("wino_wgrad_out", (Cout * C,), (1,), part.buffer, nchunks, Cout, C, gw.buffer, 0, params=gp)
-        del part
-        rec = self.recording()
-        if rec is not None:
-            rec.guard_finite(flag)
-            return gw
-        bad = np.zeros(1, np.int32)
-        self._q_read(bad, flag.buffer)
-        return None if bad[0] else gw
 
     def _wgrad_depthwise(self, x, gy, wshape, dilation, pads):
         """Depthwise stride-1 weight gradient (a GEMM would be 1 x 9 per image and channel): x and gy

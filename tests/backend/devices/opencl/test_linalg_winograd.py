@@ -25,9 +25,9 @@ CASES = [((1, 32, 64, 64), 32, 1, True),    # tw 32: every group one run
 @pytest.mark.parametrize("fused", [True, False])  # wino_fused, or wino_in + gemm_cpu + wino_out (more than 128 channels)
 @pytest.mark.parametrize("xs,cout,pad,bias", CASES)
 def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, monkeypatch):
-    from anydevice.backend.devices.opencl import linalg
+    from anydevice.backend.devices.opencl import winograd
     if not fused:
-        monkeypatch.setattr(linalg, "WINO_FUSED_MAX_C", 0)
+        monkeypatch.setattr(winograd, "WINO_FUSED_MAX_C", 0)
     rng = np.random.default_rng(sum(xs) + cout)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((cout, xs[1], 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)

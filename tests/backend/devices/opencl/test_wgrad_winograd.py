@@ -1,4 +1,4 @@
-"""The CPU family's Winograd F(2x2, 3x3) weight gradient (backend/devices/opencl/wgrad.py _wgrad_winograd,
+"""The CPU family's Winograd F(2x2, 3x3) weight gradient (backend/devices/opencl/winograd.py _wgrad_winograd,
 kernels/winograd_wgrad_cpu.cl) against torch autograd in float64: gy's row runs (32 tiles side by side) and
 its gathers (groups crossing rows and images, odd output sizes, the last partial group), chunks of tiles
 summed in order, padding on any side; an Inf/NaN in x or gy takes the exact per-tap path (torch's Inf and
@@ -15,7 +15,7 @@ except Exception as exc:  # noqa: BLE001
     pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
 torch = pytest.importorskip("torch")
 
-from anydevice.backend.devices.opencl import wgrad  # noqa: E402
+from anydevice.backend.devices.opencl import winograd  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -53,7 +53,7 @@ def _launched(monkeypatch):
 @pytest.mark.parametrize("N,C,O,H,W,pads", CASES)
 def test_winograd_weight_grad_matches_torch(N, C, O, H, W, pads, tiles, monkeypatch):
     if tiles:
-        monkeypatch.setattr(wgrad, "WGRAD_WINO_TILES", tiles)
+        monkeypatch.setattr(winograd, "WGRAD_WINO_TILES", tiles)
     x32, gy32 = _case(N, C, O, H, W, pads)
     x, gy = BE.to_device(x32), BE.to_device(gy32)
     names = _launched(monkeypatch)

@@ -1,0 +1,175 @@
+"""The OpenCL CPU family's Winograd F(2x2, 3x3) convolution and its weight gradient, a mixin of OpenCLBackend
+(kernels/winograd_cpu.cl, kernels/winograd_wgrad_cpu.cl): the forward conv (linalg.py's _conv2d takes it where
+_conv_path says "winograd"; the input gradient is such a conv), fused into one kernel up to WINO_FUSED_MAX_C
+input channels, and the weight gradient of 3x3 stride-1 convs (wgrad.py's _conv2d_weight_grad)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ops.contract import workspace_budget_bytes
+from .params import PACK_K, WINO_OB
+
+#: CPU family's Winograd: tiles per chunk at most. Its transformed input and products (16 x 4 x (C + Cout)
+#: bytes a tile) then stay in the caches between the three kernels: 4 MiB at 64 channels, where the
+#: transforms' memory traffic bounds the conv. Measured in one process against whole-conv chunks: the
+#: compact upscaler 589 against 671 ms, the SD VAE decoder 12.3 against 13.9 s, the SD1.5 UNet step
+#: level (4.98 against 4.92 s: its 64x64 latent is 1 024 tiles)
+WINO_CHUNK_TILES = 512
+#: Winograd convs with at most this many input channels take wino_fused (the input transform, the products
+#: and the output transform in one kernel: a 32-tile group's transformed input, 16 x C x 32 floats, in local
+#: memory, where the device has that much)
+WINO_FUSED_MAX_C = 128
+#: stride-1 3x3 convs with at least this many channels on both sides take _wgrad_winograd
+WGRAD_WINO_MIN_CH = 32
+#: tiles (2x2 outputs) one chunk of _wgrad_winograd transforms and multiplies (2 x 16 x 32 x 4 bytes a tile
+#: at 32 channels: 4 MiB)
+WGRAD_WINO_TILES = 1024
+#: floats after each 32-tile group of the transformed operands (kernels/winograd_wgrad_cpu.cl: a group
+#: stride of a multiple of 4 KiB maps a channel's row to one L1 set)
+WGRAD_WINO_GPAD = 16
+#: wino_wgemm's register tile (output x input channels) and fold interval (32-tile groups)
+WGRAD_WINO_TILE = {"RM": 4, "RN": 2, "KG": 8}
+
+
+class CLWinograd:
+    """Winograd convs and weight gradients in OpenCL kernels (a mixin of OpenCLBackend)."""
+
+    def _conv2d_winograd(self, x, w, bias, out, pt, pl, slope=None):
+        """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
+        panels, input transform straight into packed-B panels (tile chunks within the workspace
+        budget), 16 batched gemm_cpu products, output transform adding the bias.
+
+        The two transforms also flag an Inf/NaN among the values they read (a transformed sum that is
+        not finite; a finite overflow flags too); returns False then, and the caller recomputes ``out``
+        on an exact path. One 4-byte read-back at the end replaces separate finiteness passes."""
+        N, C, H, W = x.shape
+        Cout = w.shape[0]
+        _, _, OH, OW = out.shape
+        th, tw = -(-OH // 2), -(-OW // 2)
+        total = N * th * tw
+        params = self._rows_fit(self._shape_class(Cout, min(total, 1024), C), Cout)
+        mr, msub = params["MR"], params["MSUB"]
+        wparams = dict(params, PK=PACK_K, OB=WINO_OB)
+        cpu_l = (1, 1)
+        flag = self._empty((1,))
+        self._q_fill(flag.buffer, np.int32(0), 0, 4)
+        hb = int(bias is not None)
+        bbuf = bias.buffer if hb else out.buffer
+        # output channels in slices where the weight is stored compressed (U is 16/9 of it in float32)
+        cstep = self._weight_rows(w, Cout, 16 * 4 * C, mr * msub)
+        slices = [[c0, min(cstep, Cout - c0), self._slice_bias(bias, 1, Cout, c0, min(cstep, Cout - c0)) if hb else None,
+                   None] for c0 in range(0, Cout, cstep)]
+        if C <= WINO_FUSED_MAX_C and 16 * 32 * 4 * C <= int(self.dev.local_mem_size):
+            # wino_fused: no transformed input or product in global memory, so no tile chunks; a weight slice's U
+            # is transformed once
+            for c0, cc, bb, _ in slices:
+                mt = -(-cc // mr)
+                Up = self._empty((16, mt * mr * C))
+                self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
+                          cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
+                self._run("wino_fused", (-(-total // 32),), (1,), x.buffer, x.offset, Up.buffer, mt * mr * C,
+                          C, H, W, pt, pl, cc, out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb,
+                          Cout, OH, OW, th, tw, 0, total, *self._slope_args(slope, c0, bbuf), flag.buffer,
+                          self.cl.LocalMemory(16 * 32 * 4 * C), params={**wparams, **self._xdt(x), **self._xdt(out, "YDT")})
+                del Up
+            return self._winograd_flag(flag)
+        per_tile = 4 * 16 * (C + min(cstep, Cout))
+        chunk = max(32, (workspace_budget_bytes() // per_tile) // 32 * 32)
+        chunk = min(chunk, WINO_CHUNK_TILES, -(-total // 32) * 32)
+        # one transformed-input and one product buffer for every chunk (the kernels take the chunk's sizes): a
+        # recording (replay.py) pins each buffer its commands touch, and would pin a pair per chunk
+        Vp = self._empty((16, -(-chunk // 32) * 32 * C))
+        Mb = self._empty((16, min(cstep, Cout), chunk))
+        for t0 in range(0, total, chunk):
+            ntl = min(chunk, total - t0)
+            nt = -(-ntl // 32)
+            self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
+                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, 32 * C, nt * 32 * C, params={**wparams, **self._xdt(x)})
+            for sl in slices:
+                c0, cc, bb, Up = sl
+                mt = -(-cc // mr)
+                if Up is None:
+                    Up = self._empty((16, mt * mr * C))
+                    self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
+                              cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
+                    if len(slices) == 1:
+                        sl[3] = Up  # the whole weight: transformed once for every tile chunk
+                self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
+                          cc, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
+                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+                del Up
+                self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
+                          out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
+                          *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT")})
+        del Vp, Mb
+        return self._winograd_flag(flag)
+
+    def _winograd_flag(self, flag) -> bool:
+        """Whether the Winograd transforms read only finite values (their flag still clear): read back, or
+        while recording a guard checked after each replay (no read-back: the flag's word is a NaN's bits
+        when set, WINO_BAD) and True."""
+        rec = self.recording()
+        if rec is not None:
+            rec.guard_finite(flag)
+            return True
+        bad = np.zeros(1, np.int32)
+        self._q_read(bad, flag.buffer)
+        return not bad[0]
+
+    def _wgrad_wino_takes(self, x, gy, wshape, stride, dilation, groups) -> bool:
+        """Whether the weight gradient takes _wgrad_winograd: float32, 3x3, stride and dilation 1, one group,
+        at least WGRAD_WINO_MIN_CH channels on both sides, below 2^31 elements (the kernels' int offsets)."""
+        Cout, CinG, KH, KW = wshape
+        return ((KH, KW) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1
+                and min(Cout, CinG) >= WGRAD_WINO_MIN_CH and self._dtype(x) == "float32" and self._dtype(gy) == "float32"
+                and max(math.prod(x.shape), math.prod(gy.shape)) < 2**31)
+
+    def _wgrad_winograd(self, x, gy, wshape, pads):
+        """Winograd F(2x2, 3x3) weight gradient (kernels/winograd_wgrad_cpu.cl): in chunks of
+        WGRAD_WINO_TILES output tiles, x's 4x4 patches transformed by winograd_cpu.cl's wino_in and gy's 2x2
+        tiles by wino_gy (both tiles in the vector lanes), their 16 per-element products summed over the
+        chunk's tiles by wino_wgemm into one (16, Cout, Cin) partial product a chunk; wino_wgrad_out sums
+        those in order and applies Gt . G. 16 multiplies a tile and channel pair against the per-tap
+        GEMMs' 36, and no im2col or packing of x (measured: tools' notes, docs/notes/trainspeed.md).
+
+        The transforms flag an Inf/NaN among the values they read (Winograd mixes a tile: Inf - Inf = NaN
+        where torch's weight gradient has an Inf); None then (the caller's exact path), or a guard while
+        recording, as the forward's Winograd."""
+        N, C, H, W = x.shape
+        Cout = wshape[0]
+        OH, OW = gy.shape[2:]
+        t, _, l, _ = pads
+        th, tw = -(-OH // 2), -(-OW // 2)
+        total = N * th * tw
+        if total == 0:
+            return None
+        chunk = min(WGRAD_WINO_TILES, -(-total // 32) * 32)
+        groups32 = -(-chunk // 32)
+        flag = self._empty((1,))
+        self._q_fill(flag.buffer, np.int32(0), 0, 4)
+        x, gy = self._contiguous(x), self._contiguous(gy)
+        gpad = WGRAD_WINO_GPAD
+        Vp = self._empty((16, groups32 * (32 * C + gpad)))
+        Ug = self._empty((16, groups32 * (32 * Cout + gpad)))
+        nchunks = -(-total // chunk)
+        part = self._empty((nchunks, 16 * Cout * C))
+        vw = 8 if self.narrow_vectors else 16
+        inp = {"PK": PACK_K, "OB": WINO_OB}
+        gp = {"PK": PACK_K, "VW": vw, **WGRAD_WINO_TILE}
+        cpu_l = (1, 1)
+        for p, t0 in enumerate(range(0, total, chunk)):
+            ntl = min(chunk, total - t0)
+            nt = -(-ntl // 32)
+            self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
+                      C, H, W, t, l, th, tw, t0, ntl, flag.buffer, 32 * C + gpad, nt * (32 * C + gpad), params=inp)
+            self._run("wino_gy", (-(-Cout // PACK_K), nt), cpu_l, gy.buffer, gy.offset, Ug.buffer,
+                      Cout, OH, OW, th, tw, t0, ntl, flag.buffer, gpad, params=gp)
+            self._run("wino_wgemm", (-(-Cout // gp["RM"]), 16), cpu_l, Ug.buffer, Vp.buffer, Cout, C, ntl,
+                      part.buffer, p * 16 * Cout * C, gpad, params=gp)
+        del Vp, Ug
+        gw = self._empty((Cout, C, 3, 3))
+        self._run("wino_wgrad_out", (Cout * C,), (1,), part.buffer, nchunks, Cout, C, gw.buffer, 0, params=gp)
+        del part
+        return gw if self._winograd_flag(flag) else None
