@@ -21,8 +21,11 @@ WINO_CHUNK_TILES = 512
 #: and the output transform in one kernel: a 32-tile group's transformed input, 16 x C x 32 floats, in local
 #: memory, where the device has that much)
 WINO_FUSED_MAX_C = 128
-#: stride-1 3x3 convs with at least this many channels on both sides take _wgrad_winograd
-WGRAD_WINO_MIN_CH = 32
+#: stride-1 3x3 convs with at least this many input channels take _wgrad_winograd (2-core AVX2 EPYC, medians of
+#: 7-9 in one process, against the per-tap or im2col GEMMs: 16x16x64^2 16 -> 16 19.2 -> 10.1 ms, 1x16x512^2 85 ->
+#: 28, 16x8x64^2 8 -> 8 12.6 -> 6.8, 1x4x512^2 4 -> 8 30 -> 13, 16x32x64^2 32 -> 3 10.1 -> 7.3; 3 -> 32 even, 6.0
+#: against 5.5)
+WGRAD_WINO_MIN_CIN = 4
 #: tiles (2x2 outputs) one chunk of _wgrad_winograd transforms and multiplies (2 x 16 x 32 x 4 bytes a tile
 #: at 32 channels: 4 MiB)
 WGRAD_WINO_TILES = 1024
@@ -120,10 +123,10 @@ class CLWinograd:
 
     def _wgrad_wino_takes(self, x, gy, wshape, stride, dilation, groups) -> bool:
         """Whether the weight gradient takes _wgrad_winograd: float32, 3x3, stride and dilation 1, one group,
-        at least WGRAD_WINO_MIN_CH channels on both sides, below 2^31 elements (the kernels' int offsets)."""
+        at least WGRAD_WINO_MIN_CIN input channels, below 2^31 elements (the kernels' int offsets)."""
         Cout, CinG, KH, KW = wshape
         return ((KH, KW) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1
-                and min(Cout, CinG) >= WGRAD_WINO_MIN_CH and self._dtype(x) == "float32" and self._dtype(gy) == "float32"
+                and CinG >= WGRAD_WINO_MIN_CIN and self._dtype(x) == "float32" and self._dtype(gy) == "float32"
                 and max(math.prod(x.shape), math.prod(gy.shape)) < 2**31)
 
     def _wgrad_winograd(self, x, gy, wshape, pads):

@@ -25,7 +25,10 @@ CASES = [(16, 32, 32, 64, 64, (1, 1, 1, 1)),   # the training denoiser's 32 -> 3
          (1, 48, 40, 33, 70, (1, 1, 1, 1)),    # channels past a register tile, a partial last group
          (3, 32, 64, 7, 5, (0, 0, 0, 0)),      # no padding (5 x 3 outputs)
          (2, 32, 33, 5, 67, (1, 1, 1, 1)),     # wide rows (runs and a tail), one output channel past a tile
-         (2, 35, 32, 12, 20, (1, 0, 2, 1))]    # asymmetric padding, odd input channels
+         (2, 35, 32, 12, 20, (1, 0, 2, 1)),    # asymmetric padding, odd input channels
+         (3, 5, 3, 17, 40, (1, 1, 1, 1)),      # few channels: a register tile past both
+         (16, 16, 16, 20, 20, (1, 1, 1, 1)),   # 16 -> 16
+         (2, 4, 1, 9, 33, (0, 0, 0, 0))]       # one output channel
 
 
 def _reference(x32, gy32, wshape, pads):
@@ -73,10 +76,10 @@ def test_winograd_weight_grad_matches_torch(N, C, O, H, W, pads, tiles, monkeypa
     ((32, 32, 3, 3), 2, 1, 1, "float32"),   # strided
     ((32, 32, 3, 3), 1, 2, 1, "float32"),   # dilated
     ((32, 16, 3, 3), 1, 1, 2, "float32"),   # grouped
-    ((16, 32, 3, 3), 1, 1, 1, "float32"),   # too few output channels
+    ((32, 3, 3, 3), 1, 1, 1, "float32"),    # too few input channels
     ((32, 32, 3, 3), 1, 1, 1, "float16")])  # a half activation
 def test_other_geometries_do_not_take_it(shape, stride, dil, groups, dtype):
-    x = BE.to_device(np.ones((1, 32, 8, 8), np.float32))
+    x = BE.to_device(np.ones((1, shape[1] * groups, 8, 8), np.float32))
     if dtype != "float32":
         x = BE._cast(x, dtype)
     gy = BE.to_device(np.ones((1, shape[0], 6, 6), np.float32))
