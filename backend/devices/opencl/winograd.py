@@ -41,8 +41,11 @@ class CLWinograd:
 
     def _conv2d_winograd(self, x, w, bias, out, pt, pl, slope=None):
         """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
-        panels, input transform straight into packed-B panels (tile chunks within the workspace
-        budget), 16 batched gemm_cpu products, output transform adding the bias.
+        panels; then, up to WINO_FUSED_MAX_C input channels (where the device's local memory holds a
+        32-tile group's transformed input), one wino_fused launch (input transform into local memory, the
+        16 products, output transform adding the bias: nothing between them goes through global memory);
+        above, input transform straight into packed-B panels (tile chunks within the workspace budget),
+        16 batched gemm_cpu products, output transform adding the bias.
 
         The two transforms also flag an Inf/NaN among the values they read (a transformed sum that is
         not finite; a finite overflow flags too); returns False then, and the caller recomputes ``out``
