@@ -62,6 +62,8 @@ DEFAULT_TUNE = {
     "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128},
     "w8a8_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "PK": PACK_K},
     "conv_cpu.cl": {"DCO": 8, "TN": 32},  # the direct kernels' tile: output channels x columns
+    # wino_wgemm's register tile (output x input channels), tiles a vector step and fold interval (32-tile groups)
+    "winograd_wgrad_cpu.cl": {"PK": PACK_K, "RM": 4, "RN": 2, "VW": 16, "KG": 8},
 }
 #: on a CPU device whose float vectors are at most 8 wide (AVX2: 16 ymm registers; tuning.py): gemm_cpu's
 #: 32-column tile in two passes of 6 x 16 (measured on a 2-core AVX2 EPYC, 1000-2048 squared, medians of 7
@@ -74,6 +76,7 @@ DEFAULT_TUNE = {
 NARROW_TUNE = {
     "gemm_cpu.cl": {"MR": 6, "MSUB": 4, "NH": 2, "KC": 512, "KP": 256},
     "conv_cpu.cl": {"DCO": 4, "TN": 16},
+    "winograd_wgrad_cpu.cl": {"PK": PACK_K, "RM": 4, "RN": 2, "VW": 8, "KG": 8},
 }
 
 

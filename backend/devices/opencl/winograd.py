@@ -32,8 +32,6 @@ WGRAD_WINO_TILES = 1024
 #: floats after each 32-tile group of the transformed operands (kernels/winograd_wgrad_cpu.cl: a group
 #: stride of a multiple of 4 KiB maps a channel's row to one L1 set)
 WGRAD_WINO_GPAD = 16
-#: wino_wgemm's register tile (output x input channels) and fold interval (32-tile groups)
-WGRAD_WINO_TILE = {"RM": 4, "RN": 2, "KG": 8}
 
 
 class CLWinograd:
@@ -161,9 +159,8 @@ class CLWinograd:
         Ug = self._empty((16, groups32 * (32 * Cout + gpad)))
         nchunks = -(-total // chunk)
         part = self._empty((nchunks, 16 * Cout * C))
-        vw = 8 if self.narrow_vectors else 16
         inp = {"PK": PACK_K, "OB": WINO_OB}
-        gp = {"PK": PACK_K, "VW": vw, **WGRAD_WINO_TILE}
+        gp = self.default_tunables("winograd_wgrad_cpu.cl")  # (params.py: VW 8 on narrow vectors)
         cpu_l = (1, 1)
         for p, t0 in enumerate(range(0, total, chunk)):
             ntl = min(chunk, total - t0)

@@ -130,6 +130,7 @@ def test_it_records_with_a_guard():
 def test_both_vector_widths(N, C, O, H, W, pads, width, monkeypatch):
     monkeypatch.setattr(type(BE), "vector_width", property(lambda self: width))
     assert BE.narrow_vectors == (width == 8)
+    assert BE.default_tunables("winograd_wgrad_cpu.cl")["VW"] == width
     x32, gy32 = _case(N, C, O, H, W, pads)
     got = np.asarray(BE.to_numpy(BE._wgrad_winograd(BE.to_device(x32), BE.to_device(gy32), (O, C, 3, 3), pads)),
                      np.float64)
