@@ -21,6 +21,17 @@ WINO_CHUNK_TILES = 512
 #: and the output transform in one kernel: a 32-tile group's transformed input, 16 x C x 32 floats, in local
 #: memory, where the device has that much)
 WINO_FUSED_MAX_C = 128
+#: wino_fused's rows of output channels a block on narrow vectors (AVX2): MR 4 (8 ymm accumulators), in place of
+#: gemm_cpu's MR 6 (2-core AVX2 EPYC, medians of 20 in one process, prefetch and NT stores on: 1x16x512^2 16 -> 16
+#: 14.7 -> 13.7 ms, 1x32x256^2 11.6 -> 10.3, 1x16x256^2 6.5 -> 4.5, 1x64x128^2 9.3 -> 9.1, 1x128x64^2 9.4 -> 9.1:
+#: 16 and 32 output channels are no longer 18 and 36 rows, and the short channel loop's fold is smaller)
+WINO_FUSED_NARROW_MR = 4
+#: outputs of at least this many bytes (twice a Zen 3 core's L2) are written by the Winograd kernels with
+#: non-temporal stores (NTS in winograd_cpu.cl): no read for ownership of lines written whole, and the input stays
+#: in the caches. Measured on a 2-core AVX2 EPYC, chains of four 3x3 convs, in one process against none: 16x32x64^2
+#: 46.3 -> 40.6 ms, 1x64x128^2 38.2 -> 30.7, 1x16x512^2 70.4 -> 56.0, 4x32x64^2 15.0 -> 13.0, 1x64x64^2 11.8 -> 11.1
+#: (the next conv reads the output back from memory either way; a 512 KiB output gained too: 5.1 -> 4.7)
+WINO_NT_MIN_BYTES = 1 << 20
 #: stride-1 3x3 convs with at least this many input channels take _wgrad_winograd (2-core AVX2 EPYC, medians of
 #: 7-9 in one process, against the per-tap or im2col GEMMs: 16x16x64^2 16 -> 16 19.2 -> 10.1 ms, 1x16x512^2 85 ->
 #: 28, 16x8x64^2 8 -> 8 12.6 -> 6.8, 1x4x512^2 4 -> 8 30 -> 13, 16x32x64^2 32 -> 3 10.1 -> 7.3; 3 -> 32 even, 6.0
@@ -54,8 +65,12 @@ class CLWinograd:
         th, tw = -(-OH // 2), -(-OW // 2)
         total = N * th * tw
         params = self._rows_fit(self._shape_class(Cout, min(total, 1024), C), Cout)
+        fused = C <= WINO_FUSED_MAX_C and 16 * 32 * 4 * C <= int(self.dev.local_mem_size)
+        if fused and self.narrow_vectors:
+            params = dict(params, MR=WINO_FUSED_NARROW_MR)
         mr, msub = params["MR"], params["MSUB"]
         wparams = dict(params, PK=PACK_K, OB=WINO_OB)
+        nts = {"NTS": 1} if out.nbytes >= WINO_NT_MIN_BYTES else {}
         cpu_l = (1, 1)
         flag = self._empty((1,))
         self._q_fill(flag.buffer, np.int32(0), 0, 4)
@@ -65,7 +80,7 @@ class CLWinograd:
         cstep = self._weight_rows(w, Cout, 16 * 4 * C, mr * msub)
         slices = [[c0, min(cstep, Cout - c0), self._slice_bias(bias, 1, Cout, c0, min(cstep, Cout - c0)) if hb else None,
                    None] for c0 in range(0, Cout, cstep)]
-        if C <= WINO_FUSED_MAX_C and 16 * 32 * 4 * C <= int(self.dev.local_mem_size):
+        if fused:
             # wino_fused: no transformed input or product in global memory, so no tile chunks; a weight slice's U
             # is transformed once
             for c0, cc, bb, _ in slices:
@@ -76,7 +91,8 @@ class CLWinograd:
                 self._run("wino_fused", (-(-total // 32),), (1,), x.buffer, x.offset, Up.buffer, mt * mr * C,
                           C, H, W, pt, pl, cc, out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb,
                           Cout, OH, OW, th, tw, 0, total, *self._slope_args(slope, c0, bbuf), flag.buffer,
-                          self.cl.LocalMemory(16 * 32 * 4 * C), params={**wparams, **self._xdt(x), **self._xdt(out, "YDT")})
+                          self.cl.LocalMemory(16 * 32 * 4 * C),
+                          params={**wparams, **self._xdt(x), **self._xdt(out, "YDT"), **nts})
                 del Up
             return self._winograd_flag(flag)
         per_tile = 4 * 16 * (C + min(cstep, Cout))
@@ -106,7 +122,7 @@ class CLWinograd:
                 del Up
                 self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
                           out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
-                          *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT")})
+                          *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT"), **nts})
         del Vp, Mb
         return self._winograd_flag(flag)
 

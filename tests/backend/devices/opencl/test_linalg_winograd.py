@@ -22,12 +22,18 @@ CASES = [((1, 32, 64, 64), 32, 1, True),    # tw 32: every group one run
          ((3, 32, 17, 33), 32, 1, True)]    # no run at all (tw 17)
 
 
+@pytest.mark.parametrize("nt", [True, False])  # y by non-temporal stores (NTS, where 64-byte aligned) or plain ones
 @pytest.mark.parametrize("fused", [True, False])  # wino_fused, or wino_in + gemm_cpu + wino_out (more than 128 channels)
 @pytest.mark.parametrize("xs,cout,pad,bias", CASES)
-def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, monkeypatch):
+def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, nt, monkeypatch):
     from anydevice.backend.devices.opencl import winograd
     if not fused:
         monkeypatch.setattr(winograd, "WINO_FUSED_MAX_C", 0)
+    monkeypatch.setattr(winograd, "WINO_NT_MIN_BYTES", 0 if nt else 1 << 62)
+    built = []
+    kernel = BE._kernel
+    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
+                                                                            kernel(name, params, *a, **k))[1])
     rng = np.random.default_rng(sum(xs) + cout)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((cout, xs[1], 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)
@@ -41,6 +47,10 @@ def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, monkeypatch):
     monkeypatch.setattr(BE, "_run", run)
     assert ("wino_fused" if fused else "wino_in") in launched and ("wino_fused" if fused else "wino_out") in launched, launched
     assert ("gemm_cpu" in launched) != fused, launched
+    outs = [p for name, p in built if name in ("wino_fused", "wino_out")]
+    assert outs and all(p.get("NTS", 0) == int(nt) for p in outs), built
+    if fused and BE.narrow_vectors:  # AVX2: wino_fused's blocks of 4 output channels (WINO_FUSED_NARROW_MR)
+        assert all(p["MR"] == winograd.WINO_FUSED_NARROW_MR for p in outs), built
     ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
                                      None if b is None else torch.from_numpy(b).double(), padding=pad).numpy()
     assert y.shape == ref.shape
