@@ -1,0 +1,88 @@
+"""The CPU family's packed GEMM (kernels/gemm_cpu.cl) in both B panel layouts: K x 32 rows, and two K x 16
+halves a panel (BH, which _gemm asks for where gemm_cpu runs in two 16-column passes, NH 2: AVX2), each
+against float64 on shapes with partial row and column tiles, K past one cache block, batched operands
+(B shared or per batch), a transposed B (pack_b's strided and row-by-row readers) and a weight stored in
+half or quantized (pack_b's converting readers), whatever the machine's vector width."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anydevice.backend.ops import quant
+
+try:
+    from anydevice.backend.devices import opencl
+    from anydevice.backend.devices.opencl import linalg
+    BE = opencl.create("opencl", 0, family="cpu")
+except Exception as exc:  # noqa: BLE001
+    pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
+
+LAYOUTS = [(1, False), (2, False), (2, True)]  # (NH, BH)
+
+
+@pytest.fixture(params=LAYOUTS, ids=lambda p: f"NH{p[0]}-{'halves' if p[1] else 'rows'}")
+def layout(request, monkeypatch):
+    nh, bh = request.param
+    tunables = BE.tunables
+
+    def forced(fname, shape_class=""):
+        p = tunables(fname, shape_class)
+        if fname == "gemm_cpu.cl":
+            p = dict(p, NH=nh, MR=min(p["MR"], 6) if nh == 2 else p["MR"])  # NH 2: MR x 16 twice
+        return p
+    monkeypatch.setattr(BE, "tunables", forced)
+    monkeypatch.setattr(linalg, "GEMM_B_HALVES", bh)
+    built = []
+    kernel = BE._kernel
+    monkeypatch.setattr(BE, "_kernel", lambda name, params=None: (built.append((name, dict(params or {}))),
+                                                                   kernel(name, params))[1])
+    return nh, bh, built
+
+
+def _check_layout(built, nh, bh):
+    gemms = [p for name, p in built if name in ("gemm_cpu", "pack_b")]
+    assert gemms and all(p.get("NH", 1) == nh and p.get("BH", 0) == int(bh) for p in gemms), built
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((70, 300), (300, 45)), ((257, 513), (513, 130)), ((400, 1), (1, 300)),
+                                             ((64, 1200), (1200, 96)), ((3, 40, 64), (64, 50)),
+                                             ((3, 40, 64), (3, 64, 50))])
+def test_matmul_matches_float64(layout, a_shape, b_shape):
+    nh, bh, built = layout
+    rng = np.random.default_rng(sum(a_shape) + sum(b_shape))
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    y = BE.to_numpy(BE.matmul(BE.to_device(a), BE.to_device(b)))
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert y.shape == ref.shape
+    assert np.abs(y - ref).max() <= 1e-5 * np.sqrt(a_shape[-1]) * max(1.0, np.abs(ref).max())
+    _check_layout(built, nh, bh)
+
+
+def test_transposed_b_matches_float64(layout):
+    """B = w^T of a (N, K) weight: pack_b's row-by-row reader (sbk 1), and a strided view of it."""
+    nh, bh, built = layout
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((90, 200)).astype(np.float32)
+    w = rng.standard_normal((77, 200)).astype(np.float32)
+    y = BE.to_numpy(BE.linear(BE.to_device(x), BE.to_device(w)))
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-5, atol=1e-4)
+    _check_layout(built, nh, bh)
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16", "q8_0", "q4_0"])
+def test_compressed_weight_is_its_float32_product(layout, kind):
+    """pack_b's converting readers (a half or quantized row) write the same panel positions as the float32 one."""
+    nh, bh, built = layout
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((60, 320)).astype(np.float32)
+    w = rng.standard_normal((130, 320)).astype(np.float32)
+    if kind in quant.FORMATS:
+        q = quant.quantize(w, kind)
+        wd, wf = BE.to_device_quant(q), q.dequantize()
+    else:
+        from anydevice.backend.ops import dtypes
+        wd, wf = BE.to_device(w, dtype=kind), dtypes.round_to(w, kind)
+    y = BE.to_numpy(BE.linear(BE.to_device(x), wd))
+    np.testing.assert_array_equal(y, BE.to_numpy(BE.linear(BE.to_device(x), BE.to_device(wf))))
+    _check_layout(built, nh, bh)
