@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from ...ops.contract import workspace_budget_bytes
+from . import linalg as _linalg
 from .params import PACK_K, WINO_OB
 
 #: CPU family's Winograd: tiles per chunk at most. Its transformed input and products (16 x 4 x (C + Cout)
@@ -68,6 +69,8 @@ class CLWinograd:
         fused = C <= WINO_FUSED_MAX_C and 16 * 32 * 4 * C <= int(self.dev.local_mem_size)
         if fused and self.narrow_vectors:
             params = dict(params, MR=WINO_FUSED_NARROW_MR)
+        elif params.get("NH", 1) == 2 and _linalg.GEMM_B_HALVES:  # V as gemm_cpu's panels in halves (wino_in's BH)
+            params = dict(params, BH=1)
         mr, msub = params["MR"], params["MSUB"]
         wparams = dict(params, PK=PACK_K, OB=WINO_OB)
         nts = {"NTS": 1} if out.nbytes >= WINO_NT_MIN_BYTES else {}

@@ -23,12 +23,18 @@ CASES = [((1, 32, 64, 64), 32, 1, True),    # tw 32: every group one run
 
 
 @pytest.mark.parametrize("nt", [True, False])  # y by non-temporal stores (NTS, where 64-byte aligned) or plain ones
-@pytest.mark.parametrize("fused", [True, False])  # wino_fused, or wino_in + gemm_cpu + wino_out (more than 128 channels)
-@pytest.mark.parametrize("xs,cout,pad,bias", CASES)
-def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, nt, monkeypatch):
-    from anydevice.backend.devices.opencl import winograd
+@pytest.mark.parametrize("fused", ["fused", "apart", "apart-halves"])  # wino_fused, or wino_in + gemm_cpu + wino_out
+@pytest.mark.parametrize("xs,cout,pad,bias", CASES)                   # (more than 128 channels), V's panels in rows or
+def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, nt, monkeypatch):  # two halves (gemm_cpu.cl's BH)
+    from anydevice.backend.devices.opencl import linalg, winograd
+    halves = fused == "apart-halves"
+    fused = fused == "fused"
     if not fused:
         monkeypatch.setattr(winograd, "WINO_FUSED_MAX_C", 0)
+        monkeypatch.setattr(linalg, "GEMM_B_HALVES", halves)
+        tunables = BE.tunables
+        # BH needs gemm_cpu's two 16-column passes (NH 2, AVX2's default): forced here on any machine
+        monkeypatch.setattr(BE, "tunables", lambda f, sc="": dict(tunables(f, sc), **({"NH": 2, "MR": 6} if f == "gemm_cpu.cl" else {})))
     monkeypatch.setattr(winograd, "WINO_NT_MIN_BYTES", 0 if nt else 1 << 62)
     built = []
     kernel = BE._kernel
@@ -47,6 +53,9 @@ def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, nt, monkeypatch
     monkeypatch.setattr(BE, "_run", run)
     assert ("wino_fused" if fused else "wino_in") in launched and ("wino_fused" if fused else "wino_out") in launched, launched
     assert ("gemm_cpu" in launched) != fused, launched
+    if not fused:
+        panels = [p for name, p in built if name in ("wino_in", "gemm_cpu")]
+        assert panels and all(p.get("BH", 0) == int(halves) for p in panels), built
     outs = [p for name, p in built if name in ("wino_fused", "wino_out")]
     assert outs and all(p.get("NTS", 0) == int(nt) for p in outs), built
     if fused and BE.narrow_vectors:  # AVX2: wino_fused's blocks of 4 output channels (WINO_FUSED_NARROW_MR)
