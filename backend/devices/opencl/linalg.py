@@ -23,8 +23,8 @@ WINOGRAD_NARROW_MIN_CH = 16
 ATT_NL = 8
 #: CPU family, gemm_cpu in two 16-column passes (NH 2: AVX2): _gemm packs B as two K x 16 halves a panel (gemm_cpu.cl's
 #: BH), so a pass reads its rows contiguously. 2-core AVX2 EPYC, medians in one process: 1000^2 14.2 -> 13.8 ms,
-#: 1024^2 16.7 -> 16.1, 2000^2 120.0 -> 117.5, 2048^2 145.3 -> 132.9. Only _gemm's own packing: the convs' panels
-#: (im2col_pack, wino_in) keep the K x 32 rows.
+#: 1024^2 16.7 -> 16.1, 2000^2 120.0 -> 117.5, 2048^2 145.3 -> 132.9. _gemm's own packing (pack_b) and the unfused
+#: Winograd's V (wino_in: 1x320x64^2 320 -> 320 29.4 -> 26.4 ms); im2col_pack's panels keep the K x 32 rows.
 GEMM_B_HALVES = True
 
 
