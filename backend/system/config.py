@@ -134,6 +134,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "past it stay in host memory and are uploaded for each use and dropped after (slower, never out of "
             "memory). Default: half the memory free on the device when the model first runs; inside ComfyUI "
             "a quarter with --lowvram, less --reserve-vram", _megabytes_or_zero),
+    Setting("ANYDEVICE_WINOGRAD_WEIGHTS_MB", "0", "host memory the OpenCL CPU family may keep compiled models' "
+            "Winograd-transformed 3x3 conv weights in (16/9 of each weight), so each is transformed once instead "
+            "of on every call: faster, at that much more memory; 0 keeps none", _megabytes_or_zero),
     Setting("ANYDEVICE_CACHE_DIR", "~/.cache/anydevice", "built kernels and tuning results", _path),
     Setting("ANYDEVICE_OPENCL_DEVICE", "", "`platform:device` for the OpenCL backend (default: first GPU, "
             "else first CPU)", _device_pair),

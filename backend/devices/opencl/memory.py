@@ -67,8 +67,9 @@ class _Block:
 
 class _HostBlock:
     """A buffer on host memory the caller owns (``CL_MEM_USE_HOST_PTR``): never pooled, never live; keeps
-    ``host`` (the NumPy array on that memory) alive for as long as an array references the block."""
-    __slots__ = ("buf", "nbytes", "host", "pool")
+    ``host`` (the NumPy array on that memory) alive for as long as an array references the block. Weakly
+    referable: derived data of a constant kept while it lives (winograd.py's transformed weights)."""
+    __slots__ = ("buf", "nbytes", "host", "pool", "__weakref__")
 
     def __init__(self, buf, nbytes, host, pool):
         self.buf, self.nbytes, self.host, self.pool = buf, nbytes, host, pool

@@ -5,11 +5,15 @@ input channels, and the weight gradient of 3x3 stride-1 convs (wgrad.py's _conv2
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 
 import numpy as np
 
 from ...ops.contract import workspace_budget_bytes
+from ...system import config
 from . import linalg as _linalg
+from .memory import CLArray, _HostBlock
 from .params import PACK_K, WINO_OB
 
 #: CPU family's Winograd: tiles per chunk at most. Its transformed input and products (16 x 4 x (C + Cout)
@@ -33,6 +37,13 @@ WINO_FUSED_NARROW_MR = 4
 #: 46.3 -> 40.6 ms, 1x64x128^2 38.2 -> 30.7, 1x16x512^2 70.4 -> 56.0, 4x32x64^2 15.0 -> 13.0, 1x64x64^2 11.8 -> 11.1
 #: (the next conv reads the output back from memory either way; a 512 KiB output gained too: 5.1 -> 4.7)
 WINO_NT_MIN_BYTES = 1 << 20
+#: a constant weight's transformed U (16/9 of it) is kept while the weight lives, up to ANYDEVICE_WINOGRAD_WEIGHTS_MB
+#: (default 0: none, so a compiled model is never copied) and this share of the host's free memory (with what is
+#: kept already). A compiled model's float32 weights are wrapped host memory the caller promised not to write
+#: (memory.py _HostBlock); each call transforms them again otherwise (perf over an SD1.5 UNet step: wino_filter 6.3%
+#: of the samples, plus page faults on its fresh buffers; 1x1280x16^2 1280 -> 1280 60.1 -> 32.4 ms kept, 1x512x64^2
+#: 80.3 -> 73.6, 1x320x64^2 33.0 -> 30.8)
+WINO_U_CACHE_SHARE = 0.25
 #: stride-1 3x3 convs with at least this many input channels take _wgrad_winograd (2-core AVX2 EPYC, medians of
 #: 7-9 in one process, against the per-tap or im2col GEMMs: 16x16x64^2 16 -> 16 19.2 -> 10.1 ms, 1x16x512^2 85 ->
 #: 28, 16x8x64^2 8 -> 8 12.6 -> 6.8, 1x4x512^2 4 -> 8 30 -> 13, 16x32x64^2 32 -> 3 10.1 -> 7.3; 3 -> 32 even, 6.0
@@ -88,9 +99,7 @@ class CLWinograd:
             # is transformed once
             for c0, cc, bb, _ in slices:
                 mt = -(-cc // mr)
-                Up = self._empty((16, mt * mr * C))
-                self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
-                          cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
+                Up = self._wino_u(w, c0, cc, C, mr, wparams, flag)
                 self._run("wino_fused", (-(-total // 32),), (1,), x.buffer, x.offset, Up.buffer, mt * mr * C,
                           C, H, W, pt, pl, cc, out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb,
                           Cout, OH, OW, th, tw, 0, total, *self._slope_args(slope, c0, bbuf), flag.buffer,
@@ -114,9 +123,7 @@ class CLWinograd:
                 c0, cc, bb, Up = sl
                 mt = -(-cc // mr)
                 if Up is None:
-                    Up = self._empty((16, mt * mr * C))
-                    self._run("wino_filter", (-(-C // PACK_K), mt), cpu_l, w.buffer, w.offset + c0 * C * 9, Up.buffer,
-                              cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
+                    Up = self._wino_u(w, c0, cc, C, mr, wparams, flag)
                     if len(slices) == 1:
                         sl[3] = Up  # the whole weight: transformed once for every tile chunk
                 self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
@@ -128,6 +135,49 @@ class CLWinograd:
                           *self._slope_args(slope, c0, bbuf), params={**wparams, **self._xdt(out, "YDT"), **nts})
         del Vp, Mb
         return self._winograd_flag(flag)
+
+    def _wino_u(self, w, c0: int, cc: int, C: int, mr: int, wparams: dict, flag):
+        """U = G g Gt of weight rows [c0, c0 + cc) in gemm_cpu's packed-A panels (wino_filter; an Inf/NaN weight
+        sets ``flag``). For a constant weight (a float32 CLArray on wrapped host memory: memory.py _HostBlock, a
+        compiled model's) it is transformed once and kept while the weight's block lives, within
+        ANYDEVICE_WINOGRAD_WEIGHTS_MB (default 0: never) and WINO_U_CACHE_SHARE of the host's free memory (a new entry is not made while recording: its check reads back)."""
+        mt = -(-cc // mr)
+        block = w.block if type(w) is CLArray else None
+        cache = key = None
+        if isinstance(block, _HostBlock) and config.get("ANYDEVICE_WINOGRAD_WEIGHTS_MB"):
+            with self._wino_u_lock:
+                cache = self.__dict__.setdefault("_wino_u_cache", weakref.WeakKeyDictionary())
+                key = (w.offset, w.shape, mr, c0, cc)
+                hit = cache.get(block, {}).get(key)
+            if hit is not None:
+                return hit
+            if self.recording() is not None:
+                cache = None
+        Up = self._empty((16, mt * mr * C))
+        fl = flag
+        if cache is not None:  # its own flag: an Inf/NaN weight is not kept
+            fl = self._empty((1,))
+            self._q_fill(fl.buffer, np.int32(0), 0, 4)
+        self._run("wino_filter", (-(-C // PACK_K), mt), (1, 1), w.buffer, w.offset + c0 * C * 9, Up.buffer,
+                  cc, C, fl.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
+        if cache is None:
+            return Up
+        bad = np.zeros(1, np.int32)
+        self._q_read(bad, fl.buffer)
+        if bad[0]:
+            self._q_fill(flag.buffer, np.int32(bad[0]), 0, 4)
+            return Up
+        from ...system import memstat
+        free = memstat.free_bytes(None)[0]
+        limit = config.get("ANYDEVICE_WINOGRAD_WEIGHTS_MB")
+        with self._wino_u_lock:
+            kept = sum(u.block.nbytes for entries in list(cache.values()) for u in entries.values())
+            if kept + 4 * Up.size <= min(limit, WINO_U_CACHE_SHARE * (free + kept)):
+                cache.setdefault(block, {})[key] = Up
+        return Up
+
+    #: guards the transformed-weight cache's dicts (any thread may run a conv; no call is made under it)
+    _wino_u_lock = threading.Lock()
 
     def _winograd_flag(self, flag) -> bool:
         """Whether the Winograd transforms read only finite values (their flag still clear): read back, or
