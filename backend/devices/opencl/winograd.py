@@ -140,7 +140,10 @@ class CLWinograd:
         """U = G g Gt of weight rows [c0, c0 + cc) in gemm_cpu's packed-A panels (wino_filter; an Inf/NaN weight
         sets ``flag``). For a constant weight (a float32 CLArray on wrapped host memory: memory.py _HostBlock, a
         compiled model's) it is transformed once and kept while the weight's block lives, within
-        ANYDEVICE_WINOGRAD_WEIGHTS_MB (default 0: never) and WINO_U_CACHE_SHARE of the host's free memory (a new entry is not made while recording: its check reads back)."""
+        ANYDEVICE_WINOGRAD_WEIGHTS_MB (default 0: never) and WINO_U_CACHE_SHARE of the host's free memory; a new
+        entry is not made while recording (its check reads back). A weight written in place is re-wrapped by the
+        compile path (compile/weights.py: uploaded again per tensor version), a new block: the same guarantee
+        a copied weight has."""
         mt = -(-cc // mr)
         block = w.block if type(w) is CLArray else None
         cache = key = None
