@@ -95,9 +95,7 @@ class LinalgOps:
                       M, N, K, A.buffer, a_off, sam, sak, a_bs, B.buffer, b_off, sbk, sbn, b_bs,
                       out.buffer, 0, out.buffer, 0, rows)
             return out
-        params = self.tunables("gemm_cpu.cl", self._shape_class(M, N, K))
-        if params.get("NH", 1) == 2 and GEMM_B_HALVES:  # each NH pass's rows of B contiguous (gemm_cpu.cl's BH)
-            params = dict(params, BH=1)
+        params = self._b_halves(self.tunables("gemm_cpu.cl", self._shape_class(M, N, K)))
         mr, msub = params["MR"], params["MSUB"]
         ba = batches if a_bs else 1
         bb = batches if b_bs else 1
@@ -127,6 +125,12 @@ class LinalgOps:
                           params={**params, **self._xdt(out, "YDT")})
             del Ap
         return out
+
+    @staticmethod
+    def _b_halves(params: dict) -> dict:
+        """gemm_cpu's tunables with BH (B panels as two K x 16 halves, each NH pass's rows contiguous) where it runs
+        in two 16-column passes (NH 2) and GEMM_B_HALVES is on; for the packers of B (pack_b, wino_in) and gemm_cpu."""
+        return dict(params, BH=1) if params.get("NH", 1) == 2 and GEMM_B_HALVES else params
 
     @staticmethod
     def _compressed(x) -> bool:

@@ -12,7 +12,6 @@ import numpy as np
 
 from ...ops.contract import workspace_budget_bytes
 from ...system import config
-from . import linalg as _linalg
 from .memory import CLArray, _HostBlock
 from .params import PACK_K, WINO_OB
 
@@ -80,8 +79,8 @@ class CLWinograd:
         fused = C <= WINO_FUSED_MAX_C and 16 * 32 * 4 * C <= int(self.dev.local_mem_size)
         if fused and self.narrow_vectors:
             params = dict(params, MR=WINO_FUSED_NARROW_MR)
-        elif params.get("NH", 1) == 2 and _linalg.GEMM_B_HALVES:  # V as gemm_cpu's panels in halves (wino_in's BH)
-            params = dict(params, BH=1)
+        else:  # V as gemm_cpu's panels in halves where it takes them (wino_in's BH)
+            params = self._b_halves(params)
         mr, msub = params["MR"], params["MSUB"]
         wparams = dict(params, PK=PACK_K, OB=WINO_OB)
         nts = {"NTS": 1} if out.nbytes >= WINO_NT_MIN_BYTES else {}
@@ -141,7 +140,7 @@ class CLWinograd:
         sets ``flag``). For a constant weight (a float32 CLArray on wrapped host memory: memory.py _HostBlock, a
         compiled model's) it is transformed once and kept while the weight's block lives, within
         ANYDEVICE_WINOGRAD_WEIGHTS_MB (default 0: never) and WINO_U_CACHE_SHARE of the host's free memory; a new
-        entry is not made while recording (its check reads back). A weight written in place is re-wrapped by the
+        entry is not made while recording (its check reads the conv's flag back). A weight written in place is re-wrapped by the
         compile path (compile/weights.py: uploaded again per tensor version), a new block: the same guarantee
         a copied weight has."""
         mt = -(-cc // mr)
@@ -157,18 +156,11 @@ class CLWinograd:
             if self.recording() is not None:
                 cache = None
         Up = self._empty((16, mt * mr * C))
-        fl = flag
-        if cache is not None:  # its own flag: an Inf/NaN weight is not kept
-            fl = self._empty((1,))
-            self._q_fill(fl.buffer, np.int32(0), 0, 4)
         self._run("wino_filter", (-(-C // PACK_K), mt), (1, 1), w.buffer, w.offset + c0 * C * 9, Up.buffer,
-                  cc, C, fl.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
-        if cache is None:
-            return Up
-        bad = np.zeros(1, np.int32)
-        self._q_read(bad, fl.buffer)
-        if bad[0]:
-            self._q_fill(flag.buffer, np.int32(bad[0]), 0, 4)
+                  cc, C, flag.buffer, *self._wq(w), params={**wparams, **self._wdt(w)})
+        # kept only while the conv's flag is clear (not recording: read back): an Inf/NaN weight never is (nor one
+        # whose conv read an Inf/NaN input before it: kept on a later call)
+        if cache is None or not self._winograd_flag(flag):
             return Up
         from ...system import memstat
         free = memstat.free_bytes(None)[0]
