@@ -26,6 +26,16 @@ ATT_NL = 8
 #: 1024^2 16.7 -> 16.1, 2000^2 120.0 -> 117.5, 2048^2 145.3 -> 132.9. _gemm's own packing (pack_b) and the unfused
 #: Winograd's V (wino_in: 1x320x64^2 320 -> 320 29.4 -> 26.4 ms); im2col_pack's panels keep the K x 32 rows.
 GEMM_B_HALVES = True
+#: CPU family: 1x1 convs (stride 1, no padding, one group, at least POINTWISE_MIN_PIXELS an image; the input within the
+#: workspace budget) as _gemm's batched GEMM, an image a batch: B packed straight from x (pack_b, in halves), the bias
+#: in gemm_cpu's epilogue. They took the direct kernel (K up to DIRECT_MAX_K: DCO x 32 tiles, 8 accumulators on AVX2)
+#: or im2col. 2-core AVX2 EPYC, medians of 7 in one process, direct / im2col -> this (PyTorch):
+#: 2x320x64^2 320 -> 320 57.5 / 26.8 -> 14.5 ms (20.3), 2x320x64^2 320 -> 640 54.5 / 35.0 -> 27.1 (50.1),
+#: 2x1280x16^2 1280 -> 1280 22.3 / 16.7 -> 13.9 (12.1), 1x512x256^2 512 -> 256 265 / 270 -> 164 (267),
+#: 8x64x56^2 64 -> 256 15.1 / 13.0 -> 9.5 (34.4). Under 64 pixels an image (32x512x7^2: 9.2 against im2col's 8.9)
+#: the partial 32-column panel of every image costs what the packing saves.
+POINTWISE_GEMM = True
+POINTWISE_MIN_PIXELS = 64
 
 
 class LinalgOps:
@@ -66,12 +76,15 @@ class LinalgOps:
 
     # ---- matmul ------------------------------------------------------------------------------
     def _gemm(self, M, N, K, batches, A, a_off, sam, sak, a_bs, B, b_off, sbk, sbn, b_bs, out_shape=None,
-              out_dtype="float32"):
+              out_dtype="float32", out=None, bias=None):
         """C (batches, M, N) contiguous = A . B with strided operands (strides in elements). C is float32,
-        or ``out_dtype`` where the CPU family's packed GEMM stores it (gemm_cpu's YDT: rounded once)."""
+        or ``out_dtype`` where the CPU family's packed GEMM stores it (gemm_cpu's YDT: rounded once).
+        CPU family, M * N * K past SMALL_GEMM_MACS: into ``out`` (contiguous, float32 or half) where given,
+        plus ``bias`` (M floats at offset 0) per row where given."""
         shape = out_shape or (batches, M, N)
         half = out_dtype != "float32" and self.family != "gpu" and M * N * K > SMALL_GEMM_MACS
-        out = self._empty(shape, out_dtype if half else "float32")
+        if out is None:
+            out = self._empty(shape, out_dtype if half else "float32")
         if out.size == 0:
             return out
         if K == 0:
@@ -119,9 +132,11 @@ class LinalgOps:
                     Bp = self._empty((bb, nt * 32 * K))
                     self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, B.buffer, b_off + n0 * sbn, sbk, sbn, b_bs,
                               Bp.buffer, *self._wq(B), params={**params, **self._wdt(B)})
+                bsl = None if bias is None else self._slice_bias(bias, 1, M, m0, mc)
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
                           mc, nc, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer,
-                          (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N, out.buffer, 0, 0, 1 << 30, 0, n0,
+                          (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N,
+                          out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, 1 << 30, 0, n0,
                           params={**params, **self._xdt(out, "YDT")})
             del Ap
         return out
@@ -322,15 +337,21 @@ class LinalgOps:
         N, C, H, W, Cout, CinG, CoutG, KH, KW, OH, OW, sh, sw, pt, pb, pl, pr, dh, dw, G = g
         K = CinG * KH * KW
         geo = (C, H, W, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, pl, dh, dw)
-        path = "gpu" if self.family == "gpu" else self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW)
+        path = "gpu" if self.family == "gpu" else self._conv_path(x.shape, Cout, KH, KW, stride, dilation, G, OW,
+                                                                  (pt, pb, pl, pr))
         if isinstance(x, CLHalf) and path in ("gpu", "direct"):  # ("half_conv": the CPU family's
             x = self._f32(x)  # Winograd and im2col paths read a half input as it is stored)
         # Winograd and the GEMM write a half input's result in its dtype (the contract's result dtype: "half_conv")
-        out, bias, hb, bbuf = self._conv_out(g, bias, self._dtype(x) if path in ("winograd", "gemm") else "float32")
+        out, bias, hb, bbuf = self._conv_out(g, bias, self._dtype(x) if path in ("winograd", "gemm", "pointwise")
+                                             else "float32")
         if out.size == 0:
             return out
         if path == "gpu":
             return self._gpu_conv(x, w if isinstance(w, CLQuant) else self._f32(w), bias, out, g, 0)
+        if path == "pointwise":  # out[n] = w (Cout x C) . x[n] (C x H*W): _gemm's packed GEMM, B straight from x
+            P = H * W
+            return self._gemm(Cout, P, C, N, w, w.offset, C, 1, 0, x, x.offset, P, 1, C * P, out=out,
+                              bias=bias if hb else None)
         if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl,
                                                          slope if isinstance(out, CLArray) else None):
             done[0] = slope is not None and isinstance(out, CLArray)
@@ -454,10 +475,14 @@ class LinalgOps:
         xp = self._pad(x, (0, 0, pl, right), "zeros")
         return xp, (C, H, Wp, CoutG, CinG, KH, KW, G, OH, OW, sh, sw, pt, 0, dh, dw)
 
-    def _conv_path(self, xshape, Cout, KH, KW, stride, dilation, groups, OW) -> str:
-        """CPU family: which conv2d path a geometry takes ("winograd", "direct" or "gemm")."""
+    def _conv_path(self, xshape, Cout, KH, KW, stride, dilation, groups, OW, pads=None) -> str:
+        """CPU family: which conv2d path a geometry takes ("pointwise", "winograd", "direct" or "gemm"); ``pads``
+        (t, b, l, r) where the caller has them (a 1x1 conv without padding: "pointwise")."""
         C = xshape[1]
         K = (C // groups) * KH * KW
+        if POINTWISE_GEMM and (KH, KW) == (1, 1) and tuple(stride) == (1, 1) and groups == 1 and pads is not None \
+                and not any(pads) and xshape[2] * xshape[3] >= POINTWISE_MIN_PIXELS and Cout * math.prod(xshape) > SMALL_GEMM_MACS and 4 * math.prod(xshape) <= workspace_budget_bytes():
+            return "pointwise"
         direct = K <= DIRECT_MAX_K and OW >= 24
         # narrow vectors (AVX2; tuning.py): Winograd from WINOGRAD_NARROW_MIN_CH channels on both sides, on any
         # row width (2-core AVX2 EPYC, direct -> Winograd: 16x32x64^2 32 -> 32 28 -> 19 ms, 4x32x128^2 29 -> 16,

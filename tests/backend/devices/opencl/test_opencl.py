@@ -318,7 +318,7 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     KH, KW = ws[2:]
     ph, pw = (padding, padding) if isinstance(padding, int) else padding
     OW = (W + 2 * pw - dilation * (KW - 1) - 1) // stride + 1
-    return be._conv_path(xs, ws[0], KH, KW, (stride, stride), (dilation, dilation), groups, OW)
+    return be._conv_path(xs, ws[0], KH, KW, (stride, stride), (dilation, dilation), groups, OW, (ph, ph, pw, pw))
 
 
 @needs_device
@@ -328,7 +328,9 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((1, 3, 1024, 1024), (16, 3, 3, 3), {}, "direct"),              # bench "image conv 1x3"
     ((32, 16, 7, 7), (1, 16, 3, 3), {}, "gemm"),                    # bench "conv 32x16"
     ((32, 512, 7, 7), (512, 512, 3, 3), {"stride": 2}, "gemm"),     # seed k3 s2 p1
-    ((32, 512, 7, 7), (512, 512, 1, 1), {"padding": 0}, "gemm"),    # seed k1
+    ((32, 512, 7, 7), (512, 512, 1, 1), {"padding": 0}, "gemm"),    # seed k1: under POINTWISE_MIN_PIXELS
+    ((2, 320, 64, 64), (320, 320, 1, 1), {"padding": 0}, "pointwise"),  # (test_linalg_pointwise.py)
+    ((32, 512, 7, 7), (512, 512, 1, 1), {}, "gemm"),                # padded 1x1
     ((32, 512, 7, 7), (512, 512, 7, 7), {"stride": 2, "padding": 3}, "gemm"),
     ((1, 64, 9, 7), (64, 32, 3, 3), {"groups": 2}, "gemm"),         # grouped: never Winograd
     ((1, 64, 40, 40), (64, 64, 3, 3), {"dilation": 2}, "direct"),
