@@ -62,6 +62,38 @@
    finite (a recording's guard_finite checks it after a replay: backend/devices/opencl/replay.py) */
 #define WINO_BAD 0x7fc00000
 
+/* wino_filter's vectors: the panel's MR output channels in WF_VL lanes (the fewest of 4, 8, 16 that hold them: on AVX2
+   MR 4 and 6 fill one register, not a 16-lane pair); WF_STORE writes the MR valid lanes with vector stores */
+#if MR <= 4
+#define WF_VL 4
+#define wf_t float4
+#define WF_V(p) vload4(0, p)
+#define WF_STORE(u, p) vstore4(u, 0, p)
+#elif MR <= 8
+#define WF_VL 8
+#define wf_t float8
+#define WF_V(p) vload8(0, p)
+#if MR == 8
+#define WF_STORE(u, p) vstore8(u, 0, p)
+#elif MR == 6
+#define WF_STORE(u, p) { vstore4((u).lo, 0, p); vstore2((u).s45, 0, (p) + 4); }
+#else
+#define WF_STORE(u, p) { float us_[8]; vstore8(u, 0, us_); for (int i_ = 0; i_ < MR; i_++) (p)[i_] = us_[i_]; }
+#endif
+#else
+#define WF_VL 16
+#define wf_t float16
+#define WF_V(p) vload16(0, p)
+#if MR == 16
+#define WF_STORE(u, p) vstore16(u, 0, p)
+#elif MR == 12
+#define WF_STORE(u, p) { vstore8((u).lo, 0, p); vstore4((u).s89ab, 0, (p) + 8); }
+#else
+#define WF_STORE(u, p) { float us_[16]; vstore16(u, 0, us_); vstore8(vload8(0, us_), 0, p); \
+                         for (int i_ = 8; i_ < MR; i_++) (p)[i_] = us_[i_]; }
+#endif
+#endif
+
 __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global float *Up,
                           const int Cout, const int Cin, __global int *bad WQ_PARAMS)
 {
@@ -75,11 +107,11 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
     __global float *dst = Up + (long)mt * Cin * MR;
     const long wb = w_off + (long)mt * MR * Cin * 9;
     const long rs = (long)Cin * 9;
-    float16 acc = 0.0f;  /* sum of every transformed value: not finite iff an Inf/NaN was read (or overflow) */
+    wf_t acc = 0.0f;  /* sum of every transformed value: not finite iff an Inf/NaN was read (or overflow) */
     for (int ci = c0; ci < c1; ci++) {
-        float gs[9][16];
+        float gs[9][WF_VL];
 #if WDT > 2  /* quantized: each row's 9 taps decoded in runs of one block (its scale read once) */
-        for (int i = 0; i < 16; i++) {
+        for (int i = 0; i < WF_VL; i++) {
             float t9[9];
             if (i < nvalid) {
                 const long e = wb + i * rs + ci * 9;
@@ -91,40 +123,39 @@ __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global
             }
             for (int k = 0; k < 9; k++) gs[k][i] = i < nvalid ? t9[k] : 0.0f;
         }
-#else  /* row by row: each row's 9 taps are consecutive (read along the row, not across 16 rows per tap) */
-        for (int i = 0; i < 16; i++) {
-            const long e = wb + i * rs + ci * 9;
-            for (int k = 0; k < 9; k++) gs[k][i] = i < nvalid ? LOADW(w, e + k) : 0.0f;
+#else  /* row by row: each row's 9 taps are consecutive (read along the row, not across the rows per tap) */
+        if (nvalid == MR) {
+            _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                const long e = wb + i * rs + ci * 9;
+                _Pragma("unroll") for (int k = 0; k < 9; k++) gs[k][i] = LOADW(w, e + k);
+            }
+        } else {
+            for (int i = 0; i < MR; i++) {
+                const long e = wb + i * rs + ci * 9;
+                for (int k = 0; k < 9; k++) gs[k][i] = i < nvalid ? LOADW(w, e + k) : 0.0f;
+            }
         }
+        _Pragma("unroll") for (int i = MR; i < WF_VL; i++)
+            _Pragma("unroll") for (int k = 0; k < 9; k++) gs[k][i] = 0.0f;
 #endif
-        float16 t[4][3];
-        for (int j = 0; j < 3; j++) {  /* rows: G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
-            const float16 g0 = vload16(0, gs[j]), g1 = vload16(0, gs[3 + j]), g2 = vload16(0, gs[6 + j]);
+        wf_t t[4][3];
+        _Pragma("unroll") for (int j = 0; j < 3; j++) {  /* rows: G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
+            const wf_t g0 = WF_V(gs[j]), g1 = WF_V(gs[3 + j]), g2 = WF_V(gs[6 + j]);
             t[0][j] = g0;
             t[1][j] = 0.5f * ((g0 + g2) + g1);
             t[2][j] = 0.5f * ((g0 + g2) - g1);
             t[3][j] = g2;
         }
         __global float *o = dst + (long)ci * MR;
-        for (int a = 0; a < 4; a++) {
-            const float16 h0 = t[a][0], h1 = t[a][1], h2 = t[a][2];
-            float16 u[4];
+        _Pragma("unroll") for (int a = 0; a < 4; a++) {
+            const wf_t h0 = t[a][0], h1 = t[a][1], h2 = t[a][2];
+            wf_t u[4];
             u[0] = h0;
             u[1] = 0.5f * ((h0 + h2) + h1);
             u[2] = 0.5f * ((h0 + h2) - h1);
             u[3] = h2;
             acc += (u[0] + u[1]) + (u[2] + u[3]);
-            for (int b = 0; b < 4; b++) {
-                __global float *ob = o + (4 * a + b) * estride;
-                float us[16];
-                vstore16(u[b], 0, us);
-#if MR >= 8
-                vstore8(vload8(0, us), 0, ob);
-                for (int i = 8; i < MR; i++) ob[i] = us[i];
-#else  /* a narrow panel (MR 4 or 6): 8 values would reach the next row's */
-                for (int i = 0; i < MR; i++) ob[i] = us[i];
-#endif
-            }
+            _Pragma("unroll") for (int b = 0; b < 4; b++) WF_STORE(u[b], o + (4 * a + b) * estride);
         }
     }
     if (!all(isfinite(acc))) bad[0] = WINO_BAD;

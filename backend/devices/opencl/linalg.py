@@ -18,6 +18,11 @@ from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, H
 
 #: CPU devices with narrow vectors (AVX2): 3x3 convs with at least this many channels on both sides take Winograd
 WINOGRAD_NARROW_MIN_CH = 16
+#: CPU family: Winograd from this many 2x2 output tiles in all (the filter transform, 16 values an input and output
+#: channel pair, is paid once a call; under it im2col's GEMM takes less). 2-core AVX2 EPYC, medians of 7 in one process,
+#: Winograd against im2col: 1x1280x8^2 1280 -> 1280 (16 tiles) 30.1 / 22.3 ms, 1x2560x8^2 59.1 / 44.8; 2x1280x8^2 (32)
+#: 29.6 / 40.1, 1x1280x16^2 (64) 44.5 / 68.4
+WINOGRAD_MIN_TILES = 32
 #: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
 #: is short, so one tile a work item spent more on PoCL's per-group cost than on the product)
 ATT_NL = 8
@@ -103,10 +108,12 @@ class LinalgOps:
                             (A, sam, sak, a_bs), (B, sbk, sbn, b_bs), out, (N, M * N), None, (0,) * 15)
             return out
         if M * N * K <= SMALL_GEMM_MACS:
+            if self._dtype(out) != "float32":
+                raise ValueError(f"gemm_small writes float32, not into a {self._dtype(out)} output")
             rows = max(1, min(M, 2048 // max(1, N * K)))
             self._run("gemm_small", (1, -(-M // rows), batches), (1, 1, 1) if self.is_cpu_device else None,
                       M, N, K, A.buffer, a_off, sam, sak, a_bs, B.buffer, b_off, sbk, sbn, b_bs,
-                      out.buffer, 0, out.buffer, 0, rows)
+                      out.buffer, 0, out.buffer if bias is None else bias.buffer, int(bias is not None), rows)
             return out
         params = self._b_halves(self.tunables("gemm_cpu.cl", self._shape_class(M, N, K)))
         mr, msub = params["MR"], params["MSUB"]
@@ -481,7 +488,8 @@ class LinalgOps:
         C = xshape[1]
         K = (C // groups) * KH * KW
         if POINTWISE_GEMM and (KH, KW) == (1, 1) and tuple(stride) == (1, 1) and groups == 1 and pads is not None \
-                and not any(pads) and xshape[2] * xshape[3] >= POINTWISE_MIN_PIXELS and Cout * math.prod(xshape) > SMALL_GEMM_MACS and 4 * math.prod(xshape) <= workspace_budget_bytes():
+                and not any(pads) and xshape[2] * xshape[3] >= POINTWISE_MIN_PIXELS \
+                and Cout * math.prod(xshape[1:]) > SMALL_GEMM_MACS and 4 * math.prod(xshape) <= workspace_budget_bytes():
             return "pointwise"
         direct = K <= DIRECT_MAX_K and OW >= 24
         # narrow vectors (AVX2; tuning.py): Winograd from WINOGRAD_NARROW_MIN_CH channels on both sides, on any
@@ -498,7 +506,8 @@ class LinalgOps:
         wide = -(-OW // 32) > DIRECT_PAD_MAX_TILES and min(C, Cout) >= 32 and C * Cout >= 2048
         if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
                 and (wide or narrow or (C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH)) \
-                and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes():
+                and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes() \
+                and xshape[0] * -(-(xshape[2] + (sum(pads[:2]) if pads else 2) - 2) // 2) * -(-OW // 2) >= WINOGRAD_MIN_TILES:
             return "winograd"
         return "direct" if direct else "gemm"
 

@@ -46,7 +46,7 @@ def _ref(x, w, b):
 
 
 @pytest.mark.parametrize("xs,cout", [((2, 320, 16, 16), 320), ((3, 33, 10, 13), 70), ((1, 64, 9, 8), 200),
-                                     ((4, 7, 31, 5), 130), ((1, 512, 8, 8), 16)])
+                                     ((4, 7, 31, 5), 130), ((1, 512, 8, 8), 16), ((2, 64, 32, 32), 4)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_pointwise_matches_float64(gemms, xs, cout, with_bias):
     taken, calls = gemms
@@ -63,17 +63,21 @@ def test_pointwise_matches_float64(gemms, xs, cout, with_bias):
 
 
 @pytest.mark.parametrize("kw,xs", [({"padding": 1}, (2, 64, 16, 16)), ({"stride": 2}, (2, 64, 16, 16)),
-                                   ({"groups": 2}, (2, 64, 16, 16)), ({}, (1, 2, 3, 3)), ({}, (32, 64, 7, 7))])
+                                   ({"groups": 2}, (2, 64, 16, 16)), ({}, (1, 2, 3, 3)), ({}, (32, 64, 7, 7)),
+                                   ({}, (2, 4, 24, 24))])
 def test_other_1x1_convs_keep_their_paths(gemms, kw, xs):
-    """Padding, a stride, groups, a product under SMALL_GEMM_MACS or images under POINTWISE_MIN_PIXELS: not the
-    pointwise path (and right)."""
+    """Padding, a stride, groups, an image's product under SMALL_GEMM_MACS (the batch's over it: 2 x 4 x 24^2 -> 32;
+    a compiled model's last conv, once lost its bias in _gemm's small path) or images under POINTWISE_MIN_PIXELS: not
+    the pointwise path (and right)."""
     taken, calls = gemms
     rng = np.random.default_rng(3)
     x = rng.uniform(-1, 1, xs).astype(np.float32)
     w = rng.standard_normal((32, xs[1] // kw.get("groups", 1), 1, 1)).astype(np.float32)
-    y = BE.to_numpy(BE.conv2d(x, w, None, **kw))
+    b = rng.uniform(-1, 1, 32).astype(np.float32)
+    y = BE.to_numpy(BE.conv2d(x, w, b, **kw))
     import torch
-    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), **kw).numpy()
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                     torch.from_numpy(b).double(), **kw).numpy()
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
     assert taken and "pointwise" not in taken and not calls
 
@@ -168,3 +172,16 @@ def test_prelu_epilogue_after_the_gemm(gemms):
     ref = torch.nn.functional.prelu(torch.from_numpy(_ref(x, w, b)), torch.from_numpy(a).double()).numpy()
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
     assert taken == ["pointwise"]
+
+
+def test_small_gemm_adds_the_bias_and_refuses_a_half_output():
+    """_gemm's small path (gemm_small) takes the bias too, and writes float32 only."""
+    rng = np.random.default_rng(16)
+    a = BE.to_device(rng.standard_normal((5, 7)).astype(np.float32))
+    bm = rng.standard_normal((2, 7, 9)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    y = BE._gemm(5, 9, 7, 2, a, a.offset, 7, 1, 0, BE.to_device(bm), 0, 9, 1, 63, bias=BE.to_device(bias))
+    ref = np.einsum("mk,bkn->bmn", BE.to_numpy(a).astype(np.float64), bm) + bias[None, :, None]
+    np.testing.assert_allclose(BE.to_numpy(y), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="float32"):
+        BE._gemm(5, 9, 7, 2, a, a.offset, 7, 1, 0, BE.to_device(bm), 0, 9, 1, 63, out=BE._empty((2, 5, 9), "float16"))

@@ -343,6 +343,9 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((16, 8, 64, 64), (8, 8, 3, 3), {}, "direct"),
     ((1, 64, 256, 256), (64, 64, 3, 3), {}, "winograd"),            # the compact upscaler's convs
     ((2, 128, 64, 64), (128, 128, 3, 3), {}, "winograd"),           # K over DIRECT_MAX_K
+    ((1, 1280, 8, 8), (1280, 1280, 3, 3), {}, "gemm"),              # 16 tiles: under WINOGRAD_MIN_TILES
+    ((2, 1280, 8, 8), (1280, 1280, 3, 3), {}, "winograd"),          # 32 tiles
+    ((1, 1280, 7, 9), (1280, 1280, 3, 3), {"padding": (1, 0)}, "gemm"),  # 4 x 4 tiles (OH 7, OW 7)
 ])
 @pytest.mark.parametrize("width", [16, 8])
 def test_cpu_conv_path_choice(cpu_be, monkeypatch, xs, ws, kw, path, width):
