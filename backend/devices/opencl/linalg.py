@@ -504,8 +504,12 @@ class LinalgOps:
         # from 32 channels where in x out channels reach 2048 (1x64x256^2: 64 -> 48 36 -> 23 ms, 64 -> 32 30 -> 23,
         # 32 -> 64 27 -> 20; 32 -> 32 and 64 <-> 16 stay direct, 13 against 22 ms)
         wide = -(-OW // 32) > DIRECT_PAD_MAX_TILES and min(C, Cout) >= 32 and C * Cout >= 2048
+        # few output channels from more input channels than the direct kernel takes (a model's last conv: the VAE
+        # decoder's 128 -> 3 at 512^2, the UNet's 320 -> 4): im2col's GEMM has 3-4 rows a pass over its columns
+        # (2-core AVX2 EPYC: 1x128x512^2 -> 3 445 against 54 ms, PyTorch 131; 1x320x64^2 -> 4 18.6 against 5.6)
+        few_out = not direct and Cout < WINOGRAD_NARROW_MIN_CH
         if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
-                and (wide or narrow or (C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH)) \
+                and (wide or narrow or few_out or (C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH)) \
                 and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes() \
                 and xshape[0] * -(-(xshape[2] + (sum(pads[:2]) if pads else 2) - 2) // 2) * -(-OW // 2) >= WINOGRAD_MIN_TILES:
             return "winograd"

@@ -326,7 +326,7 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((32, 512, 7, 7), (512, 512, 3, 3), {}, "winograd"),            # bench "conv 32x512"
     ((1, 16, 512, 512), (16, 16, 3, 3), {}, ("direct", "winograd")),  # bench "image conv 1x16"
     ((1, 3, 1024, 1024), (16, 3, 3, 3), {}, "direct"),              # bench "image conv 1x3"
-    ((32, 16, 7, 7), (1, 16, 3, 3), {}, "gemm"),                    # bench "conv 32x16"
+    ((32, 16, 7, 7), (1, 16, 3, 3), {}, "winograd"),                # bench "conv 32x16": few outputs (0.72 / 0.88 ms)
     ((32, 512, 7, 7), (512, 512, 3, 3), {"stride": 2}, "gemm"),     # seed k3 s2 p1
     ((32, 512, 7, 7), (512, 512, 1, 1), {"padding": 0}, "gemm"),    # seed k1: under POINTWISE_MIN_PIXELS
     ((2, 320, 64, 64), (320, 320, 1, 1), {"padding": 0}, "pointwise"),  # (test_linalg_pointwise.py)
@@ -344,6 +344,9 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((1, 64, 256, 256), (64, 64, 3, 3), {}, "winograd"),            # the compact upscaler's convs
     ((2, 128, 64, 64), (128, 128, 3, 3), {}, "winograd"),           # K over DIRECT_MAX_K
     ((1, 1280, 8, 8), (1280, 1280, 3, 3), {}, "gemm"),              # 16 tiles: under WINOGRAD_MIN_TILES
+    ((1, 128, 512, 512), (3, 128, 3, 3), {}, "winograd"),           # few output channels: the VAE's conv_out
+    ((1, 320, 64, 64), (4, 320, 3, 3), {}, "winograd"),             # the UNet's conv_out
+    ((1, 32, 64, 64), (3, 32, 3, 3), {}, "direct"),                 # (K within DIRECT_MAX_K: direct)
     ((2, 1280, 8, 8), (1280, 1280, 3, 3), {}, "winograd"),          # 32 tiles
     ((1, 1280, 7, 9), (1280, 1280, 3, 3), {"padding": (1, 0)}, "gemm"),  # 4 x 4 tiles (OH 7, OW 7)
 ])
@@ -360,6 +363,7 @@ def test_cpu_conv_path_choice(cpu_be, monkeypatch, xs, ws, kw, path, width):
     ((3, 48, 5, 2), (64, 48, 3, 3), 1), ((1, 64, 1, 1), (32, 64, 3, 3), 1),
     ((2, 40, 11, 7), (33, 40, 3, 3), 0), ((1, 40, 3, 3), (33, 40, 3, 3), 0),
     ((2, 36, 12, 15), (70, 36, 3, 3), (0, 1)), ((5, 32, 7, 7), (32, 32, 3, 3), 1),
+    ((1, 128, 20, 17), (3, 128, 3, 3), 1), ((2, 80, 9, 12), (4, 80, 3, 3), 1), ((1, 96, 8, 8), (1, 96, 3, 3), 0),
 ])
 def test_winograd_matches_float64(cpu_be, monkeypatch, xs, ws, padding):
     import torch
