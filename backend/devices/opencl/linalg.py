@@ -31,6 +31,11 @@ ATT_NL = 8
 #: 1024^2 16.7 -> 16.1, 2000^2 120.0 -> 117.5, 2048^2 145.3 -> 132.9. _gemm's own packing (pack_b) and the unfused
 #: Winograd's V (wino_in: 1x320x64^2 320 -> 320 29.4 -> 26.4 ms); im2col_pack's panels keep the K x 32 rows.
 GEMM_B_HALVES = True
+#: CPU family: _gemm packs B and runs gemm_cpu in column chunks of about this many bytes of packed panels (all
+#: batches), so that a chunk is still in cache when gemm_cpu reads it, where B is larger (0: B packed whole).
+#: 2-core AVX2 EPYC, medians of 11 in one process: a 1x1 conv 1x256x512^2 -> 128 (268 MB of B) 359 -> 260 ms
+#: (4 MiB 271); 2x320x64^2 and matmul 2048^2 / 4096^2 level
+GEMM_B_CHUNK_BYTES = 8 << 20
 #: CPU family: 1x1 convs (stride 1, no padding, one group, at least POINTWISE_MIN_PIXELS an image; the input within the
 #: workspace budget) as _gemm's batched GEMM, an image a batch: B packed straight from x (pack_b, in halves), the bias
 #: in gemm_cpu's epilogue. They took the direct kernel (K up to DIRECT_MAX_K: DCO x 32 tiles, 8 accumulators on AVX2)
@@ -123,6 +128,8 @@ class LinalgOps:
         # columns (B) of at most WEIGHT_PANEL_BYTES: never a float32 copy of the whole weight
         mstep = self._weight_rows(A, M, 4 * K, mr * msub) if ba == 1 else M
         nstep = self._weight_rows(B, N, 4 * K, 32) if bb == 1 else N
+        if GEMM_B_CHUNK_BYTES and 4 * K * N * bb > GEMM_B_CHUNK_BYTES:
+            nstep = min(nstep, max(32, GEMM_B_CHUNK_BYTES // (4 * K * bb) // 32 * 32))
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
         Bp = None

@@ -86,3 +86,31 @@ def test_compressed_weight_is_its_float32_product(layout, kind):
     y = BE.to_numpy(BE.linear(BE.to_device(x), wd))
     np.testing.assert_array_equal(y, BE.to_numpy(BE.linear(BE.to_device(x), BE.to_device(wf))))
     _check_layout(built, nh, bh)
+
+
+@pytest.mark.parametrize("case", ["matmul", "batched", "shared_b", "conv1x1"])
+def test_column_chunks_give_the_same_bits(monkeypatch, case):
+    """B packed and multiplied in column chunks (GEMM_B_CHUNK_BYTES; the last one partial) gives the whole-B result
+    bit for bit: each column's sums are the same."""
+    rng = np.random.default_rng(17)
+    if case == "matmul":
+        a, b = rng.standard_normal((70, 96)), rng.standard_normal((96, 333))
+        run = lambda: BE.matmul(BE.to_device(a.astype(np.float32)), BE.to_device(b.astype(np.float32)))
+    elif case == "batched":
+        a, b = rng.standard_normal((3, 40, 64)), rng.standard_normal((3, 64, 150))
+        run = lambda: BE.matmul(BE.to_device(a.astype(np.float32)), BE.to_device(b.astype(np.float32)))
+    elif case == "shared_b":
+        a, b = rng.standard_normal((3, 40, 64)), rng.standard_normal((64, 150))
+        run = lambda: BE.matmul(BE.to_device(a.astype(np.float32)), BE.to_device(b.astype(np.float32)))
+    else:
+        x, w = rng.standard_normal((2, 64, 12, 12)), rng.standard_normal((50, 64, 1, 1))
+        bias = rng.standard_normal(50)
+        run = lambda: BE.conv2d(x.astype(np.float32), w.astype(np.float32), bias.astype(np.float32))
+    monkeypatch.setattr(linalg, "GEMM_B_CHUNK_BYTES", 0)
+    whole = BE.to_numpy(run())
+    launches = []
+    real = BE._run
+    monkeypatch.setattr(BE, "_run", lambda name, *a, **k: (launches.append(name), real(name, *a, **k))[1])
+    monkeypatch.setattr(linalg, "GEMM_B_CHUNK_BYTES", 4 * 64 * 3 * 32)
+    np.testing.assert_array_equal(BE.to_numpy(run()), whole)
+    assert launches.count("gemm_cpu") >= 2 and launches.count("pack_b") == launches.count("gemm_cpu")
