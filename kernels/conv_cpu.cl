@@ -40,6 +40,7 @@
 #define PK 64
 #endif
 #include "half_io.h"
+#include "panel_b.h"
 
 __kernel void im2col_pack(__global const xstore_t *x, const long x_off, __global float *Bp,
                           const int C, const int H, const int W, const int CinG, const int KH, const int KW,
@@ -51,7 +52,7 @@ __kernel void im2col_pack(__global const xstore_t *x, const long x_off, __global
     if (kb >= K) return;
     const int ke = min(K, kb + PK);
     const int ntiles = (ncols + TN - 1) / TN;
-    __global float *dst = Bp + ((long)g * ntiles + nt) * (long)K * TN + (long)kb * TN;
+    __global float *dst = Bp + ((long)g * ntiles + nt) * (long)K * TN;  /* the panel (panel_b.h) */
     /* per column: top-left input position and image base (columns past the end never load) */
     int ih0[TN], iw0[TN];
     long xb[TN];
@@ -66,11 +67,12 @@ __kernel void im2col_pack(__global const xstore_t *x, const long x_off, __global
         if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }
     }
     int ci = kb / KHW, r = kb - ci * KHW, kh = r / KW, kw = r - kh * KW;
-    for (int k = kb; k < ke; k++, dst += TN) {
+    for (int k = kb; k < ke; k++) {
         const long cofs = (long)ci * H * W;
         for (int j = 0; j < TN; j++) {
             const int ih = ih0[j] + kh * dh, iw = iw0[j] + kw * dw;
-            dst[j] = ((uint)ih < (uint)H && (uint)iw < (uint)W) ? LOADX(x, xb[j] + cofs + (long)ih * W + iw) : 0.0f;
+            dst[PANEL_BOFF(k, j, K)] = ((uint)ih < (uint)H && (uint)iw < (uint)W) ?
+                LOADX(x, xb[j] + cofs + (long)ih * W + iw) : 0.0f;
         }
         if (++kw == KW) { kw = 0; if (++kh == KH) { kh = 0; ci++; } }
     }

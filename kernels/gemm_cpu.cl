@@ -41,17 +41,10 @@
    contiguously, as an AVX2 SGEMM's 16-column panels; 2-core AVX2 EPYC, one process, pack_b and gemm_cpu:
    2048^2 137.8 -> 120.4 ms, 1024^2 16.3 -> 16.0). BOFF(k, j): the offset of (k, column j) in a panel.
    pack_a's A and pack_b's B are wstore_t: a weight stored in half is read as such (-DWDT, weight_load.h). */
-#ifndef BH
-#define BH 0
-#endif
-#if BH
-#define BSTEP 16                 /* floats from one k to the next in a half */
-#define BHALF ((long)K * 16)     /* from the first half's k to the second's */
-#else
-#define BSTEP TN
-#define BHALF 16
-#endif
-#define BOFF(k, j) ((long)(k) * BSTEP + ((j) >> 4) * BHALF + ((j) & 15))
+#include "panel_b.h"
+#define BSTEP PANEL_BSTEP
+#define BHALF PANEL_BHALF(K)
+#define BOFF(k, j) PANEL_BOFF(k, j, K)
 
 #include "weight_load.h"
 

@@ -43,9 +43,7 @@
 #ifndef PFD
 #define PFD 1  /* wino_in, wino_fused: a run's rows of the channel PFD ahead are prefetched (0: none) */
 #endif
-#ifndef BH
-#define BH 0  /* wino_in: write V as gemm_cpu's panels in two halves (gemm_cpu.cl's BH) */
-#endif
+#include "panel_b.h"  /* BH: wino_in writes V as gemm_cpu's panels in two halves */
 #ifndef NTS
 #define NTS 0  /* wino_out16: y's full 16-float runs written with non-temporal stores where 64-byte aligned
                   (set by the backend for outputs larger than the caches: no read for ownership of lines
@@ -280,11 +278,7 @@ __kernel void wino_in(__global const xstore_t *x, const long x_off, __global flo
         if (ci + PFD < c1) wino_prefetch_channel(x + (ci + PFD) * H * W, &g, W);
         wino_in_channel(x + ci * H * W, &g, W, v);
         for (int h = 0; h < 2; h++) {
-#if BH  /* gemm_cpu's panel in two K x 16 halves (gemm_cpu.cl's BH): the group's C x 16 for half h, then the other */
-            __global float *o = dst + (long)h * C * 16 + (long)ci * 16;
-#else
-            __global float *o = dst + (long)ci * TN + 16 * h;
-#endif
+            __global float *o = dst + PANEL_BOFF(ci, 16 * h, C);  /* the panel's C rows (panel_b.h) */
             for (int a = 0; a < 4; a++) {
                 acc += (v[h][a][0] + v[h][a][1]) + (v[h][a][2] + v[h][a][3]);
                 for (int b = 0; b < 4; b++) vstore16(v[h][a][b], 0, o + (4 * a + b) * estride);

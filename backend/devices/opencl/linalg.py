@@ -29,7 +29,7 @@ ATT_NL = 8
 #: CPU family, gemm_cpu in two 16-column passes (NH 2: AVX2): _gemm packs B as two K x 16 halves a panel (gemm_cpu.cl's
 #: BH), so a pass reads its rows contiguously. 2-core AVX2 EPYC, medians in one process: 1000^2 14.2 -> 13.8 ms,
 #: 1024^2 16.7 -> 16.1, 2000^2 120.0 -> 117.5, 2048^2 145.3 -> 132.9. _gemm's own packing (pack_b) and the unfused
-#: Winograd's V (wino_in: 1x320x64^2 320 -> 320 29.4 -> 26.4 ms); im2col_pack's panels keep the K x 32 rows.
+#: Winograd's V (wino_in: 1x320x64^2 320 -> 320 29.4 -> 26.4 ms), and im2col_pack (the conv GEMM path).
 GEMM_B_HALVES = True
 #: CPU family: _gemm packs B and runs gemm_cpu in column chunks of about this many bytes of packed panels (all
 #: batches), so that a chunk is still in cache when gemm_cpu reads it, where B is larger (0: B packed whole).
@@ -400,7 +400,7 @@ class LinalgOps:
         per_col = 4 * K * G
         chunk = max(32, (workspace_budget_bytes() // max(1, per_col)) // 32 * 32)
         chunk = min(chunk, -(-total // 32) * 32)
-        params = self._rows_fit(self._shape_class(CoutG, chunk, K), CoutG)
+        params = self._b_halves(self._rows_fit(self._shape_class(CoutG, chunk, K), CoutG))
         mr, msub = params["MR"], params["MSUB"]
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
@@ -414,7 +414,8 @@ class LinalgOps:
             nt = -(-nc // 32)
             Bp = self._empty((G, nt * 32 * K))
             self._run("im2col_pack", (kb, nt, G), cpu_l, x.buffer, x.offset, Bp.buffer,
-                      C, H, W, CinG, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, c0, nc, params=self._xdt(x))
+                      C, H, W, CinG, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, c0, nc,
+                      params={**self._xdt(x), **({"BH": 1} if params.get("BH") else {})})
             for sl in slices:
                 m0, mc, mt, bb, Ap = sl
                 if Ap is None:

@@ -88,6 +88,30 @@ def test_compressed_weight_is_its_float32_product(layout, kind):
     _check_layout(built, nh, bh)
 
 
+@pytest.mark.parametrize("xs,ws,kw", [((2, 40, 17, 13), (70, 40, 3, 3), {"stride": 2, "padding": 1}),
+                                      ((1, 64, 9, 11), (48, 32, 3, 3), {"groups": 2, "padding": (1, 0)}),
+                                      ((3, 24, 10, 10), (33, 24, 5, 5), {"padding": 2, "dilation": 1}),
+                                      ((1, 700, 6, 6), (20, 700, 1, 1), {"stride": 2})])
+def test_im2col_panels_match_float64(layout, monkeypatch, xs, ws, kw):
+    """im2col_pack writes the conv's columns in the GEMM's panel layout (rows or halves: panel_b.h)."""
+    import torch
+    nh, bh, built = layout
+    monkeypatch.setattr(BE, "_conv_path", lambda *a: "gemm")
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.uniform(-1, 1, xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.uniform(-1, 1, ws[0]).astype(np.float32)
+    y = BE.to_numpy(BE.conv2d(x, w, b, **kw))
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                     torch.from_numpy(b).double(), **kw).numpy()
+    assert y.shape == ref.shape
+    assert np.abs(y - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max()) * np.sqrt(np.prod(ws[1:]))
+    packs = [p for name, p in built if name == "im2col_pack"]
+    assert packs and all(p.get("BH", 0) == int(bh and nh == 2) for p in packs), built
+    gemms = [p for name, p in built if name == "gemm_cpu"]
+    assert gemms and all(p.get("NH", 1) == nh and p.get("BH", 0) == int(bh and nh == 2) for p in gemms)
+
+
 @pytest.mark.parametrize("case", ["matmul", "batched", "shared_b", "conv1x1"])
 def test_column_chunks_give_the_same_bits(monkeypatch, case):
     """B packed and multiplied in column chunks (GEMM_B_CHUNK_BYTES; the last one partial) gives the whole-B result
