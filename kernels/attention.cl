@@ -22,8 +22,8 @@
 
 #include "attention_dims.h"
 
-/* the value dim in vectors of VW lanes */
-#if EV % 16 == 0
+/* the value dim in vectors of VW lanes (VW8: at most 8, so that a row's value vectors are more, narrower sums) */
+#if EV % 16 == 0 && !defined(VW8)
 #define VW 16
 #define VT float16
 #define VLOAD(p) vload16(0, p)

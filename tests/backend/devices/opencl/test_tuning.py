@@ -110,15 +110,17 @@ def test_the_defaults_follow_the_vector_width(monkeypatch):
 
 
 @pytest.mark.parametrize("narrow", [False, True])
-@pytest.mark.parametrize("E,Ev", [(64, 64), (40, 40), (32, 48), (80, 80), (8, 12), (24, 7)])
+@pytest.mark.parametrize("E,Ev", [(64, 64), (40, 40), (32, 48), (80, 80), (8, 12), (24, 7), (160, 160), (64, 80)])
 def test_attention_under_both_vector_widths(monkeypatch, narrow, E, Ev):
     """att_cpu's build options follow the vector width (attention.cpu_params: narrow vectors take 2 rows, 32-key
     blocks and the value dim in passes); a mask, causal rows and a key count past the last block, both ways."""
     from anydevice.backend.devices.opencl import attention
     monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8 if narrow else 16))
     p = attention.cpu_params(E, Ev, BE.narrow_vectors)
-    vw, nv = attention.value_vectors(Ev)
+    vw, nv = attention.value_vectors(Ev, bool(p.get("VW8")))
     assert nv % p.get("CV", nv) == 0 and p["TQ"] % p["RT"] == 0
+    if narrow:  # the value passes: the most sums (vectors of 8 lanes for a head of 80 or 160, not 16)
+        assert bool(p.get("VW8")) == (Ev in (80, 160)) and p["RT"] * p["CV"] * vw <= attention.NARROW_CV_FLOATS
     rng = np.random.default_rng(E * Ev)
     L, S = 70, 83
     q = rng.standard_normal((2, 3, L, E)).astype(np.float32)
