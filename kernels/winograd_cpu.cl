@@ -62,11 +62,18 @@
 
 /* wino_filter's vectors: the panel's MR output channels in WF_VL lanes (the fewest of 4, 8, 16 that hold them: on AVX2
    MR 4 and 6 fill one register, not a 16-lane pair); WF_STORE writes the MR valid lanes with vector stores */
+#if MR > 16
+#error "wino_filter: MR is at most 16 (one vector of the panel's rows)"
+#endif
 #if MR <= 4
 #define WF_VL 4
 #define wf_t float4
 #define WF_V(p) vload4(0, p)
+#if MR == 4
 #define WF_STORE(u, p) vstore4(u, 0, p)
+#else  /* fewer rows: 4 values would reach the next row's */
+#define WF_STORE(u, p) { float us_[4]; vstore4(u, 0, us_); for (int i_ = 0; i_ < MR; i_++) (p)[i_] = us_[i_]; }
+#endif
 #elif MR <= 8
 #define WF_VL 8
 #define wf_t float8

@@ -99,6 +99,8 @@ class LinalgOps:
             return out
         if K == 0:
             self._fill(out, 0.0)
+            if bias is not None:  # (float32 out: the copy moves words of one dtype)
+                self._copy_strided(bias, bias.offset, (batches, M, N), (0, 1, 0), out, out.offset, (M * N, N, 1))
             return out
         if self.family == "gpu":  # a quantized operand stays packed (ad_conv_gemm decodes it: WQA / WQB)
             A, B = self._gpu_quant_ok(A, sam, sak, M, K), self._gpu_quant_ok(B, sbk, sbn, K, N)
@@ -139,6 +141,7 @@ class LinalgOps:
             Ap = self._empty((ba, mt * mr * K))
             self._run("pack_a", (kb, mt, ba), cpu_l, mc, K, A.buffer, a_off + m0 * sam, sam, sak, a_bs, Ap.buffer,
                       *self._wq(A), params={**params, **self._wdt(A)})
+            bsl = None if bias is None else self._slice_bias(bias, 1, M, m0, mc)
             for n0 in range(0, N, nstep):
                 nc = min(nstep, N - n0)
                 nt = -(-nc // 32)
@@ -146,7 +149,6 @@ class LinalgOps:
                     Bp = self._empty((bb, nt * 32 * K))
                     self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, B.buffer, b_off + n0 * sbn, sbk, sbn, b_bs,
                               Bp.buffer, *self._wq(B), params={**params, **self._wdt(B)})
-                bsl = None if bias is None else self._slice_bias(bias, 1, M, m0, mc)
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
                           mc, nc, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N,
@@ -512,10 +514,11 @@ class LinalgOps:
         # from 32 channels where in x out channels reach 2048 (1x64x256^2: 64 -> 48 36 -> 23 ms, 64 -> 32 30 -> 23,
         # 32 -> 64 27 -> 20; 32 -> 32 and 64 <-> 16 stay direct, 13 against 22 ms)
         wide = -(-OW // 32) > DIRECT_PAD_MAX_TILES and min(C, Cout) >= 32 and C * Cout >= 2048
-        # few output channels from more input channels than the direct kernel takes (a model's last conv: the VAE
-        # decoder's 128 -> 3 at 512^2, the UNet's 320 -> 4): im2col's GEMM has 3-4 rows a pass over its columns
-        # (2-core AVX2 EPYC: 1x128x512^2 -> 3 445 against 54 ms, PyTorch 131; 1x320x64^2 -> 4 18.6 against 5.6)
-        few_out = not direct and Cout < WINOGRAD_NARROW_MIN_CH
+        # few output channels from many input channels, where the direct kernel does not take the conv (more taps than
+        # DIRECT_MAX_K, or rows under 24 columns): a model's last conv (the VAE decoder's 128 -> 3 at 512^2, the UNet's
+        # 320 -> 4); im2col's GEMM has 3-4 rows a pass over its columns (2-core AVX2 EPYC: 1x128x512^2 -> 3 445 against
+        # 54 ms, PyTorch 131; 1x320x64^2 -> 4 18.6 against 5.6; 32x16x7^2 -> 1 0.88 against 0.72)
+        few_out = not direct and Cout < WINOGRAD_NARROW_MIN_CH <= C
         if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
                 and (wide or narrow or few_out or (C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH)) \
                 and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes() \

@@ -83,7 +83,8 @@ def test_other_1x1_convs_keep_their_paths(gemms, kw, xs):
 
 
 def test_input_past_the_workspace_budget_is_not_packed_whole(monkeypatch):
-    """_gemm packs the whole input: one larger than the workspace budget keeps the chunked paths."""
+    """An input larger than the workspace budget keeps the other paths (which bound their temporaries by it); the
+    path needs the pads (without them, not taken)."""
     monkeypatch.setattr(linalg, "workspace_budget_bytes", lambda: 4 * 2 * 64 * 16 * 16 - 4)
     assert BE._conv_path((2, 64, 16, 16), 32, 1, 1, (1, 1), (1, 1), 1, 16, (0, 0, 0, 0)) != "pointwise"
     monkeypatch.setattr(linalg, "workspace_budget_bytes", lambda: 4 * 2 * 64 * 16 * 16)
@@ -185,3 +186,11 @@ def test_small_gemm_adds_the_bias_and_refuses_a_half_output():
     np.testing.assert_allclose(BE.to_numpy(y), ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="float32"):
         BE._gemm(5, 9, 7, 2, a, a.offset, 7, 1, 0, BE.to_device(bm), 0, 9, 1, 63, out=BE._empty((2, 5, 9), "float16"))
+
+
+def test_k0_gemm_gives_the_bias():
+    rng = np.random.default_rng(18)
+    bias = rng.standard_normal(70).astype(np.float32)
+    a, b = BE._empty((70, 0)), BE._empty((2, 0, 300))
+    y = BE._gemm(70, 300, 0, 2, a, 0, 0, 1, 0, b, 0, 300, 1, 0, bias=BE.to_device(bias))
+    np.testing.assert_array_equal(BE.to_numpy(y), np.broadcast_to(bias[None, :, None], (2, 70, 300)))

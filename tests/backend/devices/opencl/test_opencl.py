@@ -347,6 +347,7 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((1, 128, 512, 512), (3, 128, 3, 3), {}, "winograd"),           # few output channels: the VAE's conv_out
     ((1, 320, 64, 64), (4, 320, 3, 3), {}, "winograd"),             # the UNet's conv_out
     ((1, 32, 64, 64), (3, 32, 3, 3), {}, "direct"),                 # (K within DIRECT_MAX_K: direct)
+    ((4, 3, 16, 16), (3, 3, 3, 3), {}, "gemm"),                     # (few inputs too: as before)
     ((2, 1280, 8, 8), (1280, 1280, 3, 3), {}, "winograd"),          # 32 tiles
     ((1, 1280, 7, 9), (1280, 1280, 3, 3), {"padding": (1, 0)}, "gemm"),  # 4 x 4 tiles (OH 7, OW 7)
 ])

@@ -38,7 +38,7 @@ def _filter(w, cout, cin, mr, c0=0):
     return BE.to_numpy(up).reshape(16, -1), int(BE.to_numpy(flag).view(np.int32)[0])
 
 
-@pytest.mark.parametrize("mr", [4, 5, 6, 8, 12, 14, 16])
+@pytest.mark.parametrize("mr", [1, 2, 3, 4, 5, 6, 7, 8, 12, 14, 16])
 @pytest.mark.parametrize("cout,cin", [(48, 70), (37, 130), (6, 3), (1, 200)])
 def test_filter_panels_match_float64(mr, cout, cin):
     rng = np.random.default_rng(mr * 1000 + cout + cin)
