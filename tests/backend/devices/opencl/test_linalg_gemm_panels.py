@@ -1,8 +1,9 @@
 """The CPU family's packed GEMM (kernels/gemm_cpu.cl) in both B panel layouts: K x 32 rows, and two K x 16
 halves a panel (BH, which _gemm asks for where gemm_cpu runs in two 16-column passes, NH 2: AVX2), each
 against float64 on shapes with partial row and column tiles, K past one cache block, batched operands
-(B shared or per batch), a transposed B (pack_b's strided and row-by-row readers) and a weight stored in
-half or quantized (pack_b's converting readers), whatever the machine's vector width."""
+(B shared or per batch), a transposed B (pack_b's strided and row-by-row readers), a weight stored in
+half or quantized (pack_b's converting readers) and im2col_pack's conv columns (kernels/panel_b.h), whatever the
+machine's vector width; and B packed in column chunks (GEMM_B_CHUNK_BYTES) giving the whole-B bits."""
 from __future__ import annotations
 
 import numpy as np
