@@ -61,7 +61,8 @@
 #define WINO_BAD 0x7fc00000
 
 /* wino_filter's vectors: the panel's MR output channels in WF_VL lanes (the fewest of 4, 8, 16 that hold them: on AVX2
-   MR 4 and 6 fill one register, not a 16-lane pair); WF_STORE writes the MR valid lanes with vector stores */
+   MR 4 and 6 fill one register, not a 16-lane pair); WF_STORE writes the MR valid lanes: one vector store where MR is
+   the width, two for MR 6 and 12, else through private memory one by one (a wider store would reach the next row's) */
 #if MR > 16
 #error "wino_filter: MR is at most 16 (one vector of the panel's rows)"
 #endif
@@ -69,34 +70,26 @@
 #define WF_VL 4
 #define wf_t float4
 #define WF_V(p) vload4(0, p)
-#if MR == 4
-#define WF_STORE(u, p) vstore4(u, 0, p)
-#else  /* fewer rows: 4 values would reach the next row's */
-#define WF_STORE(u, p) { float us_[4]; vstore4(u, 0, us_); for (int i_ = 0; i_ < MR; i_++) (p)[i_] = us_[i_]; }
-#endif
+#define WF_VS(u, p) vstore4(u, 0, p)
 #elif MR <= 8
 #define WF_VL 8
 #define wf_t float8
 #define WF_V(p) vload8(0, p)
-#if MR == 8
-#define WF_STORE(u, p) vstore8(u, 0, p)
-#elif MR == 6
-#define WF_STORE(u, p) { vstore4((u).lo, 0, p); vstore2((u).s45, 0, (p) + 4); }
-#else
-#define WF_STORE(u, p) { float us_[8]; vstore8(u, 0, us_); for (int i_ = 0; i_ < MR; i_++) (p)[i_] = us_[i_]; }
-#endif
+#define WF_VS(u, p) vstore8(u, 0, p)
 #else
 #define WF_VL 16
 #define wf_t float16
 #define WF_V(p) vload16(0, p)
-#if MR == 16
-#define WF_STORE(u, p) vstore16(u, 0, p)
+#define WF_VS(u, p) vstore16(u, 0, p)
+#endif
+#if MR == WF_VL
+#define WF_STORE(u, p) WF_VS(u, p)
+#elif MR == 6
+#define WF_STORE(u, p) { vstore4((u).lo, 0, p); vstore2((u).s45, 0, (p) + 4); }
 #elif MR == 12
 #define WF_STORE(u, p) { vstore8((u).lo, 0, p); vstore4((u).s89ab, 0, (p) + 8); }
 #else
-#define WF_STORE(u, p) { float us_[16]; vstore16(u, 0, us_); vstore8(vload8(0, us_), 0, p); \
-                         for (int i_ = 8; i_ < MR; i_++) (p)[i_] = us_[i_]; }
-#endif
+#define WF_STORE(u, p) { float us_[WF_VL]; WF_VS(u, us_); for (int i_ = 0; i_ < MR; i_++) (p)[i_] = us_[i_]; }
 #endif
 
 __kernel void wino_filter(__global const wstore_t *w, const long w_off, __global float *Up,

@@ -366,8 +366,7 @@ class LinalgOps:
             return self._gpu_conv(x, w if isinstance(w, CLQuant) else self._f32(w), bias, out, g, 0)
         if path == "pointwise":  # out[n] = w (Cout x C) . x[n] (C x H*W): _gemm's packed GEMM, B straight from x
             P = H * W
-            return self._gemm(Cout, P, C, N, w, w.offset, C, 1, 0, x, x.offset, P, 1, C * P, out=out,
-                              bias=bias if hb else None)
+            return self._gemm(Cout, P, C, N, w, w.offset, C, 1, 0, x, x.offset, P, 1, C * P, out=out, bias=bias)
         if path == "winograd" and self._conv2d_winograd(x, w, bias, out, pt, pl,
                                                          slope if isinstance(out, CLArray) else None):
             done[0] = slope is not None and isinstance(out, CLArray)
@@ -519,10 +518,11 @@ class LinalgOps:
         # 320 -> 4); im2col's GEMM has 3-4 rows a pass over its columns (2-core AVX2 EPYC: 1x128x512^2 -> 3 445 against
         # 54 ms, PyTorch 131; 1x320x64^2 -> 4 18.6 against 5.6; 32x16x7^2 -> 1 0.88 against 0.72)
         few_out = not direct and Cout < WINOGRAD_NARROW_MIN_CH <= C
+        OH = xshape[2] + (pads[0] + pads[1] if pads else 2) - 2  # a 3x3 stride-1 conv's (pads unknown: 1 each side)
         if (KH, KW) == (3, 3) and math.prod(xshape) < 2**31 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 \
                 and (wide or narrow or few_out or (C >= WINOGRAD_MIN_CH and Cout >= WINOGRAD_MIN_CH)) \
                 and 16 * 4 * (-(-Cout // 16) * 16) * C <= workspace_budget_bytes() \
-                and xshape[0] * -(-(xshape[2] + (sum(pads[:2]) if pads else 2) - 2) // 2) * -(-OW // 2) >= WINOGRAD_MIN_TILES:
+                and xshape[0] * -(-OH // 2) * -(-OW // 2) >= WINOGRAD_MIN_TILES:
             return "winograd"
         return "direct" if direct else "gemm"
 
