@@ -31,6 +31,9 @@
 #define KP 128
 #endif
 #define TN 32
+#ifndef GM
+#define GM 0  /* row blocks per group of the work order (0: row blocks fastest, all of them) */
+#endif
 #ifndef NL
 #define NL 1  /* column tiles of 32 one work item computes, one after another (fewer work groups
                  where K is short and each tile is little work: PoCL's cost per group is ~1 us) */
@@ -168,17 +171,27 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
                        __global const float *bias, const int has_bias, const int bias_bs,
                        const int cseg, const long cseg_stride, const int colbase)
 {
-    const int m0 = get_global_id(0) * (MR * MSUB);
+    int gx = get_global_id(0), gy = get_global_id(1);
+#if GM
+    {   /* row blocks in groups of GM (host: linalg.py _group_rows): consecutive work groups walk a group's row blocks
+           down one column tile (its B panel stays in L2), then the next column tile (the group's A stays in L3) */
+        const int sx = get_global_size(0), sy = get_global_size(1), lin = gx + gy * sx;
+        const int grp = lin / (GM * sy), first = grp * GM, gm = min(sx - first, GM), r = lin - grp * GM * sy;
+        gx = first + r % gm; gy = r / gm;
+    }
+#endif
+    const int m0 = gx * (MR * MSUB);
     const int b = get_global_id(2);
-    const int nt_end = min((N + TN - 1) / TN, (int)(get_global_id(1) + 1) * NL);
+    const int nt_end = min((N + TN - 1) / TN, (gy + 1) * NL);
     if (m0 >= M) return;
     const __global float *Apanel = Ap + b * ap_bs;
     C += c_off + b * c_bs;
-    for (int nt = get_global_id(1) * NL; nt < nt_end; nt++) {
+    for (int nt = gy * NL; nt < nt_end; nt++) {
     const int n0 = nt * TN;
     const __global float *Bpanel = Bp + b * bp_bs + (long)nt * K * TN;
     const int nvalid = min(TN, N - n0);
     const int nsub = min(MSUB, (M - m0 + MR - 1) / MR);
+    const int nh = nvalid > 16 ? NH : 1;  /* a last tile of at most 16 columns: one 16-column pass where NH = 2 */
 
     float16 tot[MSUB][MR][2];
     for (int s = 0; s < MSUB; s++)
@@ -189,7 +202,7 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
         for (int s = 0; s < nsub; s++) {
             const __global float *ap0 = Apanel + (long)(m0 / MR + s) * K * MR;
             for (int kp = k0; kp < k1; kp += KP)
-            for (int h = 0; h < NH; h++) {
+            for (int h = 0; h < nh; h++) {
                 const int kend = min(k1, kp + KP);
                 R(DECL)
                 const __global float *bp = Bpanel + BOFF(kp, 16 * h);

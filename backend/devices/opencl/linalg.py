@@ -14,7 +14,7 @@ from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
 from ...ops.quant import FORMATS
 from .memory import CLArray, CLHalf, CLQuant, _Block
 from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES,
-                     _direct_spec)
+                     _direct_spec, gemm_grouped)
 
 #: CPU devices with narrow vectors (AVX2): 3x3 convs with at least this many channels on both sides take Winograd
 WINOGRAD_NARROW_MIN_CH = 16
@@ -149,11 +149,12 @@ class LinalgOps:
                     Bp = self._empty((bb, nt * 32 * K))
                     self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, B.buffer, b_off + n0 * sbn, sbk, sbn, b_bs,
                               Bp.buffer, *self._wq(B), params={**params, **self._wdt(B)})
-                self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
+                ntl = -(-nt // params.get("NL", 1))
+                self._run("gemm_cpu", (-(-mc // (mr * msub)), ntl, batches), cpu_l,
                           mc, nc, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N,
                           out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, 1 << 30, 0, n0,
-                          params={**params, **self._xdt(out, "YDT")})
+                          params={**gemm_grouped(params, mc, K, ntl), **self._xdt(out, "YDT")})
             del Ap
         return out
 
@@ -428,7 +429,7 @@ class LinalgOps:
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, G), cpu_l,
                           mc, nc, K, Ap.buffer, mt * mr * K, Bp.buffer, nt * 32 * K,
                           out.buffer, m0 * P, P, CoutG * P, bb.buffer if hb else bbuf, hb, mc, P, Cout * P, c0,
-                          params={**params, **self._xdt(out, "YDT")})
+                          params={**gemm_grouped(params, mc, K, nt), **self._xdt(out, "YDT")})
                 del Ap
         return out
 

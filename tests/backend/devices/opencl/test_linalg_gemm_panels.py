@@ -139,3 +139,51 @@ def test_column_chunks_give_the_same_bits(monkeypatch, case):
     monkeypatch.setattr(linalg, "GEMM_B_CHUNK_BYTES", 4 * 64 * 3 * 32)
     np.testing.assert_array_equal(BE.to_numpy(run()), whole)
     assert launches.count("gemm_cpu") >= 2 and launches.count("pack_b") == launches.count("gemm_cpu")
+
+
+def test_gemm_grouped_rule():
+    """GM (gemm_cpu's row blocks in groups) only where A is over two groups and there is more than one column tile;
+    a power of two of at most 64; none where one row block's A is over half a group."""
+    from anydevice.backend.devices.opencl import params as P
+    p = {"MR": 6, "MSUB": 4}
+    assert P.gemm_grouped(p, 2048, 2048, 64)["GM"] == 16  # 24 x 2048 floats a block: 16 blocks a group
+    assert P.gemm_grouped(p, 8192, 320, 10)["GM"] == 64  # 409 blocks a group: at most 64
+    assert "GM" not in P.gemm_grouped(p, 4096, 320, 10)  # A 5 MiB
+    assert "GM" not in P.gemm_grouped(p, 1024, 1024, 32)  # A 4 MiB: under two groups
+    assert "GM" not in P.gemm_grouped(p, 2048, 2048, 1)  # one column tile
+    assert "GM" not in P.gemm_grouped(p, 1280, 23040, 2)  # a block's A is 2.2 MiB
+    g = P.gemm_grouped(p, 3000, 1500, 8)["GM"]
+    assert g & (g - 1) == 0
+
+
+@pytest.mark.parametrize("case", ["matmul", "batched", "conv_s2"])
+def test_grouped_work_order_gives_the_same_bits(layout, monkeypatch, case):
+    """gemm_cpu walking its row blocks in groups (GM, partial last group) computes every block as before: the same
+    bits as row blocks fastest, and float64's values."""
+    from anydevice.backend.devices.opencl import params as P
+    nh, bh, built = layout
+    rng = np.random.default_rng(23)
+    if case == "conv_s2":
+        x, w, bias = rng.standard_normal((2, 32, 30, 30)), rng.standard_normal((250, 32, 3, 3)), rng.standard_normal(250)
+        run = lambda: BE.conv2d(x.astype(np.float32), w.astype(np.float32), bias.astype(np.float32), 2, 1)
+        K = 32 * 9
+    else:
+        a = rng.standard_normal((3, 250, 300) if case == "batched" else (250, 300))
+        b = rng.standard_normal((300, 333))
+        run = lambda: BE.matmul(BE.to_device(a.astype(np.float32)), BE.to_device(b.astype(np.float32)))
+        K = 300
+    monkeypatch.setattr(P, "GEMM_GROUP_BYTES", 0)
+    plain = BE.to_numpy(run())
+    mr = BE.tunables("gemm_cpu.cl")["MR"]
+    block = 4 * mr * BE.tunables("gemm_cpu.cl")["MSUB"] * K
+    monkeypatch.setattr(P, "GEMM_GROUP_BYTES", 2 * block)  # groups of 2 blocks (250 rows: 6 or 11 blocks)
+    built.clear()
+    grouped = BE.to_numpy(run())
+    assert any(p.get("GM") == 2 for name, p in built if name == "gemm_cpu"), built
+    np.testing.assert_array_equal(grouped, plain)
+    if case == "conv_s2":
+        import torch
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(bias), 2, 1).numpy()
+    else:
+        ref = np.matmul(a, b)
+    assert np.abs(grouped - ref).max() <= 1e-5 * np.sqrt(K) * max(1.0, np.abs(ref).max())
