@@ -13,7 +13,7 @@ import numpy as np
 from ...ops.contract import workspace_budget_bytes
 from ...system import config
 from .memory import CLArray, _HostBlock
-from .params import PACK_K, WINO_OB
+from .params import PACK_K, WINO_OB, gemm_grouped
 
 #: CPU family's Winograd: tiles per chunk at most. Its transformed input and products (16 x 4 x (C + Cout)
 #: bytes a tile) then stay in the caches between the three kernels: 4 MiB at 64 channels, where the
@@ -127,7 +127,7 @@ class CLWinograd:
                         sl[3] = Up  # the whole weight: transformed once for every tile chunk
                 self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
                           cc, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
-                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=params)
+                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=gemm_grouped(params, cc, C, nt))
                 del Up
                 self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
                           out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,

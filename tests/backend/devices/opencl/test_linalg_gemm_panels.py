@@ -156,17 +156,20 @@ def test_gemm_grouped_rule():
     assert g & (g - 1) == 0
 
 
-@pytest.mark.parametrize("case", ["matmul", "batched", "conv_s2"])
+@pytest.mark.parametrize("case", ["matmul", "batched", "conv_s2", "winograd"])
 def test_grouped_work_order_gives_the_same_bits(layout, monkeypatch, case):
     """gemm_cpu walking its row blocks in groups (GM, partial last group) computes every block as before: the same
-    bits as row blocks fastest, and float64's values."""
+    bits as row blocks fastest, and float64's values: _gemm's products, im2col's and the unfused Winograd's."""
     from anydevice.backend.devices.opencl import params as P
     nh, bh, built = layout
     rng = np.random.default_rng(23)
-    if case == "conv_s2":
-        x, w, bias = rng.standard_normal((2, 32, 30, 30)), rng.standard_normal((250, 32, 3, 3)), rng.standard_normal(250)
-        run = lambda: BE.conv2d(x.astype(np.float32), w.astype(np.float32), bias.astype(np.float32), 2, 1)
-        K = 32 * 9
+    if case in ("conv_s2", "winograd"):
+        C, stride = (32, 2) if case == "conv_s2" else (160, 1)
+        x, w, bias = rng.standard_normal((1, C, 20, 20)), rng.standard_normal((250, C, 3, 3)), rng.standard_normal(250)
+        run = lambda: BE.conv2d(x.astype(np.float32), w.astype(np.float32), bias.astype(np.float32), stride, 1)
+        K = C * 9 if case == "conv_s2" else C
+        assert BE._conv_path(x.shape, 250, 3, 3, (stride, stride), (1, 1), 1, 20 // stride,
+                             (1, 1, 1, 1)) == ("gemm" if case == "conv_s2" else "winograd")
     else:
         a = rng.standard_normal((3, 250, 300) if case == "batched" else (250, 300))
         b = rng.standard_normal((300, 333))
@@ -181,9 +184,9 @@ def test_grouped_work_order_gives_the_same_bits(layout, monkeypatch, case):
     grouped = BE.to_numpy(run())
     assert any(p.get("GM") == 2 for name, p in built if name == "gemm_cpu"), built
     np.testing.assert_array_equal(grouped, plain)
-    if case == "conv_s2":
+    if case in ("conv_s2", "winograd"):
         import torch
-        ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(bias), 2, 1).numpy()
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(bias), stride, 1).numpy()
     else:
         ref = np.matmul(a, b)
     assert np.abs(grouped - ref).max() <= 1e-5 * np.sqrt(K) * max(1.0, np.abs(ref).max())
