@@ -60,8 +60,8 @@ PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)]
 #: gemm_cpu's work order (build option GM, gemm_grouped): where packed A is over twice this many bytes, its row blocks
 #: go in groups of about this many bytes, each group taken down one column tile at a time, so that the group's A stays
 #: in L3 while the B panels stream (row blocks fastest streamed all of A once a column tile: 16 MiB at 2048^2).
-#: 2-core AVX2 EPYC, medians of 13 alternating with PyTorch and a control: 2048^2 141.3 -> 129.7 ms, 4096^2 1004 ->
-#: 902 (6 MiB groups: 964); 1024^2 and linear shapes with A under 8 MiB level. 0: off
+#: 2-core AVX2 EPYC, medians of 13 alternating with PyTorch and a control: 2048^2 141.3 -> 129.7 ms; 4096^2 1004 ->
+#: 902 (6 MiB groups: 964; baseline timed first); 1024^2 and linear shapes with A under 8 MiB level. 0: off
 GEMM_GROUP_BYTES = 3 << 20
 
 
