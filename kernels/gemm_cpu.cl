@@ -173,7 +173,7 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
 {
     int gx = get_global_id(0), gy = get_global_id(1);
 #if GM
-    {   /* row blocks in groups of GM (host: linalg.py _group_rows): consecutive work groups walk a group's row blocks
+    {   /* row blocks in groups of GM (host: params.py gemm_grouped): consecutive work groups walk a group's row blocks
            down one column tile (its B panel stays in L2), then the next column tile (the group's A stays in L3) */
         const int sx = get_global_size(0), sy = get_global_size(1), lin = gx + gy * sx;
         const int grp = lin / (GM * sy), first = grp * GM, gm = min(sx - first, GM), r = lin - grp * GM * sy;

@@ -149,12 +149,11 @@ class LinalgOps:
                     Bp = self._empty((bb, nt * 32 * K))
                     self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, B.buffer, b_off + n0 * sbn, sbk, sbn, b_bs,
                               Bp.buffer, *self._wq(B), params={**params, **self._wdt(B)})
-                ntl = -(-nt // params.get("NL", 1))
-                self._run("gemm_cpu", (-(-mc // (mr * msub)), ntl, batches), cpu_l,
+                self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
                           mc, nc, K, Ap.buffer, (mt * mr * K) if ba > 1 else 0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N,
                           out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, 1 << 30, 0, n0,
-                          params={**gemm_grouped(params, mc, K, ntl), **self._xdt(out, "YDT")})
+                          params={**gemm_grouped(params, mc, K, nt), **self._xdt(out, "YDT")})
             del Ap
         return out
 
