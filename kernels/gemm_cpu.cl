@@ -152,15 +152,28 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
                  registers hold them (AVX-512: 32 zmm), 2 (MR x 16 twice) where they hold half (AVX2:
                  16 ymm, MR 6 -> 12 of them; MR 12 x 32 spilled: 58 GFLOPS at 1024^2 against 140) */
 #endif
+#ifndef AU
+#define AU 0  /* 1: A read as it is stored (row-major, row stride K, from Ap + ap_bs: one A for every batch), not
+                 pack_a's panels: MR row streams broadcast from (rows past M read row M - 1, never stored); the same
+                 products in the same order, so the same bits. A small-N product (an 8x8 conv) paid as much to pack
+                 its weight as to multiply it */
+#endif
+#if AU
+#define AROW(i) const __global float *ar##i = Apanel + (long)min(m0 + s * MR + (i), M - 1) * K + kp;
+#define AV(i) ar##i[k - kp]
+#else
+#define AROW(i)
+#define AV(i) ap[i]
+#endif
 #if NH == 1
 #define DECL(i) float16 c##i##0 = 0, c##i##1 = 0;
 #define LOADB const float16 b0 = vload16(0, bp), b1 = vload16(0, bp + BHALF);
-#define STEP(i) { const float av = ap[i]; c##i##0 = fma((float16)av, b0, c##i##0); c##i##1 = fma((float16)av, b1, c##i##1); }
+#define STEP(i) { const float av = AV(i); c##i##0 = fma((float16)av, b0, c##i##0); c##i##1 = fma((float16)av, b1, c##i##1); }
 #define FOLD(i) tp[2*(i)] += c##i##0; tp[2*(i)+1] += c##i##1;
 #else
 #define DECL(i) float16 c##i##0 = 0;
 #define LOADB const float16 b0 = vload16(0, bp);
-#define STEP(i) { const float av = ap[i]; c##i##0 = fma((float16)av, b0, c##i##0); }
+#define STEP(i) { const float av = AV(i); c##i##0 = fma((float16)av, b0, c##i##0); }
 #define FOLD(i) tp[2*(i)] += c##i##0;
 #endif
 
@@ -184,7 +197,11 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
     const int b = get_global_id(2);
     const int nt_end = min((N + TN - 1) / TN, (gy + 1) * NL);
     if (m0 >= M) return;
+#if AU
+    const __global float *Apanel = Ap + ap_bs;  /* (ap_bs: A's offset) */
+#else
     const __global float *Apanel = Ap + b * ap_bs;
+#endif
     C += c_off + b * c_bs;
     for (int nt = gy * NL; nt < nt_end; nt++) {
     const int n0 = nt * TN;
@@ -205,6 +222,7 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
             for (int h = 0; h < nh; h++) {
                 const int kend = min(k1, kp + KP);
                 R(DECL)
+                R(AROW)
                 const __global float *bp = Bpanel + BOFF(kp, 16 * h);
                 const __global float *ap = ap0 + (long)kp * MR;
                 for (int k = kp; k < kend; k++, bp += BSTEP, ap += MR) {

@@ -200,3 +200,45 @@ def test_grouped_work_order_gives_the_same_bits(layout, monkeypatch, case):
     else:
         ref = np.matmul(a, b)
     assert np.abs(grouped - ref).max() <= 1e-5 * np.sqrt(K) * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("case", ["matmul", "row_view", "shared_a", "linear", "conv_s2", "conv1x1", "batched_a"])
+def test_unpacked_a_gives_the_packed_bits(layout, monkeypatch, case):
+    """gemm_cpu reading a float32 A as stored (AU: no pack_a; rows past M clamped, never stored) gives pack_a's
+    panels' bits and float64's values: a matmul (partial row blocks), a row view at an offset, one A for every
+    batch, a linear layer, an im2col conv's weight and a 1x1 conv's; an A per batch is still packed."""
+    nh, bh, built = layout
+    rng = np.random.default_rng(29)
+    if case in ("conv_s2", "conv1x1"):
+        k, stride = (1, 1) if case == "conv1x1" else (3, 2)
+        x, w, bias = rng.standard_normal((2, 24, 22, 22)), rng.standard_normal((77, 24, k, k)), rng.standard_normal(77)
+        run = lambda: BE.conv2d(x.astype(np.float32), w.astype(np.float32), bias.astype(np.float32), stride, k // 2)
+        import torch
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(bias),
+                                         stride, k // 2).numpy()
+        K = 24 * k * k
+    else:
+        a = rng.standard_normal((3, 70, 300) if case == "batched_a" else (70, 300) if case == "shared_a" else (260, 300))
+        b = rng.standard_normal((3, 300, 333) if case in ("shared_a", "batched_a") else (300, 133))
+        if case == "linear":
+            wl, bl = rng.standard_normal((133, 300)), rng.standard_normal(133)
+            run = lambda: BE.linear(BE.to_device(a.astype(np.float32)), BE.to_device(wl.astype(np.float32)),
+                                    BE.to_device(bl.astype(np.float32)))
+            ref = a @ wl.T + bl
+        else:
+            big = np.concatenate([rng.standard_normal((5, 300)), a]) if case == "row_view" else a
+            run = lambda: BE.matmul(BE.narrow(BE.to_device(big.astype(np.float32)), 0, len(big) - len(a), len(a))
+                                    if case == "row_view" else BE.to_device(a.astype(np.float32)),
+                                    BE.to_device(b.astype(np.float32)))
+            ref = np.matmul(a, b)
+        K = 300
+    monkeypatch.setattr(linalg, "GEMM_A_UNPACKED", False)
+    packed = BE.to_numpy(run())
+    monkeypatch.setattr(linalg, "GEMM_A_UNPACKED", True)
+    built.clear()
+    unpacked = BE.to_numpy(run())
+    gemms = [p for name, p in built if name == "gemm_cpu"]
+    assert gemms and all(p.get("AU", 0) == int(case != "batched_a") for p in gemms), built
+    assert any(name == "pack_a" for name, _ in built) == (case == "batched_a"), built
+    np.testing.assert_array_equal(unpacked, packed)
+    assert np.abs(unpacked - ref).max() <= 1e-5 * np.sqrt(K) * max(1.0, np.abs(ref).max())
