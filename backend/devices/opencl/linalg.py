@@ -140,15 +140,15 @@ class LinalgOps:
         cpu_l = (1, 1, 1)
         kb = -(-K // PACK_K)
         Bp = None
+        # one float32 A for every batch, rows of K: gemm_cpu reads its rows as stored (AU), no pack_a pass
+        au = GEMM_A_UNPACKED and ba == 1 and sak == 1 and sam == K and not self._compressed(A)
         for m0 in range(0, M, mstep):
             mc = min(mstep, M - m0)
             mt = -(-mc // mr)
-            au = (GEMM_A_UNPACKED and ba == 1 and sak == 1 and sam == K and type(A) is CLArray
-                  and self._dtype(A) == "float32")
-            if au:  # gemm_cpu reads A's rows as stored (AU): no pack_a pass
+            if au:  # (ap_bs carries A's offset)
                 Ap, a0 = A, a_off + m0 * K
             else:
-                Ap, a0 = self._empty((ba, mt * mr * K)), None
+                Ap, a0 = self._empty((ba, mt * mr * K)), (mt * mr * K) if ba > 1 else 0
                 self._run("pack_a", (kb, mt, ba), cpu_l, mc, K, A.buffer, a_off + m0 * sam, sam, sak, a_bs, Ap.buffer,
                           *self._wq(A), params={**params, **self._wdt(A)})
             bsl = None if bias is None else self._slice_bias(bias, 1, M, m0, mc)
@@ -160,7 +160,7 @@ class LinalgOps:
                     self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, B.buffer, b_off + n0 * sbn, sbk, sbn, b_bs,
                               Bp.buffer, *self._wq(B), params={**params, **self._wdt(B)})
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
-                          mc, nc, K, Ap.buffer, a0 if au else (mt * mr * K) if ba > 1 else 0, Bp.buffer,
+                          mc, nc, K, Ap.buffer, a0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N,
                           out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, 1 << 30, 0, n0,
                           params={**gemm_grouped(params, mc, K, nt), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
@@ -420,6 +420,8 @@ class LinalgOps:
         for m0 in range(0, CoutG, mstep):  # one slice (the whole weight) unless it is stored compressed
             mc = min(mstep, CoutG - m0)
             slices.append([m0, mc, -(-mc // mr), self._slice_bias(bias, G, CoutG, m0, mc) if hb else None, None])
+        # a float32 weight of one group (one slice: the whole weight): gemm_cpu reads its rows as stored (AU)
+        au = GEMM_A_UNPACKED and G == 1 and not self._compressed(w)
         for c0 in range(0, total, chunk):
             nc = min(chunk, total - c0)
             nt = -(-nc // 32)
@@ -427,10 +429,9 @@ class LinalgOps:
             self._run("im2col_pack", (kb, nt, G), cpu_l, x.buffer, x.offset, Bp.buffer,
                       C, H, W, CinG, KH, KW, OH, OW, sh, sw, pt, pl, dh, dw, c0, nc,
                       params={**self._xdt(x), **({"BH": 1} if params.get("BH") else {})})
-            au = GEMM_A_UNPACKED and G == 1 and len(slices) == 1 and type(w) is CLArray and self._dtype(w) == "float32"
             for sl in slices:
                 m0, mc, mt, bb, Ap = sl
-                if au:  # gemm_cpu reads the weight's rows as stored (AU): no pack_a pass
+                if au:  # no pack_a pass
                     Ap = w
                 elif Ap is None:
                     Ap = self._empty((G, mt * mr * K))
