@@ -79,6 +79,10 @@ inline float att_max16(const float16 x)
 #define KB 32
 #endif
 #define NB (KB / 16)
+/* the softmax's exps as exp2 of x log2(e): PoCL's exp2 takes fewer instructions than its exp (no split of ln 2), and
+   the product's rounding moves a result by at most |x| 2^-24 relative (x <= 0 here: an exp under 2^-24 relative
+   moves less than its own rounding where |x| < 1, and the terms with a large |x| weigh e^x) */
+#define ATT_EXP(x) exp2((x) * M_LOG2E_F)
 #define ATT_NEUMAIER16(S, C, V) { const float16 t_ = S + V; \
                                   C += select((V - t_) + S, (S - t_) + V, fabs(S) >= fabs(V)); S = t_; }
 
@@ -184,7 +188,7 @@ __kernel void att_cpu(ATT_ARGS)
                 mx[rt + r] = mn;
                 float16 ps = 0.0f;  /* the block's exps summed per lane, then one compensated step a block */
                 _Pragma("unroll") for (int u = 0; u < NB; u++) {
-                    const float16 pu = exp(t[u] - mn);
+                    const float16 pu = ATT_EXP(t[u] - mn);
                     vstore16(pu, u, pa[r]);
                     ps += pu;
                 }
@@ -197,7 +201,7 @@ __kernel void att_cpu(ATT_ARGS)
                 float16 al = 0.0f;
 #endif
                 _Pragma("unroll") for (int r = 0; r < RT; r++) al[r] = alpha[r];
-                al = exp(al);
+                al = ATT_EXP(al);
                 _Pragma("unroll") for (int r = 0; r < RT; r++) alpha[r] = al[r];
             }
             _Pragma("unroll") for (int r = 0; r < RT; r++) {
