@@ -30,6 +30,11 @@ WINO_FUSED_MAX_C = 128
 #: 14.7 -> 13.7 ms, 1x32x256^2 11.6 -> 10.3, 1x16x256^2 6.5 -> 4.5, 1x64x128^2 9.3 -> 9.1, 1x128x64^2 9.4 -> 9.1:
 #: 16 and 32 output channels are no longer 18 and 36 rows, and the short channel loop's fold is smaller)
 WINO_FUSED_NARROW_MR = 4
+#: wino_fused on narrow vectors with at most this many input channels is built for its C (WC in winograd_cpu.cl: the
+#: product loop unrolled whole). 2-core AVX2 EPYC, paired runs in one process (medians of 40 / 20): 1x16x512^2 16 -> 16
+#: 8.12 -> 7.56 ms (after the single-block product, 8.69 -> 8.12), 1x32x256^2 32 -> 32 6.06 -> 5.74, 16x32x64^2 -> 32 6%;
+#: 64 and 128 channels 3-7% slower unrolled (their loops are long enough)
+WINO_FUSED_UNROLL_MAX_C = 32
 #: outputs of at least this many bytes (twice a Zen 3 core's L2) are written by the Winograd kernels with
 #: non-temporal stores (NTS in winograd_cpu.cl): no read for ownership of lines written whole, and the input stays
 #: in the caches. Measured on a 2-core AVX2 EPYC, chains of four 3x3 convs, in one process against none: 16x32x64^2
@@ -96,6 +101,7 @@ class CLWinograd:
         if fused:
             # wino_fused: no transformed input or product in global memory, so no tile chunks; a weight slice's U
             # is transformed once
+            unroll = {"WC": C} if self.narrow_vectors and C <= min(WINO_FUSED_UNROLL_MAX_C, wparams.get("KP", 256)) else {}
             for c0, cc, bb, _ in slices:
                 mt = -(-cc // mr)
                 Up = self._wino_u(w, c0, cc, C, mr, wparams, flag)
@@ -103,7 +109,7 @@ class CLWinograd:
                           C, H, W, pt, pl, cc, out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb,
                           Cout, OH, OW, th, tw, 0, total, *self._slope_args(slope, c0, bbuf), flag.buffer,
                           self.cl.LocalMemory(16 * 32 * 4 * C),
-                          params={**wparams, **self._xdt(x), **self._xdt(out, "YDT"), **nts})
+                          params={**wparams, **self._xdt(x), **self._xdt(out, "YDT"), **nts, **unroll})
                 del Up
             return self._winograd_flag(flag)
         per_tile = 4 * 16 * (C + min(cstep, Cout))

@@ -83,3 +83,35 @@ def test_rows_fit_takes_mr_8_where_no_row_is_padding(M, want):
         BE._tune.pop(f"gemm_cpu.cl:{sc}", None)
         if saved is not None:
             BE._tune[f"gemm_cpu.cl:{sc}"] = saved
+
+
+@pytest.mark.parametrize("C", [3, 16, 20, 32, 40])
+def test_fused_unrolled_channels_give_the_same_bits(C, monkeypatch):
+    """wino_fused built for its input channel count (WC: the product loop unrolled, narrow vectors, C up to
+    WINO_FUSED_UNROLL_MAX_C) computes the same fused multiply-adds in the same order as the loop over C: the same
+    bits, and torch's float64 conv within the fused path's bound."""
+    from anydevice.backend.devices.opencl import winograd
+    monkeypatch.setattr(BE, "_conv_path", lambda *a: "winograd")
+    built = []
+    kernel = BE._kernel
+    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
+                                                                            kernel(name, params, *a, **k))[1])
+    rng = np.random.default_rng(C)
+    x = rng.standard_normal((2, C, 37, 70)).astype(np.float32)  # runs and gathers, a partial last group
+    w = (rng.standard_normal((20, C, 3, 3)) / np.sqrt(9 * C)).astype(np.float32)
+    b = rng.standard_normal(20).astype(np.float32)
+
+    def conv():
+        return np.asarray(BE.to_numpy(BE.conv2d(BE.to_device(x), BE.to_device(w), BE.to_device(b), 1, 1)), np.float64)
+    monkeypatch.setattr(winograd, "WINO_FUSED_UNROLL_MAX_C", 0)
+    looped = conv()
+    assert all("WC" not in p for name, p in built if name == "wino_fused") and any(n == "wino_fused" for n, _ in built)
+    built.clear()
+    monkeypatch.setattr(winograd, "WINO_FUSED_UNROLL_MAX_C", 32)
+    unrolled = conv()
+    fused = [p for name, p in built if name == "wino_fused"]
+    assert fused and all(p.get("WC") == (C if BE.narrow_vectors and C <= 32 else None) for p in fused), fused
+    assert np.array_equal(looped, unrolled)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                     torch.from_numpy(b).double(), padding=1).numpy()
+    assert np.abs(unrolled - ref).max() <= 2e-5 * np.abs(ref).max()
