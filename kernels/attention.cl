@@ -237,5 +237,125 @@ __kernel void att_cpu(ATT_ARGS)
     }
 }
 
+/* CPU family, no mask and not causal (attention.py takes it for those calls): att_cpu with the scores computed
+   transposed, a float16 of 16 query rows per key, so that the online softmax's bookkeeping is vectors over rows: the
+   block's max is KB lane-wise maxes (no tree across lanes), one alpha exp and one compensated sum step per 16 rows
+   and block (att_cpu: per row). Each work item: TQ rows (a multiple of 16) of one batch entry, q * scale kept
+   transposed (qt[e][row]); per key block of KB (the block's kt columns copied contiguous, as att_cpu) and group of 16
+   rows: the scores KJ keys at a time (KJ float16 accumulators; per e one 16-row load of qt and KJ broadcasts of the
+   keys), the exps stored key-major for the value pass, which is att_cpu's (RT rows x CV vectors a pass). Semantics
+   as att_cpu (the row max at least -FLT_MAX, the sum at least 1, NaN and Inf through the exps); a row's sum is one
+   lane of compensated block sums (each block's KB exps summed in four interleaved partial sums). */
+#ifndef KJ
+#define KJ 4
+#endif
+#if KB % KJ || KB % 4 || (defined(TQ) && TQ % 16) || (defined(RT) && 16 % RT)
+#error "att_cpu_rows: KB a multiple of KJ and of 4, TQ of 16, 16 of RT"
+#endif
+__kernel void att_cpu_rows(ATT_ARGS)
+{
+    const int nt = (L + TQ - 1) / TQ;
+    const int g = get_global_id(0);
+    if (g >= B * nt) return;
+    const int b = g / nt, r0 = (g - b * nt) * TQ;
+    const int rows = min(TQ, L - r0);
+    const __global float *qb = q + q_off + ATT_BOFF(b, q_so, q_si);
+    const __global float *kb = kt + k_off + ATT_BOFF(b, k_so, k_si);
+    const __global float *vb = v + v_off + ATT_BOFF(b, v_so, v_si);
+    float qt[E][TQ];
+    float16 mx[TQ / 16], l16[TQ / 16], c16[TQ / 16];
+    VT acc[TQ][NV];
+    float kblk[E * KB];
+    float pp[KB][16];  /* a row group's exps of the block, key-major: the value pass broadcasts pp[key][row] */
+    for (int r = 0; r < TQ; r++) {
+        const int i = min(r0 + r, L - 1);  /* rows past L repeat the last one (not stored) */
+        for (int e = 0; e < E; e++) qt[e][r] = qb[(long)i * E + e] * scale;
+        for (int c = 0; c < NV; c++) acc[r][c] = 0.0f;
+    }
+    for (int gq = 0; gq < TQ / 16; gq++) {
+        mx[gq] = -FLT_MAX;
+        l16[gq] = 0.0f;
+        c16[gq] = 0.0f;
+    }
+    for (int j0 = 0; j0 < S; j0 += KB) {
+        const int nk = min(KB, S - j0);
+        if (nk == KB) {
+            for (int e = 0; e < E; e++) {
+                const __global float *kr = kb + (long)e * S + j0;
+                _Pragma("unroll") for (int u = 0; u < NB; u++) vstore16(vload16(u, kr), u, kblk + e * KB);
+            }
+        } else {
+            for (int e = 0; e < E; e++)
+                for (int jj = 0; jj < KB; jj++) kblk[e * KB + jj] = jj < nk ? kb[(long)e * S + j0 + jj] : 0.0f;
+        }
+        for (int gq = 0; gq * 16 < rows; gq++) {
+            float16 P[KB];
+            for (int j = 0; j < KB; j += KJ) {
+                float16 sc[KJ];
+                _Pragma("unroll") for (int u = 0; u < KJ; u++) sc[u] = 0.0f;
+                for (int e = 0; e < E; e++) {
+                    const float16 qv = vload16(0, qt[e] + 16 * gq);
+                    _Pragma("unroll") for (int u = 0; u < KJ; u++) sc[u] = fma((float16)(kblk[e * KB + j + u]), qv, sc[u]);
+                }
+                _Pragma("unroll") for (int u = 0; u < KJ; u++) P[j + u] = sc[u];
+            }
+            for (int j = nk; j < KB; j++) P[j] = (float16)(-INFINITY);  /* no key: exp gives 0 */
+            float16 bm = P[0];
+            for (int j = 1; j < KB; j++) bm = ATT_VMAX(bm, P[j]);
+            const float16 mo = mx[gq], mn = ATT_VMAX(mo, bm);
+            mx[gq] = mn;
+            const float16 al = ATT_EXP(mo - mn);
+            float16 ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int j = 0; j < KB; j += 4) {
+                _Pragma("unroll") for (int u = 0; u < 4; u++) {
+                    const float16 pu = ATT_EXP(P[j + u] - mn);
+                    vstore16(pu, 0, pp[j + u]);
+                    ps[u] += pu;
+                }
+            }
+            {
+                float16 ls = l16[gq] * al, lc = c16[gq] * al;
+                const float16 pt = (ps[0] + ps[1]) + (ps[2] + ps[3]);
+                ATT_NEUMAIER16(ls, lc, pt);
+                l16[gq] = ls;
+                c16[gq] = lc;
+            }
+            float alpha[16];
+            vstore16(al, 0, alpha);
+            const int gr = min(16, rows - 16 * gq);
+            for (int rt = 0; rt < gr; rt += RT) {
+                const int ra = 16 * gq + rt;
+                for (int c0 = 0; c0 < NV; c0 += CV) {
+                    VT blk[RT][CV];
+                    _Pragma("unroll") for (int r = 0; r < RT; r++)
+                        _Pragma("unroll") for (int c = 0; c < CV; c++) blk[r][c] = 0.0f;
+                    for (int jj = 0; jj < nk; jj++) {
+                        const __global float *vr = vb + (long)(j0 + jj) * EV + c0 * VW;
+                        _Pragma("unroll") for (int c = 0; c < CV; c++) {
+                            const VT vv = VLOAD(vr + c * VW);
+                            _Pragma("unroll") for (int r = 0; r < RT; r++) blk[r][c] = fma((VT)(pp[jj][rt + r]), vv, blk[r][c]);
+                        }
+                    }
+                    _Pragma("unroll") for (int r = 0; r < RT; r++)
+                        _Pragma("unroll") for (int c = 0; c < CV; c++)
+                            acc[ra + r][c0 + c] = fma(acc[ra + r][c0 + c], (VT)(alpha[rt + r]), blk[r][c]);
+                }
+            }
+        }
+    }
+    __global float *yb = y + y_off + (long)b * L * EV;
+    for (int gq = 0; gq * 16 < rows; gq++) {
+        float ls[16], lc[16];
+        vstore16(l16[gq], 0, ls);
+        vstore16(c16[gq], 0, lc);
+        for (int r = 16 * gq; r < min(rows, 16 * gq + 16); r++) {
+            float tot0 = ls[r - 16 * gq];
+            if (isfinite(tot0)) tot0 += lc[r - 16 * gq];
+            const float tot = (tot0 > 1.0f || isnan(tot0)) ? tot0 : 1.0f;
+            for (int c = 0; c < NV; c++) VSTORE(acc[r][c] / tot, yb + (long)(r0 + r) * EV + c * VW);
+        }
+    }
+}
+
 /* The GPU family's kernel is kernels/attention.cu's ad_attention (the portable subset, also the CUDA
    backend's), built as OpenCL C. */

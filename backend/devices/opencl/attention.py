@@ -42,6 +42,17 @@ def cpu_params(E: int, Ev: int, narrow: bool) -> dict:
     return {"E": E, "EV": Ev, "TQ": CPU_TQ, "RT": NARROW_RT, "KB": NARROW_KB, "CV": best[2], **({"VW8": 1} if best[1] else {})}
 
 
+#: CPU family on narrow vectors, no mask and not causal: att_cpu_rows (the scores as vectors over 16 query rows, the
+#: softmax's bookkeeping once per 16 rows), KJ keys a score pass
+CPU_ROWS = True
+ROWS_KJ = 4
+
+
+def rows_params(E: int, Ev: int) -> dict:
+    """att_cpu_rows' build options: att_cpu's narrow ones (the value pass), KJ keys a score pass."""
+    return {**cpu_params(E, Ev, True), "KJ": ROWS_KJ}
+
+
 #: GPU family: the work group (query rows of a group) and key tile the kernel asks for first
 GPU_WG, GPU_BK = 64, 32
 
@@ -68,6 +79,9 @@ class CLAttention:
         args = attention_args(lay, q, kt, v, mask, y, scale, causal, row0,
                               buf=lambda a: a.buffer, off=lambda a: a.offset)
         if self.family == "cpu":
+            if CPU_ROWS and self.narrow_vectors and mask is None and not causal:
+                self._run("att_cpu_rows", (B * -(-L // CPU_TQ),), (1,), *args, params=rows_params(E, Ev))
+                return y
             self._run("att_cpu", (B * -(-L // CPU_TQ),), (1,), *args, params=cpu_params(E, Ev, self.narrow_vectors))
             return y
         wg, bk = self._att_gpu_geometry(E, Ev)

@@ -50,7 +50,7 @@ WINO_OB = 4
 OPENCL_KERNELS = ("unary", "cast_from_f32", "cast_to_f32", "binary_flat", "binary_nd", "copy_nd", "where_nd", "pad2d", "reduce_ori", "norm_rows", "norm_rows_aff", "norm_rows_wg", "softmax_rows", "softmax_tile", "gemm_small",
                   "pack_a", "pack_b", "gemm_cpu", "im2col_pack", "conv2d_direct", "conv_t2d_direct",
                   "wino_filter", "wino_in", "wino_out", "wino_fused", "wino_gy", "wino_wgemm", "wino_wgrad_out", "ad_conv_gemm", "ad_splitk_reduce", "ad_direct_conv",
-                  "ad_window2d", "ad_window2d_px", "ad_window_rows", "att_cpu", "ad_attention",
+                  "ad_window2d", "ad_window2d_px", "ad_window_rows", "att_cpu", "att_cpu_rows", "ad_attention",
                   "ad_dequant", "ad_w8a8_rows", "ad_w8a8_gemm", "w8a8_rows_cpu", "w8a8_pack_b", "w8a8_gemm_cpu")
 #: portable sources (built with the OpenCL prelude): the CUDA backend's kernels, as OpenCL C
 KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith(".cu")) for k in OPENCL_KERNELS}

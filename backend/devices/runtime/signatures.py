@@ -55,6 +55,7 @@ KERNELS: dict[str, KernelSig] = {
     "gemm_small": _s("elementwise.cl", "i i i b l i i l b l i i l b l b i i"),
     # fused attention, both OpenCL families (kernels/attention.cl): q, kt, v, mask, y, sizes
     "att_cpu": _s("attention.cl", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
+    "att_cpu_rows": _s("attention.cl", "b l l l", "b l l l", "b l l l", "b l l l l i i", "b l", "i i i i f i"),
     # OpenCL CPU family
     "pack_a": _s("gemm_cpu.cl", "i i b l i i l b b l"),
     "pack_b": _s("gemm_cpu.cl", "i i b l i i l b b l"),

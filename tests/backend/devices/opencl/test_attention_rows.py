@@ -1,0 +1,92 @@
+"""The OpenCL CPU family's fused attention kernels (backend/devices/opencl/attention.py): att_cpu_rows (narrow
+vectors, no mask, not causal: the scores as vectors over 16 query rows) against torch in float64 on head dims,
+query and key counts around its 16-row groups, 4-key passes and 32-key blocks, batch broadcasts, and Inf/NaN; a
+mask or causal rows take att_cpu."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+try:
+    from anydevice.backend.devices import opencl
+    BE = opencl.create("opencl", 0, family="cpu")
+except Exception as exc:  # noqa: BLE001
+    pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def _sdpa(monkeypatch, q, k, v, **kw):
+    """The backend's attention on narrow vectors (as AVX2), and the kernels it launched."""
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8))
+    launched = []
+    run = BE._run
+    monkeypatch.setattr(BE, "_run", lambda name, *a, **k_: (launched.append(name), run(name, *a, **k_))[1])
+    kw = {n: BE.to_device(a) if isinstance(a, np.ndarray) else a for n, a in kw.items()}
+    y = BE.to_numpy(BE.scaled_dot_product_attention(*(BE.to_device(a) for a in (q, k, v)), **kw))
+    monkeypatch.setattr(BE, "_run", run)
+    return np.asarray(y, np.float64), launched
+
+
+def _ref(q, k, v, **kw):
+    t = lambda a: torch.from_numpy(a).double() if isinstance(a, np.ndarray) else a  # noqa: E731
+    return F.scaled_dot_product_attention(t(q), t(k), t(v), **{n: t(a) for n, a in kw.items()}).numpy()
+
+
+@pytest.mark.parametrize("E,Ev", [(64, 64), (40, 40), (1, 1), (3, 5), (80, 80), (160, 160), (24, 7), (128, 96)])
+@pytest.mark.parametrize("L,S", [(1, 1), (5, 7), (17, 33), (70, 83), (64, 32), (100, 200)])
+def test_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
+    rng = np.random.default_rng(E * 1000 + Ev * 10 + L + S)
+    q = rng.standard_normal((2, 3, L, E)).astype(np.float32)
+    k = (2 * rng.standard_normal((2, 3, S, E))).astype(np.float32)  # scores of a few units: a real softmax
+    v = rng.standard_normal((2, 3, S, Ev)).astype(np.float32)
+    got, launched = _sdpa(monkeypatch, q, k, v)
+    assert "att_cpu_rows" in launched and "att_cpu" not in launched, launched
+    ref = _ref(q, k, v)
+    assert got.shape == ref.shape
+    assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
+
+
+def test_rows_kernel_batch_broadcast_and_scale(monkeypatch):
+    """k and v shared by the heads' batch entries (strides 0 over the outer batch), a scale of its own."""
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((3, 4, 50, 40)).astype(np.float32)
+    k = rng.standard_normal((1, 4, 45, 40)).astype(np.float32)
+    v = rng.standard_normal((1, 4, 45, 40)).astype(np.float32)
+    got, launched = _sdpa(monkeypatch, q, k, v, scale=0.3)
+    assert "att_cpu_rows" in launched, launched
+    ref = _ref(q, k, v, scale=0.3)
+    assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
+
+
+def test_rows_kernel_inf_nan_like_torch(monkeypatch):
+    """A NaN query value, an infinite key value (its key's scores +-inf), a -inf value and a -inf query value: NaN
+    and Inf where torch has them, the other rows within the bound."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 2, 40, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 70, 16)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 70, 16)).astype(np.float32)
+    q[0, 0, 1, 2] = np.nan
+    k[0, 1, 33, 0] = np.inf
+    v[0, 0, 40, 1] = -np.inf
+    q[0, 1, 20, 1] = -np.inf
+    got, launched = _sdpa(monkeypatch, q, k, v)
+    assert "att_cpu_rows" in launched, launched
+    ref = _ref(q, k, v)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+    fin = np.isfinite(ref)
+    assert np.abs(got[fin] - ref[fin]).max() <= 1e-5 * np.abs(ref[fin]).max()
+
+
+def test_a_mask_or_causal_rows_take_att_cpu(monkeypatch):
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 33, 24)).astype(np.float32) for _ in range(3))
+    m = rng.standard_normal((33, 33)).astype(np.float32)
+    got, launched = _sdpa(monkeypatch, q, k, v, attn_mask=m)
+    assert "att_cpu" in launched and "att_cpu_rows" not in launched, launched
+    ref = _ref(q, k, v, attn_mask=m)
+    assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
+    got, launched = _sdpa(monkeypatch, q, k, v, is_causal=True)
+    assert "att_cpu" in launched and "att_cpu_rows" not in launched, launched
+    ref = _ref(q, k, v, is_causal=True)
+    assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
