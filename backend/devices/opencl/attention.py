@@ -1,6 +1,7 @@
 """The OpenCL device's fused attention (the fused kernel "attention" of devices/interface.py, called
 by ops/attention.py for each block of query rows): kernels/attention.cl's att_cpu (CPU family:
-a work item per tile of query rows, vectorised over the keys) and kernels/attention.cu's
+a work item per tile of query rows, vectorised over the keys; on narrow vectors without a mask or causal
+rows att_cpu_rows, vectorised over 16 query rows) and kernels/attention.cu's
 ad_attention (GPU family, the portable kernel the CUDA backend runs too: a work group per tile of
 query rows, K/V tiles in local memory). Both stream the keys with an online
 softmax and write only the (..., L, Ev) output: the memory is that of q, k, v and the output.
