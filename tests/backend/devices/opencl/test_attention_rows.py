@@ -33,7 +33,7 @@ def _ref(q, k, v, **kw):
     return F.scaled_dot_product_attention(t(q), t(k), t(v), **{n: t(a) for n, a in kw.items()}).numpy()
 
 
-@pytest.mark.parametrize("E,Ev", [(64, 64), (40, 40), (1, 1), (3, 5), (80, 80), (160, 160), (24, 7), (128, 96)])
+@pytest.mark.parametrize("E,Ev", [(64, 64), (40, 40), (1, 1), (3, 5), (80, 80), (160, 160), (24, 7), (128, 96), (256, 256)])
 @pytest.mark.parametrize("L,S", [(1, 1), (5, 7), (17, 33), (70, 83), (64, 32), (100, 200)])
 def test_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
     rng = np.random.default_rng(E * 1000 + Ev * 10 + L + S)
