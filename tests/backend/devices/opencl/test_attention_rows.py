@@ -36,6 +36,8 @@ def _ref(q, k, v, **kw):
 @pytest.mark.parametrize("E,Ev", [(64, 64), (40, 40), (1, 1), (3, 5), (80, 80), (160, 160), (24, 7), (128, 96), (256, 256)])
 @pytest.mark.parametrize("L,S", [(1, 1), (5, 7), (17, 33), (70, 83), (64, 32), (100, 200)])
 def test_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
+    from anydevice.backend.devices.opencl import attention
+    monkeypatch.setattr(attention, "ROWS_MIN_L", 1)  # the kernel on any row count (the backend takes it from 8)
     rng = np.random.default_rng(E * 1000 + Ev * 10 + L + S)
     q = rng.standard_normal((2, 3, L, E)).astype(np.float32)
     k = (2 * rng.standard_normal((2, 3, S, E))).astype(np.float32)  # scores of a few units: a real softmax
@@ -89,4 +91,73 @@ def test_a_mask_or_causal_rows_take_att_cpu(monkeypatch):
     got, launched = _sdpa(monkeypatch, q, k, v, is_causal=True)
     assert "att_cpu" in launched and "att_cpu_rows" not in launched, launched
     ref = _ref(q, k, v, is_causal=True)
+    assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("L,want", [(1, "att_cpu"), (7, "att_cpu"), (8, "att_cpu_rows"), (40, "att_cpu_rows")])
+def test_few_query_rows_take_att_cpu(monkeypatch, L, want):
+    """Under ROWS_MIN_L query rows att_cpu_rows' 16-row groups would be mostly padding: att_cpu takes them."""
+    rng = np.random.default_rng(L)
+    q = rng.standard_normal((1, 2, L, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 50, 32)).astype(np.float32) for _ in range(2))
+    got, launched = _sdpa(monkeypatch, q, k, v)
+    other = ({"att_cpu", "att_cpu_rows"} - {want}).pop()
+    assert want in launched and other not in launched, launched
+    ref = _ref(q, k, v)
+    assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("step", [0.5, -0.5, 3.0])
+def test_rows_kernel_moving_max(monkeypatch, step):
+    """Scores that rise (or fall) by step a key, 16-96 a 32-key block: the running max moves every block, the rescale
+    factor of the earlier blocks is tiny or underflows to 0."""
+    rng = np.random.default_rng(11)
+    L, S, E = 24, 150, 16
+    q = np.zeros((1, 1, L, E), np.float32)
+    q[..., 0] = 1.0 + 0.01 * rng.standard_normal(L)
+    k = (0.01 * rng.standard_normal((1, 1, S, E))).astype(np.float32)
+    k[..., 0] += step * np.arange(S) * np.sqrt(E)  # the score of key j about step * j
+    v = rng.standard_normal((1, 1, S, 8)).astype(np.float32)
+    got, launched = _sdpa(monkeypatch, q, k, v)
+    assert "att_cpu_rows" in launched, launched
+    ref = _ref(q, k, v)
+    assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
+
+
+def test_rows_kernel_all_minus_inf_row_like_att_cpu(monkeypatch):
+    """A query row whose every score is -inf (a -inf query value against keys all positive there) gives zeros, as
+    att_cpu and ops/attention.py's composite (the row max at least -FLT_MAX, the sum at least 1)."""
+    from anydevice.backend.devices.opencl import attention
+    rng = np.random.default_rng(13)
+    q = rng.standard_normal((1, 1, 20, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 45, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 45, 8)).astype(np.float32)
+    q[0, 0, 3, 0] = -np.inf
+    k[..., 0] = np.abs(k[..., 0]) + 1.0
+    rows, launched = _sdpa(monkeypatch, q, k, v)
+    assert "att_cpu_rows" in launched, launched
+    monkeypatch.setattr(attention, "CPU_ROWS", False)
+    old, launched = _sdpa(monkeypatch, q, k, v)
+    assert "att_cpu" in launched and "att_cpu_rows" not in launched, launched
+    assert np.all(rows[0, 0, 3] == 0) and np.array_equal(np.isfinite(rows), np.isfinite(old))
+    others = np.arange(20) != 3
+    assert np.abs(rows[0, 0, others] - old[0, 0, others]).max() <= 1e-6 * np.abs(old[0, 0, others]).max()
+
+
+def test_rows_kernel_scales_q(monkeypatch):
+    """The kernel's own q * scale (the ops layer passes 1.0 after scaling q itself): _attention_fused called directly."""
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8))
+    rng = np.random.default_rng(17)
+    q = rng.standard_normal((3, 40, 24)).astype(np.float32)
+    k = rng.standard_normal((3, 70, 24)).astype(np.float32)
+    v = rng.standard_normal((3, 70, 20)).astype(np.float32)
+    launched = []
+    run = BE._run
+    monkeypatch.setattr(BE, "_run", lambda name, *a, **k_: (launched.append(name), run(name, *a, **k_))[1])
+    y = BE._attention_fused(BE.to_device(q), BE.to_device(np.ascontiguousarray(k.transpose(0, 2, 1))), BE.to_device(v),
+                            None, 0.37, False)
+    got = np.asarray(BE.to_numpy(y), np.float64)
+    monkeypatch.setattr(BE, "_run", run)
+    assert launched == ["att_cpu_rows"], launched
+    ref = _ref(q, k, v, scale=0.37)
     assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)

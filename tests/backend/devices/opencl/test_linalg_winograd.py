@@ -91,6 +91,7 @@ def test_fused_unrolled_channels_give_the_same_bits(C, monkeypatch):
     WINO_FUSED_UNROLL_MAX_C) computes the same fused multiply-adds in the same order as the loop over C: the same
     bits, and torch's float64 conv within the fused path's bound."""
     from anydevice.backend.devices.opencl import winograd
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8))  # narrow vectors (AVX2), on any machine
     monkeypatch.setattr(BE, "_conv_path", lambda *a: "winograd")
     built = []
     kernel = BE._kernel
@@ -110,8 +111,31 @@ def test_fused_unrolled_channels_give_the_same_bits(C, monkeypatch):
     monkeypatch.setattr(winograd, "WINO_FUSED_UNROLL_MAX_C", 32)
     unrolled = conv()
     fused = [p for name, p in built if name == "wino_fused"]
-    assert fused and all(p.get("WC") == (C if BE.narrow_vectors and C <= 32 else None) for p in fused), fused
+    assert fused and all(p.get("WC") == (C if C <= 32 else None) for p in fused), fused
     assert np.array_equal(looped, unrolled)
     ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
                                      torch.from_numpy(b).double(), padding=1).numpy()
     assert np.abs(unrolled - ref).max() <= 2e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("C", [3, 20, 40])
+def test_fused_channel_blocks_over_kp(C, monkeypatch):
+    """A stored tuning with KP under C: wino_fused folds its channel blocks into the private sums (the general path,
+    which no default tuning reaches: every fused conv has at most 128 channels, KP is 128 or 256), and is built with WC
+    only where C fits one block (C = 3)."""
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8))
+    monkeypatch.setattr(BE, "_conv_path", lambda *a: "winograd")
+    tunables = BE.tunables
+    monkeypatch.setattr(BE, "tunables", lambda f, sc="": dict(tunables(f, sc), **({"KP": 8} if f == "gemm_cpu.cl" else {})))
+    built = []
+    kernel = BE._kernel
+    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
+                                                                            kernel(name, params, *a, **k))[1])
+    rng = np.random.default_rng(C + 1)
+    x = rng.standard_normal((1, C, 30, 66)).astype(np.float32)
+    w = (rng.standard_normal((12, C, 3, 3)) / np.sqrt(9 * C)).astype(np.float32)
+    y = np.asarray(BE.to_numpy(BE.conv2d(BE.to_device(x), BE.to_device(w), None, 1, 1)), np.float64)
+    fused = [p for name, p in built if name == "wino_fused"]
+    assert fused and all(p.get("KP") == 8 and p.get("WC") == (C if C <= 8 else None) for p in fused), fused
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1).numpy()
+    assert np.abs(y - ref).max() <= 2e-5 * np.abs(ref).max()
