@@ -95,6 +95,62 @@ inline float att_max16(const float16 x)
     const long m_r, const int m_k, const int has_mask, __global float *y, const long y_off, \
     const int B, const int bi, const int L, const int S, const float scale, const int causal
 
+/* both CPU kernels: the work item's batch entry b, first row r0, rows stored, and q, kt, v of the entry */
+#define ATT_CPU_ITEM \
+    const int nt = (L + TQ - 1) / TQ; \
+    const int g = get_global_id(0); \
+    if (g >= B * nt) return; \
+    const int b = g / nt, r0 = (g - b * nt) * TQ; \
+    const int rows = min(TQ, L - r0); \
+    const __global float *qb = q + q_off + ATT_BOFF(b, q_so, q_si); \
+    const __global float *kb = kt + k_off + ATT_BOFF(b, k_so, k_si); \
+    const __global float *vb = v + v_off + ATT_BOFF(b, v_so, v_si);
+
+/* the key block's kt columns [j0, j0 + nk) copied contiguous, kblk[e * KB + j] (kt's rows are S apart: at a
+   power-of-two S they would fall in one L1 set), zeros past nk */
+inline __attribute__((always_inline)) void att_key_block(float *kblk, const __global float *kb, const int S,
+                                                         const int j0, const int nk)
+{
+    if (nk == KB) {
+        for (int e = 0; e < E; e++) {
+            const __global float *kr = kb + (long)e * S + j0;
+            _Pragma("unroll") for (int u = 0; u < NB; u++) vstore16(vload16(u, kr), u, kblk + e * KB);
+        }
+    } else {
+        for (int e = 0; e < E; e++)
+            for (int jj = 0; jj < KB; jj++) kblk[e * KB + jj] = jj < nk ? kb[(long)e * S + j0 + jj] : 0.0f;
+    }
+}
+
+/* the value pass of RT rows (acc rows R0 ..): per CV value vectors, blk = sum over the block's nk keys of
+   P(r, jj) v[j0 + jj] in RT x CV registers, then acc = acc * AL(r) + blk (P and AL name the rows' exps and
+   rescale factors) */
+#define ATT_VALUE_PASS(R0, P, AL) \
+    for (int c0 = 0; c0 < NV; c0 += CV) { \
+        VT blk[RT][CV]; \
+        _Pragma("unroll") for (int r = 0; r < RT; r++) \
+            _Pragma("unroll") for (int c = 0; c < CV; c++) blk[r][c] = 0.0f; \
+        for (int jj = 0; jj < nk; jj++) { \
+            const __global float *vr = vb + (long)(j0 + jj) * EV + c0 * VW; \
+            _Pragma("unroll") for (int c = 0; c < CV; c++) { \
+                const VT vv = VLOAD(vr + c * VW); \
+                _Pragma("unroll") for (int r = 0; r < RT; r++) blk[r][c] = fma((VT)(P(r, jj)), vv, blk[r][c]); \
+            } \
+        } \
+        _Pragma("unroll") for (int r = 0; r < RT; r++) \
+            _Pragma("unroll") for (int c = 0; c < CV; c++) \
+                acc[(R0) + r][c0 + c] = fma(acc[(R0) + r][c0 + c], (VT)(AL(r)), blk[r][c]); \
+    }
+
+/* one output row: acc / the row's sum (its compensation added where the sum is finite; at least 1, so a row of
+   no weight gives zeros; NaN kept) */
+inline __attribute__((always_inline)) void att_store_row(__global float *yr, const VT *a, float tot0, const float comp)
+{
+    if (isfinite(tot0)) tot0 += comp;
+    const float tot = (tot0 > 1.0f || isnan(tot0)) ? tot0 : 1.0f;
+    for (int c = 0; c < NV; c++) VSTORE(a[c] / tot, yr + c * VW);
+}
+
 /* CPU family: one work item per TQ query rows of one batch entry (their q rows, maxes, sums and
    accumulators in private memory); the keys in blocks of KB (a multiple of 16), each block's kt
    columns copied contiguous, and per block the rows RT at a time: KB / 16 float16s of scores a
@@ -105,14 +161,7 @@ inline float att_max16(const float16 x)
    block's exps summed per lane first). Launch: global (B * ceil(L / TQ)), local 1. */
 __kernel void att_cpu(ATT_ARGS)
 {
-    const int nt = (L + TQ - 1) / TQ;
-    const int g = get_global_id(0);
-    if (g >= B * nt) return;
-    const int b = g / nt, r0 = (g - b * nt) * TQ;
-    const int rows = min(TQ, L - r0);
-    const __global float *qb = q + q_off + ATT_BOFF(b, q_so, q_si);
-    const __global float *kb = kt + k_off + ATT_BOFF(b, k_so, k_si);
-    const __global float *vb = v + v_off + ATT_BOFF(b, v_so, v_si);
+    ATT_CPU_ITEM
     const __global float *mb = m + m_off + (has_mask ? ATT_BOFF(b, m_so, m_si) : 0);
     float qs[TQ][E];
     float mx[TQ];
@@ -131,17 +180,7 @@ __kernel void att_cpu(ATT_ARGS)
     for (int j0 = 0; j0 < S; j0 += KB) {
         const int nk = min(KB, S - j0);
         const int16 jv = lane + (int16)(j0);
-        /* the block's kt columns copied contiguous (kt's rows are S apart: at a power-of-two S they
-           would fall in one L1 set), zeros past S */
-        if (nk == KB) {
-            for (int e = 0; e < E; e++) {
-                const __global float *kr = kb + (long)e * S + j0;
-                _Pragma("unroll") for (int u = 0; u < NB; u++) vstore16(vload16(u, kr), u, kblk + e * KB);
-            }
-        } else {
-            for (int e = 0; e < E; e++)
-                for (int jj = 0; jj < KB; jj++) kblk[e * KB + jj] = jj < nk ? kb[(long)e * S + j0 + jj] : 0.0f;
-        }
+        att_key_block(kblk, kb, S, j0, nk);
         for (int rt = 0; rt < rows; rt += RT) {
             float16 sc[RT][NB];  /* the block's scores, NB float16s a row: RT * NB chains */
             float alpha[RT];
@@ -210,31 +249,14 @@ __kernel void att_cpu(ATT_ARGS)
                 l16[rt + r] = ls;
                 c16[rt + r] = lc;
             }
-            for (int c0 = 0; c0 < NV; c0 += CV) {
-                VT blk[RT][CV];
-                _Pragma("unroll") for (int r = 0; r < RT; r++)
-                    _Pragma("unroll") for (int c = 0; c < CV; c++) blk[r][c] = 0.0f;
-                for (int jj = 0; jj < nk; jj++) {
-                    const __global float *vr = vb + (long)(j0 + jj) * EV + c0 * VW;
-                    _Pragma("unroll") for (int c = 0; c < CV; c++) {
-                        const VT vv = VLOAD(vr + c * VW);
-                        _Pragma("unroll") for (int r = 0; r < RT; r++) blk[r][c] = fma((VT)(pa[r][jj]), vv, blk[r][c]);
-                    }
-                }
-                _Pragma("unroll") for (int r = 0; r < RT; r++)
-                    _Pragma("unroll") for (int c = 0; c < CV; c++)
-                        acc[rt + r][c0 + c] = fma(acc[rt + r][c0 + c], (VT)(alpha[r]), blk[r][c]);
-            }
+#define ATT_PA(r, jj) pa[r][jj]
+#define ATT_AL(r) alpha[r]
+            ATT_VALUE_PASS(rt, ATT_PA, ATT_AL)
         }
     }
     __global float *yb = y + y_off + (long)b * L * EV;
-    for (int r = 0; r < rows; r++) {
-        const float16 ls = l16[r], lc = c16[r];
-        float tot0 = ATT_SUM16(ls);
-        if (isfinite(tot0)) tot0 += ATT_SUM16(lc);
-        const float tot = (tot0 > 1.0f || isnan(tot0)) ? tot0 : 1.0f;
-        for (int c = 0; c < NV; c++) VSTORE(acc[r][c] / tot, yb + (long)(r0 + r) * EV + c * VW);
-    }
+    for (int r = 0; r < rows; r++)
+        att_store_row(yb + (long)(r0 + r) * EV, acc[r], ATT_SUM16(l16[r]), ATT_SUM16(c16[r]));
 }
 
 /* CPU family, no mask and not causal (attention.py takes it for those calls): att_cpu with the scores computed
@@ -252,14 +274,7 @@ __kernel void att_cpu(ATT_ARGS)
 #if KB % KJ == 0 && KB % 4 == 0 && TQ % 16 == 0 && 16 % RT == 0  /* (att_cpu's own builds may have other tiles) */
 __kernel void att_cpu_rows(ATT_ARGS)
 {
-    const int nt = (L + TQ - 1) / TQ;
-    const int g = get_global_id(0);
-    if (g >= B * nt) return;
-    const int b = g / nt, r0 = (g - b * nt) * TQ;
-    const int rows = min(TQ, L - r0);
-    const __global float *qb = q + q_off + ATT_BOFF(b, q_so, q_si);
-    const __global float *kb = kt + k_off + ATT_BOFF(b, k_so, k_si);
-    const __global float *vb = v + v_off + ATT_BOFF(b, v_so, v_si);
+    ATT_CPU_ITEM
     float qt[E][TQ];
     float16 mx[TQ / 16], l16[TQ / 16], c16[TQ / 16];
     VT acc[TQ][NV];
@@ -277,15 +292,7 @@ __kernel void att_cpu_rows(ATT_ARGS)
     }
     for (int j0 = 0; j0 < S; j0 += KB) {
         const int nk = min(KB, S - j0);
-        if (nk == KB) {
-            for (int e = 0; e < E; e++) {
-                const __global float *kr = kb + (long)e * S + j0;
-                _Pragma("unroll") for (int u = 0; u < NB; u++) vstore16(vload16(u, kr), u, kblk + e * KB);
-            }
-        } else {
-            for (int e = 0; e < E; e++)
-                for (int jj = 0; jj < KB; jj++) kblk[e * KB + jj] = jj < nk ? kb[(long)e * S + j0 + jj] : 0.0f;
-        }
+        att_key_block(kblk, kb, S, j0, nk);
         for (int gq = 0; gq * 16 < rows; gq++) {
             float16 P[KB];
             for (int j = 0; j < KB; j += KJ) {
@@ -321,24 +328,10 @@ __kernel void att_cpu_rows(ATT_ARGS)
             float alpha[16];
             vstore16(al, 0, alpha);
             const int gr = min(16, rows - 16 * gq);
-            for (int rt = 0; rt < gr; rt += RT) {
-                const int ra = 16 * gq + rt;
-                for (int c0 = 0; c0 < NV; c0 += CV) {
-                    VT blk[RT][CV];
-                    _Pragma("unroll") for (int r = 0; r < RT; r++)
-                        _Pragma("unroll") for (int c = 0; c < CV; c++) blk[r][c] = 0.0f;
-                    for (int jj = 0; jj < nk; jj++) {
-                        const __global float *vr = vb + (long)(j0 + jj) * EV + c0 * VW;
-                        _Pragma("unroll") for (int c = 0; c < CV; c++) {
-                            const VT vv = VLOAD(vr + c * VW);
-                            _Pragma("unroll") for (int r = 0; r < RT; r++) blk[r][c] = fma((VT)(pp[jj][rt + r]), vv, blk[r][c]);
-                        }
-                    }
-                    _Pragma("unroll") for (int r = 0; r < RT; r++)
-                        _Pragma("unroll") for (int c = 0; c < CV; c++)
-                            acc[ra + r][c0 + c] = fma(acc[ra + r][c0 + c], (VT)(alpha[rt + r]), blk[r][c]);
-                }
-            }
+#define ATT_PP(r, jj) pp[jj][rt + (r)]
+#define ATT_ALR(r) alpha[rt + (r)]
+            for (int rt = 0; rt < gr; rt += RT)
+                ATT_VALUE_PASS(16 * gq + rt, ATT_PP, ATT_ALR)
         }
     }
     __global float *yb = y + y_off + (long)b * L * EV;
@@ -346,12 +339,8 @@ __kernel void att_cpu_rows(ATT_ARGS)
         float ls[16], lc[16];
         vstore16(l16[gq], 0, ls);
         vstore16(c16[gq], 0, lc);
-        for (int r = 16 * gq; r < min(rows, 16 * gq + 16); r++) {
-            float tot0 = ls[r - 16 * gq];
-            if (isfinite(tot0)) tot0 += lc[r - 16 * gq];
-            const float tot = (tot0 > 1.0f || isnan(tot0)) ? tot0 : 1.0f;
-            for (int c = 0; c < NV; c++) VSTORE(acc[r][c] / tot, yb + (long)(r0 + r) * EV + c * VW);
-        }
+        for (int r = 16 * gq; r < min(rows, 16 * gq + 16); r++)
+            att_store_row(yb + (long)(r0 + r) * EV, acc[r], ls[r - 16 * gq], lc[r - 16 * gq]);
     }
 }
 #endif
