@@ -271,21 +271,38 @@ __kernel void att_cpu(ATT_ARGS)
 #ifndef KJ
 #define KJ 4
 #endif
-#if KB % KJ == 0 && KB % 4 == 0 && TQ % 16 == 0 && 16 % RT == 0  /* (att_cpu's own builds may have other tiles) */
+#ifndef VR
+#define VR 0  /* 1: the value pass over rows too (wide vectors, attention.py): the accumulators are acct[group][e], a float16
+                 of the group's 16 rows per value column, and per key one load of the 16 rows' exps and VC broadcasts of
+                 the key's values feed VC sums (att_cpu's pass runs on vectors of the value dim, float8 for a head of 40) */
+#endif
+#ifndef VC
+#define VC 20  /* VR: value columns a pass (a divisor of EV; VC float16 sums stay in registers) */
+#endif
+#if KB % KJ == 0 && KB % 4 == 0 && TQ % 16 == 0 && 16 % RT == 0 && (!VR || EV % VC == 0)  /* (att_cpu's own builds may have other tiles) */
 __kernel void att_cpu_rows(ATT_ARGS)
 {
     ATT_CPU_ITEM
     float qt[E][TQ];
     float16 mx[TQ / 16], l16[TQ / 16], c16[TQ / 16];
+#if VR
+    float16 acct[TQ / 16][EV];
+#else
     VT acc[TQ][NV];
+#endif
     float kblk[E * KB];
     float pp[KB][16];  /* a row group's exps of the block, key-major: the value pass broadcasts pp[key][row] */
     for (int r = 0; r < TQ; r++) {
         const int i = min(r0 + r, L - 1);  /* rows past L repeat the last one (not stored) */
         for (int e = 0; e < E; e++) qt[e][r] = qb[(long)i * E + e] * scale;
+#if !VR
         for (int c = 0; c < NV; c++) acc[r][c] = 0.0f;
+#endif
     }
     for (int gq = 0; gq < TQ / 16; gq++) {
+#if VR
+        for (int c = 0; c < EV; c++) acct[gq][c] = 0.0f;
+#endif
         mx[gq] = -FLT_MAX;
         l16[gq] = 0.0f;
         c16[gq] = 0.0f;
@@ -325,6 +342,18 @@ __kernel void att_cpu_rows(ATT_ARGS)
                 l16[gq] = ls;
                 c16[gq] = lc;
             }
+#if VR
+            for (int c0 = 0; c0 < EV; c0 += VC) {
+                float16 blk[VC];
+                _Pragma("unroll") for (int c = 0; c < VC; c++) blk[c] = 0.0f;
+                for (int jj = 0; jj < nk; jj++) {
+                    const float16 pv = vload16(0, pp[jj]);
+                    const __global float *vr = vb + (long)(j0 + jj) * EV + c0;
+                    _Pragma("unroll") for (int c = 0; c < VC; c++) blk[c] = fma(pv, (float16)(vr[c]), blk[c]);
+                }
+                _Pragma("unroll") for (int c = 0; c < VC; c++) acct[gq][c0 + c] = fma(acct[gq][c0 + c], al, blk[c]);
+            }
+#else
             float alpha[16];
             vstore16(al, 0, alpha);
             const int gr = min(16, rows - 16 * gq);
@@ -332,6 +361,7 @@ __kernel void att_cpu_rows(ATT_ARGS)
 #define ATT_ALR(r) alpha[rt + (r)]
             for (int rt = 0; rt < gr; rt += RT)
                 ATT_VALUE_PASS(16 * gq + rt, ATT_PP, ATT_ALR)
+#endif
         }
     }
     __global float *yb = y + y_off + (long)b * L * EV;
@@ -339,8 +369,20 @@ __kernel void att_cpu_rows(ATT_ARGS)
         float ls[16], lc[16];
         vstore16(l16[gq], 0, ls);
         vstore16(c16[gq], 0, lc);
+#if VR
+        float at[EV][16];  /* the group's sums row by row (a transpose through private memory, once a work item) */
+        for (int c = 0; c < EV; c++) vstore16(acct[gq][c], 0, at[c]);
+        for (int r = 16 * gq; r < min(rows, 16 * gq + 16); r++) {
+            float tot = ls[r - 16 * gq];
+            if (isfinite(tot)) tot += lc[r - 16 * gq];
+            tot = (tot > 1.0f || isnan(tot)) ? tot : 1.0f;
+            __global float *yr = yb + (long)(r0 + r) * EV;
+            for (int c = 0; c < EV; c++) yr[c] = at[c][r - 16 * gq] / tot;
+        }
+#else
         for (int r = 16 * gq; r < min(rows, 16 * gq + 16); r++)
             att_store_row(yb + (long)(r0 + r) * EV, acc[r], ls[r - 16 * gq], lc[r - 16 * gq]);
+#endif
     }
 }
 #endif

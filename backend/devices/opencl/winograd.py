@@ -30,8 +30,13 @@ WINO_FUSED_MAX_C = 128
 #: 14.7 -> 13.7 ms, 1x32x256^2 11.6 -> 10.3, 1x16x256^2 6.5 -> 4.5, 1x64x128^2 9.3 -> 9.1, 1x128x64^2 9.4 -> 9.1:
 #: 16 and 32 output channels are no longer 18 and 36 rows, and the short channel loop's fold is smaller)
 WINO_FUSED_NARROW_MR = 4
-#: wino_fused on narrow vectors with at most this many input channels is built for its C (WC in winograd_cpu.cl: the
-#: product loop unrolled whole). 2-core AVX2 EPYC, paired runs in one process (medians of 40 / 20): 1x16x512^2 16 -> 16
+#: the same on wide vectors (AVX-512: 16 floats, 32 zmm): MR 16 (16 accumulators; 8 where the conv has at most 8
+#: output channels). 2-core Intel Xeon with AVX-512 (AMX listed), medians of 11 alternating in one process, _rows_fit's
+#: MR 8 x 4 unrolled (WC) -> MR 16: 1x16x512^2 16 -> 16 5.06 -> 4.87 ms, 16x32x64^2 -> 32 4.07 -> 4.01, 16x3x64^2 -> 32
+#: 1.29 -> 0.87; 16x32x64^2 -> 3 1.94 (MR 8) against 2.37 (MR 16)
+WINO_FUSED_WIDE_MR = 16
+#: wino_fused on a CPU device with at most this many input channels is built for its C (WC in winograd_cpu.cl: the
+#: product loop unrolled whole; AVX-512 Xeon, 1x16x512^2 16 -> 16 at MR 8: 5.39 -> 4.96 ms). 2-core AVX2 EPYC, paired runs in one process (medians of 40 / 20): 1x16x512^2 16 -> 16
 #: 8.12 -> 7.56 ms (after the single-block product, 8.69 -> 8.12), 1x32x256^2 32 -> 32 6.06 -> 5.74, 16x32x64^2 -> 32 6%;
 #: 64 and 128 channels 3-7% slower unrolled (their loops are long enough)
 WINO_FUSED_UNROLL_MAX_C = 32
@@ -84,6 +89,8 @@ class CLWinograd:
         fused = C <= WINO_FUSED_MAX_C and 16 * 32 * 4 * C <= int(self.dev.local_mem_size)
         if fused and self.narrow_vectors:
             params = dict(params, MR=WINO_FUSED_NARROW_MR)
+        elif fused and self.is_cpu_device:
+            params = dict(params, MR=WINO_FUSED_WIDE_MR if Cout > 8 else 8)
         else:  # V as gemm_cpu's panels in halves where it takes them (wino_in's BH)
             params = self._b_halves(params)
         mr, msub = params["MR"], params["MSUB"]
@@ -101,7 +108,7 @@ class CLWinograd:
         if fused:
             # wino_fused: no transformed input or product in global memory, so no tile chunks; a weight slice's U
             # is transformed once
-            unroll = {"WC": C} if self.narrow_vectors and C <= min(WINO_FUSED_UNROLL_MAX_C, wparams.get("KP", 256)) else {}
+            unroll = {"WC": C} if self.is_cpu_device and C <= min(WINO_FUSED_UNROLL_MAX_C, wparams.get("KP", 256)) else {}
             for c0, cc, bb, _ in slices:
                 mt = -(-cc // mr)
                 Up = self._wino_u(w, c0, cc, C, mr, wparams, flag)

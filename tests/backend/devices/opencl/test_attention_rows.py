@@ -1,7 +1,8 @@
 """The OpenCL CPU family's fused attention kernels (backend/devices/opencl/attention.py): att_cpu_rows (narrow
-vectors, no mask, not causal: the scores as vectors over 16 query rows) against torch in float64 on head dims,
-query and key counts around its 16-row groups, 4-key passes and 32-key blocks, batch broadcasts, and Inf/NaN; a
-mask or causal rows take att_cpu."""
+vectors, no mask, not causal: the scores as vectors over 16 query rows; on wide vectors the value pass over the rows
+too, VR, for value dims that are not a multiple of 16) against torch in float64 on head dims, query and key counts
+around its 16-row groups, 4- and 8-key passes and 32- and 64-key blocks, batch broadcasts, and Inf/NaN; a mask or
+causal rows take att_cpu."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,9 +17,10 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 
-def _sdpa(monkeypatch, q, k, v, **kw):
-    """The backend's attention on narrow vectors (as AVX2), and the kernels it launched."""
-    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8))
+def _sdpa(monkeypatch, q, k, v, width=8, **kw):
+    """The backend's attention on narrow vectors (as AVX2; ``width`` 16: wide, as AVX-512), and the kernels it
+    launched."""
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: width))
     launched = []
     run = BE._run
     monkeypatch.setattr(BE, "_run", lambda name, *a, **k_: (launched.append(name), run(name, *a, **k_))[1])
@@ -47,6 +49,44 @@ def test_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
     ref = _ref(q, k, v)
     assert got.shape == ref.shape
     assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("E,Ev", [(40, 40), (64, 40), (16, 24), (72, 72), (8, 56), (100, 100), (32, 8), (1, 1), (80, 80),
+                                  (64, 64), (24, 7)])
+@pytest.mark.parametrize("L,S", [(8, 1), (17, 33), (70, 83), (64, 64), (100, 200)])
+def test_wide_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
+    """Wide vectors: att_cpu_rows with the value pass over rows (VR) where the value dim is not a multiple of 16 and
+    has a divisor of at least 8 up to 24 (VC); att_cpu for the others (16-lane value vectors, or too few columns)."""
+    from anydevice.backend.devices.opencl import attention
+    rng = np.random.default_rng(E * 1000 + Ev * 10 + L + S)
+    q = rng.standard_normal((2, 3, L, E)).astype(np.float32)
+    k = (2 * rng.standard_normal((2, 3, S, E))).astype(np.float32)
+    v = rng.standard_normal((2, 3, S, Ev)).astype(np.float32)
+    got, launched = _sdpa(monkeypatch, q, k, v, width=16)
+    rows = Ev % 16 != 0 and attention.wide_value_columns(Ev) >= 8
+    assert rows == (Ev in (40, 24, 72, 56, 100, 8)), Ev
+    want = "att_cpu_rows" if rows else "att_cpu"
+    assert want in launched and ({"att_cpu", "att_cpu_rows"} - {want}).pop() not in launched, launched
+    ref = _ref(q, k, v)
+    assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
+
+
+def test_wide_rows_kernel_inf_nan_like_torch(monkeypatch):
+    """As below on wide vectors (VR, a value dim of 40)."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 2, 40, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 70, 16)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 70, 40)).astype(np.float32)
+    q[0, 0, 1, 2] = np.nan
+    k[0, 1, 33, 0] = np.inf
+    v[0, 0, 40, 1] = -np.inf
+    q[0, 1, 20, 1] = -np.inf
+    got, launched = _sdpa(monkeypatch, q, k, v, width=16)
+    assert "att_cpu_rows" in launched, launched
+    ref = _ref(q, k, v)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+    fin = np.isfinite(ref)
+    assert np.abs(got[fin] - ref[fin]).max() <= 1e-5 * np.abs(ref[fin]).max()
 
 
 def test_rows_kernel_batch_broadcast_and_scale(monkeypatch):
@@ -107,8 +147,9 @@ def test_few_query_rows_take_att_cpu(monkeypatch, L, want):
     assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
 
 
+@pytest.mark.parametrize("width", [8, 16])
 @pytest.mark.parametrize("step", [0.5, -0.5, 3.0])
-def test_rows_kernel_moving_max(monkeypatch, step):
+def test_rows_kernel_moving_max(monkeypatch, step, width):
     """Scores that rise (or fall) by step a key, 16-96 a 32-key block: the running max moves every block, the rescale
     factor of the earlier blocks is tiny or underflows to 0."""
     rng = np.random.default_rng(11)
@@ -118,13 +159,14 @@ def test_rows_kernel_moving_max(monkeypatch, step):
     k = (0.01 * rng.standard_normal((1, 1, S, E))).astype(np.float32)
     k[..., 0] += step * np.arange(S) * np.sqrt(E)  # the score of key j about step * j
     v = rng.standard_normal((1, 1, S, 8)).astype(np.float32)
-    got, launched = _sdpa(monkeypatch, q, k, v)
+    got, launched = _sdpa(monkeypatch, q, k, v, width=width)
     assert "att_cpu_rows" in launched, launched
     ref = _ref(q, k, v)
     assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
 
 
-def test_rows_kernel_all_minus_inf_row_like_att_cpu(monkeypatch):
+@pytest.mark.parametrize("width", [8, 16])
+def test_rows_kernel_all_minus_inf_row_like_att_cpu(monkeypatch, width):
     """A query row whose every score is -inf (a -inf query value against keys all positive there) gives zeros, as
     att_cpu and ops/attention.py's composite (the row max at least -FLT_MAX, the sum at least 1)."""
     from anydevice.backend.devices.opencl import attention
@@ -134,10 +176,11 @@ def test_rows_kernel_all_minus_inf_row_like_att_cpu(monkeypatch):
     v = rng.standard_normal((1, 1, 45, 8)).astype(np.float32)
     q[0, 0, 3, 0] = -np.inf
     k[..., 0] = np.abs(k[..., 0]) + 1.0
-    rows, launched = _sdpa(monkeypatch, q, k, v)
+    rows, launched = _sdpa(monkeypatch, q, k, v, width=width)
     assert "att_cpu_rows" in launched, launched
     monkeypatch.setattr(attention, "CPU_ROWS", False)
-    old, launched = _sdpa(monkeypatch, q, k, v)
+    monkeypatch.setattr(attention, "CPU_ROWS_WIDE", False)
+    old, launched = _sdpa(monkeypatch, q, k, v, width=width)
     assert "att_cpu" in launched and "att_cpu_rows" not in launched, launched
     assert np.all(rows[0, 0, 3] == 0) and np.array_equal(np.isfinite(rows), np.isfinite(old))
     others = np.arange(20) != 3

@@ -9,10 +9,17 @@ import pytest
 
 try:
     from anydevice.backend.devices import opencl
+    from anydevice.backend.devices.opencl import linalg
     BE = opencl.create("opencl", 0, family="cpu")
 except Exception as exc:  # noqa: BLE001
     pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
 torch = pytest.importorskip("torch")
+
+@pytest.fixture(autouse=True)
+def _direct_on_wide_vectors(monkeypatch):
+    """The direct kernel for 3x3 convs on wide vectors too (there they take wino_fused, linalg.WINOGRAD_WIDE)."""
+    monkeypatch.setattr(linalg, "WINOGRAD_WIDE", False)
+
 
 #: (x shape, Cout, kernel, padding, dilation, stride, padded?)
 CASES = [((2, 32, 64, 64), 32, 3, 1, 1, 1, True),    # the training denoiser's convs

@@ -324,8 +324,8 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
 @needs_device
 @pytest.mark.parametrize("xs,ws,kw,path", [
     ((32, 512, 7, 7), (512, 512, 3, 3), {}, "winograd"),            # bench "conv 32x512"
-    ((1, 16, 512, 512), (16, 16, 3, 3), {}, ("direct", "winograd")),  # bench "image conv 1x16"
-    ((1, 3, 1024, 1024), (16, 3, 3, 3), {}, "direct"),              # bench "image conv 1x3"
+    ((1, 16, 512, 512), (16, 16, 3, 3), {}, "winograd"),            # bench "image conv 1x16"
+    ((1, 3, 1024, 1024), (16, 3, 3, 3), {}, "direct"),              # bench "image conv 1x3": 3 channels, wide rows
     ((32, 16, 7, 7), (1, 16, 3, 3), {}, "winograd"),                # bench "conv 32x16": few outputs (0.72 / 0.88 ms)
     ((32, 512, 7, 7), (512, 512, 3, 3), {"stride": 2}, "gemm"),     # seed k3 s2 p1
     ((32, 512, 7, 7), (512, 512, 1, 1), {"padding": 0}, "gemm"),    # seed k1: under POINTWISE_MIN_PIXELS
@@ -334,19 +334,21 @@ def _path(be, xs, ws, stride=1, padding=1, dilation=1, groups=1):
     ((32, 512, 7, 7), (512, 512, 7, 7), {"stride": 2, "padding": 3}, "gemm"),
     ((1, 64, 9, 7), (64, 32, 3, 3), {"groups": 2}, "gemm"),         # grouped: never Winograd
     ((1, 64, 40, 40), (64, 64, 3, 3), {"dilation": 2}, "direct"),
-    # (wide vectors, narrow vectors: AVX2 takes Winograd from 16 channels on both sides)
-    ((16, 32, 64, 64), (32, 32, 3, 3), {}, ("direct", "winograd")),  # the denoiser's convs: narrow rows, padded
-    ((2, 64, 64, 64), (64, 64, 3, 3), {}, ("direct", "winograd")),   # (faster than Winograd up to 64 channels)
-    ((1, 32, 256, 256), (32, 32, 3, 3), {}, ("direct", "winograd")),  # under WINOGRAD_MIN_CH channels
-    ((16, 32, 64, 64), (16, 32, 3, 3), {}, ("direct", "winograd")),
-    ((16, 16, 64, 64), (32, 16, 3, 3), {}, ("direct", "winograd")),
-    ((16, 8, 64, 64), (8, 8, 3, 3), {}, "direct"),
+    # (wide vectors, narrow vectors: AVX-512 takes wino_fused from 8 input channels, AVX2 Winograd from 16 channels on
+    # both sides)
+    ((16, 32, 64, 64), (32, 32, 3, 3), {}, "winograd"),             # the denoiser's convs
+    ((2, 64, 64, 64), (64, 64, 3, 3), {}, "winograd"),
+    ((1, 32, 256, 256), (32, 32, 3, 3), {}, "winograd"),            # under WINOGRAD_MIN_CH channels
+    ((16, 32, 64, 64), (16, 32, 3, 3), {}, "winograd"),
+    ((16, 16, 64, 64), (32, 16, 3, 3), {}, "winograd"),
+    ((16, 8, 64, 64), (8, 8, 3, 3), {}, ("winograd", "direct")),
+    ((16, 3, 64, 64), (32, 3, 3, 3), {}, ("winograd", "direct")),   # 3 channels on rows the direct kernel pads
     ((1, 64, 256, 256), (64, 64, 3, 3), {}, "winograd"),            # the compact upscaler's convs
     ((2, 128, 64, 64), (128, 128, 3, 3), {}, "winograd"),           # K over DIRECT_MAX_K
     ((1, 1280, 8, 8), (1280, 1280, 3, 3), {}, "gemm"),              # 16 tiles: under WINOGRAD_MIN_TILES
     ((1, 128, 512, 512), (3, 128, 3, 3), {}, "winograd"),           # few output channels: the VAE's conv_out
     ((1, 320, 64, 64), (4, 320, 3, 3), {}, "winograd"),             # the UNet's conv_out
-    ((1, 32, 64, 64), (3, 32, 3, 3), {}, "direct"),                 # (K within DIRECT_MAX_K: direct)
+    ((1, 32, 64, 64), (3, 32, 3, 3), {}, ("winograd", "direct")),   # (K within DIRECT_MAX_K: direct on AVX2)
     ((4, 3, 16, 16), (3, 3, 3, 3), {}, "gemm"),                     # (few inputs too: as before)
     ((2, 1280, 8, 8), (1280, 1280, 3, 3), {}, "winograd"),          # 32 tiles
     ((1, 1280, 7, 9), (1280, 1280, 3, 3), {"padding": (1, 0)}, "gemm"),  # 4 x 4 tiles (OH 7, OW 7)

@@ -13,6 +13,7 @@ try:
 except Exception as exc:  # noqa: BLE001
     pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
 
+from anydevice.backend.devices.opencl import linalg
 from anydevice.backend.devices.opencl.params import DEFAULT_TUNE, NARROW_TUNE
 
 torch = pytest.importorskip("torch")
@@ -166,6 +167,7 @@ def _check_direct_convs(monkeypatch, want, xs, cout, k, stride, padding, dilatio
     b = rng.standard_normal(cout).astype(np.float32)
     launched = []
     run = BE._run
+    monkeypatch.setattr(linalg, "WINOGRAD_WIDE", False)  # (wide vectors: 3x3 convs take wino_fused)
     monkeypatch.setattr(BE, "_run", lambda name, *a, **kw: (launched.append((name, kw.get("params"))), run(name, *a, **kw))[1])
     y = BE.to_numpy(BE.conv2d(x, w, b, stride, padding, dilation, groups))
     assert ("conv2d_direct", want) in [(n, (p or {}).get("DCO")) for n, p in launched], launched
