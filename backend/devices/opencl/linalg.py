@@ -167,7 +167,7 @@ class LinalgOps:
                           mc, nc, K, Ap.buffer, a0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N,
                           out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, 1 << 30, 0, n0,
-                          params={**gemm_grouped(params, mc, K, nt), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
+                          params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
             del Ap
         return out
 
@@ -446,7 +446,7 @@ class LinalgOps:
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, G), cpu_l,
                           mc, nc, K, Ap.buffer, w.offset + m0 * K if au else mt * mr * K, Bp.buffer, nt * 32 * K,
                           out.buffer, m0 * P, P, CoutG * P, bb.buffer if hb else bbuf, hb, mc, P, Cout * P, c0,
-                          params={**gemm_grouped(params, mc, K, nt), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
+                          params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
                 del Ap
         return out
 

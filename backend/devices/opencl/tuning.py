@@ -18,6 +18,7 @@ import numpy as np
 from ...system import config
 from ..runtime import JsonStore
 from .device import _device_key, cache_root
+from . import params as P
 from .params import DEFAULT_TUNE, NARROW_TUNE, TUNE_BUDGET_S
 
 log = logging.getLogger("anydevice")
@@ -42,6 +43,14 @@ class CLTuning:
     def narrow_vectors(self) -> bool:
         """A CPU device whose float vectors hold at most 8 values (AVX2, NEON): the narrow defaults."""
         return self.is_cpu_device and self.vector_width <= 8
+
+    @property
+    def gemm_group_bytes(self) -> int:
+        """Bytes of packed A a group of gemm_cpu's work order (params.gemm_grouped) takes: GEMM_GROUP_BYTES (L3) on
+        narrow vectors, a fraction of the local memory (PoCL: a core's L2) on wide ones (0: no groups)."""
+        if not P.GEMM_GROUP_BYTES or self.narrow_vectors or not self.is_cpu_device:
+            return P.GEMM_GROUP_BYTES
+        return min(P.GEMM_GROUP_BYTES, int(int(self.dev.local_mem_size) * P.GEMM_GROUP_L2_FRACTION))
 
     def default_tunables(self, fname: str) -> dict:
         """A kernel file's build-time defaults on this device (DEFAULT_TUNE, NARROW_TUNE's on narrow vectors)."""
