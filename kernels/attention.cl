@@ -279,7 +279,10 @@ __kernel void att_cpu(ATT_ARGS)
 #ifndef VC
 #define VC 20  /* VR: value columns a pass (a divisor of EV; VC float16 sums stay in registers) */
 #endif
-#if KB % KJ == 0 && KB % 4 == 0 && TQ % 16 == 0 && 16 % RT == 0 && (!VR || EV % VC == 0)  /* (att_cpu's own builds may have other tiles) */
+#ifndef G2
+#define G2 1  /* row groups of 16 a score pass (2: per e two 16-row loads share the KJ key broadcasts) */
+#endif
+#if KB % KJ == 0 && KB % 4 == 0 && TQ % (16 * G2) == 0 && 16 % RT == 0 && (!VR || EV % VC == 0)  /* (att_cpu's own builds may have other tiles) */
 __kernel void att_cpu_rows(ATT_ARGS)
 {
     ATT_CPU_ITEM
@@ -310,17 +313,26 @@ __kernel void att_cpu_rows(ATT_ARGS)
     for (int j0 = 0; j0 < S; j0 += KB) {
         const int nk = min(KB, S - j0);
         att_key_block(kblk, kb, S, j0, nk);
-        for (int gq = 0; gq * 16 < rows; gq++) {
-            float16 P[KB];
-            for (int j = 0; j < KB; j += KJ) {
-                float16 sc[KJ];
-                _Pragma("unroll") for (int u = 0; u < KJ; u++) sc[u] = 0.0f;
-                for (int e = 0; e < E; e++) {
-                    const float16 qv = vload16(0, qt[e] + 16 * gq);
-                    _Pragma("unroll") for (int u = 0; u < KJ; u++) sc[u] = fma((float16)(kblk[e * KB + j + u]), qv, sc[u]);
-                }
-                _Pragma("unroll") for (int u = 0; u < KJ; u++) P[j + u] = sc[u];
-            }
+        for (int gp = 0; gp * 16 < rows; gp += G2) {
+          float16 P2[G2][KB];
+          for (int j = 0; j < KB; j += KJ) {
+              float16 sc[G2][KJ];
+              _Pragma("unroll") for (int h = 0; h < G2; h++)
+                  _Pragma("unroll") for (int u = 0; u < KJ; u++) sc[h][u] = 0.0f;
+              for (int e = 0; e < E; e++) {
+                  float16 qv[G2];
+                  _Pragma("unroll") for (int h = 0; h < G2; h++) qv[h] = vload16(0, qt[e] + 16 * (gp + h));
+                  _Pragma("unroll") for (int u = 0; u < KJ; u++) {
+                      const float16 kk = (float16)(kblk[e * KB + j + u]);
+                      _Pragma("unroll") for (int h = 0; h < G2; h++) sc[h][u] = fma(kk, qv[h], sc[h][u]);
+                  }
+              }
+              _Pragma("unroll") for (int h = 0; h < G2; h++)
+                  _Pragma("unroll") for (int u = 0; u < KJ; u++) P2[h][j + u] = sc[h][u];
+          }
+          for (int h = 0; h < G2 && (gp + h) * 16 < rows; h++) {
+            const int gq = gp + h;
+            float16 *P = P2[h];
             for (int j = nk; j < KB; j++) P[j] = (float16)(-INFINITY);  /* no key: exp gives 0 */
             float16 bm = P[0];
             for (int j = 1; j < KB; j++) bm = ATT_VMAX(bm, P[j]);
@@ -362,6 +374,7 @@ __kernel void att_cpu_rows(ATT_ARGS)
             for (int rt = 0; rt < gr; rt += RT)
                 ATT_VALUE_PASS(16 * gq + rt, ATT_PP, ATT_ALR)
 #endif
+          }  /* h */
         }
     }
     __global float *yb = y + y_off + (long)b * L * EV;

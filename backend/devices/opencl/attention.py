@@ -52,14 +52,17 @@ ROWS_KJ = 4
 ROWS_MIN_L = 8
 
 
-#: CPU family on wide vectors (AVX-512's 32 zmm), no mask and not causal, a value dim that is not a multiple of 16
-#: (att_cpu's value vectors would be 8 lanes or fewer: a head of 40): att_cpu_rows with its value pass over the rows
-#: too (VR: VC float16 sums of 16 rows a pass, VC the largest divisor of the value dim up to WIDE_VC_MAX; at least
-#: WIDE_VC_MIN, else att_cpu), blocks of WIDE_KB keys, WIDE_KJ keys a score pass. 2-core Intel Xeon with AVX-512,
-#: 1x8x4096x40, medians of 9 alternating in one process: att_cpu 119.4 -> 94.8 ms (PyTorch 99.4; KB 32 93.4, KJ 16
-#: 94.3, KJ 4 +20%, VC 10 +6%); a head of 64 (16-lane value vectors in att_cpu) 136.7 -> 147.1, so att_cpu there
+#: CPU family on wide vectors (AVX-512's 32 zmm), no mask and not causal, value dims up to WIDE_ROWS_MAX_EV:
+#: att_cpu_rows with att_cpu's wide tiles (TQ, RT, KB 64), WIDE_KJ keys a score pass and two 16-row groups a pass
+#: (G2: their two loads share the key broadcasts); where the value dim is not a multiple of 16 (att_cpu's value vectors
+#: would be 8 lanes or fewer: a head of 40) the value pass over the rows too (VR: VC float16 sums of 16 rows a pass,
+#: VC the largest divisor of the value dim up to WIDE_VC_MAX, at least WIDE_VC_MIN). 2-core Intel Xeon with AVX-512,
+#: medians of 9-15 alternating in one process, att_cpu -> this (PyTorch): 1x8x4096x40 119.4 -> 94.8 ms without G2,
+#: 103.4 -> 98.5 with it (99.4-108.5; KB 32 level, KJ 16 level, KJ 4 +20%, VC 10 +6%), 1x8x4096x64 150.3 -> 142.6
+#: (141.4; VR with VC 16 instead: 156, TQ 128 level), 1x8x1024x80 11.7 -> 11.1 (10.9; VR 12.9); 1x8x256x160 2.4
+#: against 2.7 (att_cpu kept)
 CPU_ROWS_WIDE = True
-WIDE_KB, WIDE_KJ, WIDE_VC_MAX, WIDE_VC_MIN = 64, 8, 24, 8
+WIDE_KJ, WIDE_VC_MAX, WIDE_VC_MIN, WIDE_ROWS_MAX_EV = 8, 24, 8, 128
 
 
 def wide_value_columns(Ev: int) -> int:
@@ -69,18 +72,18 @@ def wide_value_columns(Ev: int) -> int:
 
 def rows_params(E: int, Ev: int, narrow: bool = True) -> dict:
     """att_cpu_rows' build options. Narrow vectors: att_cpu's narrow ones (the value pass), KJ keys a score pass; wide:
-    the value pass over rows (VR)."""
+    att_cpu's wide ones, two row groups a score pass, and the value pass over rows (VR) where it takes it."""
     if narrow:
         return {**cpu_params(E, Ev, True), "KJ": ROWS_KJ}
-    return {"E": E, "EV": Ev, "TQ": CPU_TQ, "RT": CPU_RT, "KB": WIDE_KB, "KJ": WIDE_KJ, "VR": 1,
-            "VC": wide_value_columns(Ev)}
+    vr = {"VR": 1, "VC": wide_value_columns(Ev)} if Ev % 16 and wide_value_columns(Ev) >= WIDE_VC_MIN else {}
+    return {**cpu_params(E, Ev, False), "KJ": WIDE_KJ, "G2": 2, **vr}
 
 
 def takes_rows(narrow: bool, Ev: int) -> bool:
     """Whether a call without a mask or causal rows (and at least ROWS_MIN_L query rows) takes att_cpu_rows."""
     if narrow:
         return CPU_ROWS
-    return CPU_ROWS_WIDE and Ev % 16 != 0 and wide_value_columns(Ev) >= WIDE_VC_MIN
+    return CPU_ROWS_WIDE and Ev <= WIDE_ROWS_MAX_EV
 
 
 #: GPU family: the work group (query rows of a group) and key tile the kernel asks for first

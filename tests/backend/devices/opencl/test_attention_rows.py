@@ -52,22 +52,24 @@ def test_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
 
 
 @pytest.mark.parametrize("E,Ev", [(40, 40), (64, 40), (16, 24), (72, 72), (8, 56), (100, 100), (32, 8), (1, 1), (80, 80),
-                                  (64, 64), (24, 7)])
+                                  (64, 64), (24, 7), (128, 128), (160, 160)])
 @pytest.mark.parametrize("L,S", [(8, 1), (17, 33), (70, 83), (64, 64), (100, 200)])
 def test_wide_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
-    """Wide vectors: att_cpu_rows with the value pass over rows (VR) where the value dim is not a multiple of 16 and
-    has a divisor of at least 8 up to 24 (VC); att_cpu for the others (16-lane value vectors, or too few columns)."""
+    """Wide vectors: att_cpu_rows (two 16-row groups a score pass) for value dims up to 128, with the value pass over
+    rows (VR) where the value dim is not a multiple of 16 and has a divisor of at least 8 up to 24 (VC); att_cpu for
+    larger value dims."""
     from anydevice.backend.devices.opencl import attention
     rng = np.random.default_rng(E * 1000 + Ev * 10 + L + S)
     q = rng.standard_normal((2, 3, L, E)).astype(np.float32)
     k = (2 * rng.standard_normal((2, 3, S, E))).astype(np.float32)
     v = rng.standard_normal((2, 3, S, Ev)).astype(np.float32)
     got, launched = _sdpa(monkeypatch, q, k, v, width=16)
-    rows = Ev % 16 != 0 and attention.wide_value_columns(Ev) >= 8
-    assert rows == (Ev in (40, 24, 72, 56, 100, 8)), Ev
-    want = "att_cpu_rows" if rows else "att_cpu"
+    p = attention.rows_params(E, Ev, False)
+    assert p["G2"] == 2 and bool(p.get("VR")) == (Ev in (40, 24, 72, 56, 100, 8)), p
+    want = "att_cpu_rows" if Ev <= 128 else "att_cpu"
     assert want in launched and ({"att_cpu", "att_cpu_rows"} - {want}).pop() not in launched, launched
     ref = _ref(q, k, v)
+    assert got.shape == ref.shape
     assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
 
 
