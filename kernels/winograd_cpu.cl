@@ -220,14 +220,25 @@ inline __attribute__((always_inline)) void wino_in_channel(const __global xstore
 {
     xraw_t d[4][4][TN];  /* as stored (a half input converted 16 lanes at once below) */
     xraw_t rr[4][2 * TN + 4];  /* a run's 4 rows (66 values each; 2 more: the last odd lane's vector read) */
-    if (g->run) {  /* each of the 4 rows read once, contiguously; at the image's edge, columns outside as zeros */
+#if XDT == 0 && defined(WD)
+    /* WD, a float32 run wholly inside the image: its rows read straight from x below (no copy into rr, whose 8-float
+       stores the 16-float reads at offsets 1-3 could not forward from: a stall per read) */
+    const int direct = g->run && g->inside;
+#else
+    const int direct = 0;
+#endif
+    if (direct) {
+        /* (read below) */
+    } else if (g->run) {  /* each of the 4 rows read once, contiguously; at the image's edge, columns outside as zeros */
         for (int a = 0; a < 4; a++) {
             const __global xstore_t *rp = xc + g->base[0] + a * W;
             if (g->inside) {
                 for (int k = 0; k < 2 * TN + 2; k++) rr[a][k] = XRAW(rp, k);
-            } else if ((g->rok[0] >> a) & 1) {
-                for (int k = 0; k < 2 * TN + 2; k++)
-                    rr[a][k] = (uint)(g->ix0 + k) < (uint)W ? XRAW(rp, k) : (xraw_t)0;
+            } else if ((g->rok[0] >> a) & 1) {  /* the columns inside as one plain copy (a select per value became a
+                                                    masked gather, which microcode makes slow on some Intel cores) */
+                const int klo = max(0, -g->ix0), khi = min(2 * TN + 2, W - g->ix0);
+                for (int k = 0; k < 2 * TN + 2; k++) rr[a][k] = (xraw_t)0;
+                for (int k = klo; k < khi; k++) rr[a][k] = XRAW(rp, k);
             } else {
                 for (int k = 0; k < 2 * TN + 2; k++) rr[a][k] = (xraw_t)0;
             }
@@ -245,6 +256,16 @@ inline __attribute__((always_inline)) void wino_in_channel(const __global xstore
     for (int h = 0; h < 2; h++) {
         float16 q[4][4], *o[4] = {v[h][0], v[h][1], v[h][2], v[h][3]};
         float16 w[4][4];
+#if XDT == 0 && defined(WD)
+        if (direct) {  /* as below; the second vector's even lanes as the odd lanes of a read 15 further on (a read 16
+                          further on would reach one value past the run) */
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 4; b++) {
+                    const __global xstore_t *sp = xc + g->base[0] + a * W + 32 * h + b;
+                    w[a][b] = XCVT16((xraw16_t)(vload16(0, sp).even, vload16(0, sp + 15).odd));
+                }
+        } else
+#endif
         if (g->run) {  /* lane j of column b: row value 2j + b, the even lanes of two vector reads */
             for (int a = 0; a < 4; a++)
                 for (int b = 0; b < 4; b++) {

@@ -35,6 +35,11 @@ WINO_FUSED_NARROW_MR = 4
 #: MR 8 x 4 unrolled (WC) -> MR 16: 1x16x512^2 16 -> 16 5.06 -> 4.87 ms, 16x32x64^2 -> 32 4.07 -> 4.01, 16x3x64^2 -> 32
 #: 1.29 -> 0.87; 16x32x64^2 -> 3 1.94 (MR 8) against 2.37 (MR 16)
 WINO_FUSED_WIDE_MR = 16
+#: wino_fused on wide vectors (AVX-512) reads a float32 run wholly inside the image straight from x (WD in
+#: winograd_cpu.cl: no copy of its 4 rows into private memory, whose 8-float stores its 16-float reads at offsets 1-3
+#: could not forward from). 2-core Intel Xeon with AVX-512, medians of 21 alternating in one process: 1x16x512^2 16 ->
+#: 16 5.92 -> 5.30 ms, 16x32x64^2 -> 32 4.23 -> 4.13, 1x64x128^2 64 -> 64 3.50 -> 3.41 (not measured on AVX2: off there)
+WINO_IN_DIRECT = True
 #: wino_fused on a CPU device with at most this many input channels is built for its C (WC in winograd_cpu.cl: the
 #: product loop unrolled whole; AVX-512 Xeon, 1x16x512^2 16 -> 16 at MR 8: 5.39 -> 4.96 ms). 2-core AVX2 EPYC, paired runs in one process (medians of 40 / 20): 1x16x512^2 16 -> 16
 #: 8.12 -> 7.56 ms (after the single-block product, 8.69 -> 8.12), 1x32x256^2 32 -> 32 6.06 -> 5.74, 16x32x64^2 -> 32 6%;
@@ -109,6 +114,8 @@ class CLWinograd:
             # wino_fused: no transformed input or product in global memory, so no tile chunks; a weight slice's U
             # is transformed once
             unroll = {"WC": C} if self.is_cpu_device and C <= min(WINO_FUSED_UNROLL_MAX_C, wparams.get("KP", 256)) else {}
+            if WINO_IN_DIRECT and self.is_cpu_device and not self.narrow_vectors:
+                unroll["WD"] = 1
             for c0, cc, bb, _ in slices:
                 mt = -(-cc // mr)
                 Up = self._wino_u(w, c0, cc, C, mr, wparams, flag)

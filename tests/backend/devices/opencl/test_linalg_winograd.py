@@ -139,3 +139,38 @@ def test_fused_channel_blocks_over_kp(C, monkeypatch):
     assert fused and all(p.get("KP") == 8 and p.get("WC") == (C if C <= 8 else None) for p in fused), fused
     ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1).numpy()
     assert np.abs(y - ref).max() <= 2e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("xs,cout", [((2, 16, 37, 70), 20), ((1, 8, 64, 130), 8), ((1, 3, 20, 200), 5), ((3, 32, 17, 33), 16)])
+def test_wide_fused_reads_runs_straight_from_x(xs, cout, monkeypatch):
+    """Wide vectors (AVX-512): wino_fused in blocks of 16 output channels (8 up to 8 channels), unrolled over its input
+    channels, and a float32 run wholly inside the image read straight from x (WD): the same bits as through the private
+    row copy (runs inside, runs at the border, groups of no run), and torch's float64 conv within the fused path's
+    bound."""
+    from anydevice.backend.devices.opencl import winograd
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 16))  # wide vectors, on any machine
+    monkeypatch.setattr(BE, "_conv_path", lambda *a: "winograd")
+    built = []
+    kernel = BE._kernel
+    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
+                                                                            kernel(name, params, *a, **k))[1])
+    rng = np.random.default_rng(sum(xs) + cout)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal((cout, xs[1], 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+
+    def conv():
+        return np.asarray(BE.to_numpy(BE.conv2d(BE.to_device(x), BE.to_device(w), BE.to_device(b), 1, 1)), np.float64)
+    monkeypatch.setattr(winograd, "WINO_IN_DIRECT", False)
+    copied = conv()
+    assert all("WD" not in p for name, p in built if name == "wino_fused")
+    built.clear()
+    monkeypatch.setattr(winograd, "WINO_IN_DIRECT", True)
+    direct = conv()
+    fused = [p for name, p in built if name == "wino_fused"]
+    mr = winograd.WINO_FUSED_WIDE_MR if cout > 8 else 8
+    assert fused and all(p.get("WD") == 1 and p["MR"] == mr and p.get("WC") == xs[1] for p in fused), fused
+    assert np.array_equal(copied, direct)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
+                                     torch.from_numpy(b).double(), padding=1).numpy()
+    assert np.abs(direct - ref).max() <= 2e-5 * np.abs(ref).max()
