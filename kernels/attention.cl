@@ -334,8 +334,10 @@ __kernel void att_cpu_rows(ATT_ARGS)
             const int gq = gp + h;
             float16 *P = P2[h];
             for (int j = nk; j < KB; j++) P[j] = (float16)(-INFINITY);  /* no key: exp gives 0 */
-            float16 bm = P[0];
-            for (int j = 1; j < KB; j++) bm = ATT_VMAX(bm, P[j]);
+            float16 b4[4] = {P[0], P[1], P[2], P[3]};  /* four chains of maxes (one chain waited on each max) */
+            for (int j = 4; j < KB; j += 4)
+                _Pragma("unroll") for (int u = 0; u < 4; u++) b4[u] = ATT_VMAX(b4[u], P[j + u]);
+            const float16 bm = ATT_VMAX(ATT_VMAX(b4[0], b4[1]), ATT_VMAX(b4[2], b4[3]));
             const float16 mo = mx[gq], mn = ATT_VMAX(mo, bm);
             mx[gq] = mn;
             const float16 al = ATT_EXP(mo - mn);
