@@ -35,7 +35,7 @@ WINO_FUSED_NARROW_MR = 4
 #: MR 8 x 4 unrolled (WC) -> MR 16: 1x16x512^2 16 -> 16 5.06 -> 4.87 ms, 16x32x64^2 -> 32 4.07 -> 4.01, 16x3x64^2 -> 32
 #: 1.29 -> 0.87; 16x32x64^2 -> 3 1.94 (MR 8) against 2.37 (MR 16)
 WINO_FUSED_WIDE_MR = 16
-#: wino_fused on wide vectors (AVX-512) reads a float32 run wholly inside the image straight from x (WD in
+#: wino_fused and wino_in on wide vectors (AVX-512) read a float32 run wholly inside the image straight from x (WD in
 #: winograd_cpu.cl: no copy of its 4 rows into private memory, whose 8-float stores its 16-float reads at offsets 1-3
 #: could not forward from). 2-core Intel Xeon with AVX-512, medians of 21 alternating in one process: 1x16x512^2 16 ->
 #: 16 5.92 -> 5.30 ms, 16x32x64^2 -> 32 4.23 -> 4.13, 1x64x128^2 64 -> 64 3.50 -> 3.41 (not measured on AVX2: off there)
@@ -73,6 +73,10 @@ WGRAD_WINO_GPAD = 16
 
 class CLWinograd:
     """Winograd convs and weight gradients in OpenCL kernels (a mixin of OpenCLBackend)."""
+
+    def _wino_in_direct(self) -> dict:
+        """The input transform's build option WD (WINO_IN_DIRECT) where it is on: wide vectors."""
+        return {"WD": 1} if WINO_IN_DIRECT and self.is_cpu_device and not self.narrow_vectors else {}
 
     def _conv2d_winograd(self, x, w, bias, out, pt, pl, slope=None):
         """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
@@ -114,8 +118,7 @@ class CLWinograd:
             # wino_fused: no transformed input or product in global memory, so no tile chunks; a weight slice's U
             # is transformed once
             unroll = {"WC": C} if self.is_cpu_device and C <= min(WINO_FUSED_UNROLL_MAX_C, wparams.get("KP", 256)) else {}
-            if WINO_IN_DIRECT and self.is_cpu_device and not self.narrow_vectors:
-                unroll["WD"] = 1
+            unroll.update(self._wino_in_direct())
             for c0, cc, bb, _ in slices:
                 mt = -(-cc // mr)
                 Up = self._wino_u(w, c0, cc, C, mr, wparams, flag)
@@ -137,7 +140,8 @@ class CLWinograd:
             ntl = min(chunk, total - t0)
             nt = -(-ntl // 32)
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, 32 * C, nt * 32 * C, params={**wparams, **self._xdt(x)})
+                      C, H, W, pt, pl, th, tw, t0, ntl, flag.buffer, 32 * C, nt * 32 * C,
+                      params={**wparams, **self._xdt(x), **self._wino_in_direct()})
             for sl in slices:
                 c0, cc, bb, Up = sl
                 mt = -(-cc // mr)
@@ -250,7 +254,8 @@ class CLWinograd:
             ntl = min(chunk, total - t0)
             nt = -(-ntl // 32)
             self._run("wino_in", (-(-C // PACK_K), nt), cpu_l, x.buffer, x.offset, Vp.buffer,
-                      C, H, W, t, l, th, tw, t0, ntl, flag.buffer, 32 * C + gpad, nt * (32 * C + gpad), params=inp)
+                      C, H, W, t, l, th, tw, t0, ntl, flag.buffer, 32 * C + gpad, nt * (32 * C + gpad),
+                      params={**inp, **self._wino_in_direct()})
             self._run("wino_gy", (-(-Cout // PACK_K), nt), cpu_l, gy.buffer, gy.offset, Ug.buffer,
                       Cout, OH, OW, th, tw, t0, ntl, flag.buffer, gpad, params=gp)
             self._run("wino_wgemm", (-(-Cout // gp["RM"]), 16), cpu_l, Ug.buffer, Vp.buffer, Cout, C, ntl,
