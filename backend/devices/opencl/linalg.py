@@ -20,7 +20,10 @@ from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, H
 #: CPU devices with narrow vectors (AVX2): 3x3 convs with at least this many channels on both sides take Winograd
 WINOGRAD_NARROW_MIN_CH = 16
 #: CPU devices with wide vectors (AVX-512): 3x3 stride-1 convs of at most WINO_FUSED_MAX_C input channels take
-#: Winograd (wino_fused) from 8 input channels, or fewer on rows the direct kernel pads (_conv_path)
+#: Winograd (wino_fused) from 8 input channels, or fewer on rows the direct kernel pads (_conv_path). 2-core Intel Xeon
+#: with AVX-512, medians of 11 alternating in one process, direct -> Winograd: 1x16x512^2 16 -> 16 7.48 -> 4.87 ms
+#: (PyTorch 5.6-17), 16x32x64^2 -> 32 7.42 -> 4.01, 1x64x128^2 64 -> 64 6.59 -> 3.04, 1x8x256^2 8 -> 8 2.66 -> 0.72-1.13,
+#: 16x3x64^2 -> 32 1.80 -> 0.87, 16x32x64^2 -> 3 3.05 -> 1.94; 1x3x1024^2 -> 16 6.13 direct against 6.57
 WINOGRAD_WIDE = True
 #: CPU family: Winograd from this many 2x2 output tiles in all (the filter transform, 16 values an input and output
 #: channel pair, is paid once a call; under it im2col's GEMM takes less). 2-core AVX2 EPYC, medians of 7 in one process,
@@ -525,12 +528,7 @@ class LinalgOps:
         # 1x16x512^2 16 -> 16 24.9 -> 19.7 ms, 1x16x256^2 16 -> 32 10.8 -> 8.8, 1x32x256^2 32 -> 16 11.3 -> 8.2,
         # 16x16x64^2 and 4x16x128^2 16 -> 16 even; 8 -> 8 direct, 5.5 against 10.6)
         narrow = self.narrow_vectors and min(C, Cout) >= WINOGRAD_NARROW_MIN_CH
-        # wide vectors (AVX-512): wino_fused's convs (C up to WINO_FUSED_MAX_C) take Winograd from 8 channels on any
-        # row width (2-core Intel Xeon with AVX-512, medians of 11 alternating in one process, direct -> Winograd:
-        # 1x16x512^2 16 -> 16 7.48 -> 4.87 ms (PyTorch 5.6-17), 16x32x64^2 -> 32 7.42 -> 4.01, 1x64x128^2 64 -> 64 6.59
-        # -> 3.04, 1x8x256^2 8 -> 8 2.66 -> 0.72-1.13, 16x3x64^2 -> 32 1.80 -> 0.87, 16x32x64^2 -> 3 3.05 -> 1.94;
-        # under 8 input channels only on rows the direct kernel pads (1x3x1024^2 -> 16 6.13 against 6.57, 1x3x512^2 1.75
-        # against 1.97 ms direct)
+        # wide vectors: wino_fused's convs from 8 input channels, fewer on rows the direct kernel pads (WINOGRAD_WIDE)
         narrow = narrow or (WINOGRAD_WIDE and self.is_cpu_device and not self.narrow_vectors and C <= WINO_FUSED_MAX_C
                             and 16 * 32 * 4 * C <= int(self.dev.local_mem_size)
                             and (C >= 8 or (direct and -(-OW // 32) <= DIRECT_PAD_MAX_TILES)))
