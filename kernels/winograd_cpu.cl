@@ -414,6 +414,9 @@ __kernel void wino_fused(__global const xstore_t *x, const long x_off, __global 
 #ifndef KP
 #define KP 256
 #endif
+#ifndef H2
+#define H2 0
+#endif
     /* WC: the input channels C as a build constant (the host sets it to C, for few channels): the product loop is
        unrolled whole */
     const int nt = get_global_id(0);
@@ -437,6 +440,45 @@ __kernel void wino_fused(__global const xstore_t *x, const long x_off, __global 
         const int cbase = mt * MR;
         const int nco = min(MR, cc - cbase);
         const __global float *ub = Up + (long)mt * C * MR;
+#if H2
+        /* both 16-tile halves at once (the host sets H2 where C is one block, C <= KP): per channel two loads of V and
+           MR broadcasts of U feed 2 * MR sums (per half: one load and MR broadcasts for MR) */
+        float16 m2[2][MR][16];
+        for (int e = 0; e < 16; e++) {
+            const __global float *up = ub + e * up_es;
+            const __local float *vp = Vl + e * es;
+            float16 s0[MR], s1[MR];
+#pragma unroll
+            for (int i = 0; i < MR; i++) { s0[i] = 0.0f; s1[i] = 0.0f; }
+#ifdef WC
+#pragma unroll
+            for (int k = 0; k < WC; k++) {
+#else
+            for (int k = 0; k < C; k++) {
+#endif
+                const float16 b0 = vload16(0, vp + k * TN), b1 = vload16(0, vp + k * TN + 16);
+                const __global float *ap = up + k * MR;
+#pragma unroll
+                for (int i = 0; i < MR; i++) {
+                    const float16 a = (float16)ap[i];
+                    s0[i] = fma(a, b0, s0[i]);
+                    s1[i] = fma(a, b1, s1[i]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < MR; i++) { m2[0][i][e] = s0[i]; m2[1][i][e] = s1[i]; }
+        }
+        for (int h = 0; h < 2; h++) {
+            const int j0 = nt * TN + 16 * h;
+            if (j0 >= ntl) break;
+            for (int i = 0; i < nco; i++) {
+                const int co = cbase + i;
+                wino_out16(m2[h][i], has_bias ? bias[co] : 0.0f, has_slope, has_slope ? slope[s_off + co] : 1.0f, y,
+                           y_off + co * (long)OH * OW, Cout, OH, OW, th, tw, t0 + j0, min(16, ntl - j0));
+            }
+        }
+        continue;
+#endif
         for (int h = 0; h < 2; h++) {
             const int j0 = nt * TN + 16 * h;  /* the half's first tile, counted in the chunk */
             if (j0 >= ntl) break;

@@ -30,11 +30,14 @@ WINO_FUSED_MAX_C = 128
 #: 14.7 -> 13.7 ms, 1x32x256^2 11.6 -> 10.3, 1x16x256^2 6.5 -> 4.5, 1x64x128^2 9.3 -> 9.1, 1x128x64^2 9.4 -> 9.1:
 #: 16 and 32 output channels are no longer 18 and 36 rows, and the short channel loop's fold is smaller)
 WINO_FUSED_NARROW_MR = 4
-#: the same on wide vectors (AVX-512: 16 floats, 32 zmm): MR 16 (16 accumulators; 8 where the conv has at most 8
-#: output channels). 2-core Intel Xeon with AVX-512 (AMX listed), medians of 11 alternating in one process, _rows_fit's
-#: MR 8 x 4 unrolled (WC) -> MR 16: 1x16x512^2 16 -> 16 5.06 -> 4.87 ms, 16x32x64^2 -> 32 4.07 -> 4.01, 16x3x64^2 -> 32
-#: 1.29 -> 0.87; 16x32x64^2 -> 3 1.94 (MR 8) against 2.37 (MR 16)
-WINO_FUSED_WIDE_MR = 16
+#: the same on wide vectors (AVX-512: 16 floats, 32 zmm): MR 8, both 16-tile halves of a group at once (H2 in
+#: winograd_cpu.cl, where the input channels are one block: per channel 2 loads of V and 8 broadcasts of U feed 16 sums,
+#: not 1 and 8 for 8). 2-core Intel Xeon with AVX-512, medians of 15 alternating in one process, MR 16 one half at a time
+#: -> H2 MR 8: 1x16x512^2 16 -> 16 5.51 -> 5.12 ms (5.29 -> 4.99), 16x32x64^2 -> 32 4.58 -> 3.97 (4.13 -> 3.90),
+#: 1x64x128^2 64 -> 64 3.50 -> 2.89, 16x32x64^2 -> 3 2.37 -> 2.22 (MR 8 both), 16x3x64^2 -> 32 1.01 -> 0.93; H2 with MR
+#: 16 spills (32 sums: 5.5 -> 7.0 ms), MR 10 and 12 slower than 8
+WINO_FUSED_WIDE_MR = 8
+WINO_FUSED_WIDE_H2 = True
 #: wino_fused and wino_in on wide vectors (AVX-512) read a float32 run wholly inside the image straight from x (WD in
 #: winograd_cpu.cl: no copy of its 4 rows into private memory, whose 8-float stores its 16-float reads at offsets 1-3
 #: could not forward from). 2-core Intel Xeon with AVX-512, medians of 21 alternating in one process: 1x16x512^2 16 ->
@@ -99,7 +102,7 @@ class CLWinograd:
         if fused and self.narrow_vectors:
             params = dict(params, MR=WINO_FUSED_NARROW_MR)
         elif fused and self.is_cpu_device:
-            params = dict(params, MR=WINO_FUSED_WIDE_MR if Cout > 8 else 8)
+            params = dict(params, MR=WINO_FUSED_WIDE_MR)
         else:  # V as gemm_cpu's panels in halves where it takes them (wino_in's BH)
             params = self._b_halves(params)
         mr, msub = params["MR"], params["MSUB"]
@@ -119,6 +122,8 @@ class CLWinograd:
             # is transformed once
             unroll = {"WC": C} if self.is_cpu_device and C <= min(WINO_FUSED_UNROLL_MAX_C, wparams.get("KP", 256)) else {}
             unroll.update(self._wino_in_direct())
+            if WINO_FUSED_WIDE_H2 and self.is_cpu_device and not self.narrow_vectors and C <= wparams.get("KP", 256):
+                unroll["H2"] = 1
             for c0, cc, bb, _ in slices:
                 mt = -(-cc // mr)
                 Up = self._wino_u(w, c0, cc, C, mr, wparams, flag)

@@ -143,10 +143,10 @@ def test_fused_channel_blocks_over_kp(C, monkeypatch):
 
 @pytest.mark.parametrize("xs,cout", [((2, 16, 37, 70), 20), ((1, 8, 64, 130), 8), ((1, 3, 20, 200), 5), ((3, 32, 17, 33), 16)])
 def test_wide_fused_reads_runs_straight_from_x(xs, cout, monkeypatch):
-    """Wide vectors (AVX-512): wino_fused in blocks of 16 output channels (8 up to 8 channels), unrolled over its input
-    channels, and a float32 run wholly inside the image read straight from x (WD): the same bits as through the private
-    row copy (runs inside, runs at the border, groups of no run), and torch's float64 conv within the fused path's
-    bound."""
+    """Wide vectors (AVX-512): wino_fused in blocks of 8 output channels with both 16-tile halves at once (H2), unrolled
+    over its input channels, and a float32 run wholly inside the image read straight from x (WD): the same bits as
+    through the private row copy (runs inside, runs at the border, groups of no run) and as one half at a time, and
+    torch's float64 conv within the fused path's bound."""
     from anydevice.backend.devices.opencl import winograd
     monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 16))  # wide vectors, on any machine
     monkeypatch.setattr(BE, "_conv_path", lambda *a: "winograd")
@@ -168,9 +168,14 @@ def test_wide_fused_reads_runs_straight_from_x(xs, cout, monkeypatch):
     monkeypatch.setattr(winograd, "WINO_IN_DIRECT", True)
     direct = conv()
     fused = [p for name, p in built if name == "wino_fused"]
-    mr = winograd.WINO_FUSED_WIDE_MR if cout > 8 else 8
-    assert fused and all(p.get("WD") == 1 and p["MR"] == mr and p.get("WC") == xs[1] for p in fused), fused
+    assert fused and all(p.get("WD") == 1 and p["MR"] == winograd.WINO_FUSED_WIDE_MR and p.get("WC") == xs[1]
+                         and p.get("H2") == 1 for p in fused), fused
     assert np.array_equal(copied, direct)
+    built.clear()
+    monkeypatch.setattr(winograd, "WINO_FUSED_WIDE_H2", False)  # one 16-tile half at a time: the same sums in order
+    halves = conv()
+    assert all("H2" not in p for name, p in built if name == "wino_fused")
+    assert np.array_equal(halves, direct)
     ref = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(),
                                      torch.from_numpy(b).double(), padding=1).numpy()
     assert np.abs(direct - ref).max() <= 2e-5 * np.abs(ref).max()
