@@ -428,6 +428,30 @@ __kernel void wino_fused(__global const xstore_t *x, const long x_off, __global 
     for (int ci = 0; ci < C; ci++) {
         float16 v[2][4][4];
         if (ci + PFD < C) wino_prefetch_channel(x + (ci + PFD) * H * W, &g, W);
+#if XDT == 0 && defined(WD)
+        if (g.run && g.inside) {  /* wino_in_channel's direct reads, each half's transform in registers (columns of w
+                                     into q, then q's rows straight into Vl): no v or w through private memory */
+            const __global float *xr = x + ci * H * W + g.base[0];
+            _Pragma("unroll") for (int h = 0; h < 2; h++) {
+                float16 q[4][4];
+                _Pragma("unroll") for (int b = 0; b < 4; b++) {
+                    float16 w4[4];
+                    _Pragma("unroll") for (int a = 0; a < 4; a++) {
+                        const __global float *sp = xr + a * W + 32 * h + b;
+                        w4[a] = (float16)(vload16(0, sp).even, vload16(0, sp + 15).odd);
+                    }
+                    BT(w4[0], w4[1], w4[2], w4[3], q[0][b], q[1][b], q[2][b], q[3][b])
+                }
+                _Pragma("unroll") for (int a = 0; a < 4; a++) {
+                    float16 o[4];
+                    BT(q[a][0], q[a][1], q[a][2], q[a][3], o[0], o[1], o[2], o[3])
+                    acc += (o[0] + o[1]) + (o[2] + o[3]);
+                    _Pragma("unroll") for (int b = 0; b < 4; b++) vstore16(o[b], 0, Vl + (4 * a + b) * es + ci * TN + 16 * h);
+                }
+            }
+            continue;
+        }
+#endif
         wino_in_channel(x + ci * H * W, &g, W, v);
         for (int h = 0; h < 2; h++)
             for (int a = 0; a < 4; a++) {
