@@ -417,6 +417,11 @@ __kernel void wino_fused(__global const xstore_t *x, const long x_off, __global 
 #ifndef H2
 #define H2 0
 #endif
+#ifdef WC  /* the product loop over the input channels: unrolled whole where built for C (WC) */
+#define WINO_C_LOOP(k) _Pragma("unroll") for (int k = 0; k < WC; k++)
+#else
+#define WINO_C_LOOP(k) for (int k = 0; k < C; k++)
+#endif
     /* WC: the input channels C as a build constant (the host sets it to C, for few channels): the product loop is
        unrolled whole */
     const int nt = get_global_id(0);
@@ -474,12 +479,7 @@ __kernel void wino_fused(__global const xstore_t *x, const long x_off, __global 
             float16 s0[MR], s1[MR];
 #pragma unroll
             for (int i = 0; i < MR; i++) { s0[i] = 0.0f; s1[i] = 0.0f; }
-#ifdef WC
-#pragma unroll
-            for (int k = 0; k < WC; k++) {
-#else
-            for (int k = 0; k < C; k++) {
-#endif
+            WINO_C_LOOP(k) {
                 const float16 b0 = vload16(0, vp + k * TN), b1 = vload16(0, vp + k * TN + 16);
                 const __global float *ap = up + k * MR;
 #pragma unroll
@@ -516,12 +516,7 @@ __kernel void wino_fused(__global const xstore_t *x, const long x_off, __global 
                     float16 s[MR];
 #pragma unroll
                     for (int i = 0; i < MR; i++) s[i] = 0.0f;
-#ifdef WC
-#pragma unroll
-                    for (int k = 0; k < WC; k++) {
-#else
-                    for (int k = 0; k < C; k++) {
-#endif
+                    WINO_C_LOOP(k) {
                         const float16 b = vload16(0, vp + k * TN);
                         const __global float *ap = up + k * MR;
 #pragma unroll

@@ -73,24 +73,6 @@ def test_wide_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
     assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
 
 
-def test_wide_rows_kernel_inf_nan_like_torch(monkeypatch):
-    """As below on wide vectors (VR, a value dim of 40)."""
-    rng = np.random.default_rng(4)
-    q = rng.standard_normal((1, 2, 40, 16)).astype(np.float32)
-    k = rng.standard_normal((1, 2, 70, 16)).astype(np.float32)
-    v = rng.standard_normal((1, 2, 70, 40)).astype(np.float32)
-    q[0, 0, 1, 2] = np.nan
-    k[0, 1, 33, 0] = np.inf
-    v[0, 0, 40, 1] = -np.inf
-    q[0, 1, 20, 1] = -np.inf
-    got, launched = _sdpa(monkeypatch, q, k, v, width=16)
-    assert "att_cpu_rows" in launched, launched
-    ref = _ref(q, k, v)
-    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
-    fin = np.isfinite(ref)
-    assert np.abs(got[fin] - ref[fin]).max() <= 1e-5 * np.abs(ref[fin]).max()
-
-
 def test_rows_kernel_batch_broadcast_and_scale(monkeypatch):
     """k and v shared by the heads' batch entries (strides 0 over the outer batch), a scale of its own."""
     rng = np.random.default_rng(7)
@@ -103,18 +85,19 @@ def test_rows_kernel_batch_broadcast_and_scale(monkeypatch):
     assert np.linalg.norm(got - ref) <= 2e-6 * np.linalg.norm(ref)
 
 
-def test_rows_kernel_inf_nan_like_torch(monkeypatch):
+@pytest.mark.parametrize("width,ev", [(8, 16), (16, 40)])  # (wide vectors: the value pass over rows, VR)
+def test_rows_kernel_inf_nan_like_torch(monkeypatch, width, ev):
     """A NaN query value, an infinite key value (its key's scores +-inf), a -inf value and a -inf query value: NaN
     and Inf where torch has them, the other rows within the bound."""
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 2, 40, 16)).astype(np.float32)
     k = rng.standard_normal((1, 2, 70, 16)).astype(np.float32)
-    v = rng.standard_normal((1, 2, 70, 16)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 70, ev)).astype(np.float32)
     q[0, 0, 1, 2] = np.nan
     k[0, 1, 33, 0] = np.inf
     v[0, 0, 40, 1] = -np.inf
     q[0, 1, 20, 1] = -np.inf
-    got, launched = _sdpa(monkeypatch, q, k, v)
+    got, launched = _sdpa(monkeypatch, q, k, v, width=width)
     assert "att_cpu_rows" in launched, launched
     ref = _ref(q, k, v)
     assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))

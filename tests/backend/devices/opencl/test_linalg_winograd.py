@@ -15,6 +15,15 @@ except Exception as exc:  # noqa: BLE001
     pytest.skip(f"OpenCL unavailable: {exc}", allow_module_level=True)
 torch = pytest.importorskip("torch")
 
+def _builds(monkeypatch) -> list:
+    """The (kernel name, build options) of every kernel the backend asks for from now on."""
+    built = []
+    kernel = BE._kernel
+    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
+                                                                            kernel(name, params, *a, **k))[1])
+    return built
+
+
 CASES = [((1, 32, 64, 64), 32, 1, True),    # tw 32: every group one run
          ((2, 32, 66, 71), 40, 1, True),    # runs, groups crossing rows and images, odd output width
          ((1, 48, 130, 64), 32, 0, False),  # no padding: 128x62 outputs
@@ -36,10 +45,7 @@ def test_winograd_conv_matches_torch(xs, cout, pad, bias, fused, nt, monkeypatch
         # BH needs gemm_cpu's two 16-column passes (NH 2, AVX2's default): forced here on any machine
         monkeypatch.setattr(BE, "tunables", lambda f, sc="": dict(tunables(f, sc), **({"NH": 2, "MR": 6} if f == "gemm_cpu.cl" else {})))
     monkeypatch.setattr(winograd, "WINO_NT_MIN_BYTES", 0 if nt else 1 << 62)
-    built = []
-    kernel = BE._kernel
-    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
-                                                                            kernel(name, params, *a, **k))[1])
+    built = _builds(monkeypatch)
     rng = np.random.default_rng(sum(xs) + cout)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((cout, xs[1], 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)
@@ -93,10 +99,7 @@ def test_fused_unrolled_channels_give_the_same_bits(C, monkeypatch):
     from anydevice.backend.devices.opencl import winograd
     monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 8))  # narrow vectors (AVX2), on any machine
     monkeypatch.setattr(BE, "_conv_path", lambda *a: "winograd")
-    built = []
-    kernel = BE._kernel
-    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
-                                                                            kernel(name, params, *a, **k))[1])
+    built = _builds(monkeypatch)
     rng = np.random.default_rng(C)
     x = rng.standard_normal((2, C, 37, 70)).astype(np.float32)  # runs and gathers, a partial last group
     w = (rng.standard_normal((20, C, 3, 3)) / np.sqrt(9 * C)).astype(np.float32)
@@ -127,10 +130,7 @@ def test_fused_channel_blocks_over_kp(C, monkeypatch):
     monkeypatch.setattr(BE, "_conv_path", lambda *a: "winograd")
     tunables = BE.tunables
     monkeypatch.setattr(BE, "tunables", lambda f, sc="": dict(tunables(f, sc), **({"KP": 8} if f == "gemm_cpu.cl" else {})))
-    built = []
-    kernel = BE._kernel
-    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
-                                                                            kernel(name, params, *a, **k))[1])
+    built = _builds(monkeypatch)
     rng = np.random.default_rng(C + 1)
     x = rng.standard_normal((1, C, 30, 66)).astype(np.float32)
     w = (rng.standard_normal((12, C, 3, 3)) / np.sqrt(9 * C)).astype(np.float32)
@@ -150,10 +150,7 @@ def test_wide_fused_reads_runs_straight_from_x(xs, cout, monkeypatch):
     from anydevice.backend.devices.opencl import winograd
     monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 16))  # wide vectors, on any machine
     monkeypatch.setattr(BE, "_conv_path", lambda *a: "winograd")
-    built = []
-    kernel = BE._kernel
-    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
-                                                                            kernel(name, params, *a, **k))[1])
+    built = _builds(monkeypatch)
     rng = np.random.default_rng(sum(xs) + cout)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((cout, xs[1], 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)
