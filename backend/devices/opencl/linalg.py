@@ -14,50 +14,11 @@ from ...ops.plans import conv2d_geometry, conv_transpose2d_geometry
 from ...ops.quant import FORMATS
 from .memory import CLArray, CLHalf, CLQuant, _Block
 from .winograd import WINO_FUSED_MAX_C
-from .params import (DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, HALF_CODES, PACK_K, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES,
-                     _direct_spec, gemm_grouped)
+from .params import (ATT_NL, DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, GEMM_A_UNPACKED, GEMM_B_CHUNK_BYTES,  # noqa: F401
+                     GEMM_B_HALVES, HALF_CODES, LINEAR_TRANSPOSED, LINEAR_TRANSPOSED_MAX_ROWS, LINEAR_TRANSPOSED_RATIO, PACK_K,
+                     POINTWISE_GEMM, POINTWISE_MIN_PIXELS, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINOGRAD_MIN_TILES,
+                     WINOGRAD_NARROW_MIN_CH, WINOGRAD_WIDE, _direct_spec, gemm_grouped)
 
-#: CPU devices with narrow vectors (AVX2): 3x3 convs with at least this many channels on both sides take Winograd
-WINOGRAD_NARROW_MIN_CH = 16
-#: CPU devices with wide vectors (AVX-512): 3x3 stride-1 convs of at most WINO_FUSED_MAX_C input channels take
-#: Winograd (wino_fused) from 8 input channels, or fewer on rows the direct kernel pads (_conv_path). 2-core Intel Xeon
-#: with AVX-512, medians of 11 alternating in one process, direct -> Winograd: 1x16x512^2 16 -> 16 7.48 -> 4.87 ms
-#: (PyTorch 5.6-17), 16x32x64^2 -> 32 7.42 -> 4.01, 1x64x128^2 64 -> 64 6.59 -> 3.04, 1x8x256^2 8 -> 8 2.66 -> 0.72-1.13,
-#: 16x3x64^2 -> 32 1.80 -> 0.87, 16x32x64^2 -> 3 3.05 -> 1.94; 1x3x1024^2 -> 16 6.13 direct against 6.57
-WINOGRAD_WIDE = True
-#: CPU family: Winograd from this many 2x2 output tiles in all (the filter transform, 16 values an input and output
-#: channel pair, is paid once a call; under it im2col's GEMM takes less). 2-core AVX2 EPYC, medians of 7 in one process,
-#: Winograd against im2col: 1x1280x8^2 1280 -> 1280 (16 tiles) 30.1 / 22.3 ms, 1x2560x8^2 59.1 / 44.8; 2x1280x8^2 (32)
-#: 29.6 / 40.1, 1x1280x16^2 (64) 44.5 / 68.4
-WINOGRAD_MIN_TILES = 32
-#: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
-#: is short, so one tile a work item spent more on PoCL's per-group cost than on the product)
-ATT_NL = 8
-#: CPU family, gemm_cpu in two 16-column passes (NH 2: AVX2): _gemm packs B as two K x 16 halves a panel (gemm_cpu.cl's
-#: BH), so a pass reads its rows contiguously. 2-core AVX2 EPYC, medians in one process: 1000^2 14.2 -> 13.8 ms,
-#: 1024^2 16.7 -> 16.1, 2000^2 120.0 -> 117.5, 2048^2 145.3 -> 132.9. _gemm's own packing (pack_b) and the unfused
-#: Winograd's V (wino_in: 1x320x64^2 320 -> 320 29.4 -> 26.4 ms), and im2col_pack (the conv GEMM path).
-GEMM_B_HALVES = True
-#: CPU family: gemm_cpu reads a float32 A stored row by row (one for every batch: a matmul's, a linear layer's input, an
-#: im2col or 1x1 conv's weight) as it is (AU: six row streams), no pack_a pass. 2-core AVX2 EPYC, paired runs in one
-#: process: 1x1280x16^2 s2 conv 22.7 -> 14.8 ms, 1x1280x8^2 21.7 -> 14.6, 1x640x32^2 s2 20.8 -> 18.9, linear
-#: 4096 x 320 -> 320 8.7 -> 8.1, matmul 2048^2 119 -> 115-118; SD1.5 UNet step 6.79 -> 6.64 s (medians of 6)
-GEMM_A_UNPACKED = True
-#: CPU family: _gemm packs B and runs gemm_cpu in column chunks of about this many bytes of packed panels (all
-#: batches), so that a chunk is still in cache when gemm_cpu reads it, where B is larger (0: B packed whole).
-#: 2-core AVX2 EPYC, medians of 11 in one process: a 1x1 conv 1x256x512^2 -> 128 (268 MB of B) 359 -> 260 ms
-#: (4 MiB 271); 2x320x64^2 and matmul 2048^2 / 4096^2 level
-GEMM_B_CHUNK_BYTES = 8 << 20
-#: CPU family: 1x1 convs (stride 1, no padding, one group, at least POINTWISE_MIN_PIXELS an image; the input within the
-#: workspace budget) as _gemm's batched GEMM, an image a batch: B packed straight from x (pack_b, in halves), the bias
-#: in gemm_cpu's epilogue. They took the direct kernel (K up to DIRECT_MAX_K: DCO x 32 tiles, 8 accumulators on AVX2)
-#: or im2col. 2-core AVX2 EPYC, medians of 7 in one process, direct / im2col -> this (PyTorch):
-#: 2x320x64^2 320 -> 320 57.5 / 26.8 -> 14.5 ms (20.3), 2x320x64^2 320 -> 640 54.5 / 35.0 -> 27.1 (50.1),
-#: 2x1280x16^2 1280 -> 1280 22.3 / 16.7 -> 13.9 (12.1), 1x512x256^2 512 -> 256 265 / 270 -> 164 (267),
-#: 8x64x56^2 64 -> 256 15.1 / 13.0 -> 9.5 (34.4). Under 64 pixels an image (32x512x7^2: 9.2 against im2col's 8.9)
-#: the partial 32-column panel of every image costs what the packing saves.
-POINTWISE_GEMM = True
-POINTWISE_MIN_PIXELS = 64
 
 
 class LinalgOps:
@@ -98,9 +59,10 @@ class LinalgOps:
 
     # ---- matmul ------------------------------------------------------------------------------
     def _gemm(self, M, N, K, batches, A, a_off, sam, sak, a_bs, B, b_off, sbk, sbn, b_bs, out_shape=None,
-              out_dtype="float32", out=None, bias=None):
+              out_dtype="float32", out=None, bias=None, out_t=False):
         """C (batches, M, N) contiguous = A . B with strided operands (strides in elements). C is float32,
         or ``out_dtype`` where the CPU family's packed GEMM stores it (gemm_cpu's YDT: rounded once).
+        ``out_t`` (CPU family, one batch, past SMALL_GEMM_MACS): C stored transposed, C[m][n] at out[n][m].
         CPU family, M * N * K past SMALL_GEMM_MACS: into ``out`` (contiguous, float32 or half) where given,
         plus ``bias`` (M floats at offset 0) per row where given."""
         shape = out_shape or (batches, M, N)
@@ -166,10 +128,12 @@ class LinalgOps:
                     Bp = self._empty((bb, nt * 32 * K))
                     self._run("pack_b", (kb, nt, bb), cpu_l, nc, K, B.buffer, b_off + n0 * sbn, sbk, sbn, b_bs,
                               Bp.buffer, *self._wq(B), params={**params, **self._wdt(B)})
+                # C's place: rows of N (c_off, ldc, c_bs, cseg, cseg_stride), or transposed: column n at n * M
+                cmap = (m0, 1, M * N, 1, M) if out_t else (m0 * N, N, M * N, 1 << 30, 0)
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
                           mc, nc, K, Ap.buffer, a0, Bp.buffer,
-                          (nt * 32 * K) if bb > 1 else 0, out.buffer, m0 * N, N, M * N,
-                          out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, 1 << 30, 0, n0,
+                          (nt * 32 * K) if bb > 1 else 0, out.buffer, *cmap[:3],
+                          out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, *cmap[3:], n0,
                           params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
             del Ap
         return out
@@ -342,6 +306,12 @@ class LinalgOps:
         rows, K = math.prod(sx[:-1]), sx[-1]
         Nout = sw[0]
         self._check_size("linear", (rows, Nout))
+        if (LINEAR_TRANSPOSED and self.family == "cpu" and not self._compressed(w) and rows * Nout * K > SMALL_GEMM_MACS
+                and rows <= LINEAR_TRANSPOSED_MAX_ROWS and rows * LINEAR_TRANSPOSED_RATIO <= Nout
+                and (b is None or self._dtype(b) == "float32")):
+            # y^T = w x^T: the weight is A as stored (its rows of K), only x is packed; the bias in the epilogue
+            y = self._empty(sx[:-1] + (Nout,))
+            return self._gemm(Nout, rows, K, 1, w, w.offset, K, 1, 0, x, x.offset, 1, K, 0, out=y, bias=b, out_t=True)
         y = self._gemm(rows, Nout, K, 1, x, x.offset, K, 1, 0, w, w.offset, 1, K, 0,
                        out_shape=sx[:-1] + (Nout,))
         return y if b is None else self._binary("add", y, b)

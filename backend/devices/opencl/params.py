@@ -57,6 +57,59 @@ KFILES = {k: (KERNELS[k].file, KERNELS[k].file.endswith(".cu")) for k in OPENCL_
 SIGS = {k: cl_scalar_dtypes(k) for k in OPENCL_KERNELS + ("probe_kernel",)}
 PROBE_SRC = "__kernel void probe_kernel(__global float *x) { x[get_global_id(0)] = 2.0f * x[get_global_id(0)] + 1.0f; }\n"
 
+# ---- the CPU family's GEMM and conv paths (opencl/linalg.py reads them; tests set them on linalg) ----
+#: CPU devices with narrow vectors (AVX2): 3x3 convs with at least this many channels on both sides take Winograd
+WINOGRAD_NARROW_MIN_CH = 16
+#: CPU devices with wide vectors (AVX-512): 3x3 stride-1 convs of at most WINO_FUSED_MAX_C input channels take
+#: Winograd (wino_fused) from 8 input channels, or fewer on rows the direct kernel pads (_conv_path). 2-core Intel Xeon
+#: with AVX-512, medians of 11 alternating in one process, direct -> Winograd: 1x16x512^2 16 -> 16 7.48 -> 4.87 ms
+#: (PyTorch 5.6-17), 16x32x64^2 -> 32 7.42 -> 4.01, 1x64x128^2 64 -> 64 6.59 -> 3.04, 1x8x256^2 8 -> 8 2.66 -> 0.72-1.13,
+#: 16x3x64^2 -> 32 1.80 -> 0.87, 16x32x64^2 -> 3 3.05 -> 1.94; 1x3x1024^2 -> 16 6.13 direct against 6.57
+WINOGRAD_WIDE = True
+#: CPU family: Winograd from this many 2x2 output tiles in all (the filter transform, 16 values an input and output
+#: channel pair, is paid once a call; under it im2col's GEMM takes less). 2-core AVX2 EPYC, medians of 7 in one process,
+#: Winograd against im2col: 1x1280x8^2 1280 -> 1280 (16 tiles) 30.1 / 22.3 ms, 1x2560x8^2 59.1 / 44.8; 2x1280x8^2 (32)
+#: 29.6 / 40.1, 1x1280x16^2 (64) 44.5 / 68.4
+WINOGRAD_MIN_TILES = 32
+#: CPU-family attention: column tiles of 32 one gemm_cpu work item computes in s = q k^T (K = E
+#: is short, so one tile a work item spent more on PoCL's per-group cost than on the product)
+ATT_NL = 8
+#: CPU family, gemm_cpu in two 16-column passes (NH 2: AVX2): _gemm packs B as two K x 16 halves a panel (gemm_cpu.cl's
+#: BH), so a pass reads its rows contiguously. 2-core AVX2 EPYC, medians in one process: 1000^2 14.2 -> 13.8 ms,
+#: 1024^2 16.7 -> 16.1, 2000^2 120.0 -> 117.5, 2048^2 145.3 -> 132.9. _gemm's own packing (pack_b) and the unfused
+#: Winograd's V (wino_in: 1x320x64^2 320 -> 320 29.4 -> 26.4 ms), and im2col_pack (the conv GEMM path).
+GEMM_B_HALVES = True
+#: CPU family: gemm_cpu reads a float32 A stored row by row (one for every batch: a matmul's, a linear layer's input, an
+#: im2col or 1x1 conv's weight) as it is (AU: six row streams), no pack_a pass. 2-core AVX2 EPYC, paired runs in one
+#: process: 1x1280x16^2 s2 conv 22.7 -> 14.8 ms, 1x1280x8^2 21.7 -> 14.6, 1x640x32^2 s2 20.8 -> 18.9, linear
+#: 4096 x 320 -> 320 8.7 -> 8.1, matmul 2048^2 119 -> 115-118; SD1.5 UNet step 6.79 -> 6.64 s (medians of 6)
+GEMM_A_UNPACKED = True
+#: CPU family: _gemm packs B and runs gemm_cpu in column chunks of about this many bytes of packed panels (all
+#: batches), so that a chunk is still in cache when gemm_cpu reads it, where B is larger (0: B packed whole).
+#: 2-core AVX2 EPYC, medians of 11 in one process: a 1x1 conv 1x256x512^2 -> 128 (268 MB of B) 359 -> 260 ms
+#: (4 MiB 271); 2x320x64^2 and matmul 2048^2 / 4096^2 level
+GEMM_B_CHUNK_BYTES = 8 << 20
+#: CPU family: 1x1 convs (stride 1, no padding, one group, at least POINTWISE_MIN_PIXELS an image; the input within the
+#: workspace budget) as _gemm's batched GEMM, an image a batch: B packed straight from x (pack_b, in halves), the bias
+#: in gemm_cpu's epilogue. They took the direct kernel (K up to DIRECT_MAX_K: DCO x 32 tiles, 8 accumulators on AVX2)
+#: or im2col. 2-core AVX2 EPYC, medians of 7 in one process, direct / im2col -> this (PyTorch):
+#: 2x320x64^2 320 -> 320 57.5 / 26.8 -> 14.5 ms (20.3), 2x320x64^2 320 -> 640 54.5 / 35.0 -> 27.1 (50.1),
+#: 2x1280x16^2 1280 -> 1280 22.3 / 16.7 -> 13.9 (12.1), 1x512x256^2 512 -> 256 265 / 270 -> 164 (267),
+#: 8x64x56^2 64 -> 256 15.1 / 13.0 -> 9.5 (34.4). Under 64 pixels an image (32x512x7^2: 9.2 against im2col's 8.9)
+#: the partial 32-column panel of every image costs what the packing saves.
+POINTWISE_GEMM = True
+#: CPU family: a linear layer of at most LINEAR_TRANSPOSED_MAX_ROWS input rows and at least LINEAR_TRANSPOSED_RATIO
+#: times as many outputs (a text encoder's 77 tokens, a UNet's 8^2 and 16^2 levels) as y^T = w x^T: the float32 weight
+#: read as stored (gemm_cpu's A; its pack was a pass over the whole weight for few rows: 9 of 35 ms for 256 x 1280 ->
+#: 10240), only x packed, the result stored transposed, the bias in the epilogue. 2-core Intel Xeon with AVX-512, medians
+#: of 11 alternating in one process (PyTorch): 256 x 1280 -> 10240 32.0 -> 25.1 ms (23.2), 77 x 768 -> 3072 3.18 -> 1.97
+#: (1.35), 77 x 4096 -> 4096 19.4 -> 14.3 (10.3), 256 x 5120 -> 1280 16.5 -> 12.2 (9.9), 320 x 1024 -> 2048 6.11 ->
+#: 5.66; 512 rows level (512 x 640 -> 5120 15.2 / 14.6, 512 x 1280 -> 1280 6.04 / 6.13), 1024 rows slower
+LINEAR_TRANSPOSED = True
+LINEAR_TRANSPOSED_MAX_ROWS = 384
+LINEAR_TRANSPOSED_RATIO = 2
+POINTWISE_MIN_PIXELS = 64
+
 #: gemm_cpu's work order (build option GM, gemm_grouped): where packed A is over twice this many bytes, its row blocks
 #: go in groups of about this many bytes, each group taken down one column tile at a time, so that the group's A stays
 #: in L3 while the B panels stream (row blocks fastest streamed all of A once a column tile: 16 MiB at 2048^2).
