@@ -56,16 +56,17 @@ def test_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
 @pytest.mark.parametrize("L,S", [(8, 1), (17, 33), (70, 83), (64, 64), (100, 200)])
 def test_wide_rows_kernel_matches_float64(monkeypatch, E, Ev, L, S):
     """Wide vectors: att_cpu_rows (two 16-row groups a score pass) for value dims up to 128, with the value pass over
-    rows (VR) where the value dim is not a multiple of 16 and has a divisor of at least 8 up to 24 (VC); att_cpu for
-    larger value dims."""
+    rows (VR) where the value dim is not a multiple of 16 and has a divisor of at least 8 up to 24 (VC), in blocks of 32
+    keys where those pad fewer keys than 64; att_cpu for larger value dims."""
     from anydevice.backend.devices.opencl import attention
     rng = np.random.default_rng(E * 1000 + Ev * 10 + L + S)
     q = rng.standard_normal((2, 3, L, E)).astype(np.float32)
     k = (2 * rng.standard_normal((2, 3, S, E))).astype(np.float32)
     v = rng.standard_normal((2, 3, S, Ev)).astype(np.float32)
     got, launched = _sdpa(monkeypatch, q, k, v, width=16)
-    p = attention.rows_params(E, Ev, False)
+    p = attention.rows_params(E, Ev, False, S)
     assert p["G2"] == 2 and bool(p.get("VR")) == (Ev in (40, 24, 72, 56, 100, 8)), p
+    assert p["KB"] == (32 if S in (1, 83, 200) else 64), p  # blocks of 32 keys where they pad fewer keys than 64
     want = "att_cpu_rows" if Ev <= 128 else "att_cpu"
     assert want in launched and ({"att_cpu", "att_cpu_rows"} - {want}).pop() not in launched, launched
     ref = _ref(q, k, v)
