@@ -134,7 +134,7 @@ class LinalgOps:
                           mc, nc, K, Ap.buffer, a0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, *cmap[:3],
                           out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, *cmap[3:], n0,
-                          params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
+                          params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes, self.gemm_one_block_k), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
             del Ap
         return out
 
@@ -419,7 +419,7 @@ class LinalgOps:
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, G), cpu_l,
                           mc, nc, K, Ap.buffer, w.offset + m0 * K if au else mt * mr * K, Bp.buffer, nt * 32 * K,
                           out.buffer, m0 * P, P, CoutG * P, bb.buffer if hb else bbuf, hb, mc, P, Cout * P, c0,
-                          params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
+                          params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes, self.gemm_one_block_k), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
                 del Ap
         return out
 

@@ -124,10 +124,21 @@ GEMM_GROUP_BYTES = 3 << 20
 GEMM_GROUP_L2_FRACTION = 0.5
 
 
-def gemm_grouped(params: dict, rows: int, K: int, col_tiles: int, group_bytes: int | None = None) -> dict:
+#: gemm_cpu on wide vectors (the backend's gemm_one_block_k): K over KC and up to this many in one block of KC = this
+#: (KP 256), not KC and a short tail (K = 320: 256 + 64). 2-core Intel Xeon with AVX-512, medians of 11-15 alternating in
+#: one process: 2x320x64^2 320 -> 320 (Winograd, its 16 products K = 320) 31.6 -> 28.6 ms (a later run on a noisier
+#: host: 36.5 -> 36.2, 37.7 -> 36.8), linear 4096 x 320 -> 320 3.38 -> 3.29 (3.69 -> 3.54), 1024^2 x 512 4.44 -> 4.28;
+#: 4096 x 320 -> 1280 and 4096 x 512 -> 512 level
+GEMM_ONE_BLOCK_K = 512
+
+
+def gemm_grouped(params: dict, rows: int, K: int, col_tiles: int, group_bytes: int | None = None,
+                 one_block_k: int = 0) -> dict:
     """gemm_cpu's build options for a product of ``rows`` rows, K deep, over ``col_tiles`` column tiles (a launch's
     dimension 1): GM, a power of two (few builds), where A is over two groups of ``group_bytes`` (the backend's
-    gemm_group_bytes)."""
+    gemm_group_bytes); KC = ``one_block_k`` where K is over KC and within it (the backend's gemm_one_block_k)."""
+    if one_block_k and params["KC"] < K <= one_block_k:
+        params = dict(params, KC=one_block_k, KP=max(params["KP"], 256))
     group_bytes = GEMM_GROUP_BYTES if group_bytes is None else group_bytes
     block = 4 * params["MR"] * params["MSUB"] * max(1, K)  # bytes of one row block's packed A
     g = group_bytes // block

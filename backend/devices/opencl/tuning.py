@@ -52,6 +52,11 @@ class CLTuning:
             return P.GEMM_GROUP_BYTES
         return min(P.GEMM_GROUP_BYTES, int(int(self.dev.local_mem_size) * P.GEMM_GROUP_L2_FRACTION))
 
+    @property
+    def gemm_one_block_k(self) -> int:
+        """gemm_cpu's one-block K (params.GEMM_ONE_BLOCK_K) on wide vectors; 0 (KC as tuned) elsewhere."""
+        return P.GEMM_ONE_BLOCK_K if self.is_cpu_device and not self.narrow_vectors else 0
+
     def default_tunables(self, fname: str) -> dict:
         """A kernel file's build-time defaults on this device (DEFAULT_TUNE, NARROW_TUNE's on narrow vectors)."""
         if self.narrow_vectors and fname in NARROW_TUNE:

@@ -156,7 +156,7 @@ class CLWinograd:
                         sl[3] = Up  # the whole weight: transformed once for every tile chunk
                 self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
                           cc, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
-                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=gemm_grouped(params, cc, C, nt, self.gemm_group_bytes))
+                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=gemm_grouped(params, cc, C, nt, self.gemm_group_bytes, self.gemm_one_block_k))
                 del Up
                 self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
                           out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,

@@ -175,3 +175,26 @@ def _check_direct_convs(monkeypatch, want, xs, cout, k, stride, padding, dilatio
     wt = (rng.standard_normal((xs[1], cout, k, k)) / k).astype(np.float32)
     yt = BE.to_numpy(BE.conv_transpose2d(x, wt, None, stride, padding, 0, groups=1, dilation=dilation))
     assert _err(yt, F.conv_transpose2d(_t(x), _t(wt), None, stride, padding, 0, 1, dilation)) < 2e-6
+
+
+@pytest.mark.parametrize("K", [200, 320, 500, 700])
+def test_wide_gemm_takes_one_k_block_up_to_512(monkeypatch, K):
+    """Wide vectors: gemm_cpu runs a K over its KC and up to GEMM_ONE_BLOCK_K as one block (KC 512, no 64-value
+    tail for K = 320); other K keep the tuned KC. Against float64 either way."""
+    if not BE.is_cpu_device:
+        pytest.skip("the CPU kernel family's GEMM")
+    from anydevice.backend.devices.opencl import params as P
+    monkeypatch.setattr(type(BE), "vector_width", property(lambda self: 16))
+    built = []
+    kernel = BE._kernel
+    monkeypatch.setattr(BE, "_kernel", lambda name, params=None, *a, **k: (built.append((name, dict(params or {}))),
+                                                                            kernel(name, params, *a, **k))[1])
+    rng = np.random.default_rng(K)
+    a = rng.standard_normal((300, K)).astype(np.float32)
+    b = rng.standard_normal((K, 200)).astype(np.float32)
+    y = np.asarray(BE.to_numpy(BE.matmul(BE.to_device(a), BE.to_device(b))), np.float64)
+    kcs = {p["KC"] for name, p in built if name == "gemm_cpu"}
+    kc = BE.tunables("gemm_cpu.cl")["KC"]
+    assert kcs == ({P.GEMM_ONE_BLOCK_K} if kc < K <= P.GEMM_ONE_BLOCK_K else {kc}), (kcs, built)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
