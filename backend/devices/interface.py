@@ -76,6 +76,9 @@ FUSED_KERNELS = {
                       "they are stored (scaled_dot_product_attention keeps them half; its result is float32)",
     "half_conv": "no method: _conv2d takes a float16/bfloat16 input as it is stored (the device converts it "
                  "where a path does not read it so); its result is float32 or the input's dtype",
+    "linear_weight": "no method: _linear reads its (N, K) weight as stored at least as fast as _mm reads the weight's "
+                     "transpose, so a compiled graph keeps a linear weight as it is rather than its folded transpose "
+                     "(compile/lowering.py: matmul's b as quant.Transposed, the product through _linear)",
 }
 
 

@@ -315,3 +315,26 @@ def test_attention_ranks(shape):
     with torch.inference_mode():
         y = c(q, k, v)
     assert rel(y, f(q.double(), k.double(), v.double())) <= TOL
+
+
+def test_linear_weights_kept_as_stored(backend_target):
+    """A linear layer's weight transpose (a folded constant matmul reads) is kept as the weight itself on a device
+    whose linear reads it as stored ("linear_weight": quant.Transposed, the product through ``linear``: few rows then
+    need no pack of the weight); the values match eager float64 on every backend, with and without bias, over few
+    and many rows."""
+    torch.manual_seed(11)
+    m = nn.Sequential(nn.Linear(96, 400), nn.GELU(), nn.Linear(400, 64, bias=False)).eval()
+    ref = copy.deepcopy(m).double()
+    c = torch.compile(m, backend="anydevice", options={"device": backend_target})
+    calls = []
+    linear = backend_target._linear
+    backend_target._linear = lambda x, w, b: (calls.append(tuple(backend_target._shape(w))), linear(x, w, b))[1]
+    try:
+        with torch.inference_mode():
+            for rows in (5, 77, 700):
+                x = torch.randn(rows, 96)
+                assert rel(c(x), ref(x.double())) <= TOL
+    finally:
+        del backend_target._linear
+    if "linear_weight" in backend_target.caps.fused:
+        assert (400, 96) in calls and (64, 400) in calls, calls
