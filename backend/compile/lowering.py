@@ -35,8 +35,8 @@ from ..ops import quant as _quant
 from ..system import cancel
 from ..system.errors import AnyDeviceError
 from . import aten_ops, quant_ops, replay
-from .weights import (FLOAT8, Weights, _is_transpose, device_nbytes, float8_chains, float8_upload, quant_selection,
-                      quantizable_use, quantized_upload, version_of)
+from .weights import (FLOAT8, Weights, _is_transpose, device_nbytes, float8_chains, float8_upload, linear_transposes,
+                      quant_selection, quantized_upload, version_of)
 from . import report as _report
 from .report import Counting, Stats
 
@@ -254,15 +254,8 @@ class Lowered:
         #: the quantized folded constants that are a weight's transpose (matmul's b = linear's w.T)
         self.quant_t = {x for x in self.quant_nodes if kind[x] == "const" and x.op == "call_function"
                         and _is_transpose(x) and _meta(x).dim() == 2}
-        #: the other folded transposes of a 2-D weight read only as a matmul's b (linear's w.T, where the device's
-        #: linear reads w as stored: ``caps.fused`` "linear_weight"): uploaded as w, handed over as quant.Transposed
-        self.float_t = set() if "linear_weight" not in be.caps.fused else {
-            x for x in nodes if kind[x] == "const" and x.op == "call_function"
-            and x not in self.quant_nodes and x not in self.float8 and _is_transpose(x) and _meta(x).dim() == 2
-            and _meta(x).is_floating_point() and users.get(x) and all(
-                kind.get(u) == "lower" and quantizable_use(u, x)
-                and getattr(getattr(u.target, "overloadpacket", None), "__name__", None) in ("mm", "matmul", "addmm")
-                for u in users[x])}
+        #: the other folded transposes of a 2-D weight only a matmul reads (uploaded as the weight: quant.Transposed)
+        self.float_t = linear_transposes(be, nodes, kind, users, _meta) - self.quant_nodes - set(self.float8)
         # const nodes read by non-const nodes: the frontier uploaded (or kept on the host) per fold
         self.const_nodes = [n for n in nodes if kind[n] == "const"]
         # last use, to drop arrays as soon as possible
@@ -420,8 +413,8 @@ class Lowered:
                     a = self._fold_dev[x] = quantized_upload(be, v, self.quant, x in self.quant_t)
                     self.count.transfer("constants", a.nbytes)
                 elif a is None and x in self.float_t:  # a linear weight's transpose: the weight as stored, (N, K)
-                    w = be.to_device(v.t(), "compile", "constant", constant=True, dtype=self.weights.store(v))
-                    a = self._fold_dev[x] = _quant.Transposed(w)
+                    a = self._fold_dev[x] = _quant.Transposed(be.to_device(v.t(), "compile", "constant", constant=True,
+                                                                           dtype=self.weights.store(v)))
                     self.count.transfer("constants", self.weights.itemsize(v) * v.numel())
                 elif a is None:
                     a = self._fold_dev[x] = be.to_device(v, "compile", "constant", constant=True,

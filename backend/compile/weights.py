@@ -213,6 +213,25 @@ _CASTS = ("_to_copy", "convert_element_type", "to", "clone", "contiguous")
 FLOAT8 = {"torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "float8_e5m2"}
 
 
+def linear_transposes(be, nodes, kind: dict, users: dict, meta) -> set:
+    """The folded transposes of a 2-D floating weight read only as a matmul's b (linear's w.T), where ``be``'s linear
+    reads w as stored (``caps.fused`` "linear_weight"; else none): the graph keeps w and hands it over as
+    quant.Transposed, so the product runs through the device's linear."""
+    out = set()
+    if "linear_weight" not in be.caps.fused:
+        return out
+    for x in nodes:
+        m = meta(x)
+        if kind.get(x) != "const" or x.op != "call_function" or not _is_transpose(x) or getattr(m, "dim", lambda: 0)() != 2 \
+                or not m.is_floating_point() or not users.get(x):
+            continue
+        if all(kind.get(u) == "lower" and quantizable_use(u, x)
+               and getattr(getattr(u.target, "overloadpacket", None), "__name__", None) in ("mm", "matmul", "addmm")
+               for u in users[x]):
+            out.add(x)
+    return out
+
+
 def quant_selection(nodes, kind: dict, users: dict, fmt: str | None, meta, is_tensor) -> set:
     """The static / folded nodes a graph stores in ``fmt``: floating, at least 2-D, storable in the format,
     and read only as the weight of a matmul, linear or (not transposed) conv."""
