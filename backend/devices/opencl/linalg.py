@@ -17,7 +17,7 @@ from .winograd import WINO_FUSED_MAX_C
 from .params import (ATT_NL, DIRECT_MAX_K, DIRECT_PAD_MAX_BYTES, DIRECT_PAD_MAX_TILES, GEMM_A_UNPACKED, GEMM_B_CHUNK_BYTES,  # noqa: F401
                      GEMM_B_HALVES, HALF_CODES, LINEAR_TRANSPOSED, LINEAR_TRANSPOSED_MAX_ROWS, LINEAR_TRANSPOSED_RATIO, PACK_K,
                      POINTWISE_GEMM, POINTWISE_MIN_PIXELS, SMALL_GEMM_MACS, WEIGHT_PANEL_BYTES, WINOGRAD_MIN_TILES,
-                     WINOGRAD_NARROW_MIN_CH, WINOGRAD_WIDE, _direct_spec, gemm_grouped)
+                     WINOGRAD_NARROW_MIN_CH, WINOGRAD_WIDE, _direct_spec)
 
 
 
@@ -134,7 +134,7 @@ class LinalgOps:
                           mc, nc, K, Ap.buffer, a0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, *cmap[:3],
                           out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, *cmap[3:], n0,
-                          params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes, self.gemm_one_block_k), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
+                          params={**self.gemm_build(params, mc, K, nt), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
             del Ap
         return out
 
@@ -419,7 +419,7 @@ class LinalgOps:
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, G), cpu_l,
                           mc, nc, K, Ap.buffer, w.offset + m0 * K if au else mt * mr * K, Bp.buffer, nt * 32 * K,
                           out.buffer, m0 * P, P, CoutG * P, bb.buffer if hb else bbuf, hb, mc, P, Cout * P, c0,
-                          params={**gemm_grouped(params, mc, K, nt, self.gemm_group_bytes, self.gemm_one_block_k), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
+                          params={**self.gemm_build(params, mc, K, nt), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
                 del Ap
         return out
 
@@ -499,7 +499,7 @@ class LinalgOps:
         # 16x16x64^2 and 4x16x128^2 16 -> 16 even; 8 -> 8 direct, 5.5 against 10.6)
         narrow = self.narrow_vectors and min(C, Cout) >= WINOGRAD_NARROW_MIN_CH
         # wide vectors: wino_fused's convs from 8 input channels, fewer on rows the direct kernel pads (WINOGRAD_WIDE)
-        narrow = narrow or (WINOGRAD_WIDE and self.is_cpu_device and not self.narrow_vectors and C <= WINO_FUSED_MAX_C
+        narrow = narrow or (WINOGRAD_WIDE and self.wide_vectors and C <= WINO_FUSED_MAX_C
                             and 16 * 32 * 4 * C <= int(self.dev.local_mem_size)
                             and (C >= 8 or (direct and -(-OW // 32) <= DIRECT_PAD_MAX_TILES)))
         if direct and -(-OW // 32) <= DIRECT_PAD_MAX_TILES and not narrow:

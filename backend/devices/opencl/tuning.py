@@ -45,17 +45,27 @@ class CLTuning:
         return self.is_cpu_device and self.vector_width <= 8
 
     @property
+    def wide_vectors(self) -> bool:
+        """A CPU device whose float vectors hold more than 8 values (AVX-512): the wide paths' switches."""
+        return self.is_cpu_device and not self.narrow_vectors
+
+    @property
     def gemm_group_bytes(self) -> int:
         """Bytes of packed A a group of gemm_cpu's work order (params.gemm_grouped) takes: GEMM_GROUP_BYTES (L3) on
         narrow vectors, a fraction of the local memory (PoCL: a core's L2) on wide ones (0: no groups)."""
-        if not P.GEMM_GROUP_BYTES or self.narrow_vectors or not self.is_cpu_device:
+        if not P.GEMM_GROUP_BYTES or not self.wide_vectors:
             return P.GEMM_GROUP_BYTES
         return min(P.GEMM_GROUP_BYTES, int(int(self.dev.local_mem_size) * P.GEMM_GROUP_L2_FRACTION))
 
     @property
     def gemm_one_block_k(self) -> int:
         """gemm_cpu's one-block K (params.GEMM_ONE_BLOCK_K) on wide vectors; 0 (KC as tuned) elsewhere."""
-        return P.GEMM_ONE_BLOCK_K if self.is_cpu_device and not self.narrow_vectors else 0
+        return P.GEMM_ONE_BLOCK_K if self.wide_vectors else 0
+
+    def gemm_build(self, params: dict, rows: int, K: int, col_tiles: int) -> dict:
+        """gemm_cpu's build options for one launch on this device (params.gemm_grouped with its group bytes and
+        one-block K)."""
+        return P.gemm_grouped(params, rows, K, col_tiles, self.gemm_group_bytes, self.gemm_one_block_k)
 
     def default_tunables(self, fname: str) -> dict:
         """A kernel file's build-time defaults on this device (DEFAULT_TUNE, NARROW_TUNE's on narrow vectors)."""

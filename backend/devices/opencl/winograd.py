@@ -13,7 +13,7 @@ import numpy as np
 from ...ops.contract import workspace_budget_bytes
 from ...system import config
 from .memory import CLArray, _HostBlock
-from .params import PACK_K, WINO_OB, gemm_grouped
+from .params import PACK_K, WINO_OB
 
 #: CPU family's Winograd: tiles per chunk at most. Its transformed input and products (16 x 4 x (C + Cout)
 #: bytes a tile) then stay in the caches between the three kernels: 4 MiB at 64 channels, where the
@@ -79,7 +79,7 @@ class CLWinograd:
 
     def _wino_in_direct(self) -> dict:
         """The input transform's build option WD (WINO_IN_DIRECT) where it is on: wide vectors."""
-        return {"WD": 1} if WINO_IN_DIRECT and self.is_cpu_device and not self.narrow_vectors else {}
+        return {"WD": 1} if WINO_IN_DIRECT and self.wide_vectors else {}
 
     def _conv2d_winograd(self, x, w, bias, out, pt, pl, slope=None):
         """Winograd F(2x2, 3x3) (kernels/winograd_cpu.cl): filter transform straight into packed-A
@@ -122,7 +122,7 @@ class CLWinograd:
             # is transformed once
             unroll = {"WC": C} if self.is_cpu_device and C <= min(WINO_FUSED_UNROLL_MAX_C, wparams.get("KP", 256)) else {}
             unroll.update(self._wino_in_direct())
-            if WINO_FUSED_WIDE_H2 and self.is_cpu_device and not self.narrow_vectors and C <= wparams.get("KP", 256):
+            if WINO_FUSED_WIDE_H2 and self.wide_vectors and C <= wparams.get("KP", 256):
                 unroll["H2"] = 1
             for c0, cc, bb, _ in slices:
                 mt = -(-cc // mr)
@@ -156,7 +156,7 @@ class CLWinograd:
                         sl[3] = Up  # the whole weight: transformed once for every tile chunk
                 self._run("gemm_cpu", (-(-cc // (mr * msub)), nt, 16), (1, 1, 1),
                           cc, ntl, C, Up.buffer, mt * mr * C, Vp.buffer, nt * 32 * C,
-                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=gemm_grouped(params, cc, C, nt, self.gemm_group_bytes, self.gemm_one_block_k))
+                          Mb.buffer, 0, ntl, cc * ntl, Mb.buffer, 0, 0, 1 << 30, 0, 0, params=self.gemm_build(params, cc, C, nt))
                 del Up
                 self._run("wino_out", (-(-nt // WINO_OB), cc), cpu_l, Mb.buffer, ntl, cc * ntl,
                           out.buffer, c0 * OH * OW, bb.buffer if hb else bbuf, hb, Cout, OH, OW, th, tw, t0, ntl,
