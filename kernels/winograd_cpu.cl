@@ -214,6 +214,28 @@ inline __attribute__((always_inline)) void wino_prefetch_channel(const __global 
 #endif
 }
 
+#if XDT == 0 && defined(WD)
+/* WD: one 16-tile half (h) of a float32 run wholly inside the image, its 4 rows read straight from x (xr: the run's
+   first value; a copy into private memory first made each 16-float read at offsets 1-3 wait on the 8-float stores it
+   spans), as wino_in_channel's v[h]: lane j of column b is row value 32h + 2j + b, the second 8 lanes as the odd lanes
+   of a read 15 further on (a read 16 further on would reach one value past the run); the loops unrolled, so the
+   values stay in registers */
+inline __attribute__((always_inline)) void wino_in_run_half(const __global float *xr, const int W, const int h,
+                                                            float16 o[4][4])
+{
+    float16 q[4][4];
+    _Pragma("unroll") for (int b = 0; b < 4; b++) {
+        float16 w4[4];
+        _Pragma("unroll") for (int a = 0; a < 4; a++) {
+            const __global float *sp = xr + a * W + 32 * h + b;
+            w4[a] = (float16)(vload16(0, sp).even, vload16(0, sp + 15).odd);
+        }
+        BT(w4[0], w4[1], w4[2], w4[3], q[0][b], q[1][b], q[2][b], q[3][b])
+    }
+    _Pragma("unroll") for (int a = 0; a < 4; a++) BT(q[a][0], q[a][1], q[a][2], q[a][3], o[a][0], o[a][1], o[a][2], o[a][3])
+}
+#endif
+
 /* V = Bt d B of one channel (xc: its plane) for the group's 32 tiles: v[h][a][b] lanes = tiles 16h .. 16h + 15 */
 inline __attribute__((always_inline)) void wino_in_channel(const __global xstore_t *xc, const wino_group_t *g,
                                                            const int W, float16 v[2][4][4])
@@ -221,15 +243,12 @@ inline __attribute__((always_inline)) void wino_in_channel(const __global xstore
     xraw_t d[4][4][TN];  /* as stored (a half input converted 16 lanes at once below) */
     xraw_t rr[4][2 * TN + 4];  /* a run's 4 rows (66 values each; 2 more: the last odd lane's vector read) */
 #if XDT == 0 && defined(WD)
-    /* WD, a float32 run wholly inside the image: its rows read straight from x below (no copy into rr, whose 8-float
-       stores the 16-float reads at offsets 1-3 could not forward from: a stall per read) */
-    const int direct = g->run && g->inside;
-#else
-    const int direct = 0;
+    if (g->run && g->inside) {  /* a float32 run inside the image, read straight from x */
+        for (int h = 0; h < 2; h++) wino_in_run_half(xc + g->base[0], W, h, v[h]);
+        return;
+    }
 #endif
-    if (direct) {
-        /* (read below) */
-    } else if (g->run) {  /* each of the 4 rows read once, contiguously; at the image's edge, columns outside as zeros */
+    if (g->run) {  /* each of the 4 rows read once, contiguously; at the image's edge, columns outside as zeros */
         for (int a = 0; a < 4; a++) {
             const __global xstore_t *rp = xc + g->base[0] + a * W;
             if (g->inside) {
@@ -256,16 +275,6 @@ inline __attribute__((always_inline)) void wino_in_channel(const __global xstore
     for (int h = 0; h < 2; h++) {
         float16 q[4][4], *o[4] = {v[h][0], v[h][1], v[h][2], v[h][3]};
         float16 w[4][4];
-#if XDT == 0 && defined(WD)
-        if (direct) {  /* as below; the second vector's even lanes as the odd lanes of a read 15 further on (a read 16
-                          further on would reach one value past the run) */
-            for (int a = 0; a < 4; a++)
-                for (int b = 0; b < 4; b++) {
-                    const __global xstore_t *sp = xc + g->base[0] + a * W + 32 * h + b;
-                    w[a][b] = XCVT16((xraw16_t)(vload16(0, sp).even, vload16(0, sp + 15).odd));
-                }
-        } else
-#endif
         if (g->run) {  /* lane j of column b: row value 2j + b, the even lanes of two vector reads */
             for (int a = 0; a < 4; a++)
                 for (int b = 0; b < 4; b++) {
@@ -434,24 +443,13 @@ __kernel void wino_fused(__global const xstore_t *x, const long x_off, __global 
         float16 v[2][4][4];
         if (ci + PFD < C) wino_prefetch_channel(x + (ci + PFD) * H * W, &g, W);
 #if XDT == 0 && defined(WD)
-        if (g.run && g.inside) {  /* wino_in_channel's direct reads, each half's transform in registers (columns of w
-                                     into q, then q's rows straight into Vl): no v or w through private memory */
-            const __global float *xr = x + ci * H * W + g.base[0];
+        if (g.run && g.inside) {  /* each half straight into Vl (no v for both halves through private memory) */
             _Pragma("unroll") for (int h = 0; h < 2; h++) {
-                float16 q[4][4];
-                _Pragma("unroll") for (int b = 0; b < 4; b++) {
-                    float16 w4[4];
-                    _Pragma("unroll") for (int a = 0; a < 4; a++) {
-                        const __global float *sp = xr + a * W + 32 * h + b;
-                        w4[a] = (float16)(vload16(0, sp).even, vload16(0, sp + 15).odd);
-                    }
-                    BT(w4[0], w4[1], w4[2], w4[3], q[0][b], q[1][b], q[2][b], q[3][b])
-                }
+                float16 o[4][4];
+                wino_in_run_half(x + ci * H * W + g.base[0], W, h, o);
                 _Pragma("unroll") for (int a = 0; a < 4; a++) {
-                    float16 o[4];
-                    BT(q[a][0], q[a][1], q[a][2], q[a][3], o[0], o[1], o[2], o[3])
-                    acc += (o[0] + o[1]) + (o[2] + o[3]);
-                    _Pragma("unroll") for (int b = 0; b < 4; b++) vstore16(o[b], 0, Vl + (4 * a + b) * es + ci * TN + 16 * h);
+                    acc += (o[a][0] + o[a][1]) + (o[a][2] + o[a][3]);
+                    _Pragma("unroll") for (int b = 0; b < 4; b++) vstore16(o[a][b], 0, Vl + (4 * a + b) * es + ci * TN + 16 * h);
                 }
             }
             continue;
