@@ -117,6 +117,27 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
     const long src = a_off + b * a_bs + (long)(mt * MR) * sam;
     __global float *dst = Ap + ((long)b * mtiles + mt) * (long)K * MR;
     const int valid = min(MR, M - mt * MR);
+#if WDT == 0
+    if (sak == 1 && valid == MR && (MR & 3) == 0) {
+        /* float32 rows: 4 x 4 blocks transposed in registers (rows 4g.., steps k..k+3), stored a step's 4 rows at
+           a time (the scalar copy below: one load and one store a value) */
+        int k = k0;
+        for (; k + 4 <= k1; k += 4)
+            for (int g = 0; g < MR / 4; g++) {
+                const __global float *r = A + src + (long)(4 * g) * sam + k;
+                const float4 a0 = vload4(0, r), a1 = vload4(0, r + sam), a2 = vload4(0, r + 2 * sam),
+                             a3 = vload4(0, r + 3 * sam);
+                __global float *d = dst + (long)k * MR + 4 * g;
+                vstore4((float4)(a0.s0, a1.s0, a2.s0, a3.s0), 0, d);
+                vstore4((float4)(a0.s1, a1.s1, a2.s1, a3.s1), 0, d + MR);
+                vstore4((float4)(a0.s2, a1.s2, a2.s2, a3.s2), 0, d + 2 * MR);
+                vstore4((float4)(a0.s3, a1.s3, a2.s3, a3.s3), 0, d + 3 * MR);
+            }
+        for (; k < k1; k++)
+            for (int i = 0; i < MR; i++) dst[(long)k * MR + i] = A[src + (long)i * sam + k];
+        return;
+    }
+#endif
     for (int i = 0; i < MR; i++) {
         const long s = src + (long)i * sam;
         if (i >= valid)
@@ -146,6 +167,20 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
 }
 
 #include "unroll_mr.h"
+#ifndef PFA
+#define PFA 0  /* steps of k ahead that a packed A panel's rows are prefetched (0: none; not with AU: its MR row
+                  streams would take MR prefetches a line) */
+#endif
+#ifndef PFB
+#define PFB 0  /* steps of k ahead that the first sub-tile's pass prefetches B's panel rows (its later passes find
+                  them in L1). 2-core Intel Xeon with AVX-512, matmul 2048^2, gemm_cpu alone: 291 -> 309 GFLOPS;
+                  with PFA 64 and A packed 330 (params.py GEMM_A_PACK_MIN_TILES) */
+#endif
+#if PFB
+#define PFB_STEP if (s == 0) { __builtin_prefetch(bp + PFB * BSTEP); __builtin_prefetch(bp + PFB * BSTEP + 16); }
+#else
+#define PFB_STEP
+#endif
 
 #ifndef NH
 #define NH 1  /* passes over a 32-column tile: 1 (MR x 32 accumulators, 2*MR float16s) where the vector
@@ -226,6 +261,10 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
                 const __global float *bp = Bpanel + BOFF(kp, 16 * h);
                 const __global float *ap = ap0 + (long)kp * MR;
                 for (int k = kp; k < kend; k++, bp += BSTEP, ap += MR) {
+                    PFB_STEP
+#if PFA && !AU
+                    __builtin_prefetch(ap + PFA * MR);
+#endif
                     LOADB
                     R(STEP)
                 }

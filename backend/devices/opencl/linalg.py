@@ -110,7 +110,8 @@ class LinalgOps:
         kb = -(-K // PACK_K)
         Bp = None
         # one float32 A for every batch, rows of K: gemm_cpu reads its rows as stored (AU), no pack_a pass
-        au = GEMM_A_UNPACKED and ba == 1 and sak == 1 and sam == K and not self._compressed(A)
+        au = (GEMM_A_UNPACKED and ba == 1 and sak == 1 and sam == K and not self._compressed(A)
+              and self.gemm_reads_a(batches * -(-N // 32)))
         for m0 in range(0, M, mstep):
             mc = min(mstep, M - m0)
             mt = -(-mc // mr)
@@ -398,7 +399,7 @@ class LinalgOps:
             mc = min(mstep, CoutG - m0)
             slices.append([m0, mc, -(-mc // mr), self._slice_bias(bias, G, CoutG, m0, mc) if hb else None, None])
         # a float32 weight of one group (one slice: the whole weight): gemm_cpu reads its rows as stored (AU)
-        au = GEMM_A_UNPACKED and G == 1 and not self._compressed(w)
+        au = GEMM_A_UNPACKED and G == 1 and not self._compressed(w) and self.gemm_reads_a(-(-total // 32))
         for c0 in range(0, total, chunk):
             nc = min(chunk, total - c0)
             nt = -(-nc // 32)

@@ -84,6 +84,12 @@ GEMM_B_HALVES = True
 #: process: 1x1280x16^2 s2 conv 22.7 -> 14.8 ms, 1x1280x8^2 21.7 -> 14.6, 1x640x32^2 s2 20.8 -> 18.9, linear
 #: 4096 x 320 -> 320 8.7 -> 8.1, matmul 2048^2 119 -> 115-118; SD1.5 UNet step 6.79 -> 6.64 s (medians of 6)
 GEMM_A_UNPACKED = True
+#: ... except on wide vectors (AVX-512) where A is used by at least this many column tiles of 32 (all batches and
+#: chunks): pack_a's pass (4 x 4 blocks transposed in registers) then costs less than the row streams do in gemm_cpu,
+#: whose packed rows are prefetched (PFA). 2-core Intel Xeon with AVX-512, medians of 9-21 alternating in one process
+#: with PyTorch: matmul 2048^2 row streams 58.8 ms (gemm_cpu 55.7) -> packed 56.4 (52.0); 1024^2 (32 tiles) level,
+#: 7.34 / 7.33 (gemm_cpu 6.84 / 6.51, pack_a 0.42)
+GEMM_A_PACK_MIN_TILES = 48
 #: CPU family: _gemm packs B and runs gemm_cpu in column chunks of about this many bytes of packed panels (all
 #: batches), so that a chunk is still in cache when gemm_cpu reads it, where B is larger (0: B packed whole).
 #: 2-core AVX2 EPYC, medians of 11 in one process: a 1x1 conv 1x256x512^2 -> 128 (268 MB of B) 359 -> 260 ms
@@ -149,7 +155,8 @@ def gemm_grouped(params: dict, rows: int, K: int, col_tiles: int, group_bytes: i
 
 #: default tunables per family/file
 DEFAULT_TUNE = {
-    "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128},
+    # PFB / PFA: gemm_cpu's prefetches of B's and packed A's rows ahead (gemm_cpu.cl)
+    "gemm_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "KP": 128, "PFB": 32, "PFA": 64},
     "w8a8_cpu.cl": {"MR": 12, "MSUB": 4, "KC": 256, "PK": PACK_K},
     "conv_cpu.cl": {"DCO": 8, "TN": 32},  # the direct kernels' tile: output channels x columns
     # wino_wgemm's register tile (output x input channels), tiles a vector step and fold interval (32-tile groups)

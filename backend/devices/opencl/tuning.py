@@ -62,6 +62,11 @@ class CLTuning:
         """gemm_cpu's one-block K (params.GEMM_ONE_BLOCK_K) on wide vectors; 0 (KC as tuned) elsewhere."""
         return P.GEMM_ONE_BLOCK_K if self.wide_vectors else 0
 
+    def gemm_reads_a(self, col_tiles: int) -> bool:
+        """Whether gemm_cpu reads a float32 A as stored (AU, where GEMM_A_UNPACKED allows it) rather than pack_a's
+        panels, for an A used by ``col_tiles`` column tiles of 32: packed on wide vectors from GEMM_A_PACK_MIN_TILES."""
+        return not self.wide_vectors or col_tiles < P.GEMM_A_PACK_MIN_TILES
+
     def gemm_build(self, params: dict, rows: int, K: int, col_tiles: int) -> dict:
         """gemm_cpu's build options for one launch on this device (params.gemm_grouped with its group bytes and
         one-block K)."""

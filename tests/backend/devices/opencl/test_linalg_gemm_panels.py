@@ -242,3 +242,26 @@ def test_unpacked_a_gives_the_packed_bits(layout, monkeypatch, case):
     assert any(name == "pack_a" for name, _ in built) == (case == "batched_a"), built
     np.testing.assert_array_equal(unpacked, packed)
     assert np.abs(unpacked - ref).max() <= 1e-5 * np.sqrt(K) * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("shape", [((100, 301), (301, 130)), ((2, 48, 303), (2, 303, 70)), ((36, 64), (64, 200))])
+def test_a_packed_for_many_column_tiles(layout, monkeypatch, shape):
+    """On wide vectors an A used by GEMM_A_PACK_MIN_TILES column tiles or more is packed (pack_a's 4 x 4 register
+    transposes, its scalar copy for partial row tiles and a K tail under 4) and its rows prefetched (PFA): the bits of
+    the row streams (AU) and float64's values; on narrow vectors the rows are read as stored."""
+    from anydevice.backend.devices.opencl import params as P
+    nh, bh, built = layout
+    monkeypatch.setattr(P, "GEMM_A_PACK_MIN_TILES", 3)
+    rng = np.random.default_rng(41)
+    a, b = rng.standard_normal(shape[0]), rng.standard_normal(shape[1])
+    run = lambda: BE.to_numpy(BE.matmul(BE.to_device(a.astype(np.float32)), BE.to_device(b.astype(np.float32))))
+    built.clear()
+    packed = run()
+    au = [p.get("AU", 0) for name, p in built if name == "gemm_cpu"]
+    shared = a.ndim == 2
+    assert au and all(x == int(shared and not BE.wide_vectors) for x in au), built
+    assert any(name == "pack_a" for name, _ in built) == (BE.wide_vectors or not shared), built
+    monkeypatch.setattr(P, "GEMM_A_PACK_MIN_TILES", 10 ** 6)
+    np.testing.assert_array_equal(run(), packed)
+    ref = np.matmul(a, b)
+    assert np.abs(packed - ref).max() <= 1e-5 * np.sqrt(a.shape[-1]) * max(1.0, np.abs(ref).max())
