@@ -151,6 +151,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("ANYDEVICE_MALLOC_TUNE", "1", "`0`: leave glibc's malloc thresholds as they are; by default the NumPy "
             "backend fixes them when it starts (mmap from 32 MiB, heap trimmed past 64 MiB free: a step's "
             "temporaries stop page-faulting in again; backend/system/allocator.py)", _flag),
+    Setting("ANYDEVICE_HUGE_PAGES", "1", "`0`: leave the OpenCL CPU device's buffers on the kernel's 4 KiB pages; by "
+            "default buffers of 2 MiB or more ask for transparent huge pages (Linux, where THP is `madvise` or "
+            "`always`; backend/devices/opencl/memory.py)", _flag),
     Setting("ANYDEVICE_GRAPHS", "1", "`0`: compiled models and training steps run op by op at every call; by "
             "default a device with graph replay (CUDA) records a graph's launches at the second call of a "
             "signature and replays them, and OpenCL replays recorded training steps", _flag),

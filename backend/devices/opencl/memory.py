@@ -24,6 +24,13 @@ Thread safety of the pool (``BufferPool``):
   command ran), so neither queue writes a buffer the other still reads (a pooled buffer the self-check
   had dropped, rewritten by the warm-up queue, gave a wrong conv at first use on a cold cache).
 
+Huge pages: on a CPU device the pool asks Linux for transparent huge pages under every new buffer of
+HUGE_PAGES_MIN_BYTES or more (``madvise(MADV_HUGEPAGE)`` on the memory PoCL gave the buffer, whose address a
+non-blocking map on a queue of the pool's own tells before anything has touched it; the map and its unmap wait for
+nothing). Fewer TLB misses where a GEMM walks a packed panel: 2-core Intel Xeon with AVX-512, matmul 2048^2 same-run
+ratio to PyTorch (whose NumPy-made inputs have huge pages) 0.849 / 0.849 -> 0.939 / 0.937 in alternating processes.
+Off with ANYDEVICE_HUGE_PAGES=0, and where the kernel's THP setting is ``never``.
+
 Wrapped host memory (``_HostBlock``, ``BufferPool.wrap``): on a CPU device a float32 constant the
 caller promises not to write (a compiled weight, ``to_device(..., share=True)``) is a
 ``CL_MEM_USE_HOST_PTR`` buffer on the caller's memory, not a copy. Such a block holds the host array
@@ -46,6 +53,33 @@ from ...ops.quant import DeviceQuant
 from .device import _cl
 
 log = logging.getLogger("anydevice")
+
+#: new buffers of at least this many bytes on a CPU device ask for transparent huge pages (module docstring)
+HUGE_PAGES_MIN_BYTES = 2 << 20
+_HUGE = 2 << 20  # the huge page size advised in whole pages (x86-64, arm64 with 4 KiB pages)
+
+
+def _madvise_fn():
+    """libc's madvise as (address, length) -> int where this is Linux with THP not ``never``; else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        import mmap
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[never]" in f.read():
+                return None
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.madvise
+        fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+        advice = mmap.MADV_HUGEPAGE
+        return lambda addr, length: fn(addr, length, advice)
+    except Exception as exc:  # noqa: BLE001 (no libc, no THP: the pages stay as they are)
+        log.debug("anydevice: no transparent huge pages: %s", exc)
+        return None
+
+
+_MADVISE: list = []  # [the function or None], looked up once
 
 
 class _Block:
@@ -227,14 +261,44 @@ class BufferPool:
         cl = _cl()
         try:
             try:
-                return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+                buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
             except Exception:
                 self.clear()
-                return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+                buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
         except BaseException:
             with self.lock:
                 self._live -= size
             raise
+        if self.host_ram and size >= HUGE_PAGES_MIN_BYTES:
+            self._advise_huge_pages(buf, size)
+        return buf
+
+    def _advise_huge_pages(self, buf, size: int) -> None:
+        """Ask for transparent huge pages under a new host-RAM buffer (module docstring): its address from a
+        non-blocking map for reading on this thread's own queue (nothing waits; the unmap follows it there), the
+        whole 2 MiB pages inside it advised before any kernel touches them. Any failure leaves the pages as they are."""
+        if not _MADVISE:
+            from ...system import config
+            _MADVISE.append(_madvise_fn() if config.get("ANYDEVICE_HUGE_PAGES") else None)
+        madvise = _MADVISE[0]
+        if madvise is None:
+            return
+        cl = _cl()
+        try:
+            q = getattr(self.private, "map_queue", None)
+            if q is None:
+                q = self.private.map_queue = cl.CommandQueue(self.ctx)
+            arr, _ = cl.enqueue_map_buffer(q, buf, cl.map_flags.READ, 0, (size,), np.uint8, is_blocking=False)
+            try:
+                addr = arr.ctypes.data
+                lo, hi = -(-addr // _HUGE) * _HUGE, (addr + size) // _HUGE * _HUGE
+                if hi > lo:
+                    madvise(lo, hi - lo)
+            finally:
+                arr.base.release(q)
+                q.flush()
+        except Exception as exc:  # noqa: BLE001
+            log.debug("anydevice: no huge pages for a buffer of %d bytes: %s", size, exc)
 
     def release(self, buf, size: int) -> None:
         """Give ``buf`` back (not from a finaliser: it drains what they returned and arms the timer)."""

@@ -308,3 +308,59 @@ def test_nothing_goes_to_the_pool_at_exit(pool, monkeypatch):
     assert pool.live == 128  # the driver frees it at exit; the pool never sees it again
     with pool.lock:
         pool._live = 0  # (the pretend exit is over: no timer keeps looking for it)
+
+
+def _vm_flags(addr: int) -> str:
+    """The VmFlags of the mapping of this process that holds ``addr`` (/proc/self/smaps), '' if none."""
+    found = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                found = lo <= addr < hi
+            elif found and line.startswith("VmFlags:"):
+                return line
+    return ""
+
+
+def test_host_buffers_ask_for_huge_pages(ctx, monkeypatch):
+    """A host-RAM pool advises transparent huge pages for a new buffer of HUGE_PAGES_MIN_BYTES or more: whole
+    2 MiB pages inside the buffer (the madvise call's range, and the kernel's own record, VmFlags ``hg``), the
+    buffer's values intact; smaller buffers, other pools and ANYDEVICE_HUGE_PAGES=0 advise nothing."""
+    import numpy as np
+    import pyopencl as cl
+    fn = memory._madvise_fn()
+    if fn is None:
+        pytest.skip("no transparent huge pages here (not Linux, or THP is `never`)")
+    calls = []
+    monkeypatch.setattr(memory, "_MADVISE", [lambda addr, length: (calls.append((addr, length)), fn(addr, length))[1]])
+    q = cl.CommandQueue(ctx)
+    size = 3 * memory.HUGE_PAGES_MIN_BYTES + 12345
+    pool = memory.BufferPool(ctx, 1 << 30, host_ram=True)
+    block = pool.alloc(size)
+    n = block.nbytes // 4
+    data = np.arange(n, dtype=np.float32)
+    cl.enqueue_copy(q, block.buf, data)
+    arr, _ = cl.enqueue_map_buffer(q, block.buf, cl.map_flags.READ, 0, (n,), np.float32)
+    try:
+        np.testing.assert_array_equal(arr, data)
+        addr = arr.ctypes.data
+    finally:
+        arr.base.release(q)
+    q.finish()
+    assert len(calls) == 1, calls
+    lo, length = calls[0]
+    assert lo % (2 << 20) == 0 and length % (2 << 20) == 0 and length >= 2 << 20
+    assert addr <= lo and lo + length <= addr + block.nbytes
+    assert " hg" in _vm_flags(lo), _vm_flags(lo)
+    calls.clear()
+    small = pool.alloc(memory.HUGE_PAGES_MIN_BYTES // 2)
+    device_pool = memory.BufferPool(ctx, 1 << 30, host_ram=False)
+    other = device_pool.alloc(size)
+    monkeypatch.setattr(memory, "_MADVISE", [None])  # ANYDEVICE_HUGE_PAGES=0
+    off = pool.alloc(2 * size)
+    assert calls == []
+    del block, small, other, off
+    pool.clear()
+    device_pool.clear()
