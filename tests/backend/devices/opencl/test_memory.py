@@ -84,12 +84,16 @@ class _OwnedLock:
         self.release()
 
 
-@pytest.fixture
-def pool(ctx, monkeypatch):
+@pytest.fixture(params=[False, True], ids=["device-ram", "host-ram-huge-pages"])
+def pool(ctx, monkeypatch, request):
     """A pool of its own (256 KB: some buffers are pooled, some go back to the driver) whose lock
     knows its owner; records the buffers given back to the driver, the idle timer's runs, and
-    every thread start, OpenCL buffer creation or release made while the lock was held."""
-    p = memory.BufferPool(ctx, 256 << 10, host_ram=False)
+    every thread start, OpenCL buffer creation or release made while the lock was held. The host-RAM pool
+    advises huge pages from 4 KiB (every new buffer's map and unmap on the allocating thread's queue)."""
+    host = request.param
+    p = memory.BufferPool(ctx, 256 << 10, host_ram=host)
+    if host:
+        monkeypatch.setattr(memory, "HUGE_PAGES_MIN_BYTES", 4096)
     p.lock = _OwnedLock()
     rec = SimpleNamespace(released=[], released_sizes=[], idle_runs=0, idle_active=0, under_lock=[], guard=threading.Lock())
 
@@ -129,11 +133,23 @@ def pool(ctx, monkeypatch):
     def buffer(*args, **kw):
         if p.lock.held_here():
             rec.under_lock.append("buffer creation")
+        rec.big += len(args) > 2 and args[2] >= 4096
         return real_cl.Buffer(*args, **kw)
-    fake_cl = SimpleNamespace(Buffer=buffer, mem_flags=real_cl.mem_flags)
+
+    def map_buffer(*args, **kw):
+        if p.lock.held_here():
+            rec.under_lock.append("buffer map")
+        rec.maps += 1
+        return real_cl.enqueue_map_buffer(*args, **kw)
+    rec.maps = rec.big = 0
+    fake_cl = SimpleNamespace(Buffer=buffer, mem_flags=real_cl.mem_flags, CommandQueue=real_cl.CommandQueue,
+                              enqueue_map_buffer=map_buffer, map_flags=real_cl.map_flags)
     monkeypatch.setattr(memory, "_cl", lambda: fake_cl)
     p.rec = rec
     yield p
+    from anydevice.backend.system import config
+    if host and memory._madvise_fn() is not None and config.get("ANYDEVICE_HUGE_PAGES"):
+        assert rec.maps == rec.big, (rec.maps, rec.big)  # every new buffer of 4 KiB or more was advised
     p.IDLE_S = 3600.0
     if p.lock.acquire(timeout=10):  # not when a deadlocked thread holds it: the test failed already
         p.lock.release()
