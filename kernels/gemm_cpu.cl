@@ -11,7 +11,7 @@
    KP steps (two-level summation keeps FP32 precision on long K).
    Columns are written through a "segment" map so a conv can write (N, Cout, P) directly:
    column j (counted from colbase) lands at C + (j / cseg) * cseg_stride + row * ldc + j % cseg.
-   bias[b * bias_bs + m] is added when has_bias. C is stored as float32, or float16 / bfloat16 (build
+   bias[b * bias_bs + m] is added when has_bias is 1, bias[b * bias_bs + column] (counted from colbase's 0) when 2. C is stored as float32, or float16 / bfloat16 (build
    option YDT, half_io.h: each value rounded once). Operands are packed first (pack_a, pack_b, or
    im2col_pack in conv_cpu.cl); each packing work item copies PK values of k (PoCL's per-work-group
    cost is ~1 us, so one work item per k row made packing cost as much as a third of the GEMM).
@@ -278,7 +278,16 @@ __kernel void gemm_cpu(const int M, const int N, const int K,
             const int m = m0 + s * MR + i;
             if (m >= M) break;
             float16 v0 = tot[s][i][0], v1 = tot[s][i][1];
-            if (has_bias) { const float bv = bias[(long)b * bias_bs + m]; v0 += bv; v1 += bv; }
+            if (has_bias == 1) { const float bv = bias[(long)b * bias_bs + m]; v0 += bv; v1 += bv; }
+            else if (has_bias == 2) {  /* a bias per column (a linear layer's: y = x w^T + b), from column colbase */
+                const __global float *bc = bias + (long)b * bias_bs + colbase + n0;
+                if (nvalid == TN) { v0 += vload16(0, bc); v1 += vload16(0, bc + 16); }
+                else {
+                    float t[TN];
+                    for (int j = 0; j < TN; j++) t[j] = j < nvalid ? bc[j] : 0.0f;
+                    v0 += vload16(0, t); v1 += vload16(1, t);
+                }
+            }
             const int q0 = (colbase + n0) / cseg, r0 = colbase + n0 - q0 * cseg;
             if (nvalid == TN && r0 + TN <= cseg) {
                 __global ystore_t *cp = C + (long)q0 * cseg_stride + (long)m * ldc + r0;

@@ -74,6 +74,8 @@ FUSED_KERNELS = {
               "steps: learn/replay.py; devices/opencl/replay.py)",
     "half_attention": "no method: _attention_fused takes the key and value (kt, v) of a half model's attention as "
                       "they are stored (scaled_dot_product_attention keeps them half; its result is float32)",
+    "half_linear": "no method: _linear takes a float16/bfloat16 input as it is stored (the contract keeps it so where "
+                   "the result has its dtype); the result is float32, or that dtype where the weight is half of it too",
     "half_conv": "no method: _conv2d takes a float16/bfloat16 input as it is stored (the device converts it "
                  "where a path does not read it so); its result is float32 or the input's dtype",
     "linear_weight": "no method: _linear reads its (N, K) weight as stored at least as fast as _mm reads the weight's "

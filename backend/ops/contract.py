@@ -26,6 +26,7 @@ import numpy as np
 from ..system.errors import AnyDeviceError
 from ..system.memstat import plans_on_self
 from .attention import AttentionOps
+from . import dtypes
 from .convert import Conversion
 from .layers import LayerOps
 from .movement import MovementOps, pair_method
@@ -164,7 +165,14 @@ class Backend(Conversion, LayerOps, W8A8Ops, WindowOps, MovementOps, AttentionOp
     def linear(self, input, weight, bias=None):
         """torch.nn.functional.linear: y = input @ weight.T + bias."""
         op = "linear"
-        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias, _keep=("weight",))
+        # a half input stays half where the device's _linear reads it ("half_linear") and the result has its dtype
+        keep = ("weight",)
+        if "half_linear" in self.caps.fused and isinstance(input, self.native_types):
+            dt = self._value_dtype(input)
+            if dt in dtypes.HALF and dtypes.promote(
+                    [self._value_dtype(v) for v in (input, weight, bias) if v is not None]) == dt:
+                keep = ("weight", "input")
+        kind, like, x, w, b = self._inputs(op, input=input, weight=weight, bias=bias, _keep=keep)
         linear_shapes(op, self._shape(x), self._shape(w), None if b is None else self._shape(b))
         y = self._linear(x, w, b)
         return self._out(y, kind, like)

@@ -59,12 +59,12 @@ class LinalgOps:
 
     # ---- matmul ------------------------------------------------------------------------------
     def _gemm(self, M, N, K, batches, A, a_off, sam, sak, a_bs, B, b_off, sbk, sbn, b_bs, out_shape=None,
-              out_dtype="float32", out=None, bias=None, out_t=False):
+              out_dtype="float32", out=None, bias=None, out_t=False, col_bias=None):
         """C (batches, M, N) contiguous = A . B with strided operands (strides in elements). C is float32,
         or ``out_dtype`` where the CPU family's packed GEMM stores it (gemm_cpu's YDT: rounded once).
         ``out_t`` (CPU family, one batch, past SMALL_GEMM_MACS): C stored transposed, C[m][n] at out[n][m].
         CPU family, M * N * K past SMALL_GEMM_MACS: into ``out`` (contiguous, float32 or half) where given,
-        plus ``bias`` (M floats at offset 0) per row where given."""
+        plus ``bias`` (M floats at offset 0) per row where given, or ``col_bias`` (N floats) per column."""
         shape = out_shape or (batches, M, N)
         half = out_dtype != "float32" and self.family != "gpu" and M * N * K > SMALL_GEMM_MACS
         if out is None:
@@ -134,7 +134,8 @@ class LinalgOps:
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
                           mc, nc, K, Ap.buffer, a0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, *cmap[:3],
-                          out.buffer if bsl is None else bsl.buffer, int(bsl is not None), 0, *cmap[3:], n0,
+                          *((out.buffer, 0) if bsl is None and col_bias is None else
+                            (bsl.buffer, 1) if col_bias is None else (col_bias.buffer, 2)), 0, *cmap[3:], n0,
                           params={**self.gemm_build(params, mc, K, nt), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
             del Ap
         return out
@@ -303,11 +304,19 @@ class LinalgOps:
     def _linear(self, x, w, b):
         sx, sw = x.shape, w.shape
         if len(sw) != 2:
-            return super()._linear(x, self._f32(w), b)
+            return super()._linear(self._f32(x), self._f32(w), b)
         rows, K = math.prod(sx[:-1]), sx[-1]
         Nout = sw[0]
         self._check_size("linear", (rows, Nout))
-        if (LINEAR_TRANSPOSED and self.family == "cpu" and not self._compressed(w) and rows * Nout * K > SMALL_GEMM_MACS
+        packed = self.family == "cpu" and rows * Nout * K > SMALL_GEMM_MACS
+        if isinstance(x, CLHalf):  # a half input ("half_linear"): the CPU family's packing reads it as stored
+            if not packed:
+                x = self._f32(x)
+            elif isinstance(w, CLHalf) and w.dtype == x.dtype and (b is None or self._dtype(b) == "float32"):
+                # both half of one dtype: the result in it, the bias added in the GEMM's epilogue (rounded once)
+                return self._gemm(rows, Nout, K, 1, x, x.offset, K, 1, 0, w, w.offset, 1, K, 0, out_shape=sx[:-1] + (Nout,),
+                                  out_dtype=x.dtype, col_bias=None if b is None else self._copy_of(b) if b.offset else b)
+        if (LINEAR_TRANSPOSED and packed and not self._compressed(w) and not isinstance(x, CLHalf)
                 and rows <= LINEAR_TRANSPOSED_MAX_ROWS and rows * LINEAR_TRANSPOSED_RATIO <= Nout
                 and (b is None or self._dtype(b) == "float32")):
             # y^T = w x^T: the weight is A as stored (its rows of K), only x is packed; the bias in the epilogue

@@ -16,8 +16,9 @@ TUNE_BUDGET_S = 10.0
 
 #: the OpenCL device's optional kernels (the CPU kernel family adds "winograd", on a CPU device "fft_conv" too)
 FUSED = frozenset({"replay", "adam_step", "conv_weight_grad", "conv_input_grad", "all_finite", "write_rows", "attention",
-                   "half_weights", "half_elementwise", "half_movement", "half_norm", "half_gemm", "half_conv",
-                   "norm_affine", "prelu", "w8a8", "batch_norm", "cross_entropy", "conv_prelu", "linear_weight"})
+                   "half_weights", "half_elementwise", "half_movement", "half_norm", "half_gemm", "half_linear",
+                   "half_conv", "norm_affine", "prelu", "w8a8", "batch_norm", "cross_entropy", "conv_prelu",
+                   "linear_weight"})
 
 UNARY_CODES = UNARY_KERNEL_CODES
 BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "minimum": 5, "maximum": 6,

@@ -5,6 +5,8 @@ paths convert the weight first). Each path gives what the float32 path gives on 
 is made on the paths that read it."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -299,3 +301,47 @@ def test_a_chunked_half_conv_stays_half(family, dtype, n, monkeypatch):
     ulp = np.abs(dtypes.round_to(ref.astype(np.float32), dtype).astype(np.float64) - ref)
     tol = ulp + 1e-6 * np.abs(ref).max() + np.abs(ref) * (1e-3 if dtype == "float16" else 8e-3)
     assert (np.abs(got - ref) <= tol).all()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", list(dtypes.HALF))
+@pytest.mark.parametrize("xs,ws,bias,chunk", [((3, 70, 300), (133, 300), "half", 0), ((256, 64), (640, 64), None, 0),
+                                             ((77, 768), (320, 768), "half", 64 * 768 * 4),  # B in column chunks
+                                             ((40, 96), (200, 96), "float32", 0),  # float32 bias: a float32 result
+                                             ((5, 8), (6, 8), "half", 0)])  # small: gemm_small
+def test_linear_reads_a_half_input_as_stored(family, dtype, xs, ws, bias, chunk, monkeypatch):
+    """A linear layer of half natives ("half_linear"): on the CPU family the input is packed from half, the result
+    stored in the half dtype by the GEMM with the bias added in its epilogue (per column, across B's column chunks):
+    no cast launched, and the bits of the float32 path (input converted, product, bias added, result rounded once).
+    A float32 bias makes the result float32 (torch's promotion); the GPU family and small products convert first."""
+    from anydevice.backend.devices.opencl import linalg
+    be = FAMILIES[family]
+    assert "half_linear" in be.caps.fused
+    if chunk:
+        monkeypatch.setattr(linalg, "GEMM_B_CHUNK_BYTES", chunk)
+    rng = np.random.default_rng(len(xs) + ws[0])
+    x32 = dtypes.round_to(rng.standard_normal(xs).astype(np.float32), dtype)
+    w32 = dtypes.round_to((rng.standard_normal(ws) / np.sqrt(ws[1])).astype(np.float32), dtype)
+    b32 = None if bias is None else rng.standard_normal(ws[0]).astype(np.float32)
+    if bias == "half":
+        b32 = dtypes.round_to(b32, dtype)
+    x, w = be.to_device(x32, dtype=dtype), be.to_device(w32, dtype=dtype)
+    b = None if bias is None else be.to_device(b32, dtype=dtype if bias == "half" else "float32")
+    launched = []
+    run = be._run
+    monkeypatch.setattr(be, "_run", lambda name, *a, **k: (launched.append((name, a)), run(name, *a, **k))[1])
+    y = be.linear(x, w, b)
+    monkeypatch.setattr(be, "_run", run)
+    want = "float32" if bias == "float32" else dtype
+    assert be._dtype(y) == want
+    fused = family == "cpu" and np.prod(xs) * ws[0] > 48 ** 3 and bias != "float32"
+    if fused:  # (the bias alone, ws[0] values, is converted)
+        assert not [n for n, a in launched if n == "cast_to_f32" and any(v is x.buffer for v in a)], launched
+        assert "cast_from_f32" not in [n for n, a in launched], launched
+    got = be.to_numpy(y)
+    monkeypatch.setattr(be, "caps", dataclasses.replace(be.caps, fused=be.caps.fused - {"half_linear"}))
+    plain = be.to_numpy(be.linear(x, w, b))  # the input converted to float32 first
+    np.testing.assert_array_equal(got, plain)
+    ref = x32.astype(np.float64) @ w32.T.astype(np.float64) + (0.0 if b32 is None else b32)
+    ulp = np.abs(dtypes.round_to(ref.astype(np.float32), want).astype(np.float64) - ref)
+    assert (np.abs(got - ref) <= ulp + 1e-5 * np.abs(ref).max()).all()
