@@ -2,7 +2,7 @@
      WDT 0  float32 (the default)          WDT 1  float16 (core vload_half, no cl_khr_fp16 needed)
      WDT 2  bfloat16 (by bits)             WDT 3..10  quantized formats (quant_decode.h: int8, fp8, GGUF blocks)
    No float32 copy of a weight exists. Reads are by element index from the buffer's start:
-   LOADW(p, i) one element, LOADW16(p, i) elements i..i+15 as a float16.
+   LOADW(p, i) one element, LOADW16(p, i) elements i..i+15 as a float16, LOADW4(p, i) (WDT 0..2) i..i+3 as a float4.
    Kernels that read weights take WQ_PARAMS last (a per-row scale buffer and the row length, read by
    the scaled quantized formats int8 / fp8 only; any buffer and 0 otherwise), so their signature is one
    for every WDT. */
@@ -17,14 +17,17 @@
 typedef float wstore_t;
 #define LOADW(p, i) ((p)[i])
 #define LOADW16(p, i) vload16(0, (p) + (i))
+#define LOADW4(p, i) vload4(0, (p) + (i))
 #elif WDT == 1
 typedef ushort wstore_t;
 #define LOADW(p, i) ad_f16_to_f32((p)[i])
 #define LOADW16(p, i) vload_half16(0, (__global const half *)((p) + (i)))
+#define LOADW4(p, i) vload_half4(0, (__global const half *)((p) + (i)))
 #elif WDT == 2
 typedef ushort wstore_t;
 #define LOADW(p, i) as_float((uint)((p)[i]) << 16)
 #define LOADW16(p, i) as_float16(convert_uint16(vload16(0, (p) + (i))) << 16)
+#define LOADW4(p, i) as_float4(convert_uint4(vload4(0, (p) + (i))) << 16)
 #else
 #define WQ WDT
 #include "quant_decode.h"
