@@ -72,6 +72,25 @@ __kernel void pack_b(const int N, const int K, __global const wstore_t *B, const
         for (int k = k0; k < k1; k++, s += sbk, dst += BSTEP) {
             vstore16(LOADW16(B, s), 0, dst); vstore16(LOADW16(B, s + 16), 0, dst + BHALF);
         }
+#if WDT <= 2
+    } else if (sbk == 1 && valid >= TN) {
+        /* B^T row by row (a linear weight), float32 or half: 4 x 4 blocks (columns j.., steps k..k+3) transposed
+           in registers, a step's 4 columns stored at once (the copy below: one store a value, 32 panel rows apart) */
+        const int kn = k1 - k0;
+        int k = 0;
+        for (; k + 4 <= kn; k += 4)
+            for (int j = 0; j < TN; j += 4) {
+                const long r = src + (long)j * sbn + k;
+                const float4 a0 = LOADW4(B, r), a1 = LOADW4(B, r + sbn), a2 = LOADW4(B, r + 2 * sbn),
+                             a3 = LOADW4(B, r + 3 * sbn);
+                vstore4((float4)(a0.s0, a1.s0, a2.s0, a3.s0), 0, dst + BOFF(k, j));
+                vstore4((float4)(a0.s1, a1.s1, a2.s1, a3.s1), 0, dst + BOFF(k + 1, j));
+                vstore4((float4)(a0.s2, a1.s2, a2.s2, a3.s2), 0, dst + BOFF(k + 2, j));
+                vstore4((float4)(a0.s3, a1.s3, a2.s3, a3.s3), 0, dst + BOFF(k + 3, j));
+            }
+        for (; k < kn; k++)
+            for (int j = 0; j < TN; j++) dst[BOFF(k, j)] = LOADW(B, src + (long)j * sbn + k);
+#endif
     } else if (sbk == 1) {
         for (int j = 0; j < TN; j++) {
             const long s = src + (long)j * sbn;

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anydevice.backend.ops import quant
+from anydevice.backend.ops import dtypes, quant
 
 try:
     from anydevice.backend.devices import opencl
@@ -265,3 +265,21 @@ def test_a_packed_for_many_column_tiles(layout, monkeypatch, shape):
     np.testing.assert_array_equal(run(), packed)
     ref = np.matmul(a, b)
     assert np.abs(packed - ref).max() <= 1e-5 * np.sqrt(a.shape[-1]) * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("n,k", [(77, 203), (130, 67), (64, 5)])
+def test_row_by_row_b_packs_the_panels_of_plain_b(layout, kind, n, k):
+    """pack_b's row-by-row reader of B = w^T (sbk 1: 4 x 4 register transposes for whole 32-column tiles, a K tail
+    under 4, the last partial tile value by value) packs the panels its reader of a plain (K, N) B packs: a linear
+    layer's bits are the matmul's by w^T stored as such, float32 or half."""
+    nh, bh, built = layout
+    rng = np.random.default_rng(n + k)
+    x = rng.standard_normal((90, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    store = {} if kind == "float32" else {"dtype": kind}
+    y = BE.to_numpy(BE.linear(BE.to_device(x), BE.to_device(w, **store)))
+    y_plain = BE.to_numpy(BE.matmul(BE.to_device(x), BE.to_device(np.ascontiguousarray(w.T), **store)))
+    np.testing.assert_array_equal(y, y_plain)
+    wr = dtypes.round_to(w, kind).astype(np.float64)
+    np.testing.assert_allclose(y, x.astype(np.float64) @ wr.T, rtol=1e-5, atol=1e-4 * np.sqrt(k))
