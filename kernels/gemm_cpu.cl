@@ -90,6 +90,21 @@ __kernel void pack_b(const int N, const int K, __global const wstore_t *B, const
             }
         for (; k < kn; k++)
             for (int j = 0; j < TN; j++) dst[BOFF(k, j)] = LOADW(B, src + (long)j * sbn + k);
+#else
+    } else if (sbk == 1 && valid >= TN && (sbn & 31) == 0) {
+        /* quantized rows of B^T whose blocks line up (rows a multiple of 32 long): 4 columns' runs of one block each
+           decoded, then a step's 4 columns stored at once (the copy below: one store a value, 32 panel rows apart) */
+        const int kn = k1 - k0;
+        for (int j = 0; j < TN; j += 4)
+            for (int k = 0; k < kn;) {
+                float t[4][32];
+                const long s0 = src + (long)j * sbn + k;
+                const int n = min(32 - (int)(s0 & 31), kn - k);
+                for (int c = 0; c < 4; c++) qd_run(B, s0 + c * sbn, n, t[c], wscale, wq_k);
+                for (int u = 0; u < n; u++)
+                    vstore4((float4)(t[0][u], t[1][u], t[2][u], t[3][u]), 0, dst + BOFF(k + u, j));
+                k += n;
+            }
 #endif
     } else if (sbk == 1) {
         for (int j = 0; j < TN; j++) {

@@ -267,19 +267,28 @@ def test_a_packed_for_many_column_tiles(layout, monkeypatch, shape):
     assert np.abs(packed - ref).max() <= 1e-5 * np.sqrt(a.shape[-1]) * max(1.0, np.abs(ref).max())
 
 
-@pytest.mark.parametrize("kind", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("n,k", [(77, 203), (130, 67), (64, 5)])
+@pytest.mark.parametrize("kind", ["float32", "float16", "bfloat16", "q8_0", "q4_0", "int8"])
+@pytest.mark.parametrize("n,k", [(77, 203), (130, 67), (64, 5), (70, 320)])
 def test_row_by_row_b_packs_the_panels_of_plain_b(layout, kind, n, k):
     """pack_b's row-by-row reader of B = w^T (sbk 1: 4 x 4 register transposes for whole 32-column tiles, a K tail
-    under 4, the last partial tile value by value) packs the panels its reader of a plain (K, N) B packs: a linear
-    layer's bits are the matmul's by w^T stored as such, float32 or half."""
+    under 4, the last partial tile value by value; quantized rows 4 columns' block runs at a time) packs the panels
+    its reader of a plain (K, N) B packs: a linear layer's bits are the matmul's by w^T stored as such (float32 or
+    half), or by the dequantized weight's transpose."""
     nh, bh, built = layout
+    quantized = kind not in dtypes.FLOATS
+    if quantized and k % 32:
+        pytest.skip("block formats need rows of a multiple of 32")
     rng = np.random.default_rng(n + k)
     x = rng.standard_normal((90, k)).astype(np.float32)
     w = rng.standard_normal((n, k)).astype(np.float32)
-    store = {} if kind == "float32" else {"dtype": kind}
-    y = BE.to_numpy(BE.linear(BE.to_device(x), BE.to_device(w, **store)))
-    y_plain = BE.to_numpy(BE.matmul(BE.to_device(x), BE.to_device(np.ascontiguousarray(w.T), **store)))
+    if quantized:
+        q = quant.quantize(w, kind, op="test")
+        wd, wr = BE.to_device_quant(q), q.dequantize().astype(np.float64)
+        y_plain = BE.to_numpy(BE.matmul(BE.to_device(x), BE.to_device(np.ascontiguousarray(wr.T.astype(np.float32)))))
+    else:
+        store = {} if kind == "float32" else {"dtype": kind}
+        wd, wr = BE.to_device(w, **store), dtypes.round_to(w, kind).astype(np.float64)
+        y_plain = BE.to_numpy(BE.matmul(BE.to_device(x), BE.to_device(np.ascontiguousarray(w.T), **store)))
+    y = BE.to_numpy(BE.linear(BE.to_device(x), wd))
     np.testing.assert_array_equal(y, y_plain)
-    wr = dtypes.round_to(w, kind).astype(np.float64)
     np.testing.assert_allclose(y, x.astype(np.float64) @ wr.T, rtol=1e-5, atol=1e-4 * np.sqrt(k))
