@@ -238,7 +238,7 @@ def test_declared_fused_kernels_are_implemented(cls):
                "attention": "_attention_fused", "w8a8": "_linear_w8a8", "norm_affine": "_norm_rows_affine",
                "prelu": "_prelu_fused", "graph_replay": "_capture", "batch_norm": "_batch_norm_train",
                "cross_entropy": "_cross_entropy_rows", "conv_prelu": "_conv2d_prelu", "replay": "record"}
-    assert set(methods) | {"fft_conv", "winograd", "half_weights", "half_elementwise", "half_movement", "half_norm", "half_gemm", "half_conv", "half_attention",
+    assert set(methods) | {"fft_conv", "winograd", "half_weights", "half_elementwise", "half_movement", "half_norm", "half_gemm", "half_linear", "half_conv", "half_attention",
                             "linear_weight"} == set(FUSED_KERNELS)
     for kernel in fused:
         assert kernel in FUSED_KERNELS
