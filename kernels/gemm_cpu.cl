@@ -54,6 +54,14 @@
 #ifndef PK
 #define PK 64
 #endif
+/* a 4 x 4 block transposed in registers: a_c = (values 0..3 of run c) -> d[u * step + c] = a_c[u] (the packers'
+   float32 / half paths: a step's 4 values stored at once, where a copy value by value stored each alone) */
+#define STORE_T4(a0, a1, a2, a3, d, step) do { \
+        vstore4((float4)((a0).s0, (a1).s0, (a2).s0, (a3).s0), 0, (d)); \
+        vstore4((float4)((a0).s1, (a1).s1, (a2).s1, (a3).s1), 0, (d) + (step)); \
+        vstore4((float4)((a0).s2, (a1).s2, (a2).s2, (a3).s2), 0, (d) + 2 * (step)); \
+        vstore4((float4)((a0).s3, (a1).s3, (a2).s3, (a3).s3), 0, (d) + 3 * (step)); } while (0)
+
 #if WDT > 2 && WQ == 7
 /* one whole q4_0 block (element e a multiple of 32) into out[0 .. 32), 16 nibbles at a time: qd_run's values (its
    nibble a value made q4_0's pack the slowest: linear 4096 x 4096 at batch 77 25.1 -> 17.0 ms; q8_0's run, 16 lanes
@@ -97,10 +105,7 @@ __kernel void pack_b(const int N, const int K, __global const wstore_t *B, const
                 const long r = src + (long)j * sbn + k;
                 const float4 a0 = LOADW4(B, r), a1 = LOADW4(B, r + sbn), a2 = LOADW4(B, r + 2 * sbn),
                              a3 = LOADW4(B, r + 3 * sbn);
-                vstore4((float4)(a0.s0, a1.s0, a2.s0, a3.s0), 0, dst + BOFF(k, j));
-                vstore4((float4)(a0.s1, a1.s1, a2.s1, a3.s1), 0, dst + BOFF(k + 1, j));
-                vstore4((float4)(a0.s2, a1.s2, a2.s2, a3.s2), 0, dst + BOFF(k + 2, j));
-                vstore4((float4)(a0.s3, a1.s3, a2.s3, a3.s3), 0, dst + BOFF(k + 3, j));
+                STORE_T4(a0, a1, a2, a3, dst + BOFF(k, j), BSTEP);  /* BOFF(k + u, j) = BOFF(k, j) + u * BSTEP */
             }
         for (; k < kn; k++)
             for (int j = 0; j < TN; j++) dst[BOFF(k, j)] = LOADW(B, src + (long)j * sbn + k);
@@ -180,11 +185,7 @@ __kernel void pack_a(const int M, const int K, __global const wstore_t *A, const
                 const long r = src + (long)(4 * g) * sam + k;
                 const float4 a0 = LOADW4(A, r), a1 = LOADW4(A, r + sam), a2 = LOADW4(A, r + 2 * sam),
                              a3 = LOADW4(A, r + 3 * sam);
-                __global float *d = dst + (long)k * MR + 4 * g;
-                vstore4((float4)(a0.s0, a1.s0, a2.s0, a3.s0), 0, d);
-                vstore4((float4)(a0.s1, a1.s1, a2.s1, a3.s1), 0, d + MR);
-                vstore4((float4)(a0.s2, a1.s2, a2.s2, a3.s2), 0, d + 2 * MR);
-                vstore4((float4)(a0.s3, a1.s3, a2.s3, a3.s3), 0, d + 3 * MR);
+                STORE_T4(a0, a1, a2, a3, dst + (long)k * MR + 4 * g, MR);
             }
         for (; k < k1; k++)
             for (int i = 0; i < MR; i++) dst[(long)k * MR + i] = LOADW(A, src + (long)i * sam + k);

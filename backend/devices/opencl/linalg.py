@@ -122,6 +122,9 @@ class LinalgOps:
                 self._run("pack_a", (kb, mt, ba), cpu_l, mc, K, A.buffer, a_off + m0 * sam, sam, sak, a_bs, Ap.buffer,
                           *self._wq(A), params={**params, **self._wdt(A)})
             bsl = None if bias is None else self._slice_bias(bias, 1, M, m0, mc)
+            # gemm_cpu's bias and has_bias: per column (2), per row of this slice (1), or none (0)
+            bias_args = ((col_bias.buffer, 2) if col_bias is not None else (bsl.buffer, 1) if bsl is not None
+                         else (out.buffer, 0))
             for n0 in range(0, N, nstep):
                 nc = min(nstep, N - n0)
                 nt = -(-nc // 32)
@@ -134,8 +137,7 @@ class LinalgOps:
                 self._run("gemm_cpu", (-(-mc // (mr * msub)), nt, batches), cpu_l,
                           mc, nc, K, Ap.buffer, a0, Bp.buffer,
                           (nt * 32 * K) if bb > 1 else 0, out.buffer, *cmap[:3],
-                          *((out.buffer, 0) if bsl is None and col_bias is None else
-                            (bsl.buffer, 1) if col_bias is None else (col_bias.buffer, 2)), 0, *cmap[3:], n0,
+                          *bias_args, 0, *cmap[3:], n0,
                           params={**self.gemm_build(params, mc, K, nt), **self._xdt(out, "YDT"), **({"AU": 1} if au else {})})
             del Ap
         return out
